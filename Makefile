@@ -1,0 +1,28 @@
+# dmlkit developer entry points. `make train` and `make test` create the environment when missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dmlkit-installed
+TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: env train test bench clean-env
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/dmlkit train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py $(ARGS)
+
+clean-env:
+	rm -rf $(VENV)

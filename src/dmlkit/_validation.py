@@ -1,0 +1,150 @@
+"""Declarative parameter constraints and input checks with one message template.
+
+Message template (scikit-learn style)::
+
+    The 'margin' parameter of ProxyAnchorLoss must be a float >= 0. Got -1 instead.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from dmlkit.exceptions import DataError, InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A numeric range; ``kind`` is ``int`` or ``float`` (ints are accepted for floats)."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    closed: str = "both"  # "both", "left", "right", "neither"
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return False
+        if self.kind is int:
+            if not isinstance(value, numbers.Integral):
+                return False
+        elif not isinstance(value, numbers.Real):
+            return False
+        v = float(value)
+        if math.isnan(v):
+            return False
+        if self.low is not None:
+            if v < self.low or (v == self.low and self.closed in ("right", "neither")):
+                return False
+        if self.high is not None:
+            if v > self.high or (v == self.high and self.closed in ("left", "neither")):
+                return False
+        return True
+
+    def describe(self) -> str:
+        name = "an int" if self.kind is int else "a float"
+        lo_op = ">=" if self.closed in ("both", "left") else ">"
+        hi_op = "<=" if self.closed in ("both", "right") else "<"
+        if self.low is not None and self.high is not None:
+            lo_b = "[" if self.closed in ("both", "left") else "("
+            hi_b = "]" if self.closed in ("both", "right") else ")"
+            return f"{name} in the range {lo_b}{_fmt(self.low)}, {_fmt(self.high)}{hi_b}"
+        if self.low is not None:
+            return f"{name} {lo_op} {_fmt(self.low)}"
+        if self.high is not None:
+            return f"{name} {hi_op} {_fmt(self.high)}"
+        return name
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a fixed set of values."""
+
+    values: tuple
+
+    def accepts(self, value: Any) -> bool:
+        try:
+            return value in self.values
+        except TypeError:
+            return False
+
+    def describe(self) -> str:
+        return "one of {" + ", ".join(repr(v) for v in self.values) + "}"
+
+
+@dataclass(frozen=True)
+class InstanceOf:
+    """An instance of one of the given types (``None`` allowed when listed as ``type(None)``)."""
+
+    types: tuple
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, self.types)
+
+    def describe(self) -> str:
+        names = [("None" if t is type(None) else f"a {t.__name__}") for t in self.types]
+        return " or ".join(names)
+
+
+NONE = InstanceOf((type(None),))
+BOOL = InstanceOf((bool,))
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def validate_params(owner: str, params: Mapping[str, Any], constraints: Mapping[str, Iterable]) -> None:
+    """Check every ``params[name]`` against the list of constraints ``constraints[name]``.
+
+    A value is valid when any of its constraints accepts it. Raises
+    :class:`InvalidParameterError` naming the parameter, its owner and what was allowed.
+    """
+    for name, cons in constraints.items():
+        if name not in params:
+            continue
+        value = params[name]
+        cons = list(cons)
+        if any(c.accepts(value) for c in cons):
+            continue
+        allowed = " or ".join(c.describe() for c in cons)
+        raise InvalidParameterError(
+            f"The {name!r} parameter of {owner} must be {allowed}. Got {value!r} instead."
+        )
+
+
+def check_embeddings_labels(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    name: str = "embeddings",
+    labels_name: str = "labels",
+    allow_empty: bool = False,
+) -> None:
+    """Validate a ``[B, D]`` float embedding tensor and its ``[B]`` integer labels."""
+    if not isinstance(embeddings, torch.Tensor):
+        raise InvalidParameterError(f"{name} must be a torch.Tensor of shape [B, D]. Got {type(embeddings).__name__}.")
+    if embeddings.dim() != 2:
+        raise DataError(f"{name} must be 2-D [B, D]. Got shape {tuple(embeddings.shape)}.")
+    if not embeddings.is_floating_point():
+        raise DataError(f"{name} must be a floating-point tensor. Got dtype {embeddings.dtype}.")
+    if not allow_empty and embeddings.shape[0] == 0:
+        raise DataError(f"{name} is empty (0 rows).")
+    if labels is None:
+        return
+    if not isinstance(labels, torch.Tensor):
+        raise InvalidParameterError(
+            f"{labels_name} must be a torch.Tensor of integer class ids. Got {type(labels).__name__}."
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise DataError(f"{labels_name} must hold integer class ids (int64). Got dtype {labels.dtype}.")
+    if labels.dim() != 1:
+        raise DataError(f"{labels_name} must be 1-D [B]. Got shape {tuple(labels.shape)}.")
+    if labels.shape[0] != embeddings.shape[0]:
+        raise DataError(
+            f"{name} has {embeddings.shape[0]} rows but {labels_name} has {labels.shape[0]}."
+        )

@@ -1,0 +1,37 @@
+"""Distances, similarities and embedding normalisations."""
+
+from dmlkit._registry import Registry
+from dmlkit.distances.normalization import (
+    NORMALIZATIONS,
+    bounded_normalize,
+    l2_normalize,
+    normalize,
+)
+from dmlkit.distances.pairwise import (
+    BaseDistance,
+    CosineSimilarity,
+    DotProductSimilarity,
+    LpDistance,
+    create_distance,
+    squared_euclidean,
+)
+
+DISTANCES: Registry[BaseDistance] = Registry("distance")
+DISTANCES.register("cosine")(CosineSimilarity)
+DISTANCES.register("dot")(DotProductSimilarity)
+DISTANCES.register("euclidean")(lambda **kw: LpDistance(power=1, **kw))
+DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(power=2, **kw))
+
+__all__ = [
+    "BaseDistance",
+    "CosineSimilarity",
+    "DotProductSimilarity",
+    "LpDistance",
+    "DISTANCES",
+    "NORMALIZATIONS",
+    "bounded_normalize",
+    "create_distance",
+    "l2_normalize",
+    "normalize",
+    "squared_euclidean",
+]

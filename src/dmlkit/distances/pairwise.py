@@ -1,0 +1,87 @@
+"""Pairwise distances and similarities between two sets of embeddings.
+
+Each class maps ``x [B, D]`` and ``y [R, D]`` to a ``[B, R]`` matrix. ``is_inverted`` is True
+for similarities (larger means closer), as in pytorch-metric-learning.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit._validation import Options, validate_params
+from dmlkit.distances.normalization import l2_normalize
+
+
+class BaseDistance(torch.nn.Module):
+    """Interface: ``forward(x, y=None) -> [B, R]``; ``y`` defaults to ``x``."""
+
+    is_inverted: bool = False
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        return self.pairwise(x, x if y is None else y)
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def margin(self, closer: torch.Tensor, farther: torch.Tensor) -> torch.Tensor:
+        """How much ``farther`` exceeds ``closer`` in this measure's direction (distance of neg - pos)."""
+        return closer - farther if self.is_inverted else farther - closer
+
+
+class CosineSimilarity(BaseDistance):
+    """Cosine similarity ``<x/|x|, y/|y|>``; computes the normalisation itself."""
+
+    is_inverted = True
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return l2_normalize(x) @ l2_normalize(y).T
+
+
+class DotProductSimilarity(BaseDistance):
+    """Plain inner product ``<x, y>`` (no normalisation)."""
+
+    is_inverted = True
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x @ y.T
+
+
+class LpDistance(BaseDistance):
+    """Euclidean distance ``||x - y||`` (``power=1``) or its square (``power=2``).
+
+    Computed as ``|x|^2 + |y|^2 - 2<x, y>`` (one matrix product); the square root has a
+    zero subgradient at coincident points instead of NaN.
+    """
+
+    def __init__(self, p: int = 2, power: int = 1, normalize_embeddings: bool = False):
+        super().__init__()
+        validate_params(
+            type(self).__name__,
+            {"p": p, "power": power},
+            {"p": [Options((2,))], "power": [Options((1, 2))]},
+        )
+        self.p = p
+        self.power = power
+        self.normalize_embeddings = normalize_embeddings
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.normalize_embeddings:
+            x, y = l2_normalize(x), l2_normalize(y)
+        sq = squared_euclidean(x, y)
+        return sq if self.power == 2 else sq.clamp_min(1e-12).sqrt() * (sq > 1e-12)
+
+
+def squared_euclidean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` squared Euclidean distances, clamped at 0 against rounding."""
+    xx = (x * x).sum(1, keepdim=True)
+    yy = (y * y).sum(1)
+    return (xx + yy - 2.0 * (x @ y.T)).clamp_min(0.0)
+
+
+def create_distance(name: str, **kwargs) -> BaseDistance:
+    """Build a distance by name: ``cosine``, ``dot``, ``euclidean`` or ``squared_euclidean``."""
+    from dmlkit.distances import DISTANCES
+
+    return DISTANCES.create(name, **kwargs)
+
+

@@ -1,0 +1,43 @@
+"""Exceptions raised by dmlkit.
+
+Every exception derives from :class:`DmlkitError`; those about bad arguments are also the
+built-in type a caller would catch (``ValueError`` / ``TypeError``), as in scikit-learn.
+"""
+
+from __future__ import annotations
+
+
+class DmlkitError(Exception):
+    """Base class of every error dmlkit raises on purpose."""
+
+
+class InvalidParameterError(DmlkitError, ValueError, TypeError):
+    """A constructor or function argument violates its declared constraint."""
+
+
+class DataError(DmlkitError, ValueError):
+    """A data set, manifest, embedding array or label array is malformed."""
+
+
+class ConfigError(DmlkitError, ValueError):
+    """A run configuration has one or more problems; all of them are listed in the message."""
+
+    def __init__(self, problems: list[str] | str):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            msg = self.problems[0]
+        else:
+            msg = f"{len(self.problems)} problems in the configuration:\n" + "\n".join(
+                f"  - {p}" for p in self.problems
+            )
+        super().__init__(msg)
+
+
+class CheckpointError(DmlkitError, RuntimeError):
+    """A checkpoint is missing, truncated, or does not belong to this run's configuration."""
+
+
+class NonFiniteError(DmlkitError, FloatingPointError):
+    """A loss or gradient became NaN or infinite during training."""

@@ -1,0 +1,1 @@
+"""dmlkit.models"""
