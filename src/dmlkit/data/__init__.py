@@ -1,1 +1,44 @@
-"""dmlkit.data"""
+"""dmlkit.data: benchmark datasets, class-disjoint splits and k-fold, samplers, transforms."""
+
+from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
+from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset
+from dmlkit.data import cars, cub, folder, inshop, mnist, omniglot, sop  # noqa: F401  (register data sets)
+from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
+from dmlkit.data.samplers import (
+    SAMPLERS,
+    EpochSampler,
+    MPerClassSampler,
+    OnePerClassSampler,
+    ShuffledSampler,
+    create_sampler,
+)
+from dmlkit.data.splits import build_splits, class_disjoint_folds, write_manifest
+from dmlkit.data.transforms import BackboneNormalize, Preprocessing, build_transforms, eval_transform, train_transform
+
+__all__ = [
+    "DATASETS",
+    "SAMPLERS",
+    "BackboneNormalize",
+    "DataSplits",
+    "DatasetSpec",
+    "EpochSampler",
+    "ImageFileDataset",
+    "MPerClassSampler",
+    "OnePerClassSampler",
+    "Preprocessing",
+    "ShuffledSampler",
+    "SplitSource",
+    "TensorImageDataset",
+    "build_splits",
+    "build_transforms",
+    "class_disjoint_folds",
+    "create_sampler",
+    "eval_transform",
+    "get_dataset_spec",
+    "list_datasets",
+    "load_mnist5k",
+    "load_sklearn_digits",
+    "register_dataset",
+    "train_transform",
+    "write_manifest",
+]

@@ -1,1 +1,31 @@
-"""dmlkit.evaluation"""
+"""Evaluation: exact k-NN (torch or faiss), retrieval and clustering metrics, geometry, ensembles."""
+
+from dmlkit.evaluation.clustering import clustering_metrics, kmeans_assignments
+from dmlkit.evaluation.ensemble import concatenate_embeddings, ensemble_retrieval_metrics
+from dmlkit.evaluation.evaluate import evaluate
+from dmlkit.evaluation.geometry import (
+    class_centroids,
+    class_collapse,
+    covering_radius,
+    geometry_metrics,
+    interclass_distance,
+)
+from dmlkit.evaluation.knn import iter_knn_blocks, knn
+from dmlkit.evaluation.retrieval import retrieval_metrics, true_reference_counts
+
+__all__ = [
+    "class_centroids",
+    "class_collapse",
+    "clustering_metrics",
+    "concatenate_embeddings",
+    "covering_radius",
+    "ensemble_retrieval_metrics",
+    "evaluate",
+    "geometry_metrics",
+    "interclass_distance",
+    "iter_knn_blocks",
+    "kmeans_assignments",
+    "knn",
+    "retrieval_metrics",
+    "true_reference_counts",
+]

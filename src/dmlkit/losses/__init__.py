@@ -1,1 +1,22 @@
-"""dmlkit.losses"""
+"""Losses: pair-based (``losses.pair``), proxy-based (``losses.proxy``) and DRO (``losses.dro``).
+
+Every loss is called ``loss(embeddings [B, D], labels [B])`` and is registered in
+:data:`LOSSES` under a snake_case name usable in configs (``loss.name: proxy_anchor``).
+"""
+
+from dmlkit.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlkit.losses.proxy import *  # noqa: F401,F403
+from dmlkit.losses.proxy import __all__ as _proxy_all
+
+
+def create_loss(name: str, **kwargs):
+    """Build a registered loss by name, e.g. ``create_loss("proxy_anchor", num_classes=100, embedding_size=128)``."""
+    return LOSSES.create(name, **kwargs)
+
+
+def list_losses(pattern: str = "*") -> list[str]:
+    """Registered loss names matching a shell pattern."""
+    return LOSSES.names(pattern)
+
+
+__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_proxy_all]

@@ -1,0 +1,31 @@
+"""Options shared by the verbs that build a run configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+from dmlkit.config import RunConfig, load_config
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    """``--preset``, ``--config``, ``--set``, ``--seed``."""
+    p.add_argument("--preset", metavar="NAME", help="start from a packaged preset (see `dmlkit presets`)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file, applied after the preset")
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override any config field by its dotted path, e.g. --set optimizer.lr=3e-4 "
+        "--set loss.args.margin=0.2 (repeatable; values are read as YAML)",
+    )
+    p.add_argument("--seed", type=int, help="random seed (same as --set seed=N)")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Preset, then file, then ``--set`` overrides, then ``--seed``; validated at once."""
+    overrides = list(args.overrides)
+    if getattr(args, "seed", None) is not None:
+        overrides.append(f"seed={args.seed}")
+    return load_config(preset=args.preset, path=args.config, overrides=overrides)

@@ -1,0 +1,56 @@
+"""``dmlkit`` command line: one module per verb, each exposing ``add_parser`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dmlkit import __version__
+from dmlkit.exceptions import DmlkitError
+
+#: verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("dmlkit.cli.train", "train a model (default: MNIST-5k zero-shot, Proxy-Anchor) and evaluate it"),
+    "validate": ("dmlkit.cli.validate", "check a config (preset, file, overrides) without training"),
+    "presets": ("dmlkit.cli.presets", "list packaged presets, or show one with its source"),
+    "datasets": ("dmlkit.cli.datasets", "list data sets, or check a data set folder against published counts"),
+    "report": ("dmlkit.cli.report", "write report.html for a run directory"),
+    "compare": ("dmlkit.cli.compare", "write a side-by-side comparison page and table of several runs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dmlkit",
+        description="Deep metric learning: train, evaluate and compare embedding models fairly.",
+        epilog="Run `dmlkit VERB --help` for the options of each verb.",
+    )
+    parser.add_argument("--version", action="version", version=f"dmlkit {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(verb, help=help_text, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_parser(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "verb", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except DmlkitError as exc:
+        print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dmlkit {args.verb}: interrupted; the last checkpoint is kept (resume with --resume RUN_DIR)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Loading configs: packaged presets, YAML files (``yaml.safe_load``) and ``key=value`` overrides."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
+from dmlkit.exceptions import ConfigError
+
+PRESET_PACKAGE = "dmlkit.config.presets"
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """A packaged preset: its name, one-line summary, source and the command that runs it."""
+
+    name: str
+    summary: str
+    source: str
+    command: str
+    text: str
+
+
+def _preset_files() -> dict[str, Any]:
+    root = resources.files(PRESET_PACKAGE)
+    return {p.name[:-5]: p for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def list_presets() -> list[PresetInfo]:
+    """Every packaged preset, sorted by name."""
+    return [preset_info(n) for n in sorted(_preset_files())]
+
+
+def preset_info(name: str) -> PresetInfo:
+    """Header comments of a preset: first line summary, ``# Source:`` and ``# Command:`` lines."""
+    files = _preset_files()
+    if name not in files:
+        close = difflib.get_close_matches(name, list(files), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"Unknown preset {name!r}.{hint} See `dmlkit presets` for the list.")
+    text = files[name].read_text()
+    summary = source = command = ""
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        body = line.lstrip("#").strip()
+        if body.lower().startswith("source:"):
+            source = body.split(":", 1)[1].strip()
+        elif body.lower().startswith("command:"):
+            command = body.split(":", 1)[1].strip()
+        elif not summary and body:
+            summary = body
+    return PresetInfo(name, summary, source, command, text)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping safely; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {str(path)!r} must hold a mapping at the top level. Got {type(data).__name__}.")
+    return data
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """Recursive merge: mappings merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML (``0.1``, ``true``, ``[1, 2]``, ``null``)."""
+    if "=" not in text:
+        raise ConfigError(f"Override {text!r} must look like key.path=value (e.g. optimizer.lr=0.001).")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"Override {text!r} has an empty key segment.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
+    """Apply ``key.path=value`` overrides to a raw config mapping (validated later)."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(
+    *, preset: str | None = None, path: str | Path | None = None, overrides: Iterable[str] = ()
+) -> RunConfig:
+    """Defaults, then the preset, then a YAML file, then overrides; validated all at once."""
+    data: dict = {}
+    if preset is not None:
+        info = preset_info(preset)
+        preset_data = yaml.safe_load(info.text) or {}
+        data = deep_merge(data, preset_data)
+    if path is not None:
+        data = deep_merge(data, read_yaml(path))
+    data = apply_overrides(data, overrides)
+    return config_from_dict(data)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML text."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+__all__ = [
+    "PresetInfo",
+    "RunConfig",
+    "apply_overrides",
+    "deep_merge",
+    "dump_config",
+    "list_presets",
+    "load_config",
+    "parse_override",
+    "preset_info",
+    "read_yaml",
+]

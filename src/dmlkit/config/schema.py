@@ -1,0 +1,350 @@
+"""The run configuration: one dataclass per section, the single source of defaults.
+
+A config is built from a YAML mapping (a preset or a user file) plus ``--set a.b=value``
+overrides. Every problem is collected (unknown keys with did-you-mean and the valid keys at
+that level, wrong types, out-of-range values) and raised together as one
+:class:`~dmlkit.exceptions.ConfigError` before anything heavy starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dmlkit.exceptions import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Which data set to read and how (issue 5 fields)."""
+
+    name: str = "mnist"
+    root: Optional[str] = None
+    label: str = "class"
+    eval_label: Optional[str] = None
+    image_size: Optional[int] = None
+    num_workers: int = 0
+    skip_bad_images: bool = False
+
+
+@dataclass
+class ProtocolConfig:
+    """Model-selection protocol (ASAP App. A.2 after Musgrave et al.).
+
+    ``fold=None`` trains on all training classes with no validation split: the last
+    checkpoint is kept. ``fold=i`` trains on the other folds of the training classes and
+    selects the checkpoint by validation MAP@R on fold ``i``. The test classes are never used
+    for selection.
+    """
+
+    fold: Optional[int] = None
+    num_folds: int = 4
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """Backbone and embedding head (``dmlkit.models.create_model`` arguments)."""
+
+    name: str = "small_cnn"
+    embedding_size: int = 64
+    normalization: str = "l2"
+    pooling: str = "avg"
+    pretrained: bool = False
+    weights: Optional[str] = None
+    freeze_bn: bool = False
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class MinerConfig:
+    """Pair/triplet miner or pair weighter; ``name=None`` uses all pairs."""
+
+    name: Optional[str] = None
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class MemoryConfig:
+    """Cross-batch memory; ``memory_size=0`` disables it."""
+
+    memory_size: int = 0
+    warmup_steps: int = 0
+
+
+@dataclass
+class LossConfig:
+    """The loss by registry name with its constructor arguments."""
+
+    name: str = "proxy_anchor"
+    args: dict = field(default_factory=dict)
+    miner: MinerConfig = field(default_factory=MinerConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimiser, parameter groups, schedule and clipping (issue 6)."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    loss_lr_multiplier: float = 100.0
+    scheduler: str = "none"
+    step_size: int = 1000
+    gamma: float = 0.5
+    warmup_steps: int = 0
+    grad_clip: Optional[float] = None
+
+
+@dataclass
+class SamplerConfig:
+    """How batches are drawn."""
+
+    name: str = "m_per_class"
+    batch_size: int = 64
+    m: int = 16
+
+
+@dataclass
+class TrainConfig:
+    """Step budget, evaluation cadence, early stopping, numerics."""
+
+    max_steps: int = 600
+    eval_every: int = 100
+    patience: Optional[int] = None
+    log_every: int = 10
+    checkpoint_every: int = 100
+    mixed_precision: str = "none"
+    compile: bool = False
+    on_nonfinite: str = "stop"
+    num_threads: Optional[int] = None
+    progress: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation of the validation and test splits."""
+
+    ks: list = field(default_factory=lambda: [1, 2, 4, 8])
+    backend: str = "torch"
+    clustering: bool = True
+    batch_size: int = 512
+    save_embeddings: bool = True
+
+
+@dataclass
+class AsapConfig:
+    """ASAP alternating projections (Alg. 1-2, Eq. 4.11); off unless ``enabled``."""
+
+    enabled: bool = False
+    proximal_lambda: float = 2e-4
+    proxies_per_class: int = 1
+    pool_size: int = 1
+    patience: int = 3
+    max_projections: int = 10
+    projections_without_improvement: int = 2
+    pool_source: str = "forward"
+
+
+@dataclass
+class RunConfig:
+    """A whole training run."""
+
+    name: str = "mnist-proxy-anchor"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    asap: AsapConfig = field(default_factory=AsapConfig)
+
+
+# ----------------------------------------------------------------------------- value checks
+
+#: Declared value constraints per dotted field: (predicate, description).
+CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "seed": (lambda v: v >= 0, "an int >= 0"),
+    "data.num_workers": (lambda v: v >= 0, "an int >= 0"),
+    "data.image_size": (lambda v: v is None or v > 0, "None or an int > 0"),
+    "protocol.num_folds": (lambda v: v >= 2, "an int >= 2"),
+    "model.embedding_size": (lambda v: v > 0, "an int > 0"),
+    "model.normalization": (lambda v: v in ("l2", "bounded", "none"), "one of 'l2', 'bounded', 'none'"),
+    "model.pooling": (lambda v: v in ("avg", "max", "avg+max"), "one of 'avg', 'max', 'avg+max'"),
+    "loss.memory.memory_size": (lambda v: v >= 0, "an int >= 0"),
+    "loss.memory.warmup_steps": (lambda v: v >= 0, "an int >= 0"),
+    "optimizer.name": (lambda v: v in ("adam", "adamw", "sgd", "rmsprop"), "one of 'adam', 'adamw', 'sgd', 'rmsprop'"),
+    "optimizer.lr": (lambda v: v > 0, "a float > 0"),
+    "optimizer.weight_decay": (lambda v: v >= 0, "a float >= 0"),
+    "optimizer.eps": (lambda v: v > 0, "a float > 0"),
+    "optimizer.loss_lr_multiplier": (lambda v: v > 0, "a float > 0"),
+    "optimizer.scheduler": (lambda v: v in ("none", "step", "cosine"), "one of 'none', 'step', 'cosine'"),
+    "optimizer.step_size": (lambda v: v > 0, "an int > 0"),
+    "optimizer.gamma": (lambda v: 0 < v <= 1, "a float in (0, 1]"),
+    "optimizer.warmup_steps": (lambda v: v >= 0, "an int >= 0"),
+    "optimizer.grad_clip": (lambda v: v is None or v > 0, "None or a float > 0"),
+    "optimizer.betas": (
+        lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
+        "a list of two floats in [0, 1)",
+    ),
+    "sampler.name": (lambda v: v in ("m_per_class", "random", "one_per_class"), "one of 'm_per_class', 'random', 'one_per_class'"),
+    "sampler.batch_size": (lambda v: v >= 2, "an int >= 2"),
+    "sampler.m": (lambda v: v >= 1, "an int >= 1"),
+    "train.max_steps": (lambda v: v >= 1, "an int >= 1"),
+    "train.eval_every": (lambda v: v >= 1, "an int >= 1"),
+    "train.patience": (lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "train.log_every": (lambda v: v >= 1, "an int >= 1"),
+    "train.checkpoint_every": (lambda v: v >= 1, "an int >= 1"),
+    "train.mixed_precision": (lambda v: v in ("none", "bf16", "fp16"), "one of 'none', 'bf16', 'fp16'"),
+    "train.on_nonfinite": (lambda v: v in ("stop", "skip"), "one of 'stop', 'skip'"),
+    "train.num_threads": (lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "eval.ks": (lambda v: len(v) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in v), "a non-empty list of ints >= 1"),
+    "eval.backend": (lambda v: v in ("torch", "faiss"), "one of 'torch', 'faiss'"),
+    "eval.batch_size": (lambda v: v >= 1, "an int >= 1"),
+    "asap.proximal_lambda": (lambda v: v >= 0, "a float >= 0"),
+    "asap.proxies_per_class": (lambda v: v >= 1, "an int >= 1"),
+    "asap.pool_size": (lambda v: v >= 1, "an int >= 1"),
+    "asap.patience": (lambda v: v >= 1, "an int >= 1"),
+    "asap.max_projections": (lambda v: v >= 1, "an int >= 1"),
+    "asap.projections_without_improvement": (lambda v: v >= 1, "an int >= 1"),
+    "asap.pool_source": (lambda v: v in ("forward", "cache"), "one of 'forward', 'cache'"),
+}
+
+
+def _cross_checks(cfg: RunConfig) -> list[str]:
+    """Constraints that involve several fields."""
+    problems = []
+    s = cfg.sampler
+    if s.name == "m_per_class" and s.batch_size % s.m != 0:
+        problems.append(
+            f"sampler.batch_size ({s.batch_size}) must be divisible by sampler.m ({s.m}) for m_per_class batches."
+        )
+    if s.name == "m_per_class" and s.batch_size // max(s.m, 1) < 2:
+        problems.append(
+            f"sampler.batch_size ({s.batch_size}) / sampler.m ({s.m}) must give at least 2 classes per batch."
+        )
+    p = cfg.protocol
+    if p.fold is not None and not (0 <= p.fold < p.num_folds):
+        problems.append(f"protocol.fold must be None or an int in [0, {p.num_folds - 1}]. Got {p.fold}.")
+    if cfg.asap.enabled and cfg.asap.proxies_per_class > cfg.asap.pool_size:
+        problems.append(
+            f"asap.proxies_per_class ({cfg.asap.proxies_per_class}) cannot exceed asap.pool_size "
+            f"({cfg.asap.pool_size}): k-center picks the proxies from the pool."
+        )
+    if cfg.asap.enabled and cfg.protocol.fold is None:
+        problems.append("asap.enabled needs a validation split: set protocol.fold to a fold index.")
+    return problems
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], path, problems)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is str and isinstance(value, str):
+        return value
+    if tp is list and isinstance(value, (list, tuple)):
+        return list(value)
+    if tp is dict and isinstance(value, dict):
+        return dict(value)
+    problems.append(f"{path} must be {_type_name(tp)}. Got {value!r} ({type(value).__name__}).")
+    return dataclasses.MISSING
+
+
+def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
+    obj = cls()
+    if data is None:
+        return obj
+    if not isinstance(data, dict):
+        problems.append(f"{prefix or 'the config'} must be a mapping. Got {data!r}.")
+        return obj
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            where = f"'{prefix}'" if prefix else "the top level"
+            problems.append(f"Unknown key '{path}'.{hint} Valid keys at {where}: {', '.join(names)}.")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            setattr(obj, key, _build(tp, value, path, problems))
+            continue
+        coerced = _coerce(value, tp, path, problems)
+        if coerced is dataclasses.MISSING:
+            continue
+        check = CONSTRAINTS.get(path)
+        if check is not None:
+            ok = False
+            try:
+                ok = bool(check[0](coerced))
+            except TypeError:
+                ok = False
+            if not ok:
+                problems.append(f"{path} must be {check[1]}. Got {coerced!r}.")
+                continue
+        setattr(obj, key, coerced)
+    return obj
+
+
+def config_from_dict(data: dict | None) -> RunConfig:
+    """Build and validate a :class:`RunConfig`; raises ConfigError listing every problem."""
+    problems: list[str] = []
+    cfg = _build(RunConfig, data or {}, "", problems)
+    problems.extend(_cross_checks(cfg))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def config_to_dict(cfg: RunConfig) -> dict:
+    """Plain nested dict (YAML-serialisable) of a config."""
+    return dataclasses.asdict(cfg)
+
+
+def field_paths(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    """Every dotted field path of the schema (for help texts and did-you-mean)."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.extend(field_paths(hints[f.name], path))
+        else:
+            out.append(path)
+    return out

@@ -1,0 +1,195 @@
+"""Split datasets: image files on disk or images held in memory, plus the DataSplits bundle."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from dmlkit.exceptions import DataError
+
+Transform = Callable[[Any], torch.Tensor]
+
+
+def contiguous_labels(names: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
+    """Map per-sample class names to int64 ids 0..C-1 in sorted-name order; return (labels, class_names)."""
+    class_names = sorted(set(names))
+    index = {name: i for i, name in enumerate(class_names)}
+    labels = torch.tensor([index[n] for n in names], dtype=torch.int64)
+    return labels, class_names
+
+
+def load_image(path: str) -> Any:
+    """Decode one image file with PIL (fully read, so a truncated file fails here)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        return img.copy()
+
+
+class ImageFileDataset(Dataset):
+    """A split made of image files; item ``i`` is ``(transform(image), label)``.
+
+    ``labels`` is an int64 tensor ``[N]`` with ids ``0..C-1`` indexing ``class_names``.
+    An unreadable image raises :class:`DataError` naming the file, or, with
+    ``skip_bad_images=True``, is replaced by the next readable image of the same class
+    after a warning naming the file (so batch composition is kept).
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: torch.Tensor,
+        class_names: Sequence[str],
+        transform: Transform | None = None,
+        *,
+        mode: str = "RGB",
+        skip_bad_images: bool = False,
+        name: str = "dataset",
+    ):
+        if len(paths) != len(labels):
+            raise DataError(f"paths has {len(paths)} entries but labels has {len(labels)}.")
+        self.paths = list(paths)
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.mode = mode
+        self.skip_bad_images = skip_bad_images
+        self.name = name
+        self.bad_paths: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _decode(self, index: int) -> Any:
+        path = self.paths[index]
+        try:
+            img = load_image(path)
+        except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
+            raise DataError(f"Cannot read image {path!r} (item {index} of {self.name}): {err}") from err
+        return img.convert(self.mode) if self.mode else img
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label = int(self.labels[index])
+        try:
+            img = self._decode(index)
+        except DataError as err:
+            if not self.skip_bad_images:
+                raise
+            img = self._replacement(index, err)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, label
+
+    def _replacement(self, index: int, err: DataError) -> Any:
+        """Warn about a bad file and decode the next readable image of the same class."""
+        self.bad_paths.add(self.paths[index])
+        warnings.warn(f"Skipping unreadable image: {err}", RuntimeWarning, stacklevel=3)
+        same_class = torch.nonzero(self.labels == self.labels[index]).flatten().tolist()
+        start = same_class.index(index)
+        for j in same_class[start + 1 :] + same_class[:start]:
+            if self.paths[j] in self.bad_paths:
+                continue
+            try:
+                return self._decode(j)
+            except DataError:
+                self.bad_paths.add(self.paths[j])
+        raise DataError(
+            f"Every image of class {self.class_names[int(self.labels[index])]!r} in {self.name} is unreadable; "
+            f"first failure: {err}"
+        )
+
+    def subset(self, indices: torch.Tensor, *, relabel: bool = True) -> "ImageFileDataset":
+        """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
+        indices = torch.as_tensor(indices, dtype=torch.int64)
+        labels, names = _relabel(self.labels[indices], self.class_names, relabel)
+        return ImageFileDataset(
+            [self.paths[i] for i in indices.tolist()], labels, names, self.transform,
+            mode=self.mode, skip_bad_images=self.skip_bad_images, name=self.name,
+        )
+
+
+class TensorImageDataset(Dataset):
+    """A split held in memory: ``images`` ``[N, C, H, W]`` (uint8 0..255 or float), ``labels`` ``[N]`` int64.
+
+    Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding; ``paths`` is None.
+    """
+
+    paths = None
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        class_names: Sequence[str],
+        transform: Transform | None = None,
+        *,
+        name: str = "dataset",
+    ):
+        if images.dim() != 4:
+            raise DataError(f"images must be [N, C, H, W]. Got shape {tuple(images.shape)}.")
+        if images.shape[0] != len(labels):
+            raise DataError(f"images has {images.shape[0]} rows but labels has {len(labels)}.")
+        self.images = images
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.name = name
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def float_images(self, indices: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """Images as float32 in [0, 1], ``[n, C, H, W]`` (whole split when ``indices`` is None)."""
+        x = self.images if indices is None else self.images[indices]
+        return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img = self.float_images(slice(index, index + 1))[0]
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, int(self.labels[index])
+
+    def subset(self, indices: torch.Tensor, *, relabel: bool = True) -> "TensorImageDataset":
+        """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
+        indices = torch.as_tensor(indices, dtype=torch.int64)
+        labels, names = _relabel(self.labels[indices], self.class_names, relabel)
+        return TensorImageDataset(self.images[indices], labels, names, self.transform, name=self.name)
+
+
+def _relabel(labels: torch.Tensor, class_names: Sequence[str], relabel: bool) -> tuple[torch.Tensor, list[str]]:
+    if not relabel:
+        return labels.clone(), list(class_names)
+    present, new_labels = torch.unique(labels, sorted=True, return_inverse=True)
+    return new_labels.to(torch.int64), [class_names[i] for i in present.tolist()]
+
+
+SplitDataset = ImageFileDataset | TensorImageDataset
+
+
+@dataclass
+class DataSplits:
+    """The splits of one data set under one protocol.
+
+    ``train`` is always set. ``val`` is the held-out fold of the training classes (None
+    without a fold). Leave-one-out data sets set ``test``; In-Shop sets ``query`` and
+    ``gallery`` (which share one label space) and ``eval_mode="query_gallery"``.
+    """
+
+    name: str
+    train: SplitDataset
+    val: SplitDataset | None = None
+    test: SplitDataset | None = None
+    query: SplitDataset | None = None
+    gallery: SplitDataset | None = None
+    eval_mode: str = "leave_one_out"
+    info: dict = field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, SplitDataset]]:
+        """(split name, dataset) for every split that is present, in a fixed order."""
+        order = ("train", "val", "test", "query", "gallery")
+        return [(k, getattr(self, k)) for k in order if getattr(self, k) is not None]

@@ -1,0 +1,87 @@
+"""``dmlkit datasets info``: image and class counts per split, checked against the published ones."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dmlkit.data.registry import get_dataset_spec, list_datasets
+from dmlkit.exceptions import DataError
+
+HINTS = {
+    "cub200": "CUB-200 (2010) has 6,033 images; CUB-200-2011 has 11,788.",
+    "cars196": "Cars196 has 16,185 images in cars_annos.mat (both official halves).",
+    "sop": "SOP has 120,053 images in Ebay_train.txt + Ebay_test.txt.",
+    "inshop": "In-Shop's list_eval_partition.txt lists 52,712 images.",
+    "omniglot": "Omniglot has 32,460 images of 1,623 characters (both sets).",
+}
+
+
+def dataset_info(name: str, root: str | os.PathLike | None = None, *, check_files: bool = True) -> dict[str, Any]:
+    """Counts per split of data set ``name`` at ``root`` and whether they match the published ones.
+
+    Returns ``{"dataset", "root", "splits": {split: {"images", "classes"}}, "matches_published",
+    "problems": [...]}``. ``matches_published`` is None for data sets without published counts
+    (folder, csv). Missing annotation files and missing image files are reported in
+    ``problems`` rather than raised, so a half-extracted archive is diagnosed in one call.
+    """
+    spec = get_dataset_spec(name)
+    result: dict[str, Any] = {
+        "dataset": name,
+        "root": None if root is None else str(root),
+        "splits": {},
+        "matches_published": None if not spec.published else False,
+        "problems": [],
+    }
+    if root is None and not spec.in_memory:
+        result["problems"].append(f"{name} is read from disk; pass --root DIR. Expected layout: {spec.layout}")
+        return result
+    label = spec.label_kinds[0]
+    try:
+        sources = spec(root=None if root is None else str(root), label=label, eval_label=label)
+    except DataError as err:
+        result["problems"].append(str(err))
+        return result
+    problems = result["problems"]
+    for split, source in sources.items():
+        images, classes = len(source), len(set(source.names[label]))
+        result["splits"][split] = {"images": images, "classes": classes}
+        published = spec.published.get(split)
+        if published is not None and (images, classes) != published:
+            problems.append(
+                f"{split} has {images:,} images of {classes:,} classes but the published split has "
+                f"{published[0]:,} images of {published[1]:,} classes."
+            )
+        if check_files and source.paths is not None:
+            missing = [p for p in source.paths if not os.path.isfile(p)]
+            if missing:
+                problems.append(
+                    f"{len(missing):,} of {len(source.paths):,} image files listed for {split} are missing "
+                    f"(first: '{missing[0]}'); is the archive fully extracted?"
+                )
+    if spec.published:
+        count_ok = all(
+            (result["splits"].get(k, {}).get("images"), result["splits"].get(k, {}).get("classes")) == v
+            for k, v in spec.published.items()
+        )
+        result["matches_published"] = count_ok
+        if not count_ok and name in HINTS:
+            problems.append(HINTS[name])
+    return result
+
+
+def datasets_table() -> list[dict[str, Any]]:
+    """One row per registered data set: name, label kinds, evaluation mode, published counts, layout."""
+    rows = []
+    for name in list_datasets():
+        spec = get_dataset_spec(name)
+        rows.append(
+            {
+                "dataset": name,
+                "labels": list(spec.label_kinds),
+                "eval_mode": spec.eval_mode,
+                "published": {k: {"images": v[0], "classes": v[1]} for k, v in spec.published.items()},
+                "layout": spec.layout,
+            }
+        )
+    return rows

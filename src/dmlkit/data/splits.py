@@ -1,0 +1,234 @@
+"""Build the train / val / test splits of a data set under the class-disjoint protocol.
+
+Class-disjoint k-fold of the training classes (ASAP, Appendix A.2, after Musgrave et al. 2020):
+the training classes are shuffled with ``seed`` and cut into ``num_folds`` folds; fold ``f`` is
+validation, the others are training. Test classes are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from dmlkit._validation import NONE, BOOL, InstanceOf, Interval, validate_params
+from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels
+from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
+from dmlkit.exceptions import DataError, InvalidParameterError
+
+
+def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) -> list[list[str]]:
+    """Partition the distinct ``class_names`` into ``num_folds`` folds of near-equal size.
+
+    ASAP Appendix A.2 / Musgrave et al. (2020): classes sorted, shuffled by ``seed``, cut in order.
+    Fold sizes differ by at most one; the result depends only on the class set and ``seed``.
+    """
+    names = sorted(set(class_names))
+    if num_folds < 2 or num_folds > len(names):
+        raise InvalidParameterError(
+            f"num_folds={num_folds} needs between 2 and {len(names)} training classes; got {len(names)} classes."
+        )
+    order = torch.randperm(len(names), generator=torch.Generator().manual_seed(int(seed))).tolist()
+    shuffled = [names[i] for i in order]
+    base, extra = divmod(len(names), num_folds)
+    folds, start = [], 0
+    for f in range(num_folds):
+        size = base + (1 if f < extra else 0)
+        folds.append(sorted(shuffled[start : start + size]))
+        start += size
+    return folds
+
+
+def _fraction_split(class_names: Sequence[str], train_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Split distinct classes into (train, val) with ``round(fraction * C)`` training classes."""
+    names = sorted(set(class_names))
+    n_train = int(round(train_fraction * len(names)))
+    if not 0 < n_train < len(names):
+        raise InvalidParameterError(
+            f"train_fraction={train_fraction} leaves {n_train} of {len(names)} classes for training; "
+            "both train and val need at least one class."
+        )
+    order = torch.randperm(len(names), generator=torch.Generator().manual_seed(int(seed))).tolist()
+    shuffled = [names[i] for i in order]
+    return sorted(shuffled[:n_train]), sorted(shuffled[n_train:])
+
+
+def _rows_in(names: Sequence[str], keep: set[str]) -> torch.Tensor:
+    return torch.tensor([i for i, n in enumerate(names) if n in keep], dtype=torch.int64)
+
+
+def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor:
+    """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear), so items need no per-item work."""
+    if image_size is None or tuple(images.shape[-2:]) == (image_size, image_size):
+        return images
+    x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False)
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _make_split(
+    spec: DatasetSpec,
+    source: SplitSource,
+    rows: torch.Tensor | None,
+    label: str,
+    transform,
+    image_size: int | None,
+    skip_bad_images: bool,
+    split_name: str,
+):
+    names = source.names[label]
+    if rows is not None:
+        names = [names[i] for i in rows.tolist()]
+    labels, class_names = contiguous_labels(names)
+    tag = f"{spec.name}/{split_name}"
+    if source.images is not None:
+        images = source.images if rows is None else source.images[rows]
+        return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag)
+    paths = source.paths if rows is None else [source.paths[i] for i in rows.tolist()]
+    return ImageFileDataset(
+        paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag
+    )
+
+
+def build_splits(
+    name: str,
+    root: str | os.PathLike | None = None,
+    *,
+    label: str = "class",
+    eval_label: str | None = None,
+    image_size: int | None = None,
+    fold: int | None = None,
+    num_folds: int = 4,
+    train_fraction: float | None = None,
+    seed: int = 0,
+    train_transform=None,
+    eval_transform=None,
+    skip_bad_images: bool = False,
+    **dataset_options: Any,
+) -> DataSplits:
+    """Read data set ``name`` from ``root`` and return its class-disjoint splits.
+
+    ``label`` labels the training split, ``eval_label`` (default: ``label``) the val/test/query/
+    gallery splits. With ``fold`` in ``[0, num_folds)``, training classes are cut into class-disjoint
+    folds (ASAP App. A.2): ``train`` keeps the other folds and ``val`` is fold ``fold``. With
+    ``train_fraction`` instead, one seeded class-disjoint train/val cut is made. Test classes are
+    never used for either. ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
+    for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
+    except query and gallery, which share one label space. Transforms default to
+    :func:`dmlkit.data.transforms.default_transforms` for image files and to none for in-memory
+    data (``image_size`` then resizes the tensors once).
+    """
+    validate_params(
+        "build_splits",
+        dict(name=name, label=label, eval_label=eval_label, image_size=image_size, fold=fold,
+             num_folds=num_folds, train_fraction=train_fraction, seed=seed, skip_bad_images=skip_bad_images),
+        dict(
+            name=[InstanceOf((str,))],
+            label=[InstanceOf((str,))],
+            eval_label=[InstanceOf((str,)), NONE],
+            image_size=[Interval(int, 1, None), NONE],
+            fold=[Interval(int, 0, None), NONE],
+            num_folds=[Interval(int, 2, None)],
+            train_fraction=[Interval(float, 0, 1, closed="neither"), NONE],
+            seed=[Interval(int, 0, None)],
+            skip_bad_images=[BOOL],
+        ),
+    )
+    if fold is not None and fold >= num_folds:
+        raise InvalidParameterError(
+            f"The 'fold' parameter of build_splits must be an int in the range [0, {num_folds - 1}] "
+            f"for num_folds={num_folds}. Got {fold} instead."
+        )
+    if fold is not None and train_fraction is not None:
+        raise InvalidParameterError("build_splits takes either 'fold' or 'train_fraction', not both.")
+    spec = get_dataset_spec(name)
+    label = spec.resolve_label(label, "label")
+    eval_label = spec.resolve_label(eval_label if eval_label is not None else label, "eval_label")
+    if not spec.in_memory and root is None:
+        raise InvalidParameterError(f"Dataset {name!r} is read from disk: pass root=<directory>. Layout: {spec.layout}")
+    try:
+        sources = spec(root=None if root is None else str(root), label=label, eval_label=eval_label, **dataset_options)
+    except TypeError as err:
+        if dataset_options and "unexpected keyword" in str(err):
+            raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
+        raise
+
+    if train_transform is None or eval_transform is None:
+        from dmlkit.data.transforms import default_transforms
+
+        default_train, default_eval = default_transforms(spec, image_size)
+        train_transform = default_train if train_transform is None else train_transform
+        eval_transform = default_eval if eval_transform is None else eval_transform
+    tensor_size = image_size if spec.in_memory else None
+
+    train_source = sources["train"]
+    group = spec.group_of(label, eval_label)
+    groups = train_source.names[group]
+    train_rows = val_rows = None
+    info: dict[str, Any] = {"label": label, "eval_label": eval_label, "group": group, "seed": seed}
+    if fold is not None:
+        folds = class_disjoint_folds(groups, num_folds, seed)
+        held_out = set(folds[fold])
+        val_rows = _rows_in(groups, held_out)
+        train_rows = _rows_in(groups, set().union(*folds) - held_out)
+        info.update(fold=fold, num_folds=num_folds, val_classes=folds[fold])
+    elif train_fraction is not None:
+        kept, held = _fraction_split(groups, train_fraction, seed)
+        train_rows, val_rows = _rows_in(groups, set(kept)), _rows_in(groups, set(held))
+        info.update(train_fraction=train_fraction, val_classes=held)
+
+    def make(source, rows, lab, tf, split_name):
+        return _make_split(spec, source, rows, lab, tf, tensor_size, skip_bad_images, split_name)
+
+    splits = DataSplits(
+        name=name,
+        train=make(train_source, train_rows, label, train_transform, "train"),
+        val=None if val_rows is None else make(train_source, val_rows, eval_label, eval_transform, "val"),
+        eval_mode=spec.eval_mode,
+        info=info,
+    )
+    if spec.eval_mode == "query_gallery":
+        splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, tensor_size,
+                                                      skip_bad_images)
+    else:
+        splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
+    return splits
+
+
+def _query_gallery(spec, sources, eval_label, transform, tensor_size, skip_bad_images):
+    """Query and gallery splits re-indexed jointly so equal ids mean the same item."""
+    query, gallery = sources["query"], sources["gallery"]
+    labels, class_names = contiguous_labels(query.names[eval_label] + gallery.names[eval_label])
+    n_query = len(query)
+    out = []
+    for src, lab, tag in ((query, labels[:n_query], "query"), (gallery, labels[n_query:], "gallery")):
+        out.append(
+            ImageFileDataset(src.paths, lab, class_names, transform, mode=spec.image_mode,
+                             skip_bad_images=skip_bad_images, name=f"{spec.name}/{tag}")
+        )
+    return out
+
+
+def write_manifest(splits: DataSplits, path: str | os.PathLike) -> Path:
+    """Write every split's paths, labels and class names to ``path`` as JSON (atomically).
+
+    In-memory splits have ``"paths": null``; their labels and class names are still written.
+    """
+    doc = {"dataset": splits.name, "eval_mode": splits.eval_mode, "info": splits.info, "splits": {}}
+    for split_name, ds in splits.items():
+        doc["splits"][split_name] = {
+            "num_images": len(ds),
+            "num_classes": len(ds.class_names),
+            "class_names": list(ds.class_names),
+            "labels": ds.labels.tolist(),
+            "paths": None if ds.paths is None else list(ds.paths),
+        }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+    return path

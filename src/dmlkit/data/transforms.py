@@ -1,0 +1,212 @@
+"""Image transforms: Musgrave/ASAP and Proxy-Anchor pipelines, per-backbone normalisation.
+
+Training (ASAP App. A.2, after Musgrave et al. 2020): shorter side to 256, random resized crop
+(area 16-100 %, aspect 3/4-4/3), resize to 227, horizontal flip p=0.5. Evaluation: shorter side
+256, centre crop 227. Proxy-Anchor (Sec. 5.1): random resized crop 224 + flip; resize 256,
+centre crop 224. Normalisation (mean, std, input range, channel order) comes from the
+backbone's preprocessing dict, never from constants here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from dmlkit.exceptions import InvalidParameterError
+
+PRESETS = ("musgrave", "proxy_anchor")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What a backbone expects: per-channel ``mean``/``std`` (in units of ``scale``), channels, order.
+
+    ``scale`` is 1 for inputs in [0, 1] or 255 for [0, 255] (BN-Inception); ``color`` is
+    ``"RGB"`` or ``"BGR"``; ``channels`` is ``input_size[0]``.
+    """
+
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    channels: int = 3
+    color: str = "RGB"
+    scale: float = 1.0
+    input_size: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | "Preprocessing" | None) -> "Preprocessing":
+        """Read a ``pretrained_cfg``-like dict (keys ``mean``, ``std``, ``input_size``, ``color``, ``scale``)."""
+        if cfg is None:
+            return cls(mean=(), std=())
+        if isinstance(cfg, Preprocessing):
+            return cfg
+        if not isinstance(cfg, Mapping):
+            raise InvalidParameterError(
+                f"The preprocessing config must be a dict with keys mean, std, input_size, color, scale. "
+                f"Got {type(cfg).__name__} instead."
+            )
+        input_size = tuple(cfg["input_size"]) if cfg.get("input_size") is not None else None
+        channels = int(input_size[0]) if input_size else len(cfg.get("mean", (0, 0, 0)))
+        mean = tuple(float(v) for v in cfg.get("mean", (0.0,) * channels))
+        std = tuple(float(v) for v in cfg.get("std", (1.0,) * channels))
+        color = str(cfg.get("color", "RGB")).upper()
+        scale = float(cfg.get("scale", 1))
+        if color not in ("RGB", "BGR"):
+            raise InvalidParameterError(f"The 'color' entry of the preprocessing config must be 'RGB' or 'BGR'. Got {color!r} instead.")
+        if scale not in (1.0, 255.0):
+            raise InvalidParameterError(f"The 'scale' entry of the preprocessing config must be 1 or 255. Got {cfg.get('scale')!r} instead.")
+        if len(mean) != channels or len(std) != channels:
+            raise InvalidParameterError(
+                f"The preprocessing config has {len(mean)} mean and {len(std)} std values but {channels} input channels."
+            )
+        if any(s <= 0 for s in std):
+            raise InvalidParameterError(f"The 'std' entry of the preprocessing config must be > 0. Got {std} instead.")
+        return cls(mean=mean, std=std, channels=channels, color=color, scale=scale, input_size=input_size)
+
+
+class BackboneNormalize(nn.Module):
+    """Map a float image ``[..., C, H, W]`` in [0, 1] to a backbone's input convention.
+
+    Grey images (C=1) are repeated to ``channels``; RGB is flipped to BGR when asked; values are
+    multiplied by ``scale`` and standardised with ``mean``/``std``. With an empty ``mean`` only the
+    channel handling is applied.
+    """
+
+    def __init__(self, preprocessing: Preprocessing | Mapping[str, Any] | None):
+        super().__init__()
+        self.pre = Preprocessing.from_config(preprocessing)
+        self.register_buffer("mean", torch.tensor(self.pre.mean).view(-1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(self.pre.std).view(-1, 1, 1), persistent=False)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        pre = self.pre
+        if pre.mean and image.shape[-3] == 1 and pre.channels == 3:
+            image = image.expand(*image.shape[:-3], 3, *image.shape[-2:])
+        elif pre.mean and image.shape[-3] == 3 and pre.channels == 1:
+            weights = torch.tensor([0.299, 0.587, 0.114], dtype=image.dtype).view(3, 1, 1)
+            image = (image * weights).sum(dim=-3, keepdim=True)
+        if pre.color == "BGR" and image.shape[-3] == 3:
+            image = image.flip(-3)
+        if pre.scale != 1.0:
+            image = image * pre.scale
+        if pre.mean:
+            image = (image - self.mean.to(image.dtype)) / self.std.to(image.dtype)
+        return image.contiguous()
+
+    def extra_repr(self) -> str:
+        p = self.pre
+        return f"mean={p.mean}, std={p.std}, channels={p.channels}, color={p.color}, scale={p.scale:g}"
+
+
+def _resize_for(crop_size: int, preset: str) -> int:
+    """Shorter-side size before cropping: 256 for the published crops (227 / 224), scaled otherwise."""
+    reference = 227 if preset == "musgrave" else 224
+    return int(round(crop_size * 256 / reference))
+
+
+def _check_preset(preset: str) -> None:
+    if preset not in PRESETS:
+        raise InvalidParameterError(
+            f"The 'preset' parameter of the transforms must be one of {{{', '.join(map(repr, PRESETS))}}}. Got {preset!r} instead."
+        )
+
+
+def train_transform(
+    preset: str = "musgrave",
+    preprocessing: Mapping[str, Any] | Preprocessing | None = None,
+    image_size: int | None = None,
+    *,
+    crop_scale: Sequence[float] | None = None,
+    crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+) -> nn.Module:
+    """Training augmentation for PIL images (ASAP App. A.2 / Musgrave; or Proxy-Anchor Sec. 5.1).
+
+    ``musgrave``: shorter side 256, random resized crop area ``crop_scale`` (default 0.16-1) and
+    aspect 3/4-4/3 to 227, horizontal flip. ``proxy_anchor``: random resized crop (area 0.08-1) to
+    224, flip. ``image_size`` replaces 227/224. Returns a float tensor ``[C, H, W]``.
+    """
+    from torchvision import transforms as T
+
+    _check_preset(preset)
+    size = image_size or (227 if preset == "musgrave" else 224)
+    steps: list[nn.Module] = []
+    if preset == "musgrave":
+        steps.append(T.Resize(_resize_for(size, preset)))
+        scale = tuple(crop_scale) if crop_scale is not None else (0.16, 1.0)
+    else:
+        scale = tuple(crop_scale) if crop_scale is not None else (0.08, 1.0)
+    steps += [
+        T.RandomResizedCrop(size, scale=scale, ratio=tuple(crop_ratio)),
+        T.RandomHorizontalFlip(0.5),
+        T.PILToTensor(),
+        T.ConvertImageDtype(torch.float32),
+        BackboneNormalize(preprocessing),
+    ]
+    return T.Compose(steps)
+
+
+def eval_transform(
+    preset: str = "musgrave",
+    preprocessing: Mapping[str, Any] | Preprocessing | None = None,
+    image_size: int | None = None,
+) -> nn.Module:
+    """Evaluation transform for PIL images: shorter side 256, centre crop 227 (or 224 for ``proxy_anchor``)."""
+    from torchvision import transforms as T
+
+    _check_preset(preset)
+    size = image_size or (227 if preset == "musgrave" else 224)
+    return T.Compose(
+        [
+            T.Resize(_resize_for(size, preset)),
+            T.CenterCrop(size),
+            T.PILToTensor(),
+            T.ConvertImageDtype(torch.float32),
+            BackboneNormalize(preprocessing),
+        ]
+    )
+
+
+def small_image_transform(
+    preprocessing: Mapping[str, Any] | Preprocessing | None = None, image_size: int | None = None
+) -> nn.Module:
+    """Transform for small grey images on disk (Omniglot): resize to ``image_size``, to tensor, normalise."""
+    from torchvision import transforms as T
+
+    steps: list[nn.Module] = []
+    if image_size is not None:
+        steps.append(T.Resize((image_size, image_size)))
+    steps += [T.PILToTensor(), T.ConvertImageDtype(torch.float32), BackboneNormalize(preprocessing)]
+    return T.Compose(steps)
+
+
+def tensor_transform(preprocessing: Mapping[str, Any] | Preprocessing | None = None) -> nn.Module | None:
+    """Transform for in-memory float images ``[C, H, W]`` in [0, 1] (MNIST, digits): normalisation only."""
+    if preprocessing is None:
+        return None
+    return BackboneNormalize(preprocessing)
+
+
+def default_transforms(spec, image_size: int | None, preprocessing=None):
+    """(train, eval) transforms a data set uses when none are given.
+
+    Photos: Musgrave train/eval at ``image_size`` (default 227). Grey glyphs (Omniglot): resize only.
+    In-memory tensors: none (``build_splits`` resizes the stored tensor once).
+    """
+    if spec.in_memory:
+        t = tensor_transform(preprocessing)
+        return t, t
+    if spec.image_mode == "L":
+        t = small_image_transform(preprocessing, image_size)
+        return t, t
+    return train_transform("musgrave", preprocessing, image_size), eval_transform("musgrave", preprocessing, image_size)
+
+
+def build_transforms(
+    preset: str = "musgrave",
+    preprocessing: Mapping[str, Any] | Preprocessing | None = None,
+    image_size: int | None = None,
+) -> tuple[nn.Module, nn.Module]:
+    """(train, eval) pipelines for ``preset`` normalised for a backbone's ``preprocessing`` dict."""
+    return train_transform(preset, preprocessing, image_size), eval_transform(preset, preprocessing, image_size)

@@ -1,0 +1,208 @@
+"""Build the parts of a run from its config: data, model, training objective, batches."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from dmlkit.config.schema import RunConfig
+from dmlkit.exceptions import ConfigError, DataError
+
+
+def build_model(cfg: RunConfig) -> nn.Module:
+    """The embedding model named by ``cfg.model`` (``dmlkit.models.create_model``)."""
+    from dmlkit.models import create_model
+
+    m = cfg.model
+    return create_model(
+        m.name,
+        embedding_size=m.embedding_size,
+        normalization=m.normalization,
+        pooling=m.pooling,
+        pretrained=m.pretrained,
+        weights=m.weights,
+        freeze_bn=m.freeze_bn,
+        **m.args,
+    )
+
+
+def build_splits(cfg: RunConfig, model: nn.Module):
+    """Train/val/test splits with the transforms the model's preprocessing asks for."""
+    from dmlkit import data as dm
+
+    d = cfg.data
+    preprocessing = getattr(model, "pretrained_cfg", None)
+    kwargs = dict(
+        root=d.root,
+        label=d.label,
+        eval_label=d.eval_label,
+        image_size=d.image_size,
+        fold=cfg.protocol.fold,
+        num_folds=cfg.protocol.num_folds,
+        seed=cfg.protocol.seed,
+        skip_bad_images=d.skip_bad_images,
+    )
+    if "preprocessing" in inspect.signature(dm.build_splits).parameters:
+        kwargs["preprocessing"] = preprocessing
+    return dm.build_splits(d.name, **kwargs)
+
+
+class TrainingObjective(nn.Module):
+    """Loss + optional miner + optional cross-batch memory, called as ``objective(emb, labels)``."""
+
+    def __init__(self, loss: nn.Module, miner: nn.Module | None = None, memory: nn.Module | None = None):
+        super().__init__()
+        self.loss = loss
+        self.miner = miner
+        self.memory = memory
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.memory is not None:
+            return self.memory(embeddings, labels)
+        if self.miner is not None:
+            return self.loss(embeddings, labels, pairs=self.miner(embeddings, labels))
+        return self.loss(embeddings, labels)
+
+    @property
+    def proxies(self) -> torch.Tensor | None:
+        return getattr(self.loss, "proxies", None)
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
+    """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory."""
+    from dmlkit.losses import LOSSES
+    from dmlkit.mining import MINERS
+
+    lc = cfg.loss
+    factory = LOSSES.get(lc.name)
+    args = dict(lc.args)
+    for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
+        if key not in args and key in inspect.signature(factory).parameters:
+            args[key] = value
+    if cfg.asap.enabled and "proxies_per_class" in inspect.signature(factory).parameters:
+        args.setdefault("proxies_per_class", cfg.asap.proxies_per_class)
+    try:
+        loss = factory(**args)
+    except TypeError as exc:
+        raise ConfigError(f"loss.args do not fit loss {lc.name!r}: {exc}") from None
+    miner = MINERS.create(lc.miner.name, **lc.miner.args) if lc.miner.name else None
+    memory = None
+    if lc.memory.memory_size > 0:
+        from dmlkit.memory import CrossBatchMemory
+
+        memory = CrossBatchMemory(
+            loss,
+            embedding_size=cfg.model.embedding_size,
+            memory_size=lc.memory.memory_size,
+            miner=miner,
+            warmup_steps=lc.memory.warmup_steps,
+        )
+    return TrainingObjective(loss, miner, memory)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class LabelMap:
+    """Maps a split's label ids onto contiguous ``0..C-1`` (proxy rows are indexed by class)."""
+
+    def __init__(self, labels: torch.Tensor):
+        self.classes = torch.unique(labels)
+        self._lookup = {int(c): i for i, c in enumerate(self.classes.tolist())}
+        offset = int(self.classes.min())
+        span = int(self.classes.max()) - offset + 1
+        self._table = None
+        if span <= 10_000_000:
+            table = torch.full((span,), -1, dtype=torch.int64)
+            table[self.classes - offset] = torch.arange(len(self.classes))
+            self._table, self._offset = table, offset
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    def __call__(self, labels: torch.Tensor) -> torch.Tensor:
+        if self._table is not None:
+            return self._table[labels - self._offset]
+        return torch.tensor([self._lookup[int(v)] for v in labels.tolist()], dtype=torch.int64)
+
+
+@dataclass
+class BatchPosition:
+    """Where the batch stream is: epoch and batches consumed in it (resumable)."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, world_size: int = 1):
+    """The sampler named by ``cfg.sampler`` (``dmlkit.data.samplers``), seeded by ``cfg.seed``."""
+    from dmlkit.data.samplers import create_sampler
+
+    s = cfg.sampler
+    common = dict(batch_size=s.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
+    if s.name == "m_per_class":
+        return create_sampler("m_per_class", labels=labels, m=s.m, **common)
+    if s.name == "one_per_class":
+        return create_sampler("one_per_class", labels=labels, **common)
+    return create_sampler("random", num_samples=len(labels), **common)
+
+
+def iterate_batches(sampler, position: BatchPosition) -> Iterator[tuple[list[int], BatchPosition]]:
+    """Endless stream of index batches from ``position`` on; epoch ``e`` depends only on (seed, e)."""
+    while True:
+        batches = sampler.batches(position.epoch)
+        if len(batches) == 0:
+            raise DataError("The batch sampler produced no batch: the training split is too small for the sampler settings.")
+        for b in range(position.batch_in_epoch, len(batches)):
+            position = BatchPosition(position.epoch, b + 1)
+            yield batches[b].tolist(), position
+        position = BatchPosition(position.epoch + 1, 0)
+
+
+def fetch_batch(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels of ``indices``: in-memory data sets batch-index directly."""
+    if hasattr(dataset, "get_batch"):
+        return dataset.get_batch(indices)
+    items = [dataset[i] for i in indices]
+    images = torch.stack([it[0] for it in items])
+    labels = torch.as_tensor([int(it[1]) for it in items], dtype=torch.int64)
+    return images, labels
+
+
+@torch.no_grad()
+def embed_dataset(
+    model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order."""
+    was_training = model.training
+    model.eval()
+    outs, labs = [], []
+    try:
+        if hasattr(dataset, "get_batch"):
+            n = len(dataset)
+            for start in range(0, n, batch_size):
+                x, y = dataset.get_batch(list(range(start, min(n, start + batch_size))))
+                with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    outs.append(model(x).float())
+                labs.append(y)
+        else:
+            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+            for x, y in loader:
+                with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    outs.append(model(x).float())
+                labs.append(torch.as_tensor(y, dtype=torch.int64))
+    finally:
+        model.train(was_training)
+    return torch.cat(outs), torch.cat(labs)

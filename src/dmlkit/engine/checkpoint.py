@@ -1,0 +1,85 @@
+"""Atomic checkpoint files that are only ever loaded with ``weights_only=True``.
+
+A checkpoint is written to a temporary file in the same directory, flushed and fsync'ed,
+then renamed over the target (``os.replace`` is atomic on POSIX), so a crash while writing
+leaves the previous checkpoint intact and a partial file is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dmlkit.exceptions import CheckpointError
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write text atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (sorted keys, indented)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_checkpoint(path: str | Path, state: dict) -> None:
+    """Serialise ``state`` with ``torch.save`` and write it atomically."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Load a checkpoint safely (``weights_only=True``); errors name the file and the cause."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint {str(path)!r} does not exist.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, corrupted, or contains non-tensor objects
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} cannot be read safely (truncated, corrupted, or not a dmlkit checkpoint): {exc}"
+        ) from None
+    if not isinstance(state, dict) or "format" not in state or state.get("format") != "dmlkit-checkpoint-1":
+        raise CheckpointError(f"Checkpoint {str(path)!r} is not a dmlkit checkpoint (missing format tag).")
+    return state
+
+
+def config_fingerprint(config: dict, ignore: tuple[str, ...] = ("train", "eval", "name")) -> str:
+    """Hash of the parts of a config that determine parameter shapes and the data split."""
+    kept = {k: v for k, v in config.items() if k not in ignore}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,74 @@
+"""Optimisers with parameter groups, learning-rate schedules and warm-up (issue 6).
+
+Groups: the trunk, the embedding head, and the loss's own parameters (proxies, learnable
+margins) at ``lr * loss_lr_multiplier`` (x100 in Proxy-Anchor and the ASAP comparisons).
+During ``warmup_steps`` the trunk's learning rate is 0: only the head and the loss train.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from dmlkit.config.schema import OptimizerConfig
+
+
+def _params(module_params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    return [p for p in module_params if p.requires_grad]
+
+
+def parameter_groups(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> list[dict]:
+    """``[trunk, head, loss]`` groups (empty ones dropped), each tagged with a ``name``."""
+    if hasattr(model, "trunk_parameters") and hasattr(model, "head_parameters"):
+        trunk = _params(model.trunk_parameters())
+        head = _params(model.head_parameters())
+    else:
+        trunk, head = [], _params(model.parameters())
+    groups = [
+        {"name": "trunk", "params": trunk, "lr": cfg.lr},
+        {"name": "head", "params": head, "lr": cfg.lr},
+        {"name": "loss", "params": _params(loss.parameters()), "lr": cfg.lr * cfg.loss_lr_multiplier},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """Adam, AdamW, RMSprop or SGD over :func:`parameter_groups`."""
+    groups = parameter_groups(model, loss, cfg)
+    wd = cfg.weight_decay
+    if cfg.name == "adam":
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=wd)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=wd)
+    if cfg.name == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=cfg.lr, eps=cfg.eps, momentum=cfg.momentum, weight_decay=wd)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=wd)
+    raise ValueError(f"optimizer.name must be one of adam, adamw, rmsprop, sgd. Got {cfg.name!r}.")
+
+
+def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
+    """Multiplier of the base learning rate at ``step`` (step or cosine decay)."""
+    if cfg.scheduler == "step":
+        return cfg.gamma ** (step // cfg.step_size)
+    if cfg.scheduler == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(step, max_steps) / max(max_steps, 1)))
+    return 1.0
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, max_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-group LambdaLR: schedule factor, and a zero trunk rate during warm-up."""
+
+    def trunk(step: int) -> float:
+        return 0.0 if step < cfg.warmup_steps else schedule_factor(cfg, step, max_steps)
+
+    def other(step: int) -> float:
+        return schedule_factor(cfg, step, max_steps)
+
+    lambdas = [trunk if g.get("name") == "trunk" else other for g in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

@@ -1,0 +1,154 @@
+"""The run directory: resolved config, environment record, split manifest, logs, results.
+
+Layout::
+
+    RUN_DIR/config.yaml            resolved config
+    RUN_DIR/env.json               versions, git commit, seed, command line
+    RUN_DIR/manifest.json          paths and labels per split (audit which data was used)
+    RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection
+    RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
+    RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails
+    RUN_DIR/checkpoints/last.pt    full training state (resume)
+    RUN_DIR/checkpoints/best.pt    selected weights
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "numpy", "scikit-learn", "dmlkit")
+
+
+def environment_record(seed: int) -> dict:
+    """Package versions, git commit of dmlkit, platform, seed and command line."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    commit = None
+    src = Path(__file__).resolve().parents[3]
+    if (src / ".git").exists():
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+            ).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "git_commit": commit,
+        "seed": seed,
+        "command": sys.argv,
+    }
+
+
+class RunDirectory:
+    """Writes the files of one run; every write of results is atomic."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.path / "checkpoints" / "last.pt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        return self.path / "checkpoints" / "best.pt"
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / "log.jsonl"
+
+    def prepare(self, cfg, splits) -> None:
+        """Create the directory and write config, environment and split manifest."""
+        from dmlkit.config.loading import dump_config
+
+        (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path / "config.yaml", dump_config(cfg))
+        atomic_write_json(self.path / "env.json", environment_record(cfg.seed))
+        atomic_write_json(self.path / "manifest.json", split_manifest(splits))
+        atomic_write_text(self.log_path, "")
+
+    def log(self, record: dict) -> None:
+        """Append one JSON line (flushed) to ``log.jsonl``."""
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+    def read_log(self) -> list[dict]:
+        """Every complete record of ``log.jsonl`` (a torn last line is dropped)."""
+        if not self.log_path.exists():
+            return []
+        out = []
+        for line in self.log_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def truncate_log_after(self, step: int) -> None:
+        """Drop log records newer than ``step`` (they will be replayed after a resume)."""
+        kept = [r for r in self.read_log() if int(r.get("step", 0)) <= step]
+        atomic_write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def save_embeddings(self, split: str, model, dataset, objective, cfg) -> Path:
+        """Write ``embeddings/<split>.npz``: embeddings, labels, proxies and small thumbnails."""
+        from dmlkit.engine.builders import embed_dataset
+
+        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
+        arrays = {"embeddings": emb.numpy().astype(np.float32), "labels": labels.numpy().astype(np.int64)}
+        proxies = getattr(objective, "proxies", None)
+        if isinstance(proxies, torch.Tensor):
+            arrays["proxies"] = proxies.detach().float().numpy()
+            k = getattr(objective.loss, "proxies_per_class", 1)
+            k = int(k) if float(k).is_integer() and k >= 1 else 1
+            arrays["proxy_labels"] = np.repeat(np.arange(proxies.shape[0] // k), k).astype(np.int64)
+        thumbs = getattr(dataset, "thumbnails", None)
+        if callable(thumbs):
+            t = thumbs()
+            if t is not None:
+                arrays["thumbnails"] = t
+        paths = getattr(dataset, "paths", None)
+        if paths:
+            arrays["paths"] = np.asarray([str(p) for p in paths])
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        out = self.path / "embeddings" / f"{split}.npz"
+        atomic_write_bytes(out, buf.getvalue())
+        return out
+
+
+def split_manifest(splits) -> dict:
+    """Paths (when the data set has files) and labels of each split."""
+    out = {}
+    for name in ("train", "val", "test", "query", "gallery"):
+        ds = getattr(splits, name, None)
+        if ds is None:
+            continue
+        labels = ds.labels.tolist() if hasattr(ds.labels, "tolist") else list(ds.labels)
+        entry = {"size": len(labels), "classes": len(set(labels)), "labels": labels}
+        paths = getattr(ds, "paths", None)
+        if paths:
+            entry["paths"] = [str(p) for p in paths]
+        out[name] = entry
+    return out
+
+

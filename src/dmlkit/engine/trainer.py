@@ -1,0 +1,351 @@
+"""The training engine: one loop for every loss, miner, memory and ASAP.
+
+Data flow of a step: batch sampler -> index batch -> images + labels (mapped to 0..C-1)
+-> model (optionally under bf16 autocast) -> embeddings -> objective (miner / memory /
+loss, accumulated in fp32) -> backward -> method hook (ASAP's proximal gradient) -> finite
+check -> gradient clipping -> optimiser and schedule step. Every ``eval_every`` steps the
+validation fold is embedded and scored (MAP@R selects the checkpoint); the test split is
+evaluated once, at the end, with the selected weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from dmlkit.config.schema import RunConfig, config_to_dict
+from dmlkit.engine import builders
+from dmlkit.engine.checkpoint import (
+    atomic_write_json,
+    config_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from dmlkit.engine.run_dir import RunDirectory
+from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.exceptions import CheckpointError, NonFiniteError
+
+SELECTION_METRIC = "map_at_r"
+
+
+class MethodHooks:
+    """Extension points of the loop; the default does nothing (plain training)."""
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """Called once before the first step (also after a resume)."""
+
+    def after_backward(self, trainer: "Trainer") -> None:
+        """Called after ``loss.backward()``, before clipping and the optimiser step."""
+
+    def on_evaluation(self, trainer: "Trainer", score: float, improved: bool) -> bool:
+        """Called after each validation; return True to stop training."""
+        return trainer.evals_since_best >= (trainer.cfg.train.patience or math.inf)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns."""
+
+    test_metrics: dict
+    best_step: int
+    steps: int
+    selected_on: str
+    run_dir: Path
+    val_history: list = field(default_factory=list)
+
+
+class Trainer:
+    """Trains ``cfg`` into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        hooks: MethodHooks | None = None,
+        echo: Callable[[str], None] = print,
+    ):
+        self.cfg = cfg
+        self.echo = echo
+        self.run = RunDirectory(run_dir)
+        self.resume = resume
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        seed_everything(cfg.seed)
+        self.model = builders.build_model(cfg)
+        self.splits = builders.build_splits(cfg, self.model)
+        train_labels = self.splits.train.labels
+        self.label_map = builders.LabelMap(train_labels)
+        self.objective = builders.build_objective(cfg, num_classes=len(self.label_map))
+        from dmlkit.engine.optim import build_optimizer, build_scheduler
+
+        self.optimizer = build_optimizer(self.model, self.objective, cfg.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.train.max_steps)
+        self.sampler = builders.build_batch_sampler(cfg, train_labels)
+        self.position = builders.BatchPosition()
+        self.step = 0
+        self.best_score = -math.inf
+        self.best_step = 0
+        self.evals_since_best = 0
+        self.stopped_early = False
+        self.elapsed = 0.0
+        self.hooks = hooks or MethodHooks()
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
+        self.forward_model = torch.compile(self.model) if cfg.train.compile else self.model
+        self.fingerprint = config_fingerprint(config_to_dict(cfg))
+        self._best_state: dict | None = None
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly (weights_only-loadable)."""
+        return {
+            "format": "dmlkit-checkpoint-1",
+            "fingerprint": self.fingerprint,
+            "config": config_to_dict(self.cfg),
+            "step": self.step,
+            "epoch": self.position.epoch,
+            "batch_in_epoch": self.position.batch_in_epoch,
+            "model": self.model.state_dict(),
+            "objective": self.objective.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "best_score": self.best_score,
+            "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
+            "elapsed": self.elapsed,
+            "hooks": self.hooks.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        """Restore :meth:`state_dict`; refuses a checkpoint of another configuration."""
+        if state.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(
+                f"{source} was written by a different configuration (data, model, loss or optimiser differ); "
+                "it cannot be resumed with this config."
+            )
+        try:
+            self.model.load_state_dict(state["model"])
+            self.objective.load_state_dict(state["objective"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"{source} does not fit this model: {exc}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.position = builders.BatchPosition(int(state["epoch"]), int(state["batch_in_epoch"]))
+        self.best_score = float(state["best_score"])
+        self.best_step = int(state["best_step"])
+        self.evals_since_best = int(state["evals_since_best"])
+        self.elapsed = float(state["elapsed"])
+        self.hooks.load_state_dict(state["hooks"])
+
+    def weights_state(self) -> dict:
+        """Model and objective weights only (the best checkpoint, export, evaluation)."""
+        return {
+            "format": "dmlkit-checkpoint-1",
+            "fingerprint": self.fingerprint,
+            "config": config_to_dict(self.cfg),
+            "step": self.step,
+            "model": copy.deepcopy(self.model.state_dict()),
+            "objective": copy.deepcopy(self.objective.state_dict()),
+        }
+
+    def save(self) -> None:
+        """Write ``checkpoints/last.pt`` atomically."""
+        save_checkpoint(self.run.last_checkpoint, self.state_dict())
+
+    # ------------------------------------------------------------------ loop
+
+    def training_step(self, images: torch.Tensor, labels: torch.Tensor) -> float:
+        """One optimisation step; returns the loss value."""
+        self.model.train()
+        with torch.autocast("cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            embeddings = self.forward_model(images)
+        loss = self.objective(embeddings, labels)
+        if not torch.isfinite(loss):
+            return self._non_finite("loss", float(loss))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.hooks.after_backward(self)
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        clip = self.cfg.optimizer.grad_clip
+        total = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+        if not torch.isfinite(total):
+            return self._non_finite("gradient norm", float(total))
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+    def _non_finite(self, what: str, value: float) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.cfg.train.on_nonfinite == "skip":
+            self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
+            self.scheduler.step()
+            return float("nan")
+        last = self.run.last_checkpoint
+        where = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
+        raise NonFiniteError(
+            f"Non-finite {what} ({value}) at step {self.step + 1}; training stopped, weights were not updated; {where}. "
+            "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
+        )
+
+    def evaluate_split(self, dataset, *, clustering: bool) -> dict:
+        """Embed a split and compute retrieval (and optionally clustering) metrics."""
+        from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+
+        emb, labels = builders.embed_dataset(
+            self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
+        )
+        metrics = retrieval_metrics(emb, labels, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
+        if clustering:
+            metrics.update(clustering_metrics(emb, labels, seed=self.cfg.seed))
+        return metrics
+
+    def evaluate_query_gallery(self, query, gallery, *, clustering: bool) -> dict:
+        """In-Shop style: queries retrieve from a separate gallery."""
+        from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+
+        q, ql = builders.embed_dataset(self.model, query, self.cfg.eval.batch_size, self.cfg.data.num_workers)
+        g, gl = builders.embed_dataset(self.model, gallery, self.cfg.eval.batch_size, self.cfg.data.num_workers)
+        metrics = retrieval_metrics(
+            q, ql, reference=g, reference_labels=gl, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend
+        )
+        if clustering:
+            metrics.update(clustering_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=self.cfg.seed))
+        return metrics
+
+    def validate(self) -> float:
+        """Score the validation fold; track the best weights; returns MAP@R."""
+        metrics = self.evaluate_split(self.splits.val, clustering=False)
+        score = float(metrics[SELECTION_METRIC])
+        improved = score > self.best_score
+        if improved:
+            self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
+            save_checkpoint(self.run.best_checkpoint, self.weights_state())
+        else:
+            self.evals_since_best += 1
+        self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
+        stop = self.hooks.on_evaluation(self, score, improved)
+        return stop
+
+    def fit(self) -> TrainResult:
+        """Train until the step budget or early stopping, then evaluate the test split once."""
+        cfg = self.cfg
+        if self.resume:
+            state = load_checkpoint(self.run.last_checkpoint)
+            self.load_state_dict(state, source=str(self.run.last_checkpoint))
+            self.run.truncate_log_after(self.step)
+            self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
+        else:
+            self.run.prepare(cfg, self.splits)
+        self.hooks.on_train_start(self)
+        has_val = self.splits.val is not None
+        batches = builders.iterate_batches(self.sampler, self.position)
+        bar = _progress(cfg, initial=self.step)
+        stop = self.step >= cfg.train.max_steps
+        t_last = time.perf_counter()
+        running = None
+        while not stop:
+            indices, position = next(batches)
+            images, raw_labels = builders.fetch_batch(self.splits.train, indices)
+            labels = self.label_map(raw_labels)
+            value = self.training_step(images, labels)
+            self.step += 1
+            self.position = position
+            now = time.perf_counter()
+            self.elapsed += now - t_last
+            t_last = now
+            if math.isfinite(value):
+                running = value if running is None else 0.9 * running + 0.1 * value
+            if self.step % cfg.train.log_every == 0:
+                self.run.log(
+                    {"kind": "train", "step": self.step, "epoch": self.position.epoch, "time": self.elapsed,
+                     "loss": value, "lr": self.optimizer.param_groups[0]["lr"]}
+                )
+            if bar is not None:
+                bar.update(1)
+                if running is not None:
+                    bar.set_postfix(loss=f"{running:.4f}", refresh=False)
+            evaluated = False
+            if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
+                stop = self.validate()
+                evaluated = True
+                t_last = time.perf_counter()  # evaluation time is not training time
+            stop = stop or self.step >= cfg.train.max_steps
+            if evaluated or stop or self.step % cfg.train.checkpoint_every == 0:
+                self.save()
+        if bar is not None:
+            bar.close()
+        self.stopped_early = self.step < cfg.train.max_steps
+        return self.finish(has_val)
+
+    def finish(self, has_val: bool) -> TrainResult:
+        """Load the selected weights, evaluate the test split once, write the results."""
+        if has_val and self.run.best_checkpoint.exists():
+            best = load_checkpoint(self.run.best_checkpoint)
+            self.model.load_state_dict(best["model"])
+            self.objective.load_state_dict(best["objective"])
+            selected_on = "val"
+        else:
+            save_checkpoint(self.run.best_checkpoint, self.weights_state())
+            self.best_step = self.step
+            selected_on = "last"
+        clustering = self.cfg.eval.clustering
+        if getattr(self.splits, "eval_mode", "leave_one_out") == "query_gallery":
+            metrics = self.evaluate_query_gallery(self.splits.query, self.splits.gallery, clustering=clustering)
+            test_set = self.splits.query
+        else:
+            metrics = self.evaluate_split(self.splits.test, clustering=clustering)
+            test_set = self.splits.test
+        metrics = _floats(metrics)
+        result = dict(metrics)
+        result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
+                      train_seconds=round(self.elapsed, 3))
+        self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
+        atomic_write_json(self.run.path / "metrics.json", result)
+        if self.cfg.eval.save_embeddings:
+            self.run.save_embeddings("test", self.model, test_set, self.objective, self.cfg)
+        return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
+
+
+def _floats(metrics: dict) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
+            out[k] = float(v) if not isinstance(v, (int, np.integer)) else int(v)
+    return out
+
+
+def _progress(cfg: RunConfig, initial: int):
+    if not cfg.train.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.train.max_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, leave=True)
+
+
+def format_metrics_table(metrics: dict[str, Any], keys: list[str] | None = None) -> str:
+    """A two-column text table of metrics."""
+    keys = keys or [k for k in metrics if isinstance(metrics[k], float)]
+    width = max(len(k) for k in keys)
+    lines = [f"{'metric'.ljust(width)}  value", f"{'-' * width}  ------"]
+    lines += [f"{k.ljust(width)}  {metrics[k]:.4f}" for k in keys if k in metrics]
+    return "\n".join(lines)
+
+

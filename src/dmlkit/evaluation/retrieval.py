@@ -1,0 +1,117 @@
+"""Retrieval metrics: P@1, Recall@K, R-Precision and MAP@R, leave-one-out or query -> gallery.
+
+Definitions (ASAP, Appendix A.2; Musgrave et al. 2020): for query ``i`` let ``R_i`` be its
+number of true references (same label; in leave-one-out the query itself is not counted).
+
+* ``precision_at_1``: 1 if the nearest reference has the query's label.
+* ``recall_at_<k>``: 1 if any of the ``k`` nearest references has the query's label
+  (Proxy-Anchor / DRO tables); ``recall_at_1 == precision_at_1``.
+* ``r_precision``: ``r_i / R_i`` with ``r_i`` the true references among the ``R_i`` nearest.
+* ``map_at_r``: ``(1 / R_i) * sum_{j <= R_i} P@j * [j-th neighbour is true]``.
+
+Every metric is averaged over queries with ``R_i > 0``; the others are counted in
+``num_queries_excluded`` (they can never score, so P@1 and Recall@K exclude them too).
+Neighbours are ranked exactly (see :mod:`dmlkit.evaluation.knn`): float64 keys, ties broken by
+the smaller reference index.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from dmlkit._validation import Options, validate_params
+from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
+from dmlkit.evaluation.knn import iter_knn_blocks
+
+
+def true_reference_counts(
+    labels: torch.Tensor, reference_labels: torch.Tensor, leave_one_out: bool
+) -> torch.Tensor:
+    """``R_i`` ``[Nq]`` int64: references sharing query ``i``'s label (minus itself in leave-one-out)."""
+    classes, counts = torch.unique(reference_labels, return_counts=True)
+    pos = torch.searchsorted(classes, labels).clamp_max(max(len(classes) - 1, 0))
+    found = classes[pos] == labels
+    r = torch.where(found, counts[pos], torch.zeros_like(counts[pos]))
+    return r - int(leave_one_out)
+
+
+class _RetrievalSums:
+    """Accumulates per-query scores (float64 sums over queries with R > 0)."""
+
+    def __init__(self, ks: tuple[int, ...]):
+        self.ks = ks
+        self.count = 0
+        self.excluded = 0
+        self.sums = {name: 0.0 for name in self.names()}
+
+    def names(self) -> list[str]:
+        return ["precision_at_1", *[f"recall_at_{k}" for k in self.ks], "r_precision", "map_at_r"]
+
+    def add(self, hits: torch.Tensor, r: torch.Tensor) -> None:
+        """Add a block: ``hits [b, k]`` bool (neighbour j is true), ``r [b]`` true-reference counts."""
+        valid = r > 0
+        self.excluded += int((~valid).sum())
+        hits, r = hits[valid], r[valid]
+        self.count += len(r)
+        if len(r) == 0:
+            return
+        rank = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
+        within_r = rank.unsqueeze(0) <= r.unsqueeze(1)
+        hits_r = hits & within_r
+        r64 = r.double()
+        precision_at_rank = hits_r.cumsum(1).double() / rank
+        self.sums["precision_at_1"] += float(hits[:, 0].double().sum())
+        for k in self.ks:
+            self.sums[f"recall_at_{k}"] += float(hits[:, :k].any(1).double().sum())
+        self.sums["r_precision"] += float((hits_r.sum(1).double() / r64).sum())
+        self.sums["map_at_r"] += float(((precision_at_rank * hits_r).sum(1) / r64).sum())
+
+    def result(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            name: (s / self.count if self.count else float("nan")) for name, s in self.sums.items()
+        }
+        out["num_queries_excluded"] = int(self.excluded)
+        return out
+
+
+def retrieval_metrics(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    reference: torch.Tensor | None = None,
+    reference_labels: torch.Tensor | None = None,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    metric: str = "euclidean",
+    backend: str = "torch",
+) -> dict[str, float | int]:
+    """P@1, Recall@K, R-Precision and MAP@R of ``embeddings [N, D]`` (ASAP App. A.2).
+
+    Without ``reference`` each sample queries all others (leave-one-out: CUB, Cars, SOP);
+    with ``reference [M, D]`` and ``reference_labels [M]`` the embeddings query that gallery
+    (In-Shop). ``metric`` ranks by Euclidean distance (default, as PML's AccuracyCalculator),
+    cosine similarity or dot product; on L2-normalised embeddings Euclidean and cosine give
+    the same ranking. Returns floats plus ``num_queries_excluded`` (int).
+    """
+    validate_params(
+        "retrieval_metrics",
+        {"metric": metric, "backend": backend},
+        {"metric": [Options(METRICS)], "backend": [Options(BACKENDS)]},
+    )
+    ks = check_ks(ks)
+    check_evaluation_inputs(embeddings, labels, reference, reference_labels)
+    leave_one_out = reference is None
+    if leave_one_out:
+        reference, reference_labels = embeddings, labels
+    labels, reference_labels = labels.cpu().long(), reference_labels.cpu().long()
+    r = true_reference_counts(labels, reference_labels, leave_one_out)
+    available = reference.shape[0] - int(leave_one_out)
+    k = min(available, max(max(ks), int(r.max()) if len(r) else 1))
+    sums = _RetrievalSums(ks)
+    for start, end, _, idx in iter_knn_blocks(
+        embeddings, reference, k, exclude_self=leave_one_out, metric=metric, backend=backend
+    ):
+        hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
+        sums.add(hits, r[start:end])
+    return sums.result()

@@ -1,0 +1,83 @@
+"""Contrastive loss: positives pulled within ``pos_margin``, negatives pushed past ``neg_margin``.
+
+Hadsell et al. (2006); with a positive margin, the generalized contrastive loss of Wu et al.
+(2017) / ASAP Sec. 3 (``(iota_{y,y'} (d - beta) + alpha)_+``). ASAP's two variants are both
+settings of this class:
+
+* **C1** (Hadsell): ``ContrastiveLoss(pos_margin=0, neg_margin=m)``;
+* **C2** (Wu et al.): ``ContrastiveLoss(pos_margin=m_pos, neg_margin=m_neg)``.
+
+Paper vs PML: Hadsell squares both hinges and sums over pairs; PML (and ASAP, which ran on
+PML) uses the plain hinges, averaged over the non-zero positive terms plus the average over
+the non-zero negative terms. dmlkit follows PML by default (``reduction="mean_nonzero"``);
+``"mean"`` averages over all selected pairs and ``"sum"`` sums. Distance default as in PML:
+Euclidean between L2-normalised embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit._validation import Interval, validate_params
+from dmlkit.distances import BaseDistance, LpDistance
+from dmlkit.losses.base import LOSSES
+from dmlkit.losses.pair._common import (
+    PairBatch,
+    PairLoss,
+    dissimilarity,
+    oriented,
+    reduce_terms,
+    weighted_sum,
+)
+
+
+@LOSSES.register("contrastive")
+class ContrastiveLoss(PairLoss):
+    """``[d_ap - pos_margin]_+`` per positive pair plus ``[neg_margin - d_an]_+`` per negative pair.
+
+    Hadsell et al. (2006) Eq. (4) without the squares (PML's form); Wu et al. (2017) Eq. (4)
+    when ``pos_margin > 0``. For a similarity (``distance=CosineSimilarity()``) the roles
+    flip: ``[pos_margin - s_ap]_+`` and ``[s_an - neg_margin]_+``.
+    """
+
+    supports_weights = True
+    _repr_keys = ("pos_margin", "neg_margin", "reduction")
+
+    def __init__(
+        self,
+        pos_margin: float = 0.0,
+        neg_margin: float = 1.0,
+        *,
+        distance: BaseDistance | None = None,
+        miner: object | None = None,
+        reduction: str = "mean_nonzero",
+    ):
+        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        validate_params(
+            type(self).__name__,
+            {"pos_margin": pos_margin, "neg_margin": neg_margin},
+            {"pos_margin": [Interval(float)], "neg_margin": [Interval(float)]},
+        )
+        self.pos_margin = float(pos_margin)
+        self.neg_margin = float(neg_margin)
+
+    def default_distance(self) -> BaseDistance:
+        return LpDistance(power=1, normalize_embeddings=True)
+
+    def pair_terms(self, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positive_terms, negative_terms)``, both ``[B, R]`` (every pair, selected or not)."""
+        dis = dissimilarity(self.distance(batch.embeddings, batch.references), self.distance)
+        pos_terms = (dis - oriented(self.pos_margin, self.distance)).clamp_min(0.0)
+        neg_terms = (oriented(self.neg_margin, self.distance) - dis).clamp_min(0.0)
+        return pos_terms, neg_terms
+
+    def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
+        masks = batch.pair_masks()
+        pos_terms, neg_terms = self.pair_terms(batch)
+        if masks.weighted:
+            return weighted_sum(pos_terms, masks.positive, masks.positive_weight) + weighted_sum(
+                neg_terms, masks.negative, masks.negative_weight
+            )
+        return reduce_terms(pos_terms, masks.positive, self.reduction) + reduce_terms(
+            neg_terms, masks.negative, self.reduction
+        )

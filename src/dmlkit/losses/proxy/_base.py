@@ -1,0 +1,65 @@
+"""Base class of the proxy losses: a :class:`MetricLoss` that owns a :class:`ProxyBank`."""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit.losses.base import MetricLoss
+from dmlkit.proxies import ProxyBank
+
+
+class ProxyLoss(MetricLoss):
+    """A metric loss with learnable proxies ``loss.proxies [num_proxies, embedding_size]`` (class-major).
+
+    The proxies live in ``self.bank`` (a :class:`ProxyBank`); ``proxies``, ``proxy_labels`` and
+    ``init_proxies_from`` are shortcuts to it. Put ``loss.proxies`` in its own optimiser
+    parameter group (proxy losses usually want a larger learning rate).
+    """
+
+    #: Whether a fractional ``proxies_per_class < 1`` makes sense for this loss.
+    supports_fractional: bool = True
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        proxies_per_class: float = 1,
+        proxy_init: str = "normal",
+        seed: int = 0,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
+        if self.bank.is_fractional and not self.supports_fractional:
+            from dmlkit.exceptions import InvalidParameterError
+
+            raise InvalidParameterError(
+                f"The 'proxies_per_class' parameter of {owner} must be an int >= 1. "
+                f"Got {proxies_per_class!r} instead."
+            )
+
+    @property
+    def proxies(self) -> torch.nn.Parameter:
+        """The learnable proxies ``[num_proxies, embedding_size]``; class ``c`` owns rows ``c*K .. c*K+K-1``."""
+        return self.bank.proxies
+
+    @property
+    def proxy_labels(self) -> torch.Tensor:
+        """Class of each proxy ``[num_proxies]`` (proxy ids when fractional)."""
+        return self.bank.proxy_labels
+
+    @property
+    def num_classes(self) -> int:
+        return self.bank.num_classes
+
+    @property
+    def embedding_size(self) -> int:
+        return self.bank.embedding_size
+
+    @property
+    def proxies_per_class(self) -> float:
+        return self.bank.proxies_per_class
+
+    def init_proxies_from(self, embeddings: torch.Tensor, labels: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        """Initialise each class's proxies from random sample embeddings of that class (see :meth:`ProxyBank.init_from`)."""
+        return self.bank.init_from(embeddings, labels, seed=seed)

@@ -1,0 +1,111 @@
+"""Proxy-NCA (Movshovitz-Attias et al., ICCV 2017) and ProxyNCA++ (Teh et al., ECCV 2020)."""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit.losses.base import LOSSES
+from dmlkit.losses.proxy._base import ProxyLoss
+from dmlkit.losses.proxy._math import common_dtype, masked_logsumexp
+from dmlkit.distances import l2_normalize, squared_euclidean
+
+
+def proxy_nca_loss(
+    logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, exclude_positive: bool
+) -> torch.Tensor:
+    """Mean over samples of ``-LSE_{pos} logits + LSE_{denominator} logits``.
+
+    Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
+    softmax over positives and negatives (``False``, PML/ProxyNCA++). ``logits [B, P]``.
+    """
+    denominator = negative if exclude_positive else (positive | negative)
+    per_sample = masked_logsumexp(logits, denominator, dim=1) - masked_logsumexp(logits, positive, dim=1)
+    return per_sample.mean()
+
+
+@LOSSES.register("proxy_nca")
+class ProxyNCALoss(ProxyLoss):
+    """NCA between each sample and the proxies: Proxy-NCA Eq. (4) with proxies (Alg. 1).
+
+    ``loss_i = -log( exp(-s d(x_i, p(y_i))) / sum_{p in Z} exp(-s d(x_i, p)) )``, mean over the
+    batch, with ``d`` the squared Euclidean distance between L2-normalised embeddings and
+    proxies (Sec. 3.3/4: both on the unit sphere) and ``s = softmax_scale``.
+
+    * ``exclude_positive=False`` (default, PML's ProxyNCALoss): ``Z`` is all proxies, i.e. a
+      softmax cross-entropy; ``True`` is the paper's Eq. (4), ``Z`` = negative proxies only
+      (the loss can then go below 0).
+    * ``assignment`` (Sec. 4.1): ``"static"`` = the class's proxy; with ``K > 1`` the class's
+      ``K`` proxies enter the numerator as a log-sum-exp (soft nearest); ``"nearest"`` = the
+      nearest proxy of the class (Eq. (5) within the class; the other class proxies are left
+      out of the denominator); ``"dynamic"`` = nearest proxy overall, labels ignored (Sec. 6.6).
+    * ``proxies_per_class`` may be a fraction ``f < 1`` (Sec. 6.5): ``ceil(C f)`` proxies and a
+      seeded random pre-assignment of classes to them.
+    """
+
+    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "softmax_scale", "assignment", "exclude_positive")
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        softmax_scale: float = 1,
+        proxies_per_class: float = 1,
+        assignment: str = "static",
+        exclude_positive: bool = False,
+        proxy_init: str = "normal",
+        seed: int = 0,
+    ):
+        validate_params(
+            type(self).__name__,
+            {"softmax_scale": softmax_scale, "assignment": assignment, "exclude_positive": exclude_positive},
+            {
+                "softmax_scale": [Interval(float, 0, None, closed="neither")],
+                "assignment": [Options(("static", "nearest", "dynamic"))],
+                "exclude_positive": [BOOL],
+            },
+        )
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
+        self.softmax_scale = float(softmax_scale)
+        self.assignment = assignment
+        self.exclude_positive = exclude_positive
+
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        embeddings, proxies = common_dtype(embeddings, self.proxies)
+        logits = -self.softmax_scale * squared_euclidean(l2_normalize(embeddings), l2_normalize(proxies))
+        positive, negative = self.bank.assign(logits, labels, self.assignment)
+        return proxy_nca_loss(logits, positive, negative, self.exclude_positive)
+
+
+@LOSSES.register("proxy_nca_plus_plus")
+class ProxyNCAPlusPlusLoss(ProxyNCALoss):
+    """ProxyNCA++: Proxy-NCA with a low softmax temperature over all proxies (positive included).
+
+    ``loss_i = -log softmax_p(-d(x_i, p) / T)[p(y_i)]`` with ``d`` the squared Euclidean distance
+    between normalised embeddings and normalised proxies (proxy normalisation is built in).
+    The paper's other ingredients are not part of the loss: fast-moving proxies are a much
+    larger learning rate for ``loss.proxies`` in its own optimiser parameter group, and global
+    max pooling / layer norm belong to the model.
+    """
+
+    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "temperature", "assignment")
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        temperature: float = 1 / 9,
+        proxies_per_class: float = 1,
+        assignment: str = "static",
+        proxy_init: str = "normal",
+        seed: int = 0,
+    ):
+        validate_params(
+            "ProxyNCAPlusPlusLoss",
+            {"temperature": temperature},
+            {"temperature": [Interval(float, 0, None, closed="neither")]},
+        )
+        super().__init__(
+            num_classes, embedding_size, 1.0 / temperature, proxies_per_class, assignment, False, proxy_init, seed
+        )
+        self.temperature = float(temperature)

@@ -1,0 +1,62 @@
+"""Proxy-Triplet loss (Movshovitz-Attias et al., ICCV 2017, Sec. 3.3 and Prop. 4.2)."""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit.distances import l2_normalize, squared_euclidean
+from dmlkit.losses.base import LOSSES, zero_loss
+from dmlkit.losses.proxy._base import ProxyLoss
+from dmlkit.losses.proxy._math import common_dtype
+
+
+@LOSSES.register("proxy_triplet")
+class ProxyTripletLoss(ProxyLoss):
+    """Margin triplets ``(x, p(y), p(z))`` over all negative proxies: Proxy-NCA Eq. (3) with proxies.
+
+    ``l(x, z) = [d(x, p(y)) + margin - d(x, p(z))]_+`` with ``d`` the squared Euclidean distance
+    between L2-normalised embeddings and proxies (Sec. 3.1, 4). ``p(y)`` is the sample's positive
+    proxy (``assignment`` as in :class:`ProxyNCALoss`; with several positive proxies, the
+    nearest one, Eq. (5)); every negative proxy gives one triplet. ``average_nonzero=True``
+    (default, as PML's triplet reducer) averages over triplets with a positive loss, ``False``
+    over all triplets.
+    """
+
+    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "margin", "assignment", "average_nonzero")
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        margin: float = 0.1,
+        proxies_per_class: float = 1,
+        assignment: str = "static",
+        average_nonzero: bool = True,
+        proxy_init: str = "normal",
+        seed: int = 0,
+    ):
+        validate_params(
+            "ProxyTripletLoss",
+            {"margin": margin, "assignment": assignment, "average_nonzero": average_nonzero},
+            {
+                "margin": [Interval(float, 0, None)],
+                "assignment": [Options(("static", "nearest", "dynamic"))],
+                "average_nonzero": [BOOL],
+            },
+        )
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
+        self.margin = float(margin)
+        self.assignment = assignment
+        self.average_nonzero = average_nonzero
+
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        embeddings, proxies = common_dtype(embeddings, self.proxies)
+        dist = squared_euclidean(l2_normalize(embeddings), l2_normalize(proxies))
+        positive, negative = self.bank.assign(-dist, labels, self.assignment)
+        positive_dist = dist.masked_fill(~positive, float("inf")).amin(dim=1, keepdim=True)
+        terms = torch.relu(positive_dist + self.margin - dist).masked_fill(~negative, 0.0)
+        count = (terms > 0).sum() if self.average_nonzero else negative.sum()
+        if int(count) == 0:
+            return zero_loss(embeddings, proxies) + terms.sum()
+        return terms.sum() / count

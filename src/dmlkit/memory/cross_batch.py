@@ -1,0 +1,168 @@
+"""Cross-batch memory (Wang et al., 2020, "XBM"): a FIFO queue of past embeddings used as the
+reference set of a pair loss.
+
+Every step the batch is enqueued first (detached), then the loss compares the batch
+(anchors) with the whole filled memory (references), the batch's own fresh copies excluded.
+All state — embeddings, labels, queue pointer, fill count, step count — is a registered
+buffer, so ``state_dict()`` / ``load_state_dict()`` resume exactly (PML keeps the pointer
+outside the state dict). During the first ``warmup_steps`` calls the memory is filled but
+the loss uses the batch alone (the XBM paper's "slow drift" warm-up; ASAP trains 1K steps
+before switching XBM on).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dmlkit._validation import Interval, InstanceOf, check_embeddings_labels, validate_params
+from dmlkit.exceptions import DataError, InvalidParameterError
+from dmlkit.losses.base import MetricLoss
+from dmlkit.mining.base import PairSelection, TripletSelection, label_masks
+
+
+class CrossBatchMemory(nn.Module):
+    """``loss(batch [B, D] vs memory [M, D])`` with a FIFO memory of ``memory_size`` embeddings.
+
+    Wang et al. (2020) Sec. 3.2. ``miner(embeddings, labels, ref_emb, ref_labels)`` (optional)
+    selects pairs or triplets against the memory; otherwise all pairs are used.
+    """
+
+    def __init__(
+        self,
+        loss: MetricLoss,
+        embedding_size: int,
+        memory_size: int = 1024,
+        miner: object | None = None,
+        warmup_steps: int = 0,
+    ):
+        super().__init__()
+        validate_params(
+            type(self).__name__,
+            {"loss": loss, "embedding_size": embedding_size, "memory_size": memory_size, "warmup_steps": warmup_steps},
+            {
+                "loss": [InstanceOf((nn.Module,))],
+                "embedding_size": [Interval(int, 1, None)],
+                "memory_size": [Interval(int, 1, None)],
+                "warmup_steps": [Interval(int, 0, None)],
+            },
+        )
+        if not getattr(loss, "supports_references", True):
+            raise InvalidParameterError(
+                f"CrossBatchMemory cannot wrap {type(loss).__name__}: that loss does not take a reference set."
+            )
+        if miner is not None and not callable(miner):
+            raise InvalidParameterError(f"The 'miner' parameter of CrossBatchMemory must be callable. Got {miner!r} instead.")
+        self.loss = loss
+        self.miner = miner
+        self.embedding_size = embedding_size
+        self.memory_size = memory_size
+        self.warmup_steps = warmup_steps
+        self.register_buffer("embedding_memory", torch.zeros(memory_size, embedding_size))
+        self.register_buffer("label_memory", torch.zeros(memory_size, dtype=torch.long))
+        self.register_buffer("queue_idx", torch.zeros((), dtype=torch.long))
+        self.register_buffer("num_filled", torch.zeros((), dtype=torch.long))
+        self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
+
+    def extra_repr(self) -> str:
+        return f"embedding_size={self.embedding_size}, memory_size={self.memory_size}, warmup_steps={self.warmup_steps}"
+
+    @property
+    def has_been_filled(self) -> bool:
+        return int(self.num_filled) >= self.memory_size
+
+    def reset_queue(self) -> None:
+        """Empty the memory (step count included)."""
+        self.embedding_memory.zero_()
+        self.label_memory.zero_()
+        self.queue_idx.zero_()
+        self.num_filled.zero_()
+        self.num_steps.zero_()
+
+    def memory(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part of the memory: ``(embeddings [F, D], labels [F])`` (views, no copy)."""
+        filled = min(int(self.num_filled), self.memory_size)
+        return self.embedding_memory[:filled], self.label_memory[:filled]
+
+    @torch.no_grad()
+    def enqueue(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Write ``embeddings [n, D]`` (detached) at the queue pointer; return their slots ``[n]``."""
+        n = embeddings.shape[0]
+        slots = (self.queue_idx + torch.arange(n, device=self.queue_idx.device)) % self.memory_size
+        self.embedding_memory.index_copy_(0, slots, embeddings.detach().to(self.embedding_memory.dtype))
+        self.label_memory.index_copy_(0, slots, labels.to(self.label_memory.dtype))
+        self.queue_idx.copy_((self.queue_idx + n) % self.memory_size)
+        self.num_filled.copy_(torch.clamp_max(self.num_filled + n, self.memory_size))
+        return slots
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        enqueue_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Enqueue the batch, then return the wrapped loss of the batch against the memory.
+
+        ``enqueue_mask [B]`` (bool): only those rows go to the memory and only the others are
+        anchors (MoCo-style); no self-pair then needs excluding.
+        """
+        check_embeddings_labels(embeddings, labels)
+        if embeddings.shape[1] != self.embedding_size:
+            raise DataError(
+                f"embeddings has {embeddings.shape[1]} columns but the memory's embedding_size is {self.embedding_size}."
+            )
+        if enqueue_mask is not None:
+            if enqueue_mask.dtype != torch.bool or tuple(enqueue_mask.shape) != (embeddings.shape[0],):
+                raise DataError(
+                    f"enqueue_mask must be a bool tensor [{embeddings.shape[0]}] (one per row of embeddings). "
+                    f"Got {enqueue_mask.dtype} {tuple(enqueue_mask.shape)}."
+                )
+            queued_emb, queued_labels = embeddings[enqueue_mask], labels[enqueue_mask]
+            embeddings, labels = embeddings[~enqueue_mask], labels[~enqueue_mask]
+        else:
+            queued_emb, queued_labels = embeddings, labels
+        if queued_emb.shape[0] > self.memory_size:
+            raise DataError(
+                f"the batch enqueues {queued_emb.shape[0]} rows but memory_size is {self.memory_size}."
+            )
+        if self.embedding_memory.device != embeddings.device:
+            self.to(embeddings.device)
+        warming_up = int(self.num_steps) < self.warmup_steps
+        slots = self.enqueue(queued_emb, queued_labels)
+        self.num_steps += 1
+        if warming_up:
+            return self.loss(embeddings, labels)
+        mem_emb, mem_labels = self.memory()
+        self_pairs = None
+        if enqueue_mask is None:
+            self_pairs = torch.zeros(embeddings.shape[0], mem_emb.shape[0], dtype=torch.bool, device=embeddings.device)
+            self_pairs[torch.arange(embeddings.shape[0], device=embeddings.device), slots] = True
+        pairs = self._select(embeddings, labels, mem_emb, mem_labels, self_pairs)
+        return self.loss(embeddings, labels, pairs=pairs, ref_emb=mem_emb, ref_labels=mem_labels)
+
+    def _select(self, embeddings, labels, mem_emb, mem_labels, self_pairs):
+        """Pairs of the batch against the memory (mined or all), without each row's own slot."""
+        if self.miner is None:
+            pos, neg = label_masks(labels, mem_labels, same_set=False)
+            if self_pairs is not None:
+                pos, neg = pos & ~self_pairs, neg & ~self_pairs
+            return PairSelection(pos, neg)
+        mined = self.miner(embeddings, labels, mem_emb, mem_labels)
+        if self_pairs is None:
+            return mined
+        if isinstance(mined, PairSelection):
+            keep = ~self_pairs
+            return PairSelection(
+                mined.positive & keep,
+                mined.negative & keep,
+                None if mined.positive_weight is None else mined.positive_weight * keep,
+                None if mined.negative_weight is None else mined.negative_weight * keep,
+            )
+        if isinstance(mined, TripletSelection):
+            a, p, n = mined.anchor, mined.positive, mined.negative
+            keep = ~self_pairs[a, p] & ~self_pairs[a, n]
+            return TripletSelection(a[keep], p[keep], n[keep])
+        raise InvalidParameterError(
+            f"CrossBatchMemory's miner must return a PairSelection or TripletSelection. Got {type(mined).__name__}."
+        )

@@ -1,0 +1,116 @@
+"""Shared machinery of every miner: input checks, reference resolution, seeded sampling.
+
+A miner is an ``nn.Module`` called as ``miner(embeddings [B, D], labels [B], ref_emb=None,
+ref_labels=None)``. The call validates its inputs, resolves the reference set (the batch
+itself unless a memory is given), and runs :meth:`BaseMiner.mine` without gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dmlkit._validation import Interval, InstanceOf, NONE, validate_params, check_embeddings_labels
+from dmlkit.distances import BaseDistance, LpDistance
+from dmlkit.exceptions import DataError
+from dmlkit.mining.base import PairSelection, TripletSelection, label_masks
+
+DISTANCE = InstanceOf((BaseDistance,))
+
+
+def default_distance() -> BaseDistance:
+    """Euclidean distance between L2-normalised embeddings (PML's miner default)."""
+    return LpDistance(power=1, normalize_embeddings=True)
+
+
+def empty_triplets(device: torch.device | str) -> TripletSelection:
+    """A selection with no triplets."""
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return TripletSelection(empty, empty.clone(), empty.clone())
+
+
+def empty_pairs(num_anchors: int, num_refs: int, device: torch.device | str) -> PairSelection:
+    """A selection with no pairs (all-False ``[B, R]`` masks)."""
+    none = torch.zeros(num_anchors, num_refs, dtype=torch.bool, device=device)
+    return PairSelection(none, none.clone())
+
+
+def triplet_margins(distance: BaseDistance, mat: torch.Tensor, anchor: torch.Tensor,
+                    positive: torch.Tensor) -> torch.Tensor:
+    """``[P, R]`` margins ``d(a, n) - d(a, p)`` (or ``s(a, p) - s(a, n)``) for each pair ``(a, p)``."""
+    return distance.margin(mat[anchor, positive][:, None], mat[anchor])
+
+
+def closest_value(distance: BaseDistance) -> float:
+    """The value of ``mat`` that means "infinitely far" for this measure, used to mask entries."""
+    return float("-inf") if distance.is_inverted else float("inf")
+
+
+class BaseMiner(nn.Module):
+    """Base of every miner: ``forward(embeddings [B, D], labels [B], ref_emb=None, ref_labels=None)``."""
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> PairSelection | TripletSelection:
+        check_embeddings_labels(embeddings, labels)
+        same_set = ref_emb is None
+        if same_set:
+            if ref_labels is not None:
+                raise DataError("ref_labels was given without ref_emb; pass both or neither.")
+            ref_emb, ref_labels = embeddings, labels
+        else:
+            if ref_labels is None:
+                raise DataError("ref_emb was given without ref_labels; pass both or neither.")
+            check_embeddings_labels(ref_emb, ref_labels, name="ref_emb", labels_name="ref_labels")
+            if ref_emb.shape[1] != embeddings.shape[1]:
+                raise DataError(
+                    f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."
+                )
+        labels = labels.to(embeddings.device)
+        ref_labels = ref_labels.to(embeddings.device)
+        with torch.no_grad():
+            pos, neg = label_masks(labels, ref_labels, same_set=same_set)
+            return self.mine(embeddings.detach(), ref_emb.detach(), pos, neg)
+
+    def mine(self, embeddings: torch.Tensor, ref_emb: torch.Tensor, positive: torch.Tensor,
+             negative: torch.Tensor) -> PairSelection | TripletSelection:  # pragma: no cover
+        """Select from ``[B, R]`` positive/negative masks between anchors and references."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        keys = getattr(self, "_repr_keys", ())
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k in keys)
+
+
+class SeededMinerMixin:
+    """Owns a private ``torch.Generator`` (from ``seed`` or a caller's ``generator``).
+
+    The generator state is part of ``state_dict`` (as extra state), so a resumed run draws
+    the same samples as an uninterrupted one.
+    """
+
+    def _init_generator(self, seed: int, generator: torch.Generator | None) -> None:
+        owner = type(self).__name__
+        validate_params(owner, {"seed": seed, "generator": generator},
+                        {"seed": [Interval(int, 0, None)], "generator": [InstanceOf((torch.Generator,)), NONE]})
+        self.seed = seed
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
+
+    def get_extra_state(self) -> dict:
+        return {"generator_state": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator_state"])
+
+    def sample_rows(self, probabilities: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
+        """``[N, num_samples]`` column indices drawn (with replacement) from each row's distribution."""
+        if probabilities.shape[0] == 0:
+            return torch.zeros(0, num_samples, dtype=torch.long, device=probabilities.device)
+        gen_device = self.generator.device
+        drawn = torch.multinomial(probabilities.to(gen_device, torch.float64), num_samples,
+                                  replacement=True, generator=self.generator)
+        return drawn.to(probabilities.device)

@@ -1,0 +1,125 @@
+"""Backbones from timm by name, as trunks returning feature maps (never downloading weights)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dmlkit.exceptions import InvalidParameterError
+from dmlkit.models.preprocessing import adapt_cfg_channels, make_cfg
+
+
+def is_timm_model(name: str) -> bool:
+    """Whether timm can build an architecture called ``name``."""
+    import timm
+
+    return bool(timm.is_model(name))
+
+
+def cfg_from_timm(model: nn.Module) -> dict[str, Any]:
+    """dmlkit preprocessing config from a timm model's ``pretrained_cfg`` (RGB, [0, 1] input)."""
+    tcfg = getattr(model, "pretrained_cfg", None) or {}
+    input_size = tuple(tcfg.get("input_size", (3, 224, 224)))
+    mean = tuple(tcfg.get("mean", (0.485, 0.456, 0.406)))
+    std = tuple(tcfg.get("std", (0.229, 0.224, 0.225)))
+    interpolation = tcfg.get("interpolation", "bilinear")
+    if interpolation not in ("bilinear", "bicubic", "nearest"):
+        interpolation = "bilinear"
+    cfg = make_cfg(mean=mean, std=std, input_size=input_size, color="RGB", scale=1.0, interpolation=interpolation)
+    return cfg
+
+
+class TimmTrunk(nn.Module):
+    """A timm backbone without classifier: ``[B, C, H, W] -> [B, F, h, w]`` (or ``[B, F]``).
+
+    CNNs return ``forward_features`` (NCHW; NHWC outputs are permuted). Token models (ViT...)
+    return timm's own pooled pre-logits ``[B, F]`` so the class token is used as timm intends;
+    the Embedder's pooling then passes them through.
+    """
+
+    def __init__(self, name: str, *, pretrained: bool = False, in_chans: int | None = None, **kwargs: Any):
+        super().__init__()
+        import timm
+
+        offline = OFFLINE_TIMM_WEIGHTS.get(name) if pretrained else None
+        if pretrained and offline is None:
+            raise InvalidParameterError(
+                f"No offline pretrained weights ship for model {name!r} and dmlkit never downloads. "
+                f"Offline weights exist for: {', '.join(sorted(OFFLINE_TIMM_WEIGHTS))}. "
+                "Pass weights=PATH to a local state_dict instead."
+            )
+        arch_kwargs = dict(offline.timm_kwargs) if offline else {}
+        arch_kwargs.update(kwargs)
+        chans = 3 if in_chans is None else in_chans
+        self.name = name
+        self.model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=chans, **arch_kwargs)
+        self.output_fmt = str(getattr(self.model, "output_fmt", "NCHW"))
+        cfg = offline.pretrained_cfg if offline else cfg_from_timm(self.model)
+        self.pretrained_cfg = adapt_cfg_channels(cfg, chans)
+        self._is_token_model = self._probe_token_output()
+        if self._is_token_model:
+            self.num_features = int(getattr(self.model, "head_hidden_size", self.model.num_features))
+        else:
+            self.num_features = int(self.model.num_features)
+        if offline is not None:
+            from dmlkit.models.weights import load_state_dict_with_report
+
+            state = offline.load_state_dict(chans)
+            report = load_state_dict_with_report(self.model, state, source=offline.source)
+            self.offline_weights_report = report
+
+    def _probe_token_output(self) -> bool:
+        """Whether ``forward_features`` returns tokens ``[B, N, D]`` rather than a feature map.
+
+        timm token models (ViT, DeiT, EVA, Mixer, ...) keep ``global_pool`` as a string or have
+        prefix tokens; CNNs hold a pooling module. Only decides ``num_features`` (pre-logits size).
+        """
+        return isinstance(getattr(self.model, "global_pool", None), str) or hasattr(self.model, "num_prefix_tokens")
+
+    def weights_module(self) -> nn.Module:
+        """The module whose ``state_dict`` names match timm checkpoints (for ``weights=PATH``)."""
+        return self.model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.model.forward_features(x)
+        if features.dim() == 4:
+            return features.permute(0, 3, 1, 2) if self.output_fmt == "NHWC" else features
+        return self.model.forward_head(features, pre_logits=True)
+
+
+class OfflineTimmWeights:
+    """Offline ImageNet weights for a timm architecture: where they live and how to read them."""
+
+    def __init__(
+        self,
+        source: str,
+        load: Callable[[], dict[str, torch.Tensor]],
+        timm_kwargs: dict[str, Any],
+        pretrained_cfg: dict[str, Any],
+        first_conv: str,
+    ):
+        self.source = source
+        self._load = load
+        self.timm_kwargs = timm_kwargs
+        self.pretrained_cfg = pretrained_cfg
+        self.first_conv = first_conv
+
+    def load_state_dict(self, in_chans: int = 3) -> dict[str, torch.Tensor]:
+        """The weights in timm's key naming (stem adapted to ``in_chans`` as timm does)."""
+        state = dict(self._load())
+        if in_chans != 3:
+            from timm.models import adapt_input_conv
+
+            key = f"{self.first_conv}.weight"
+            state[key] = adapt_input_conv(in_chans, state[key])
+        return state
+
+
+OFFLINE_TIMM_WEIGHTS: dict[str, OfflineTimmWeights] = {}
+
+
+def register_offline_weights(name: str, weights: OfflineTimmWeights) -> None:
+    """Declare offline weights for the timm architecture ``name`` (used by ``pretrained=True``)."""
+    OFFLINE_TIMM_WEIGHTS[name] = weights

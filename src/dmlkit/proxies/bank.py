@@ -1,0 +1,204 @@
+"""Learnable proxies in a class-major layout, with their labels and assignment rules.
+
+Layout: with ``K = proxies_per_class`` (an int >= 1) the proxy matrix is ``[C * K, D]`` and
+class ``c`` owns rows ``c*K ... c*K + K - 1``; :attr:`ProxyBank.proxy_labels` is ``[C * K]``.
+A fraction ``0 < f < 1`` (Proxy-NCA Sec. 6.5) gives ``P = ceil(C * f)`` shared proxies and a
+seeded random pre-assignment ``class_to_proxy [C]``; then ``proxy_labels`` holds proxy ids
+(``arange(P)``) and a sample's group is ``class_to_proxy[label]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dmlkit._validation import Interval, Options, check_embeddings_labels, validate_params
+from dmlkit.exceptions import DataError, InvalidParameterError
+from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
+
+ASSIGNMENTS = ("static", "nearest", "dynamic")
+
+
+def num_proxies_for(num_classes: int, proxies_per_class: float) -> int:
+    """``C * K`` for an integer ``K``, ``ceil(C * f)`` for a fraction ``f < 1``."""
+    if proxies_per_class >= 1:
+        return num_classes * int(proxies_per_class)
+    return max(1, math.ceil(num_classes * proxies_per_class))
+
+
+def validate_proxies_per_class(owner: str, proxies_per_class: float) -> None:
+    """An int ``K >= 1`` or a float fraction in ``(0, 1)``."""
+    validate_params(owner, {"proxies_per_class": proxies_per_class},
+                    {"proxies_per_class": [Interval(float, 0, None, closed="neither")]})
+    if proxies_per_class >= 1 and float(proxies_per_class) != int(proxies_per_class):
+        raise InvalidParameterError(
+            f"The 'proxies_per_class' parameter of {owner} must be an int >= 1 or a float in the "
+            f"range (0, 1). Got {proxies_per_class!r} instead."
+        )
+
+
+class ProxyBank(nn.Module):
+    """``num_proxies x embedding_size`` learnable proxies with class labels (class-major).
+
+    Proxy-NCA (Movshovitz-Attias et al. 2017) Sec. 4.1 and 6.5; ASAP Eq. (4.11) with K per class.
+    ``seed`` drives the initialisation and the fractional pre-assignment; the generator state is
+    not needed afterwards because everything it produced lives in ``state_dict``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        proxies_per_class: float = 1,
+        proxy_init: str = "normal",
+        seed: int = 0,
+        owner: str = "ProxyBank",
+    ):
+        super().__init__()
+        validate_params(
+            owner,
+            {"num_classes": num_classes, "embedding_size": embedding_size, "proxy_init": proxy_init, "seed": seed},
+            {
+                "num_classes": [Interval(int, 1, None)],
+                "embedding_size": [Interval(int, 1, None)],
+                "proxy_init": [Options(PROXY_INITS)],
+                "seed": [Interval(int, 0, None)],
+            },
+        )
+        validate_proxies_per_class(owner, proxies_per_class)
+        self.num_classes = int(num_classes)
+        self.embedding_size = int(embedding_size)
+        self.is_fractional = proxies_per_class < 1
+        self.proxies_per_class = proxies_per_class if self.is_fractional else int(proxies_per_class)
+        self.proxy_init = proxy_init
+        self.seed = int(seed)
+        self.num_proxies = num_proxies_for(self.num_classes, self.proxies_per_class)
+        self.proxies = nn.Parameter(torch.empty(self.num_proxies, self.embedding_size))
+        generator = torch.Generator().manual_seed(self.seed)
+        init_proxies_(self.proxies, proxy_init, generator)
+        if self.is_fractional:
+            self.register_buffer("proxy_labels", torch.arange(self.num_proxies, dtype=torch.int64))
+            self.register_buffer(
+                "class_to_proxy", fractional_class_to_proxy(self.num_classes, self.num_proxies, generator)
+            )
+        else:
+            self.register_buffer(
+                "proxy_labels",
+                torch.arange(self.num_classes, dtype=torch.int64).repeat_interleave(self.proxies_per_class),
+            )
+            self.class_to_proxy = None
+
+    # ----------------------------------------------------------------------------- layout
+    def groups(self, labels: torch.Tensor) -> torch.Tensor:
+        """The proxy group of each sample ``[B]``: its class, or its pre-assigned proxy (fractional)."""
+        self.check_labels(labels)
+        return labels if self.class_to_proxy is None else self.class_to_proxy[labels]
+
+    def check_labels(self, labels: torch.Tensor) -> None:
+        """Raise :class:`DataError` when a label is outside ``[0, num_classes)``."""
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            raise DataError(
+                f"labels must lie in [0, {self.num_classes}) for num_classes={self.num_classes}; "
+                f"got labels in [{int(labels.min())}, {int(labels.max())}]."
+            )
+
+    def per_class(self) -> torch.Tensor:
+        """The proxies as ``[C, K, D]`` (integer ``K`` only); a view sharing storage."""
+        if self.is_fractional:
+            raise InvalidParameterError("per_class() needs an integer proxies_per_class, not a fraction.")
+        return self.proxies.view(self.num_classes, self.proxies_per_class, self.embedding_size)
+
+    def candidate_mask(self, labels: torch.Tensor) -> torch.Tensor:
+        """``[B, P]`` True where proxy ``p`` belongs to sample ``i``'s class (or its fractional proxy)."""
+        return self.groups(labels)[:, None] == self.proxy_labels[None, :]
+
+    # ------------------------------------------------------------------------- assignment
+    def assign(
+        self, similarity: torch.Tensor, labels: torch.Tensor, assignment: str = "static"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positive [B, P], negative [B, P])`` proxy masks for each sample.
+
+        ``similarity [B, P]`` is larger-is-closer. Rules (Proxy-NCA Sec. 4.1, Eq. (5)):
+
+        * ``"static"``: positives are all proxies of the sample's class (``K`` of them; the one
+          pre-assigned proxy when fractional); negatives are all other proxies.
+        * ``"nearest"``: the single most similar proxy of the sample's class is positive; the
+          class's other proxies are neither; negatives as in static (equals static when K=1).
+        * ``"dynamic"``: labels are ignored; the most similar proxy overall is positive and every
+          other proxy is negative (Eq. (5), Sec. 6.6, "no semantic concepts").
+        """
+        if assignment == "dynamic":
+            nearest = similarity.detach().argmax(dim=1)
+            positive = torch.zeros_like(similarity, dtype=torch.bool)
+            positive[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True
+            return positive, ~positive
+        candidates = self.candidate_mask(labels)
+        if assignment == "static" or (assignment == "nearest" and self.proxies_per_class == 1):
+            return candidates, ~candidates
+        if assignment == "nearest":
+            masked = similarity.detach().masked_fill(~candidates, float("-inf"))
+            nearest = masked.argmax(dim=1)
+            positive = torch.zeros_like(candidates)
+            positive[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True
+            return positive, ~candidates
+        raise InvalidParameterError(f"assignment must be one of {ASSIGNMENTS}. Got {assignment!r} instead.")
+
+    # ---------------------------------------------------------------------- initialisation
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Re-draw the proxies with ``proxy_init`` from ``seed`` (same values as at construction)."""
+        init_proxies_(self.proxies, self.proxy_init, torch.Generator().manual_seed(self.seed))
+
+    @torch.no_grad()
+    def init_from(self, embeddings: torch.Tensor, labels: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        """Set each class's proxies to embeddings of randomly chosen samples of that class.
+
+        ASAP Alg. 1 ("initialize rho* with random samples"). ``embeddings [N, D]``, ``labels [N]``.
+        Classes absent from ``labels`` keep their proxies. Fractional banks use the mean of the
+        chosen samples of the classes sharing a proxy. Returns ``present [C]`` (bool).
+        """
+        check_embeddings_labels(embeddings, labels)
+        self.check_labels(labels)
+        if embeddings.shape[1] != self.embedding_size:
+            raise DataError(
+                f"embeddings has {embeddings.shape[1]} columns but the proxies have {self.embedding_size}."
+            )
+        generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        per_class = 1 if self.is_fractional else self.proxies_per_class
+        rows, present = sample_rows_per_class(labels, self.num_classes, per_class, generator)
+        chosen = embeddings.detach().to(self.proxies.device, self.proxies.dtype)[rows.to(embeddings.device)]
+        if self.is_fractional:
+            self._init_fractional(chosen[:, 0], present.to(self.proxies.device))
+        else:
+            keep = present.to(self.proxies.device)
+            view = self.per_class()
+            view[keep] = chosen[keep]
+        return present
+
+    def _init_fractional(self, chosen: torch.Tensor, present: torch.Tensor) -> None:
+        groups = self.class_to_proxy[present]
+        sums = torch.zeros_like(self.proxies).index_add_(0, groups, chosen[present])
+        counts = torch.bincount(groups, minlength=self.num_proxies)
+        filled = counts > 0
+        self.proxies[filled] = sums[filled] / counts[filled, None].to(sums.dtype)
+
+    @torch.no_grad()
+    def set_proxies(self, centers: torch.Tensor, classes: torch.Tensor | None = None) -> None:
+        """Overwrite proxies with ``centers [C, K, D]`` (or ``[n, K, D]`` for the given ``classes [n]``)."""
+        view = self.per_class()
+        expected = (view.shape[0] if classes is None else classes.numel(),) + tuple(view.shape[1:])
+        if tuple(centers.shape) != expected:
+            raise DataError(f"centers has shape {tuple(centers.shape)} but the proxies expect {expected}.")
+        centers = centers.to(view.device, view.dtype)
+        if classes is None:
+            view.copy_(centers)
+        else:
+            view[classes.to(view.device)] = centers
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, embedding_size={self.embedding_size}, "
+            f"proxies_per_class={self.proxies_per_class}, num_proxies={self.num_proxies}"
+        )

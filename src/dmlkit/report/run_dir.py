@@ -1,0 +1,240 @@
+"""Read a finished run directory (config, metrics, log, test embeddings, environment).
+
+Layout written by the training engine::
+
+    RUN_DIR/config.yaml            resolved configuration (required)
+    RUN_DIR/metrics.json           final test metrics + ``selected_on`` (required)
+    RUN_DIR/log.jsonl              one JSON record per line, field ``kind`` (required)
+    RUN_DIR/embeddings/test.npz    test embeddings, labels, optional proxies/thumbnails/paths
+    RUN_DIR/env.json               environment record (optional)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from dmlkit.exceptions import DataError
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.json"
+LOG_FILE = "log.jsonl"
+EMBEDDINGS_FILE = "embeddings/test.npz"
+ENV_FILE = "env.json"
+
+REQUIRED_FILES = (CONFIG_FILE, METRICS_FILE, LOG_FILE)
+
+
+class MissingRunFileError(DataError, FileNotFoundError):
+    """A file every run directory must contain is absent (also a ``FileNotFoundError``)."""
+
+
+@dataclass
+class TestEmbeddings:
+    """Test-set embeddings saved by the engine; optional arrays are ``None`` when absent."""
+
+    embeddings: np.ndarray  # [N, D] float
+    labels: np.ndarray  # [N] int64
+    proxies: np.ndarray | None = None  # [P, D]
+    proxy_labels: np.ndarray | None = None  # [P]
+    thumbnails: np.ndarray | None = None  # [N, H, W] or [N, H, W, 3] uint8
+    paths: np.ndarray | None = None  # [N] str
+
+
+@dataclass
+class RunData:
+    """Everything a report shows about one run."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    records: list[dict[str, Any]]
+    env: dict[str, Any] | None = None
+    embeddings: TestEmbeddings | None = None
+    problems: dict[str, str] = field(default_factory=dict)  # optional file -> why it was not used
+
+    @property
+    def name(self) -> str:
+        """Run name from the config, else the directory name."""
+        name = self.config.get("name")
+        return str(name) if name not in (None, "") else self.run_dir.name
+
+    def records_of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        """Log records with ``kind`` (and every ``match`` field equal), in file order."""
+        return [
+            r
+            for r in self.records
+            if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())
+        ]
+
+    def metric_values(self) -> dict[str, float]:
+        """Numeric entries of ``metrics.json`` (everything except strings such as ``selected_on``)."""
+        return {k: float(v) for k, v in self.metrics.items() if _is_number(v)}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _require(run_dir: Path, relative: str) -> Path:
+    path = run_dir / relative
+    if not path.is_file():
+        raise MissingRunFileError(
+            f"Run directory {str(run_dir)!r} has no {relative!r} (expected {str(path)!r})."
+        )
+    return path
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Parse ``config.yaml``; it must be a YAML mapping."""
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DataError(f"{str(path)!r} is not valid YAML: {exc}") from exc
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise DataError(f"{str(path)!r} must hold a YAML mapping. Got {type(config).__name__}.")
+    return config
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """Parse a JSON file whose top level must be an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise DataError(f"{str(path)!r} must hold a JSON object. Got {type(value).__name__}.")
+    return value
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Parse ``log.jsonl``: one JSON object per non-blank line.
+
+    A truncated last line (the run was killed mid-write) is dropped; a bad line elsewhere is
+    an error naming the line.
+    """
+    lines = path.read_text(encoding="utf-8").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == last:
+                break
+            raise DataError(f"{str(path)!r} line {i + 1} is not valid JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise DataError(f"{str(path)!r} line {i + 1} must be a JSON object. Got {type(record).__name__}.")
+        records.append(record)
+    return records
+
+
+def read_embeddings(path: Path) -> TestEmbeddings:
+    """Load ``embeddings/test.npz`` and check the arrays agree in shape."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{str(path)!r} could not be read as .npz: {exc}") from exc
+    for key in ("embeddings", "labels"):
+        if key not in arrays:
+            raise DataError(f"{str(path)!r} has no {key!r} array (found {sorted(arrays)}).")
+    embeddings = np.asarray(arrays["embeddings"])
+    labels = np.asarray(arrays["labels"])
+    if embeddings.ndim != 2 or not np.issubdtype(embeddings.dtype, np.floating):
+        raise DataError(
+            f"embeddings in {str(path)!r} must be a float [N, D] array. "
+            f"Got {embeddings.dtype} of shape {embeddings.shape}."
+        )
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(
+            f"labels in {str(path)!r} must be an integer [N] array. Got {labels.dtype} of shape {labels.shape}."
+        )
+    if labels.shape[0] != embeddings.shape[0]:
+        raise DataError(f"embeddings has {embeddings.shape[0]} rows but labels has {labels.shape[0]}.")
+    result = TestEmbeddings(embeddings=embeddings, labels=labels.astype(np.int64))
+    proxies = arrays.get("proxies")
+    if proxies is not None:
+        if proxies.ndim != 2 or proxies.shape[1] != embeddings.shape[1]:
+            raise DataError(
+                f"proxies has shape {proxies.shape} but embeddings has {embeddings.shape[1]} columns."
+            )
+        proxy_labels = arrays.get("proxy_labels")
+        if proxy_labels is not None and proxy_labels.shape != (proxies.shape[0],):
+            raise DataError(f"proxies has {proxies.shape[0]} rows but proxy_labels has shape {proxy_labels.shape}.")
+        result.proxies = proxies
+        result.proxy_labels = None if proxy_labels is None else proxy_labels.astype(np.int64)
+    thumbnails = arrays.get("thumbnails")
+    if thumbnails is not None:
+        if thumbnails.shape[:1] != labels.shape or thumbnails.ndim not in (3, 4):
+            raise DataError(
+                f"thumbnails has shape {thumbnails.shape} but must be [N, H, W] or [N, H, W, 3] "
+                f"with N = {labels.shape[0]} (the rows of labels)."
+            )
+        result.thumbnails = thumbnails
+    paths = arrays.get("paths")
+    if paths is not None:
+        if paths.shape != labels.shape:
+            raise DataError(f"paths has {paths.shape[0] if paths.ndim else 0} entries but labels has {labels.shape[0]}.")
+        result.paths = paths.astype(str)
+    return result
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory; a missing required file raises :class:`MissingRunFileError`.
+
+    Optional pieces (``env.json``, ``embeddings/test.npz``) that are missing are left ``None``;
+    a malformed optional file is also left ``None`` and explained in ``RunData.problems``.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise MissingRunFileError(f"Run directory {str(run_dir)!r} does not exist.")
+    paths = {name: _require(run_dir, name) for name in REQUIRED_FILES}
+    run = RunData(
+        run_dir=run_dir,
+        config=read_config(paths[CONFIG_FILE]),
+        metrics=read_json_object(paths[METRICS_FILE]),
+        records=read_log(paths[LOG_FILE]),
+    )
+    env_path = run_dir / ENV_FILE
+    if env_path.is_file():
+        try:
+            run.env = read_json_object(env_path)
+        except DataError as exc:
+            run.problems[ENV_FILE] = str(exc)
+    embeddings_path = run_dir / EMBEDDINGS_FILE
+    if embeddings_path.is_file():
+        try:
+            run.embeddings = read_embeddings(embeddings_path)
+        except DataError as exc:
+            run.problems[EMBEDDINGS_FILE] = str(exc)
+    return run
+
+
+def flatten_mapping(mapping: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings to dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``)."""
+    if not isinstance(mapping, dict):
+        return {prefix: mapping} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten_mapping(value, dotted))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def is_finite_number(value: Any) -> bool:
+    """True for an int/float (not bool) that is finite."""
+    return _is_number(value) and math.isfinite(value)

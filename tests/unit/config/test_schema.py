@@ -1,0 +1,82 @@
+"""Config schema: defaults, overrides, and every problem reported at once with did-you-mean."""
+
+import pytest
+
+from dmlkit.config import apply_overrides, config_from_dict, field_paths, load_config, parse_override
+from dmlkit.exceptions import ConfigError
+
+
+def test_defaults_are_the_main_job():
+    cfg = config_from_dict({})
+    assert (cfg.data.name, cfg.loss.name, cfg.model.name, cfg.sampler.name) == (
+        "mnist", "proxy_anchor", "small_cnn", "m_per_class")
+
+
+def test_overrides_reach_nested_fields_and_dict_args():
+    cfg = load_config(overrides=["optimizer.lr=0.01", "loss.args.margin=0.2", "eval.ks=[1, 10]", "protocol.fold=1"])
+    assert cfg.optimizer.lr == 0.01
+    assert cfg.loss.args == {"margin": 0.2}
+    assert cfg.eval.ks == [1, 10]
+    assert cfg.protocol.fold == 1
+
+
+def test_int_accepted_for_float_but_not_bool_for_int():
+    assert config_from_dict({"optimizer": {"lr": 1}}).optimizer.lr == 1.0
+    with pytest.raises(ConfigError, match="train.max_steps must be int"):
+        config_from_dict({"train": {"max_steps": True}})
+
+
+def test_unknown_key_suggests_and_lists_valid_keys():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"optimizer": {"learning_rate": 0.1}})
+    msg = str(info.value)
+    assert "Unknown key 'optimizer.learning_rate'" in msg
+    assert "Valid keys at 'optimizer'" in msg and "lr" in msg
+
+
+def test_all_problems_collected():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"optimiser": {}, "model": {"embedding_size": -3}, "sampler": {"batch_size": 30, "m": 4}})
+    problems = info.value.problems
+    assert len(problems) == 3
+    assert any("Did you mean 'optimizer'" in p for p in problems)
+    assert any("model.embedding_size must be an int > 0. Got -3." in p for p in problems)
+    assert any("divisible by sampler.m" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("optimizer.name=adamm", "optimizer.name must be one of"),
+        ("optimizer.lr=-1", "optimizer.lr must be a float > 0"),
+        ("model.normalization=unit", "model.normalization must be one of"),
+        ("sampler.batch_size=1", "sampler.batch_size must be an int >= 2"),
+        ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),
+        ("eval.ks=[0]", "eval.ks must be a non-empty list of ints >= 1"),
+        ("train.mixed_precision=fp8", "train.mixed_precision must be one of"),
+        ("data=3", "data must be a mapping"),
+    ],
+)
+def test_value_errors_name_the_field(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert fragment in str(info.value)
+
+
+def test_asap_needs_pool_at_least_proxies():
+    with pytest.raises(ConfigError, match="cannot exceed asap.pool_size"):
+        load_config(overrides=["asap.enabled=true", "asap.proxies_per_class=8", "asap.pool_size=4", "protocol.fold=0"])
+
+
+def test_parse_override_reads_yaml_values():
+    assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
+    assert parse_override("a=null") == (["a"], None)
+    assert parse_override("a=text") == (["a"], "text")
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        parse_override("novalue")
+    assert apply_overrides({"x": {"y": 1}}, ["x.z=2"]) == {"x": {"y": 1, "z": 2}}
+
+
+def test_field_paths_cover_sections():
+    paths = field_paths()
+    assert "loss.memory.memory_size" in paths and "asap.pool_size" in paths and "seed" in paths

@@ -1,0 +1,56 @@
+"""Optimiser parameter groups, warm-up and schedules."""
+
+import math
+
+import torch
+from torch import nn
+
+from dmlkit.config.schema import OptimizerConfig
+from dmlkit.engine.optim import build_optimizer, build_scheduler, schedule_factor
+
+
+class TwoPart(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 2)
+
+    def trunk_parameters(self):
+        return self.trunk.parameters()
+
+    def head_parameters(self):
+        return self.head.parameters()
+
+
+class WithProxies(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proxies = nn.Parameter(torch.zeros(4, 2))
+
+
+def test_groups_and_proxy_multiplier():
+    cfg = OptimizerConfig(name="adam", lr=1e-3, loss_lr_multiplier=100)
+    opt = build_optimizer(TwoPart(), WithProxies(), cfg)
+    lrs = {g["name"]: g["lr"] for g in opt.param_groups}
+    assert lrs == {"trunk": 1e-3, "head": 1e-3, "loss": 1e-1}
+
+
+def test_warmup_freezes_trunk_only():
+    cfg = OptimizerConfig(name="sgd", lr=0.1, warmup_steps=2, loss_lr_multiplier=1)
+    model, loss = TwoPart(), WithProxies()
+    opt = build_optimizer(model, loss, cfg)
+    sched = build_scheduler(opt, cfg, max_steps=10)
+    lrs = {g["name"]: g["lr"] for g in opt.param_groups}
+    assert lrs["trunk"] == 0.0 and lrs["head"] == 0.1
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    assert {g["name"]: g["lr"] for g in opt.param_groups}["trunk"] == 0.1
+
+
+def test_schedules():
+    step = OptimizerConfig(scheduler="step", step_size=10, gamma=0.5)
+    assert schedule_factor(step, 25, 100) == 0.25
+    cos = OptimizerConfig(scheduler="cosine")
+    assert math.isclose(schedule_factor(cos, 50, 100), 0.5)
+    assert schedule_factor(cos, 100, 100) < 1e-12

@@ -1,0 +1,143 @@
+"""ProxyNCALoss / ProxyNCAPlusPlusLoss against float64 Proxy-NCA equations and PML."""
+
+import math
+
+import pytest
+import torch
+
+from dmlkit.losses.proxy import ProxyNCALoss, ProxyNCAPlusPlusLoss
+
+
+def batch(seed, B=10, C=5, D=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, D, generator=g, dtype=torch.float64), torch.randint(0, C, (B,), generator=g)
+
+
+def sq_dists(x, proxies):
+    xn = torch.nn.functional.normalize(x.double(), dim=1)
+    pn = torch.nn.functional.normalize(proxies.double(), dim=1)
+    return [[((xn[i] - pn[p]) ** 2).sum().item() for p in range(len(pn))] for i in range(len(xn))]
+
+
+def reference(x, y, proxies, groups_of_proxy, group_of_sample, scale, exclude_positive, rule="static"):
+    """Proxy-NCA Eq. (4) with proxies, loops, float64; mean over the batch."""
+    d = sq_dists(x, proxies)
+    total = 0.0
+    for i in range(len(d)):
+        P = range(len(d[i]))
+        own = [p for p in P if groups_of_proxy[p] == group_of_sample[i]]
+        if rule == "dynamic":
+            best = min(P, key=lambda p: d[i][p])
+            pos, neg = [best], [p for p in P if p != best]
+        elif rule == "nearest":
+            pos, neg = [min(own, key=lambda p: d[i][p])], [p for p in P if p not in own]
+        else:
+            pos, neg = own, [p for p in P if p not in own]
+        num = sum(math.exp(-scale * d[i][p]) for p in pos)
+        den = sum(math.exp(-scale * d[i][p]) for p in (neg if exclude_positive else pos + neg))
+        total += -math.log(num / den)
+    return total / len(d)
+
+
+@pytest.mark.parametrize("exclude_positive", [False, True])
+@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "static"), (3, "nearest"), (2, "dynamic")])
+def test_matches_equation_4(exclude_positive, K, rule):
+    x, y = batch(0)
+    loss = ProxyNCALoss(5, 6, softmax_scale=3, proxies_per_class=K, assignment=rule,
+                        exclude_positive=exclude_positive).double()
+    ref = reference(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), y.tolist(), 3.0, exclude_positive, rule)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
+
+
+def test_fractional_assignment_matches_reference_and_is_seeded():
+    x, y = batch(1, C=8)
+    loss = ProxyNCALoss(8, 6, proxies_per_class=0.25, exclude_positive=True, seed=3).double()
+    assert loss.proxies.shape == (2, 6)
+    mapping = loss.bank.class_to_proxy
+    assert sorted(torch.bincount(mapping).tolist()) == [4, 4]
+    again = ProxyNCALoss(8, 6, proxies_per_class=0.25, seed=3)
+    assert torch.equal(again.bank.class_to_proxy, mapping)
+    ref = reference(x, y, loss.proxies.detach(), [0, 1], mapping[y].tolist(), 1.0, True)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
+    assert ProxyNCALoss(10, 4, proxies_per_class=0.25).proxies.shape[0] == math.ceil(10 * 0.25)
+
+
+def test_gradient_matches_equation_3():
+    """Paper form (exclude_positive): dl/ds = -1 for p+, softmax over negatives otherwise (per sample)."""
+    x, y = batch(2, B=7, C=4)
+    loss = ProxyNCALoss(4, 6, exclude_positive=True).double()
+    import dmlkit.losses.proxy.proxy_nca as module
+
+    d = module.squared_euclidean(module.l2_normalize(x), module.l2_normalize(loss.proxies.detach()))
+    s = (-d).clone().requires_grad_(True)  # s(x, p) = -d(x, p)
+    original = module.squared_euclidean
+    module.squared_euclidean = lambda a, b: -s
+    try:
+        value = loss(x, y) * x.shape[0]  # Eq. (1)-(3) sum over the batch
+    finally:
+        module.squared_euclidean = original
+    (grad,) = torch.autograd.grad(value, s)
+    pos = y[:, None] == torch.arange(4)[None, :]
+    neg_soft = torch.exp(s.detach()).masked_fill(pos, 0)
+    expected = torch.where(pos, torch.full_like(grad, -1.0), neg_soft / neg_soft.sum(1, keepdim=True))
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_through_proxies_and_embeddings():
+    x, y = batch(3, B=5, C=3, D=4)
+    loss = ProxyNCALoss(3, 4, softmax_scale=2, proxies_per_class=2).double()
+    x.requires_grad_(True)
+
+    p0 = loss.proxies.detach().clone().requires_grad_(True)
+    import dmlkit.losses.proxy.proxy_nca as module
+    from dmlkit.losses.proxy._base import ProxyLoss
+
+    def functional(e, p):
+        logits = -2 * module.squared_euclidean(module.l2_normalize(e), module.l2_normalize(p))
+        pos, neg = loss.bank.assign(logits, y, "static")
+        return module.proxy_nca_loss(logits, pos, neg, False)
+
+    assert torch.autograd.gradcheck(functional, (x, p0))
+    torch.testing.assert_close(functional(x, p0), loss(x, y))
+    ours = torch.autograd.grad(loss(x, y), (x, loss.proxies))
+    ref = torch.autograd.grad(functional(x, p0), (x, p0))
+    torch.testing.assert_close(ours[0], ref[0])
+    torch.testing.assert_close(ours[1], ref[1])
+    assert isinstance(loss, ProxyLoss)
+
+
+@pytest.mark.parametrize("scale", [1.0, 9.0])
+def test_matches_pml(scale):
+    from pytorch_metric_learning.losses import ProxyNCALoss as PMLProxyNCA
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(48, 16, generator=g, requires_grad=True)
+    y = torch.randint(0, 20, (48,), generator=g)
+    ours = ProxyNCALoss(20, 16, softmax_scale=scale)
+    theirs = PMLProxyNCA(20, 16, softmax_scale=scale)
+    theirs.proxies.data.copy_(ours.proxies.data)
+    a, b = ours(x, y), theirs(x, y)
+    assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    ga = torch.autograd.grad(a, (x, ours.proxies))
+    gb = torch.autograd.grad(b, (x, theirs.proxies))
+    torch.testing.assert_close(ga[0], gb[0], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ga[1], gb[1], rtol=1e-4, atol=1e-6)
+
+
+def test_plus_plus_is_temperature_scaled_proxy_nca():
+    x, y = batch(4)
+    pp = ProxyNCAPlusPlusLoss(5, 6, temperature=0.2).double()
+    plain = ProxyNCALoss(5, 6, softmax_scale=5.0, exclude_positive=False).double()
+    plain.proxies.data.copy_(pp.proxies.data)
+    assert pp(x, y).item() == pytest.approx(plain(x, y).item(), rel=1e-12)
+    ref = reference(x, y, pp.proxies.detach(), list(range(5)), y.tolist(), 5.0, False)
+    assert pp(x, y).item() == pytest.approx(ref, rel=1e-10)
+
+
+def test_low_temperature_is_finite():
+    x, y = batch(5)
+    loss = ProxyNCAPlusPlusLoss(5, 6, temperature=1e-4)
+    x = x.float().requires_grad_(True)
+    value = loss(x, y)
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(x.grad).all()

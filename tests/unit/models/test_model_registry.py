@@ -1,0 +1,139 @@
+"""Every registered backbone builds, embeds with the right shape and normalisation; names are checked."""
+
+import pytest
+import torch
+
+from dmlkit.exceptions import InvalidParameterError
+from dmlkit.models import MODELS, Embedder, create_model, list_models, register_model
+
+# BN-Inception at a small (multiple of 32) size keeps the suite fast.
+SMALL_INPUT = {"bn_inception": (3, 64, 64)}
+
+
+def small_input(name: str, model: Embedder, batch: int = 2) -> torch.Tensor:
+    size = SMALL_INPUT.get(name, model.pretrained_cfg["input_size"])
+    return torch.randn(batch, *size, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_registered_model_embeds_with_l2_norm(name):
+    model = create_model(name, embedding_size=12).eval()
+    with torch.no_grad():
+        out = model(small_input(name, model))
+    assert out.shape == (2, 12)
+    assert torch.allclose(out.norm(dim=1), torch.ones(2), atol=1e-5)
+    assert model.embedding_size == 12
+    assert set(model.pretrained_cfg) >= {"mean", "std", "input_size", "color", "scale", "interpolation"}
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnetv2_20", "eps_mnist_net"])
+@pytest.mark.parametrize("normalization", ["bounded", "none"])
+def test_bounded_and_no_normalisation(name, normalization):
+    torch.manual_seed(0)
+    model = create_model(name, embedding_size=6, normalization=normalization).eval()
+    x = small_input(name, model, batch=4)
+    with torch.no_grad():
+        raw = model.head(model.features(x))
+        out = model(x)
+    if normalization == "none":
+        torch.testing.assert_close(out, raw)
+    else:
+        norms = raw.norm(dim=1, keepdim=True)
+        expected = torch.where(norms > 1, raw / norms, raw)
+        torch.testing.assert_close(out, expected)
+        assert (out.norm(dim=1) <= 1 + 1e-6).all()
+
+
+def test_mnist_models_train_step_reduces_nothing_to_nan():
+    model = create_model("small_cnn", embedding_size=64, normalization="l2")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(x)[:, 0].sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_small_cnn_defaults_for_the_lead_job():
+    model = create_model("small_cnn", embedding_size=64, normalization="l2")
+    cfg = model.pretrained_cfg
+    assert cfg["input_size"] == (1, 28, 28)
+    assert cfg["color"] == "L" and cfg["scale"] == 1.0
+    assert cfg["mean"] == pytest.approx((0.1307,)) and cfg["std"] == pytest.approx((0.3081,))
+
+
+def test_timm_names_fall_through_and_are_listed():
+    names = list_models("resnet*")
+    assert "resnet50" in names and "resnetv2_20" in names
+    model = create_model("resnet18", embedding_size=10).eval()
+    assert model.trunk.num_features == 512
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+
+
+def test_timm_token_model_uses_its_own_pooling():
+    model = create_model("vit_tiny_patch16_224", embedding_size=7, img_size=32, patch_size=8).eval()
+    assert model.trunk.num_features == 192
+    with torch.no_grad():
+        features = model.features(torch.randn(2, 3, 32, 32))
+    assert features.shape == (2, 192)
+
+
+def test_in_chans_adapts_first_layer_and_cfg():
+    model = create_model("resnet18", in_chans=1, embedding_size=4).eval()
+    cfg = model.pretrained_cfg
+    assert cfg["input_size"][0] == 1 and cfg["color"] == "L" and len(cfg["mean"]) == 1
+    assert cfg["mean"][0] == pytest.approx((0.485 + 0.456 + 0.406) / 3)
+    with torch.no_grad():
+        assert model(torch.randn(1, 1, 32, 32)).shape == (1, 4)
+    rgb = create_model("resnetv2_20", in_chans=3, image_size=32)
+    assert rgb.pretrained_cfg["input_size"] == (3, 32, 32) and rgb.pretrained_cfg["color"] == "RGB"
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(InvalidParameterError, match=r"Did you mean 'bn_inception'"):
+        create_model("bn_incepton")
+    with pytest.raises(ValueError, match=r"Did you mean 'resnet50'"):
+        create_model("resnet_50")
+    with pytest.raises(InvalidParameterError, match="Unknown model 'zzzz_not_a_model'"):
+        create_model("zzzz_not_a_model", pretrained=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(embedding_size=0), "The 'embedding_size' parameter of create_model must be an int >= 1. Got 0 instead."),
+        (dict(normalization="l1"), "The 'normalization' parameter of create_model must be one of"),
+        (dict(pooling="mean"), "The 'pooling' parameter of create_model must be one of"),
+        (dict(freeze_bn="yes"), "The 'freeze_bn' parameter"),
+        (dict(in_chans=0), "The 'in_chans' parameter"),
+    ],
+)
+def test_bad_parameters_are_reported(kwargs, message):
+    with pytest.raises(InvalidParameterError) as info:
+        create_model("small_cnn", **kwargs)
+    assert message in str(info.value)
+
+
+def test_pretrained_without_offline_weights_is_an_error_never_a_download():
+    with pytest.raises(InvalidParameterError, match="never downloads"):
+        create_model("bn_inception", pretrained=True)
+    with pytest.raises(InvalidParameterError, match="weights=PATH"):
+        create_model("resnet18", pretrained=True)
+
+
+def test_register_model_adds_a_backbone():
+    from dmlkit.models import SmallCNN
+
+    name = "test_only_tiny_cnn"
+    if name not in MODELS:
+        register_model(name)(lambda in_chans=None: SmallCNN(in_chans=in_chans or 1, width=4))
+    assert name in list_models("test_only_*")
+    model = create_model(name, embedding_size=3)
+    assert model.trunk.num_features == 16
+    with pytest.raises(ValueError, match="registered twice"):
+        register_model(name)(lambda in_chans=None: None)
