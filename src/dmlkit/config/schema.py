@@ -37,13 +37,16 @@ class ProtocolConfig:
 
     ``fold=None`` trains on all training classes with no validation split: the last
     checkpoint is kept. ``fold=i`` trains on the other folds of the training classes and
-    selects the checkpoint by validation MAP@R on fold ``i``. The test classes are never used
-    for selection.
+    selects the checkpoint by validation MAP@R on fold ``i``. ``val_fraction=f`` (with
+    ``fold=None``) instead holds out a fraction ``f`` of the images of every training class for
+    validation (for data sets with too few classes for class-disjoint folds, e.g. the 5
+    training digits of MNIST). The test classes are never used for selection.
     """
 
     fold: Optional[int] = None
     num_folds: int = 4
     seed: int = 0
+    val_fraction: float = 0.0
 
 
 @dataclass
@@ -179,6 +182,7 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "data.num_workers": (lambda v: v >= 0, "an int >= 0"),
     "data.image_size": (lambda v: v is None or v > 0, "None or an int > 0"),
     "protocol.num_folds": (lambda v: v >= 2, "an int >= 2"),
+    "protocol.val_fraction": (lambda v: 0 <= v < 1, "a float in [0, 1)"),
     "model.embedding_size": (lambda v: v > 0, "an int > 0"),
     "model.normalization": (lambda v: v in ("l2", "bounded", "none"), "one of 'l2', 'bounded', 'none'"),
     "model.pooling": (lambda v: v in ("avg", "max", "avg+max"), "one of 'avg', 'max', 'avg+max'"),
@@ -242,8 +246,12 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
             f"asap.proxies_per_class ({cfg.asap.proxies_per_class}) cannot exceed asap.pool_size "
             f"({cfg.asap.pool_size}): k-center picks the proxies from the pool."
         )
-    if cfg.asap.enabled and cfg.protocol.fold is None:
-        problems.append("asap.enabled needs a validation split: set protocol.fold to a fold index.")
+    if p.fold is not None and p.val_fraction > 0:
+        problems.append("protocol.fold and protocol.val_fraction are alternatives: set one of them.")
+    if cfg.asap.enabled and p.fold is None and p.val_fraction == 0:
+        problems.append("asap.enabled needs a validation split: set protocol.fold (or protocol.val_fraction).")
+    if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0:
+        problems.append("train.patience needs a validation split: set protocol.fold (or protocol.val_fraction).")
     return problems
 
 

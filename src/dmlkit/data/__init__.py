@@ -12,6 +12,7 @@ from dmlkit.data.samplers import (
     ShuffledSampler,
     create_sampler,
 )
+from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.splits import build_splits, class_disjoint_folds, write_manifest
 from dmlkit.data.transforms import BackboneNormalize, Preprocessing, build_transforms, eval_transform, train_transform
 
@@ -33,6 +34,8 @@ __all__ = [
     "build_transforms",
     "class_disjoint_folds",
     "create_sampler",
+    "dataset_info",
+    "datasets_table",
     "eval_transform",
     "get_dataset_spec",
     "list_datasets",

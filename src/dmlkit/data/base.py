@@ -31,7 +31,46 @@ def load_image(path: str) -> Any:
         return img.copy()
 
 
-class ImageFileDataset(Dataset):
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (numpy SeedSequence mixing)."""
+    import numpy as np
+
+    state = np.random.SeedSequence([int(seed), int(epoch), int(index)]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) & ((1 << 63) - 1)
+
+
+class SeededAugmentation:
+    """Mixin: run ``transform`` with torch's CPU generator seeded from ``(augmentation_seed, epoch, index)``.
+
+    Random augmentations then depend only on the item, the epoch and the seed: identical for any
+    number of DataLoader workers and after a mid-epoch resume. The caller's generator state is
+    restored afterwards. Call ``set_epoch(e)`` each epoch (before the DataLoader iterator is
+    created, so workers see it; use non-persistent workers). ``augmentation_seed=None`` leaves the
+    global generator alone.
+    """
+
+    augmentation_seed: int | None = None
+    epoch: int = 0
+    transform: Transform | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _apply_transform(self, image: Any, index: int) -> Any:
+        if self.transform is None:
+            return image
+        if self.augmentation_seed is None:
+            return self.transform(image)
+        generator = torch.default_generator
+        saved = generator.get_state()
+        generator.manual_seed(item_seed(self.augmentation_seed, self.epoch, index))
+        try:
+            return self.transform(image)
+        finally:
+            generator.set_state(saved)
+
+
+class ImageFileDataset(SeededAugmentation, Dataset):
     """A split made of image files; item ``i`` is ``(transform(image), label)``.
 
     ``labels`` is an int64 tensor ``[N]`` with ids ``0..C-1`` indexing ``class_names``.
@@ -50,6 +89,7 @@ class ImageFileDataset(Dataset):
         mode: str = "RGB",
         skip_bad_images: bool = False,
         name: str = "dataset",
+        augmentation_seed: int | None = None,
     ):
         if len(paths) != len(labels):
             raise DataError(f"paths has {len(paths)} entries but labels has {len(labels)}.")
@@ -60,6 +100,7 @@ class ImageFileDataset(Dataset):
         self.mode = mode
         self.skip_bad_images = skip_bad_images
         self.name = name
+        self.augmentation_seed = augmentation_seed
         self.bad_paths: set[str] = set()
 
     def __len__(self) -> int:
@@ -81,9 +122,7 @@ class ImageFileDataset(Dataset):
             if not self.skip_bad_images:
                 raise
             img = self._replacement(index, err)
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, label
+        return self._apply_transform(img, index), label
 
     def _replacement(self, index: int, err: DataError) -> Any:
         """Warn about a bad file and decode the next readable image of the same class."""
@@ -110,10 +149,11 @@ class ImageFileDataset(Dataset):
         return ImageFileDataset(
             [self.paths[i] for i in indices.tolist()], labels, names, self.transform,
             mode=self.mode, skip_bad_images=self.skip_bad_images, name=self.name,
+            augmentation_seed=self.augmentation_seed,
         )
 
 
-class TensorImageDataset(Dataset):
+class TensorImageDataset(SeededAugmentation, Dataset):
     """A split held in memory: ``images`` ``[N, C, H, W]`` (uint8 0..255 or float), ``labels`` ``[N]`` int64.
 
     Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding; ``paths`` is None.
@@ -129,6 +169,7 @@ class TensorImageDataset(Dataset):
         transform: Transform | None = None,
         *,
         name: str = "dataset",
+        augmentation_seed: int | None = None,
     ):
         if images.dim() != 4:
             raise DataError(f"images must be [N, C, H, W]. Got shape {tuple(images.shape)}.")
@@ -139,6 +180,7 @@ class TensorImageDataset(Dataset):
         self.class_names = list(class_names)
         self.transform = transform
         self.name = name
+        self.augmentation_seed = augmentation_seed
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -150,15 +192,14 @@ class TensorImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img = self.float_images(slice(index, index + 1))[0]
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, int(self.labels[index])
+        return self._apply_transform(img, index), int(self.labels[index])
 
     def subset(self, indices: torch.Tensor, *, relabel: bool = True) -> "TensorImageDataset":
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)
         labels, names = _relabel(self.labels[indices], self.class_names, relabel)
-        return TensorImageDataset(self.images[indices], labels, names, self.transform, name=self.name)
+        return TensorImageDataset(self.images[indices], labels, names, self.transform, name=self.name,
+                                  augmentation_seed=self.augmentation_seed)
 
 
 def _relabel(labels: torch.Tensor, class_names: Sequence[str], relabel: bool) -> tuple[torch.Tensor, list[str]]:

@@ -78,6 +78,7 @@ def _make_split(
     image_size: int | None,
     skip_bad_images: bool,
     split_name: str,
+    augmentation_seed: int | None = None,
 ):
     names = source.names[label]
     if rows is not None:
@@ -86,10 +87,12 @@ def _make_split(
     tag = f"{spec.name}/{split_name}"
     if source.images is not None:
         images = source.images if rows is None else source.images[rows]
-        return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag)
+        return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag,
+                                  augmentation_seed=augmentation_seed)
     paths = source.paths if rows is None else [source.paths[i] for i in rows.tolist()]
     return ImageFileDataset(
-        paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag
+        paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag,
+        augmentation_seed=augmentation_seed,
     )
 
 
@@ -119,7 +122,8 @@ def build_splits(
     for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
     except query and gallery, which share one label space. Transforms default to
     :func:`dmlkit.data.transforms.default_transforms` for image files and to none for in-memory
-    data (``image_size`` then resizes the tensors once).
+    data (``image_size`` then resizes the tensors once). The training split's random augmentation
+    is seeded per item from ``(seed, epoch, index)``; call ``splits.train.set_epoch(e)`` each epoch.
     """
     validate_params(
         "build_splits",
@@ -180,12 +184,12 @@ def build_splits(
         train_rows, val_rows = _rows_in(groups, set(kept)), _rows_in(groups, set(held))
         info.update(train_fraction=train_fraction, val_classes=held)
 
-    def make(source, rows, lab, tf, split_name):
-        return _make_split(spec, source, rows, lab, tf, tensor_size, skip_bad_images, split_name)
+    def make(source, rows, lab, tf, split_name, augmentation_seed=None):
+        return _make_split(spec, source, rows, lab, tf, tensor_size, skip_bad_images, split_name, augmentation_seed)
 
     splits = DataSplits(
         name=name,
-        train=make(train_source, train_rows, label, train_transform, "train"),
+        train=make(train_source, train_rows, label, train_transform, "train", augmentation_seed=seed),
         val=None if val_rows is None else make(train_source, val_rows, eval_label, eval_transform, "val"),
         eval_mode=spec.eval_mode,
         info=info,

@@ -48,7 +48,35 @@ def build_splits(cfg: RunConfig, model: nn.Module):
     )
     if "preprocessing" in inspect.signature(dm.build_splits).parameters:
         kwargs["preprocessing"] = preprocessing
-    return dm.build_splits(d.name, **kwargs)
+    splits = dm.build_splits(d.name, **kwargs)
+    if cfg.protocol.val_fraction > 0 and splits.val is None:
+        splits.train, splits.val = hold_out_samples(splits.train, cfg.protocol.val_fraction, cfg.protocol.seed)
+    return splits
+
+
+def hold_out_samples(dataset, fraction: float, seed: int):
+    """Split every class's images into train and validation parts (``fraction`` to validation, >= 1 each).
+
+    Classes with a single image stay in training. Vectorised: one seeded sort by (class, key).
+    """
+    labels = dataset.labels
+    n = len(labels)
+    generator = torch.Generator().manual_seed(int(seed) + 15485863)
+    keys = torch.rand(n, generator=generator, dtype=torch.float64)
+    order = torch.argsort(labels.double() * 2.0 + keys)
+    sorted_labels = labels[order]
+    classes, counts = torch.unique(labels, return_counts=True)
+    count_of = torch.zeros(int(classes.max()) + 1, dtype=torch.int64)
+    count_of[classes] = counts
+    starts = torch.cumsum(count_of, 0) - count_of
+    rank = torch.arange(n) - starts[sorted_labels]
+    n_val = torch.where(count_of > 1, (count_of.double() * fraction).round().long().clamp(1), 0)
+    n_val = torch.minimum(n_val, (count_of - 1).clamp_min(0))
+    is_val = rank < n_val[sorted_labels]
+    train_rows, val_rows = order[~is_val].sort().values, order[is_val].sort().values
+    if len(val_rows) == 0:
+        raise DataError(f"protocol.val_fraction={fraction} leaves no validation images (every class has one image).")
+    return dataset.subset(train_rows, relabel=False), dataset.subset(val_rows, relabel=False)
 
 
 class TrainingObjective(nn.Module):
@@ -80,6 +108,19 @@ def _accepts(fn, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _nested_loss(spec):
+    """A loss inside a loss (``ProxyPairLoss(pair_loss=...)``): a name or ``{name, args}``."""
+    from dmlkit.losses import LOSSES
+
+    if isinstance(spec, str):
+        return LOSSES.create(spec)
+    if isinstance(spec, dict) and "name" in spec and set(spec) <= {"name", "args"}:
+        return LOSSES.create(spec["name"], **dict(spec.get("args") or {}))
+    raise ConfigError(
+        f"loss.args.pair_loss must be a loss name or a mapping {{name: ..., args: {{...}}}}. Got {spec!r}."
+    )
+
+
 def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
     """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory."""
     from dmlkit.losses import LOSSES
@@ -91,6 +132,8 @@ def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
     for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
         if key not in args and key in inspect.signature(factory).parameters:
             args[key] = value
+    if "pair_loss" in args:
+        args["pair_loss"] = _nested_loss(args["pair_loss"])
     if cfg.asap.enabled and "proxies_per_class" in inspect.signature(factory).parameters:
         args.setdefault("proxies_per_class", cfg.asap.proxies_per_class)
     try:

@@ -41,12 +41,18 @@ class MethodHooks:
     def on_train_start(self, trainer: "Trainer") -> None:
         """Called once before the first step (also after a resume)."""
 
+    def on_batch_embeddings(self, trainer: "Trainer", indices: list[int], embeddings: torch.Tensor) -> None:
+        """Called with each training batch's dataset rows and (detached) embeddings."""
+
     def after_backward(self, trainer: "Trainer") -> None:
         """Called after ``loss.backward()``, before clipping and the optimiser step."""
 
     def on_evaluation(self, trainer: "Trainer", score: float, improved: bool) -> bool:
         """Called after each validation; return True to stop training."""
         return trainer.evals_since_best >= (trainer.cfg.train.patience or math.inf)
+
+    def on_train_end(self, trainer: "Trainer") -> None:
+        """Called once after the last step, before the selected weights are tested."""
 
     def state_dict(self) -> dict:
         return {}
@@ -103,6 +109,10 @@ class Trainer:
         self.evals_since_best = 0
         self.stopped_early = False
         self.elapsed = 0.0
+        if hooks is None and cfg.asap.enabled:
+            from dmlkit.methods.asap import AsapHooks
+
+            hooks = AsapHooks(self)
         self.hooks = hooks or MethodHooks()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
         self.forward_model = torch.compile(self.model) if cfg.train.compile else self.model
@@ -172,11 +182,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def training_step(self, images: torch.Tensor, labels: torch.Tensor) -> float:
+    def training_step(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None) -> float:
         """One optimisation step; returns the loss value."""
         self.model.train()
         with torch.autocast("cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             embeddings = self.forward_model(images)
+        if indices is not None:
+            self.hooks.on_batch_embeddings(self, indices, embeddings.detach())
         loss = self.objective(embeddings, labels)
         if not torch.isfinite(loss):
             return self._non_finite("loss", float(loss))
@@ -265,7 +277,7 @@ class Trainer:
             indices, position = next(batches)
             images, raw_labels = builders.fetch_batch(self.splits.train, indices)
             labels = self.label_map(raw_labels)
-            value = self.training_step(images, labels)
+            value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
             now = time.perf_counter()
@@ -292,6 +304,7 @@ class Trainer:
                 self.save()
         if bar is not None:
             bar.close()
+        self.hooks.on_train_end(self)
         self.stopped_early = self.step < cfg.train.max_steps
         return self.finish(has_val)
 
@@ -321,6 +334,8 @@ class Trainer:
         atomic_write_json(self.run.path / "metrics.json", result)
         if self.cfg.eval.save_embeddings:
             self.run.save_embeddings("test", self.model, test_set, self.objective, self.cfg)
+            if test_set is self.splits.query:
+                self.run.save_embeddings("gallery", self.model, self.splits.gallery, self.objective, self.cfg)
         return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
 
 

@@ -26,7 +26,7 @@ def evaluate(
     backend: str = "torch",
     over_cluster: int = 1,
     ami: bool = False,
-    seed: int = 0,
+    seed: int = 1234,
 ) -> dict[str, float | int]:
     """Merged metrics dict: ``precision_at_1, recall_at_<k>, r_precision, map_at_r, num_queries_excluded``
     (retrieval), ``nmi`` (+ ``nmi_plus`` when ``over_cluster > 1``, ``ami`` when ``ami=True``)

@@ -5,6 +5,10 @@ Every loss is called ``loss(embeddings [B, D], labels [B])`` and is registered i
 """
 
 from dmlkit.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlkit.losses.dro import *  # noqa: F401,F403
+from dmlkit.losses.dro import __all__ as _dro_all
+from dmlkit.losses.pair import *  # noqa: F401,F403
+from dmlkit.losses.pair import __all__ as _pair_all
 from dmlkit.losses.proxy import *  # noqa: F401,F403
 from dmlkit.losses.proxy import __all__ as _proxy_all
 
@@ -19,4 +23,4 @@ def list_losses(pattern: str = "*") -> list[str]:
     return LOSSES.names(pattern)
 
 
-__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_proxy_all]
+__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_pair_all, *_proxy_all, *_dro_all]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._validation import Interval, InstanceOf, NONE, validate_params, check_embeddings_labels
+from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import DataError
 from dmlkit.mining.base import PairSelection, TripletSelection, label_masks
@@ -39,11 +39,6 @@ def triplet_margins(distance: BaseDistance, mat: torch.Tensor, anchor: torch.Ten
                     positive: torch.Tensor) -> torch.Tensor:
     """``[P, R]`` margins ``d(a, n) - d(a, p)`` (or ``s(a, p) - s(a, n)``) for each pair ``(a, p)``."""
     return distance.margin(mat[anchor, positive][:, None], mat[anchor])
-
-
-def closest_value(distance: BaseDistance) -> float:
-    """The value of ``mat`` that means "infinitely far" for this measure, used to mask entries."""
-    return float("-inf") if distance.is_inverted else float("inf")
 
 
 class BaseMiner(nn.Module):

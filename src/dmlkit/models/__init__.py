@@ -17,7 +17,7 @@ from dmlkit.models.bn_inception import BN_INCEPTION_CFG, BNInception
 from dmlkit.models.efficientnet_lite import LITE0_PRETRAINED_CFG, lite0_imagenet_state_dict, rename_lite0_keys
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head
 from dmlkit.models.eps_mnist import EPSMnistNet
-from dmlkit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, make_cfg, preprocess
+from dmlkit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess, make_cfg, preprocess
 from dmlkit.models.resnetv2 import PreActResNet
 from dmlkit.models.small_cnn import SmallCNN
 from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS, TimmTrunk
@@ -36,6 +36,7 @@ __all__ = [
     "Embedder",
     "GlobalPool",
     "PreActResNet",
+    "Preprocess",
     "SmallCNN",
     "TimmTrunk",
     "WeightsReport",

@@ -25,9 +25,10 @@ MODELS: Registry[nn.Module] = Registry("model")
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Register a trunk builder ``fn(in_chans=None, **kwargs) -> nn.Module`` under ``name``.
 
-    The trunk must expose ``num_features`` (channels of its output) and ``pretrained_cfg``
-    (see :func:`dmlkit.models.preprocessing.make_cfg`); it may expose
-    ``load_pretrained()`` to fill itself with offline weights when ``pretrained=True``.
+    The trunk maps ``[B, C, H, W]`` to a feature map ``[B, F, h, w]`` (or ``[B, F]``) and exposes
+    ``num_features`` (F) and ``pretrained_cfg`` (see :func:`dmlkit.models.preprocessing.make_cfg`).
+    Offline weights for timm names are declared with
+    :func:`dmlkit.models.timm_trunk.register_offline_weights`.
     """
     return MODELS.register(name)
 

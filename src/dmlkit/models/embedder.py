@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit._validation import Options, validate_params
 from dmlkit.distances import normalize
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.models.preprocessing import check_cfg, preprocess
@@ -106,7 +106,10 @@ class Embedder(nn.Module):
         return preprocess(images, self.pretrained_cfg, resize=resize)
 
     def train(self, mode: bool = True) -> "Embedder":
-        """Set training mode; with ``freeze_bn`` the trunk's batch-norm layers stay in eval mode."""
+        """Set training mode; with ``freeze_bn`` the trunk's batch-norm layers stay in eval mode.
+
+        Their affine weights still receive gradients; only the running statistics are frozen.
+        """
         super().train(mode)
         if self.freeze_bn:
             for module in self.trunk.modules():

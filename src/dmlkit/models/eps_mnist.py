@@ -32,7 +32,7 @@ class EPSMnistNet(nn.Module):
             nn.MaxPool2d(2),
         )
         self.dense = nn.Sequential(nn.Flatten(), nn.Linear(64 * pooled * pooled, 128), nn.ReLU(inplace=True))
-        cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, image_size, image_size), color="L")
+        cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, image_size, image_size), color="RGB")
         self.pretrained_cfg = adapt_cfg_channels(cfg, in_chans)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MNIST_MEAN = (0.1307,)
 MNIST_STD = (0.3081,)
-COLORS = ("RGB", "BGR", "L")
+COLORS = ("RGB", "BGR")
 CFG_KEYS = ("mean", "std", "input_size", "color", "scale", "interpolation")
 
 
@@ -34,6 +34,8 @@ def make_cfg(
 ) -> dict[str, Any]:
     """Build a preprocessing config dict with the keys every ``Embedder.pretrained_cfg`` has.
 
+    ``color`` is ``"RGB"`` or ``"BGR"`` (channel order of 3-channel input; grey models, with
+    ``input_size[0] == 1``, use ``"RGB"``). ``scale`` is 1.0 for [0, 1] input, 255.0 for 0..255.
     ``mean``/``std`` are in the model's channel order and in units of ``scale`` (so BN-Inception's
     mean is ``(104, 117, 128)`` in BGR order with ``scale=255``).
     """
@@ -62,10 +64,8 @@ def check_cfg(cfg: Mapping[str, Any]) -> None:
         )
     if cfg["color"] not in COLORS:
         raise InvalidParameterError(f"pretrained_cfg color must be one of {COLORS}. Got {cfg['color']!r}.")
-    if (cfg["color"] == "L") != (channels == 1):
-        raise InvalidParameterError(
-            f"pretrained_cfg color {cfg['color']!r} does not match {channels} input channels."
-        )
+    if cfg["color"] == "BGR" and channels != 3:
+        raise InvalidParameterError(f"pretrained_cfg color 'BGR' needs 3 input channels. Got {channels}.")
     if cfg["interpolation"] not in ("bilinear", "bicubic", "nearest"):
         raise InvalidParameterError(
             f"pretrained_cfg interpolation must be 'bilinear', 'bicubic' or 'nearest'. Got {cfg['interpolation']!r}."
@@ -82,17 +82,15 @@ def adapt_cfg_channels(cfg: Mapping[str, Any], in_chans: int) -> dict[str, Any]:
     cfg["mean"] = (mean,) * in_chans
     cfg["std"] = (std,) * in_chans
     cfg["input_size"] = (in_chans, *cfg["input_size"][1:])
-    if in_chans == 1:
-        cfg["color"] = "L"
-    elif cfg["color"] == "L":
-        cfg["color"] = "RGB"
+    if in_chans != 3:
+        cfg["color"] = "RGB"  # channel order only means something for 3 channels
     return cfg
 
 
 def preprocess(x: torch.Tensor, cfg: Mapping[str, Any], *, resize: bool = False) -> torch.Tensor:
     """Turn RGB (or grey) images into the model's input as ``cfg`` prescribes.
 
-    ``x`` is ``[B, C, H, W]`` or ``[C, H, W]`` with channels in RGB order (``L`` for one channel):
+    ``x`` is ``[B, C, H, W]`` or ``[C, H, W]`` with channels in RGB order (or one grey channel):
     uint8 in 0..255 or floating point in [0, 1]. Steps: to float in [0, 1]; reorder to BGR when
     ``cfg["color"] == "BGR"``; optionally resize to ``cfg["input_size"]``; multiply by
     ``cfg["scale"]``; subtract ``mean`` and divide by ``std``. Returns float32 ``[B, C, H', W']``.
@@ -124,3 +122,25 @@ def preprocess(x: torch.Tensor, cfg: Mapping[str, Any], *, resize: bool = False)
     std = torch.tensor(cfg["std"], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     x = (x * cfg["scale"] - mean) / std
     return x.squeeze(0) if squeeze else x
+
+
+class Preprocess:
+    """Picklable callable applying :func:`preprocess` with a fixed config (for data loaders).
+
+    Use after a PIL-to-tensor step: ``Preprocess(model.pretrained_cfg)(image_chw_uint8)``.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], *, resize: bool = False):
+        check_cfg(cfg)
+        self.cfg = dict(cfg)
+        self.resize = resize
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return preprocess(images, self.cfg, resize=self.resize)
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (
+            f"Preprocess(color={c['color']!r}, scale={c['scale']}, mean={c['mean']}, std={c['std']}, "
+            f"input_size={c['input_size']}, resize={self.resize})"
+        )

@@ -63,7 +63,7 @@ class PreActResNet(nn.Module):
         self.final_bn = nn.BatchNorm2d(cin)
         self.num_features = cin
         if in_chans == 1:
-            cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, image_size, image_size), color="L")
+            cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, image_size, image_size), color="RGB")
         else:
             cfg = make_cfg(mean=IMAGENET_MEAN, std=IMAGENET_STD, input_size=(3, image_size, image_size), color="RGB")
         self.pretrained_cfg = adapt_cfg_channels(cfg, in_chans)

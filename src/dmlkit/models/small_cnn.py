@@ -29,7 +29,7 @@ class SmallCNN(nn.Module):
             conv_bn_relu(2 * width, 4 * width, 2),
         )
         self.num_features = 4 * width
-        cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, 28, 28), color="L")
+        cfg = make_cfg(mean=MNIST_MEAN, std=MNIST_STD, input_size=(1, 28, 28), color="RGB")
         self.pretrained_cfg = adapt_cfg_channels(cfg, in_chans)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,9 @@ def cfg_from_timm(model: nn.Module) -> dict[str, Any]:
     """dmlkit preprocessing config from a timm model's ``pretrained_cfg`` (RGB, [0, 1] input)."""
     tcfg = getattr(model, "pretrained_cfg", None) or {}
     input_size = tuple(tcfg.get("input_size", (3, 224, 224)))
+    image_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if image_size is not None:  # token models built for another size (timm's img_size=...)
+        input_size = (input_size[0], *tuple(image_size))
     mean = tuple(tcfg.get("mean", (0.485, 0.456, 0.406)))
     std = tuple(tcfg.get("std", (0.229, 0.224, 0.225)))
     interpolation = tcfg.get("interpolation", "bilinear")

@@ -110,17 +110,39 @@ class ProxyBank(nn.Module):
             raise InvalidParameterError("per_class() needs an integer proxies_per_class, not a fraction.")
         return self.proxies.view(self.num_classes, self.proxies_per_class, self.embedding_size)
 
-    def candidate_mask(self, labels: torch.Tensor) -> torch.Tensor:
-        """``[B, P]`` True where proxy ``p`` belongs to sample ``i``'s class (or its fractional proxy)."""
-        return self.groups(labels)[:, None] == self.proxy_labels[None, :]
+    def candidate_mask(self, labels: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, P]`` True where proxy ``p`` belongs to sample ``i``'s class (or its fractional proxy).
+
+        With ``columns [U]`` only those proxies are compared: ``[B, U]``.
+        """
+        proxy_labels = self.proxy_labels if columns is None else self.proxy_labels[columns]
+        return self.groups(labels)[:, None] == proxy_labels[None, :]
+
+    def candidate_columns(self, labels: torch.Tensor) -> torch.Tensor:
+        """``[B, K]`` indices of each sample's class proxies (``[B, 1]`` pre-assigned proxy when fractional)."""
+        groups = self.groups(labels)
+        if self.is_fractional:
+            return groups[:, None]
+        k = self.proxies_per_class
+        return groups[:, None] * k + torch.arange(k, device=groups.device)[None, :]
+
+    def present_columns(self, labels: torch.Tensor) -> torch.Tensor:
+        """Sorted indices ``[U]`` of the proxies whose class (group) occurs in ``labels``."""
+        return torch.unique(self.candidate_columns(labels))
 
     # ------------------------------------------------------------------------- assignment
     def assign(
-        self, similarity: torch.Tensor, labels: torch.Tensor, assignment: str = "static"
+        self,
+        similarity: torch.Tensor,
+        labels: torch.Tensor,
+        assignment: str = "static",
+        columns: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positive [B, P], negative [B, P])`` proxy masks for each sample.
 
-        ``similarity [B, P]`` is larger-is-closer. Rules (Proxy-NCA Sec. 4.1, Eq. (5)):
+        ``similarity [B, P]`` is larger-is-closer; with ``columns [U]`` it holds only those
+        proxies (``[B, U]``; for ``"nearest"`` they must include every candidate proxy of the
+        batch, e.g. :meth:`present_columns`). Rules (Proxy-NCA Sec. 4.1, Eq. (5)):
 
         * ``"static"``: positives are all proxies of the sample's class (``K`` of them; the one
           pre-assigned proxy when fractional); negatives are all other proxies.
@@ -134,7 +156,7 @@ class ProxyBank(nn.Module):
             positive = torch.zeros_like(similarity, dtype=torch.bool)
             positive[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True
             return positive, ~positive
-        candidates = self.candidate_mask(labels)
+        candidates = self.candidate_mask(labels, columns)
         if assignment == "static" or (assignment == "nearest" and self.proxies_per_class == 1):
             return candidates, ~candidates
         if assignment == "nearest":

@@ -24,10 +24,8 @@ from dmlkit.report.run_report import (
 
 def run_labels(runs: Sequence[RunData]) -> list[str]:
     """A distinct label per run: its name, with the directory (then position) added on clashes."""
-    labels = [run.name for run in runs]
-    for i, run in enumerate(runs):
-        if labels.count(run.name) > 1:
-            labels[i] = f"{run.name} ({run.run_dir.name})"
+    names = [run.name for run in runs]
+    labels = [f"{name} ({run.run_dir.name})" if names.count(name) > 1 else name for name, run in zip(names, runs)]
     for i, label in enumerate(list(labels)):
         if labels.count(label) > 1:
             labels[i] = f"{label} #{i + 1}"

@@ -41,15 +41,20 @@ def pca_2d(points: np.ndarray, extra: np.ndarray | None = None) -> tuple[np.ndar
 
 
 def tsne_2d(points: np.ndarray, extra: np.ndarray | None, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """t-SNE of ``points`` [N, D] and ``extra`` [P, D] fitted jointly (t-SNE has no out-of-sample map)."""
+    """t-SNE of ``points`` [N, D] and ``extra`` [P, D] fitted jointly (t-SNE has no out-of-sample map).
+
+    Runs single-threaded: OpenMP spin-waiting made it 30x slower on a shared, busy machine.
+    """
     from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
 
     joint = points if extra is None else np.concatenate([points, extra], axis=0)
     joint = joint.astype(np.float64)
     if joint.shape[0] < 5:
         return pca_2d(points, extra)
     perplexity = float(min(30.0, (joint.shape[0] - 1) / 3.0))
-    coords = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(joint)
+    with threadpool_limits(limits=1):
+        coords = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(joint)
     n = points.shape[0]
     return coords[:n], (None if extra is None else coords[n:])
 
@@ -109,7 +114,8 @@ def embedding_map_png(
         else:
             proxy_colors = np.zeros((proxy_coords.shape[0], 3))
         ax.scatter(proxy_coords[:, 0], proxy_coords[:, 1], c=proxy_colors, s=90, marker="*",
-                   edgecolors="black", linewidths=0.8, label="proxies", zorder=3)
+                   edgecolors="black", linewidths=0.8, zorder=3)
+        ax.scatter([], [], s=90, marker="*", facecolors="white", edgecolors="black", label="proxies")
     classes = np.unique(labels)
     if classes.size <= MAX_LEGEND_CLASSES:
         for c in classes:

@@ -42,20 +42,27 @@ def choose_queries(labels: np.ndarray, num_queries: int, seed: int) -> np.ndarra
 
 
 def nearest_neighbours(
-    embeddings: np.ndarray, query_index: np.ndarray, k: int, distance: str = "cosine"
+    embeddings: np.ndarray, query_index: np.ndarray, k: int, distance: str = "cosine", chunk_rows: int = 8192
 ) -> np.ndarray:
     """Top-``k`` neighbours [Q, k] of rows ``query_index`` among all rows of ``embeddings`` [N, D], self excluded.
 
-    Brute force: ``cosine`` ranks by similarity of L2-normalised rows, ``euclidean`` by squared
-    distance. Ties go to the lower index.
+    Brute force in float64, over chunks of the database rows so memory stays bounded:
+    ``cosine`` ranks by similarity of L2-normalised rows, ``euclidean`` by squared distance.
+    Ties go to the lower index.
     """
-    x = embeddings.astype(np.float64)
+    queries = embeddings[query_index].astype(np.float64)  # [Q, D]
     if distance == "cosine":
-        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        score = -(x[query_index] @ x.T)  # [Q, N], lower is closer
-    else:
-        sq = (x * x).sum(axis=1)
-        score = sq[query_index, None] - 2.0 * (x[query_index] @ x.T) + sq[None, :]
+        queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    score = np.empty((len(query_index), embeddings.shape[0]))  # [Q, N], lower is closer
+    for start in range(0, embeddings.shape[0], chunk_rows):
+        block = embeddings[start : start + chunk_rows].astype(np.float64)
+        if distance == "cosine":
+            block = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+            score[:, start : start + len(block)] = -(queries @ block.T)
+        else:
+            score[:, start : start + len(block)] = (
+                (queries * queries).sum(axis=1)[:, None] - 2.0 * (queries @ block.T) + (block * block).sum(axis=1)[None, :]
+            )
     score[np.arange(len(query_index)), query_index] = np.inf
     return np.argsort(score, axis=1, kind="stable")[:, :k]
 

@@ -106,3 +106,21 @@ def test_knn_rejects_bad_input():
     bad[1, 1] = float("nan")
     with pytest.raises(DataError, match="NaN or infinite"):
         knn(bad, x, 1)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("normalise", [False, True])
+def test_symmetric_leave_one_out_tiles(monkeypatch, metric, normalise):
+    # several tiles above the diagonal, with and without a foldable Euclidean bias
+    monkeypatch.setattr(knn_module, "SYMMETRIC_TILE", 16)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(100, 6, generator=g) * torch.rand(100, 1, generator=g).add(0.5)
+    if normalise:
+        x = torch.nn.functional.normalize(x, dim=1)
+    vals, idx = knn(x, x, 5, exclude_self=True, metric=metric)
+    want_vals, want_idx = brute_force(x, x, 5, metric, True)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
+    # the same search through the non-symmetric path (a copy is not the same tensor)
+    _, idx_copy = knn(x, x.clone(), 5, exclude_self=True, metric=metric)
+    assert torch.equal(idx, idx_copy)

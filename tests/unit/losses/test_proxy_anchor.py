@@ -47,60 +47,64 @@ def test_matches_equation_4(seed, K, assignment):
     assert got == pytest.approx(ref, rel=1e-10)
 
 
-def test_gradient_matches_equation_6():
-    """dl/ds(x,p) from autograd equals Eq. (6) with hardness h+ and h-."""
-    x, y = batch(3, B=10, C=4)
-    loss = ProxyAnchorLoss(4, 6, margin=0.1, alpha=16).double()
-    alpha, delta = 16.0, 0.1
-    cos = (torch.nn.functional.normalize(x, dim=1) @ torch.nn.functional.normalize(loss.proxies.detach(), dim=1).T)
-    cos.requires_grad_(True)
-    # recompute the loss from cos with the library's reduction by monkeypatching the similarity
-    import dmlkit.losses.proxy.proxy_anchor as module
+@pytest.mark.parametrize("C,K,B", [(4, 1, 10), (20, 1, 6), (9, 2, 5)])
+def test_gradient_matches_equation_6(C, K, B):
+    """Gradients w.r.t. normalised embeddings/proxies equal (Eq. (6) dl/ds) chained through s = xn pn^T.
 
-    original = module.cosine_to_proxies
-    module.cosine_to_proxies = lambda e, p: cos
-    try:
-        value = loss(x, y)
-    finally:
-        module.cosine_to_proxies = original
-    (grad,) = torch.autograd.grad(value, cos)
-    pos = y[:, None] == torch.arange(4)[None, :]
+    C=20 with B=6 exercises the fused path for proxies of classes absent from the batch.
+    """
+    x, y = batch(3, B=B, C=C)
+    loss = ProxyAnchorLoss(C, 6, margin=0.1, alpha=16, proxies_per_class=K).double()
+    alpha, delta = 16.0, 0.1
+    xn = torch.nn.functional.normalize(x, dim=1).requires_grad_(True)
+    pn = torch.nn.functional.normalize(loss.proxies.detach(), dim=1).requires_grad_(True)
+    value = fused(loss, xn, pn, y, "static")  # unit-norm proxies: d pn/d p is the identity on the tangent
+    grad_xn, grad_pn = torch.autograd.grad(value, (xn, pn))
+    cos = xn.detach() @ pn.detach().T
+    pos = y[:, None] == loss.proxy_labels[None, :]
     num_pos_proxies = pos.any(0).sum().item()
-    h_pos = torch.exp(-alpha * (cos.detach() - delta)) * pos
-    h_neg = torch.exp(alpha * (cos.detach() + delta)) * ~pos
-    expected = torch.where(
+    h_pos = torch.exp(-alpha * (cos - delta)) * pos
+    h_neg = torch.exp(alpha * (cos + delta)) * ~pos
+    eq6 = torch.where(
         pos,
         -alpha * h_pos / (1 + h_pos.sum(0, keepdim=True)) / num_pos_proxies,
-        alpha * h_neg / (1 + h_neg.sum(0, keepdim=True)) / 4,
+        alpha * h_neg / (1 + h_neg.sum(0, keepdim=True)) / (C * K),
     )
-    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_xn, eq6 @ pn.detach(), rtol=1e-10, atol=1e-12)
+    grad_wrt_unit_proxies = eq6.T @ xn.detach()
+    p = pn.detach()  # unit-norm input: the normalisation's Jacobian is the tangent projection
+    expected = grad_wrt_unit_proxies - p * (p * grad_wrt_unit_proxies).sum(1, keepdim=True)
+    torch.testing.assert_close(grad_pn, expected, rtol=1e-10, atol=1e-12)
+    ref = reference_loss(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), alpha, delta)
+    assert value.item() == pytest.approx(ref, rel=1e-10)
 
 
-@pytest.mark.parametrize("K", [1, 2])
-def test_gradcheck(K):
-    x, y = batch(4, B=6, C=3, D=4)
-    loss = ProxyAnchorLoss(3, 4, alpha=4, proxies_per_class=K).double()
+def fused(loss, xn, pn, y, assignment):
+    """The module's fused function applied to explicit normalised inputs."""
+    from dmlkit.losses.proxy.proxy_anchor import _ProxyAnchorFunction
+
+    cols = loss.bank.present_columns(y)
+    pn_unit = torch.nn.functional.normalize(pn.detach(), dim=1)
+    pos_u, neg_u = loss.bank.assign(xn.detach() @ pn_unit[cols].T, y, assignment, columns=cols)
+    return _ProxyAnchorFunction.apply(xn, pn, cols, pos_u, neg_u, loss.alpha, loss.margin)
+
+
+@pytest.mark.parametrize("K,assignment", [(1, "static"), (2, "static"), (2, "nearest")])
+def test_gradcheck(K, assignment):
+    """gradcheck of the fused function (embeddings and proxies) and of the whole module."""
+    from dmlkit.distances import l2_normalize
+
+    x, y = batch(4, B=5, C=6, D=4)
+    loss = ProxyAnchorLoss(6, 4, alpha=4, proxies_per_class=K, assignment=assignment).double()
+    x.requires_grad_(True)
     proxies = loss.proxies.detach().clone().requires_grad_(True)
-    x = x.requires_grad_(True)
 
-    def f(e, p):
-        with torch.no_grad():
-            loss.proxies.copy_(p)
-        from dmlkit.losses.proxy._math import cosine_to_proxies, log1p_sum_exp
+    def of_inputs(e, p):
+        return fused(loss, l2_normalize(e), p, y, assignment)
 
-        sim = cosine_to_proxies(e, p)
-        pos, neg = loss.bank.assign(sim, y, "static")
-        return (log1p_sum_exp(-4 * (sim - 0.1), pos, 0).sum() / pos.any(0).sum()
-                + log1p_sum_exp(4 * (sim + 0.1), neg, 0).sum() / p.shape[0])
-
-    assert torch.autograd.gradcheck(f, (x, proxies))
-    # and the module itself produces the same gradients as this functional form
-    x2 = x.detach().clone().requires_grad_(True)
-    value = loss(x2, y)
-    value.backward()
-    g_ref = torch.autograd.grad(f(x, proxies), (x, proxies))
-    torch.testing.assert_close(x2.grad, g_ref[0])
-    torch.testing.assert_close(loss.proxies.grad, g_ref[1])
+    assert torch.autograd.gradcheck(of_inputs, (x, proxies))
+    assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
+    assert loss(x, y).item() == pytest.approx(of_inputs(x, proxies).item(), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -108,3 +108,16 @@ def test_distance_weighted_probabilities_match_pml(dim, monkeypatch):
     theirs = captured["weights"]
     assert torch.allclose(ours[has_neg], theirs[has_neg], rtol=1e-6, atol=1e-9)
     assert has_neg.any()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_easy_positives_match_pml_easiest_positive(seed):
+    """EPS's positive is PML BatchEasyHardMiner's "easy" positive (nearest same-class sample)."""
+    from dmlkit.mining import EasyPositiveMiner
+
+    x, labels = batch(seed)
+    a, p, _, _ = pml_miners.BatchEasyHardMiner(pos_strategy="easy", neg_strategy="hard")(x, labels)
+    ours = EasyPositiveMiner(negative="multi_similarity", epsilon=10.0,
+                             distance=LpDistance(normalize_embeddings=True))(x, labels)
+    anchor, positive = ours.positive.nonzero(as_tuple=True)
+    assert anchor.tolist() == a.tolist() and positive.tolist() == p.tolist()

@@ -18,9 +18,13 @@ def lite0():
     return create_model("efficientnet_lite0", pretrained=True, embedding_size=8).eval()
 
 
-def test_every_package_tensor_lands_in_timm_efficientnet_lite0(lite0):
+@pytest.fixture(scope="module")
+def renamed():
+    return lite0_imagenet_state_dict()
+
+
+def test_every_package_tensor_lands_in_timm_efficientnet_lite0(lite0, renamed):
     source = read_state_dict(lite0_weights_path())
-    renamed = lite0_imagenet_state_dict()
     assert len(renamed) == len(source) == 296
     report = lite0.weights_report
     assert report.complete
@@ -40,18 +44,25 @@ def test_pretrained_cfg_is_the_tensorflow_one(lite0):
 
 
 def _center_crop(name: str) -> torch.Tensor:
-    image = torch.from_numpy(np.ascontiguousarray(load_sample_image(name))).permute(2, 0, 1)
+    image = torch.from_numpy(np.array(load_sample_image(name), copy=True)).permute(2, 0, 1)
     _, h, w = image.shape
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2
     return image[:, top : top + side, left : left + side].unsqueeze(0)
 
 
-@pytest.mark.parametrize("image_name, expected_class", [("china.jpg", PALACE), ("flower.jpg", DAISY)])
-def test_classifies_sklearn_sample_images(lite0, image_name, expected_class):
-    x = lite0.preprocess(_center_crop(image_name), resize=True)  # uint8 RGB -> model input
-    classifier = lite0_imagenet_state_dict()
+def test_classifies_sklearn_sample_images(lite0, renamed):
+    images = torch.cat([_center_crop("china.jpg"), _center_crop("flower.jpg")])
+    x = lite0.preprocess(images, resize=True)  # uint8 RGB -> the model's own input convention
     with torch.no_grad():
-        logits = F.linear(lite0.features(x), classifier["classifier.weight"], classifier["classifier.bias"])
-    top5 = logits.topk(5).indices[0].tolist()
-    assert expected_class in top5, top5
+        logits = F.linear(lite0.features(x), renamed["classifier.weight"], renamed["classifier.bias"])
+    top5 = logits.topk(5).indices.tolist()
+    assert PALACE in top5[0], top5[0]
+    assert DAISY in top5[1], top5[1]
+
+
+def test_imagenet_normalisation_would_be_the_silent_bug(lite0, renamed):
+    """pretrained=True switches to the package's TF scaling; without it timm's ImageNet default stays."""
+    default_cfg = create_model("efficientnet_lite0").pretrained_cfg
+    assert default_cfg["scale"] == 1.0 and lite0.pretrained_cfg["scale"] == 255.0
+    assert default_cfg["mean"] != lite0.pretrained_cfg["mean"]

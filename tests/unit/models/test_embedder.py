@@ -76,3 +76,10 @@ def test_embedder_can_be_assembled_by_hand_and_validates():
         Embedder(trunk, GlobalPool(), nn.Linear(4, 2), "unit", pretrained_cfg=cfg)
     with pytest.raises(ValueError, match="pretrained_cfg"):
         Embedder(trunk, GlobalPool(), nn.Linear(4, 2))
+
+
+def test_freeze_bn_reaches_timm_batchnorm_layers():
+    model = create_model("resnet18", embedding_size=4, freeze_bn=True).train()
+    bns = [m for m in model.trunk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert len(bns) == 20 and all(not m.training for m in bns)
+    assert model.trunk.model.layer1.training  # other layers follow the embedder's mode

@@ -16,11 +16,11 @@ def _inputs():
 
 @pytest.mark.parametrize("wrapper", [None, "state_dict", "model"])
 def test_full_embedder_round_trip(tmp_path, wrapper):
-    source = create_model("resnetv2_20", embedding_size=6).eval()
+    source = create_model("small_cnn", embedding_size=6).eval()
     state = source.state_dict()
     path = tmp_path / "embedder.pth"
     torch.save(state if wrapper is None else {wrapper: state, "epoch": 3}, path)
-    loaded = create_model("resnetv2_20", embedding_size=6, weights=path).eval()
+    loaded = create_model("small_cnn", embedding_size=6, weights=path).eval()
     report = loaded.weights_report
     assert report.complete and not report.unexpected_keys
     assert len(report.loaded_keys) == len(state)
@@ -101,7 +101,7 @@ class _Payload:
 def test_pickled_objects_are_refused_by_weights_only(tmp_path, capsys):
     path = tmp_path / "evil.pth"
     with open(path, "wb") as handle:
-        pickle.dump({"conv.weight": _Payload()}, handle)
+        pickle.dump({"conv.weight": _Payload()}, handle, protocol=2)
     with pytest.raises(CheckpointError, match="weights_only=True"):
         read_state_dict(path)
     assert "arbitrary code ran" not in capsys.readouterr().out

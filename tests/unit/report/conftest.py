@@ -209,3 +209,9 @@ def asap_report(tmp_path_factory) -> tuple[Path, str]:
                             thumbnails="rgb", extra_metrics={"covering_radius": 0.42})
     path = write_report(run_dir)
     return run_dir, path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def make_run():
+    """The :func:`make_fake_run` function itself, for module- or session-scoped fixtures."""
+    return make_fake_run

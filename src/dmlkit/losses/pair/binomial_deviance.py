@@ -21,6 +21,7 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._common import (
+    pairwise,
     PairBatch,
     PairLoss,
     dissimilarity,
@@ -74,7 +75,7 @@ class BinomialDevianceLoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         # excess = how far a pair is beyond the threshold in the "farther" direction.
-        excess = dissimilarity(self.distance(batch.embeddings, batch.references), self.distance) - oriented(
+        excess = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance) - oriented(
             self.base, self.distance
         )
         pos_terms = log1p_exp(self.alpha * excess)

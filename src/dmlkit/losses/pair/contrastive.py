@@ -21,14 +21,7 @@ import torch
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import (
-    PairBatch,
-    PairLoss,
-    dissimilarity,
-    oriented,
-    reduce_terms,
-    weighted_sum,
-)
+from dmlkit.losses.pair._common import PairBatch, PairLoss, attach_gradient, dissimilarity, oriented, pairwise
 
 
 @LOSSES.register("contrastive")
@@ -64,20 +57,30 @@ class ContrastiveLoss(PairLoss):
     def default_distance(self) -> BaseDistance:
         return LpDistance(power=1, normalize_embeddings=True)
 
-    def pair_terms(self, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(positive_terms, negative_terms)``, both ``[B, R]`` (every pair, selected or not)."""
-        dis = dissimilarity(self.distance(batch.embeddings, batch.references), self.distance)
-        pos_terms = (dis - oriented(self.pos_margin, self.distance)).clamp_min(0.0)
-        neg_terms = (oriented(self.neg_margin, self.distance) - dis).clamp_min(0.0)
-        return pos_terms, neg_terms
-
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        pos_terms, neg_terms = self.pair_terms(batch)
-        if masks.weighted:
-            return weighted_sum(pos_terms, masks.positive, masks.positive_weight) + weighted_sum(
-                neg_terms, masks.negative, masks.negative_weight
-            )
-        return reduce_terms(pos_terms, masks.positive, self.reduction) + reduce_terms(
-            neg_terms, masks.negative, self.reduction
-        )
+        pos, neg = masks.positive, masks.negative
+        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
+        pos_margin = oriented(self.pos_margin, self.distance)
+        neg_margin = oriented(self.neg_margin, self.distance)
+        with torch.no_grad():
+            d = dis.detach()
+            # Hinge of every pair in its own role: [d - pos_margin]_+ or [neg_margin - d]_+.
+            terms = torch.where(pos, d - pos_margin, neg_margin - d).clamp_min_(0.0)
+            active = terms > 0
+            if masks.weighted:
+                pos_w, neg_w = masks.positive_weight, masks.negative_weight
+            else:
+                if self.reduction == "sum":
+                    pos_count = neg_count = d.new_ones(())
+                elif self.reduction == "mean":
+                    pos_count, neg_count = pos.sum(), neg.sum()
+                else:
+                    pos_count, neg_count = (active & pos).sum(), (active & neg).sum()
+                pos_w = 1.0 / pos_count.clamp_min(1).to(d.dtype)
+                neg_w = 1.0 / neg_count.clamp_min(1).to(d.dtype)
+            weight = torch.where(pos, pos_w, torch.where(neg, neg_w, 0.0))
+            value = (terms * weight).sum()
+            # d(loss)/d(dis): +weight on active positives, -weight on active negatives.
+            coefficient = torch.where(active, torch.where(pos, weight, -weight), 0.0)
+        return attach_gradient(value, (dis, coefficient))

@@ -12,8 +12,9 @@ lambda, ASAP's beta). Paper vs PML:
 * With ``learn_beta``, ``nu * beta`` is added (PML); per-class betas are averaged over the
   same units as the margin terms. Wu et al. regularise ``nu * (beta_0 + beta_class)``.
 
-A PairSelection from a pair miner, or DRO weights, always uses the pair form; with weights
-the loss is ``sum(weight * term)`` (+ ``nu * sum(weight * beta)``), not normalised further.
+A PairSelection is read in the configured ``form`` (triplets = its positive x negative pairs
+per anchor). With DRO weights the loss is always per pair: ``sum(weight * term)``
+(+ ``nu * sum(weight * beta)``), not normalised further.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented
+from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, oriented
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, sample_triplets
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.base import PairSelection, TripletSelection
 
 
 @LOSSES.register("margin")
@@ -107,11 +108,14 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
         return beta[batch.labels]
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        dis = dissimilarity(self.distance(batch.embeddings, batch.references), self.distance)
+        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
         beta = self._anchor_beta(batch)
         boundary = oriented(beta, self.distance).unsqueeze(1)
         sel = batch.selection
-        random_triplets = self.form == "triplet" and self.triplets_per_anchor != "all" and sel is None
+        weighted = batch.weights is not None or (
+            isinstance(sel, PairSelection) and (sel.positive_weight is not None or sel.negative_weight is not None)
+        )
+        random_triplets = self.form == "triplet" and self.triplets_per_anchor != "all" and not weighted
         if isinstance(sel, TripletSelection) or random_triplets:
             if isinstance(sel, TripletSelection):
                 a, p, n = sel.anchor, sel.positive, sel.negative
@@ -140,7 +144,7 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
             return loss
         num_pos = pos.sum(1, keepdim=True).to(dis.dtype)
         num_neg = neg.sum(1, keepdim=True).to(dis.dtype)
-        if self.form == "triplet" and sel is None:
+        if self.form == "triplet":
             # Each (a, p) lies in |N(a)| triplets and each (a, n) in |P(a)| triplets.
             pos_mult = torch.where(pos, num_neg, zero)
             neg_mult = torch.where(neg, num_pos, zero)

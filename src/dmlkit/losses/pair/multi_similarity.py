@@ -14,7 +14,7 @@ import torch
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented
+from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented
 
 
 @LOSSES.register("multi_similarity")
@@ -57,7 +57,7 @@ class MultiSimilarityLoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         # excess > 0: the pair is farther than the threshold.
-        excess = dissimilarity(self.distance(batch.embeddings, batch.references), self.distance) - oriented(
+        excess = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance) - oriented(
             self.base, self.distance
         )
         pos_loss = masked_logsumexp(self.alpha * excess, masks.positive, add_one=True) / self.alpha

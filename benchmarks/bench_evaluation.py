@@ -1,0 +1,82 @@
+"""Leave-one-out P@1, R-Precision and MAP@R: dmlkit (torch / faiss backends) vs PML's AccuracyCalculator.
+
+Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000]
+
+Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
+(2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
+interleaved, so peak RSS is per run; the table shows median wall time over the repeats.
+PML is only run up to --pml-max samples (it needs minutes beyond SOP scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, sys, time
+import torch
+torch.set_num_threads(2)
+n, impl = int(sys.argv[1]), sys.argv[2]
+g = torch.Generator().manual_seed(0)
+sizes = (2 + torch.distributions.Geometric(probs=torch.tensor(0.3)).sample((n,))).clamp_max(12).long()
+labels = torch.repeat_interleave(torch.arange(n), sizes)[:n]
+labels = labels[torch.randperm(n, generator=g)]
+centres = torch.randn(int(labels.max()) + 1, 128, generator=g)
+x = centres[labels] + 1.3 * torch.randn(n, 128, generator=g)
+x = torch.nn.functional.normalize(x, dim=1)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+if impl == "pml":
+    import faiss
+    faiss.omp_set_num_threads(2)
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+    calc = AccuracyCalculator(include=("precision_at_1", "r_precision", "mean_average_precision_at_r"),
+                              k="max_bin_count", device=torch.device("cpu"))
+    r = calc.get_accuracy(x, labels)
+    out = {"precision_at_1": r["precision_at_1"], "r_precision": r["r_precision"], "map_at_r": r["mean_average_precision_at_r"]}
+else:
+    from dmlkit.evaluation import retrieval_metrics
+    r = retrieval_metrics(x, labels, ks=(1,), backend=impl)
+    out = {k: r[k] for k in ("precision_at_1", "r_precision", "map_at_r")}
+elapsed = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out}))
+"""
+
+
+def run(n: int, impl: str) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(n), impl], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[60502, 200000])
+    ap.add_argument("--pml-max", type=int, default=70000)
+    args = ap.parse_args()
+    rows = []
+    for n in args.sizes:
+        impls = ["torch", "faiss"] + (["pml"] if n <= args.pml_max else [])
+        runs: dict[str, list[dict]] = {i: [] for i in impls}
+        for _ in range(args.repeats if n <= args.pml_max else 1):
+            for impl in impls:  # interleaved
+                runs[impl].append(run(n, impl))
+        ref = statistics.median(r["seconds"] for r in runs["pml"]) if "pml" in runs else float("nan")
+        for impl in impls:
+            med = statistics.median(r["seconds"] for r in runs[impl])
+            peak = max(r["peak_rss_mib"] for r in runs[impl])
+            data = min(r["data_rss_mib"] for r in runs[impl])
+            rows.append((f"{impl} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, runs[impl][0]["metrics"]))
+    print(f"{'name':<22}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}  metrics")
+    for name, ms, ref_ms, ratio, peak, data, met in rows:
+        m = " ".join(f"{k}={v:.6f}" for k, v in met.items())
+        print(f"{name:<22}{ms:>10.0f}{ref_ms:>10.0f}{ratio:>9.2f}{peak:>14.0f}{data:>12.0f}  {m}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Time dmlkit miners against pytorch-metric-learning on the same batch (B=128, D=128).
+
+Usage: .venv/bin/python benchmarks/bench_miners.py [--repeats 50] [--batch 128] [--dim 128] [--threads 2]
+
+Both libraries are timed in one run, interleaved call by call, and the median of the
+repeats is reported with the ratio dmlkit / PML (< 1 means dmlkit is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from pytorch_metric_learning import miners as pml
+
+from dmlkit import mining as dml
+
+
+def cases():
+    """(name, dmlkit miner, PML miner) with matched settings."""
+    return [
+        ("TripletMarginMiner(semihard)", dml.TripletMarginMiner(0.2, "semihard"), pml.TripletMarginMiner(0.2, "semihard")),
+        ("TripletMarginMiner(hard)", dml.TripletMarginMiner(0.2, "hard"), pml.TripletMarginMiner(0.2, "hard")),
+        ("TripletMarginMiner(all)", dml.TripletMarginMiner(0.2, "all"), pml.TripletMarginMiner(0.2, "all")),
+        ("BatchHardMiner", dml.BatchHardMiner(), pml.BatchHardMiner()),
+        ("MultiSimilarityMiner", dml.MultiSimilarityMiner(0.1), pml.MultiSimilarityMiner(0.1)),
+        ("PairMarginMiner", dml.PairMarginMiner(0.2, 0.8), pml.PairMarginMiner(0.2, 0.8)),
+        ("DistanceWeightedMiner", dml.DistanceWeightedMiner(), pml.DistanceWeightedMiner()),
+    ]
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--samples-per-class", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both libraries")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, args.dim, generator=g)
+    labels = torch.arange(args.batch) // args.samples_per_class
+    print(f"B={args.batch} D={args.dim} classes={labels.unique().numel()} repeats={args.repeats} "
+          f"threads={torch.get_num_threads()} torch={torch.__version__}")
+    print(f"{'miner':<30} {'dmlkit ms':>10} {'PML ms':>10} {'ratio':>7}")
+    for name, ours, theirs in cases():
+        for _ in range(3):  # warm-up
+            ours(x, labels)
+            theirs(x, labels)
+        t_ours, t_theirs = [], []
+        for _ in range(args.repeats):
+            t_ours.append(timed(lambda: ours(x, labels)))
+            t_theirs.append(timed(lambda: theirs(x, labels)))
+        m_ours, m_theirs = statistics.median(t_ours), statistics.median(t_theirs)
+        print(f"{name:<30} {m_ours:>10.3f} {m_theirs:>10.3f} {m_ours / m_theirs:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""``dmlkit crossval``: the 4-fold class-disjoint protocol (ASAP Table 1): average and ensemble."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from dmlkit.cli.common import add_config_options, config_from_args
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Train one model per fold of the training classes (each selected on its held-out fold),\n"
+        "embed the test split with each, and report the per-model average ± std and the\n"
+        "concatenated-embedding ensemble, for each seed and over seeds. Re-running the same\n"
+        "command with the same --out resumes: finished folds are kept, interrupted ones resume."
+    )
+    add_config_options(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
+    p.add_argument("--folds", type=int, nargs="+", help="fold indices (default: all protocol.num_folds)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: runs/<timestamp>-<name>-crossval)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dmlkit.engine.crossval import format_crossval, run_crossval
+
+    cfg = config_from_args(args)
+    if args.quiet:
+        cfg.train.progress = False
+    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}-crossval"
+    summary = run_crossval(cfg, out, seeds=args.seeds, folds=args.folds)
+    print(format_crossval(summary))
+    print(f"summary: {out / 'crossval.json'}")
+    return 0

@@ -1,0 +1,58 @@
+"""``dmlkit evaluate RUN_DIR``: re-evaluate a run's selected checkpoint, optionally on other data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from dmlkit.cli.train import TABLE_KEYS
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
+    p.add_argument("--split", choices=["test", "val", "train"], default="test", help="which split to evaluate (default: test)")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default: best)")
+    p.add_argument(
+        "--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+        help="override data fields, e.g. --set data.root=/data/CUB_200_2011 --set protocol.fold=1",
+    )
+    p.add_argument("--backend", choices=["torch", "faiss"], help="nearest-neighbour backend")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dmlkit.engine.builders import build_splits, embed_dataset
+    from dmlkit.engine.checkpoint import atomic_write_json
+    from dmlkit.engine.loading import load_run
+    from dmlkit.engine.trainer import _floats, format_metrics_table
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+    from dmlkit.exceptions import ConfigError
+
+    bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("data.", "protocol.", "eval."))]
+    if bad:
+        raise ConfigError(f"evaluate only overrides data.*, protocol.* and eval.* fields. Got {', '.join(bad)}.")
+    cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
+    splits = build_splits(cfg, model)
+    backend = args.backend or cfg.eval.backend
+    ks = tuple(cfg.eval.ks)
+    if args.split == "test" and splits.eval_mode == "query_gallery":
+        q, ql = embed_dataset(model, splits.query, cfg.eval.batch_size, cfg.data.num_workers)
+        g, gl = embed_dataset(model, splits.gallery, cfg.eval.batch_size, cfg.data.num_workers)
+        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
+    else:
+        dataset = getattr(splits, args.split)
+        if dataset is None:
+            raise ConfigError(f"split {args.split!r} does not exist for this config (val needs protocol.fold).")
+        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
+        metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
+        if cfg.eval.clustering:
+            metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))
+    metrics = _floats(metrics)
+    print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
+    out = Path(args.run_dir) / "evaluations" / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.split}.json"
+    atomic_write_json(out, {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics})
+    print(f"written: {out}")
+    print(json.dumps({k: metrics[k] for k in TABLE_KEYS if k in metrics}))
+    return 0

@@ -1,0 +1,91 @@
+"""``dmlkit search``: nearest neighbours of query images (or stored embeddings) in an embedded gallery."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gallery", required=True, help="gallery .npz written by `dmlkit embed` (embeddings, labels, paths)")
+    p.add_argument("--run", metavar="RUN_DIR", help="run whose model embeds the query images")
+    p.add_argument("--query-embeddings", help="query .npz instead of images")
+    p.add_argument("images", nargs="*", help="query image files (need --run)")
+    p.add_argument("-k", type=int, default=5, help="neighbours per query (default: 5)")
+    p.add_argument("--backend", choices=["torch", "faiss"], default="torch")
+
+
+def _load_npz(path: str) -> dict:
+    import numpy as np
+
+    from dmlkit.exceptions import DataError
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{path!r} does not exist.")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{path!r} is not a readable .npz file: {exc}") from None
+    if "embeddings" not in data:
+        raise DataError(f"{path!r} has no 'embeddings' array (write it with `dmlkit embed --out FILE.npz`).")
+    return data
+
+
+def embed_images(run_dir: str, image_paths: list[str]):
+    """Embed image files with a run's model, preprocessing taken from the model."""
+    import torch
+    from PIL import Image
+
+    from dmlkit.engine.loading import load
+    from dmlkit.exceptions import DataError
+
+    model = load(run_dir)
+    cfg = model.pretrained_cfg
+    channels, height, width = cfg["input_size"]
+    batch = []
+    for path in image_paths:
+        try:
+            with Image.open(path) as im:
+                im = im.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
+                arr = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read query image {path!r}: {exc}") from None
+        batch.append(arr.view(height, width, channels).permute(2, 0, 1))
+    x = model.preprocess(torch.stack(batch))
+    with torch.no_grad():
+        return model(x)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from dmlkit.evaluation import knn
+    from dmlkit.exceptions import ConfigError
+
+    gallery = _load_npz(args.gallery)
+    if args.query_embeddings:
+        query = torch.from_numpy(_load_npz(args.query_embeddings)["embeddings"]).float()
+        names = [f"query[{i}]" for i in range(len(query))]
+    elif args.images:
+        if not args.run:
+            raise ConfigError("query images need --run RUN_DIR (the model that embedded the gallery).")
+        query = embed_images(args.run, args.images)
+        names = list(args.images)
+    else:
+        raise ConfigError("give query image files (with --run) or --query-embeddings FILE.npz.")
+    ref = torch.from_numpy(gallery["embeddings"]).float()
+    if query.shape[1] != ref.shape[1]:
+        raise ConfigError(f"query embeddings have size {query.shape[1]} but the gallery has {ref.shape[1]}.")
+    k = min(args.k, len(ref))
+    scores, idx = knn(query, ref, k, backend=args.backend)
+    labels = gallery.get("labels")
+    paths = gallery.get("paths")
+    for qi, name in enumerate(names):
+        print(name)
+        for rank, (j, s) in enumerate(zip(idx[qi].tolist(), scores[qi].tolist()), start=1):
+            where = str(paths[j]) if paths is not None else f"#{j}"
+            lab = f" label={int(labels[j])}" if labels is not None else ""
+            print(f"  {rank}. {where}{lab} distance={s:.4f}")
+    return 0

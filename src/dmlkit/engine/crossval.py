@@ -1,0 +1,111 @@
+"""The 4-fold protocol of ASAP Table 1 (after Musgrave et al.): fold models, average and ensemble.
+
+For each seed and each fold ``f`` a model is trained on the other folds of the training classes
+and selected on fold ``f``; all fold models embed the same test split. Reported: the mean and
+standard deviation over fold models of each metric (the "128-D average"), and the metrics of
+the concatenated, re-normalised embeddings of the fold models of one seed (the "512-D
+ensemble"), then mean and std over seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine.checkpoint import atomic_write_json
+
+REPORTED = ("precision_at_1", "recall_at_1", "r_precision", "map_at_r")
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {
+        "mean": float(statistics.fmean(values)),
+        "std": float(statistics.stdev(values)) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def run_crossval(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    *,
+    seeds: list[int],
+    folds: list[int] | None = None,
+    echo: Callable[[str], None] = print,
+) -> dict:
+    """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
+    from dmlkit.engine.trainer import Trainer
+    from dmlkit.evaluation import ensemble_retrieval_metrics
+
+    out_dir = Path(out_dir)
+    folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
+    per_model: dict[str, list[float]] = {k: [] for k in REPORTED}
+    per_ensemble: dict[str, list[float]] = {k: [] for k in REPORTED}
+    runs = []
+    for seed in seeds:
+        parts, labels, gallery_parts, gallery_labels = [], None, [], None
+        for fold in folds:
+            run_dir = out_dir / f"seed{seed}" / f"fold{fold}"
+            fold_cfg = copy.deepcopy(cfg)
+            fold_cfg.seed = seed
+            fold_cfg.protocol.fold = fold
+            fold_cfg.protocol.seed = seed
+            fold_cfg.eval.save_embeddings = True
+            fold_cfg.name = f"{cfg.name}-s{seed}-f{fold}"
+            metrics_path = run_dir / "metrics.json"
+            if not metrics_path.exists():
+                resume = (run_dir / "checkpoints" / "last.pt").exists()
+                echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
+                Trainer(fold_cfg, run_dir, resume=resume).fit()
+            metrics = json.loads(metrics_path.read_text())
+            runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
+            for k in REPORTED:
+                per_model[k].append(float(metrics[k]))
+            with np.load(run_dir / "embeddings" / "test.npz") as z:
+                parts.append(torch.from_numpy(z["embeddings"]))
+                these = torch.from_numpy(z["labels"])
+            if labels is not None and not torch.equal(labels, these):
+                raise RuntimeError(f"fold models of seed {seed} embedded different test sets")
+            labels = these
+            gallery_file = run_dir / "embeddings" / "gallery.npz"
+            if gallery_file.exists():  # query -> gallery data sets (In-Shop)
+                with np.load(gallery_file) as z:
+                    gallery_parts.append(torch.from_numpy(z["embeddings"]))
+                    gallery_labels = torch.from_numpy(z["labels"])
+        if gallery_parts:
+            ensemble = ensemble_retrieval_metrics(
+                parts, labels, reference_parts=gallery_parts, reference_labels=gallery_labels
+            )
+        else:
+            ensemble = ensemble_retrieval_metrics(parts, labels)
+        for k in REPORTED:
+            per_ensemble[k].append(float(ensemble[k]))
+    summary = {
+        "name": cfg.name,
+        "seeds": seeds,
+        "folds": folds,
+        "embedding_size": cfg.model.embedding_size,
+        "ensemble_size": cfg.model.embedding_size * len(folds),
+        "average": {k: _mean_std(v) for k, v in per_model.items()},
+        "ensemble": {k: _mean_std(v) for k, v in per_ensemble.items()},
+        "runs": runs,
+    }
+    atomic_write_json(out_dir / "crossval.json", summary)
+    return summary
+
+
+def format_crossval(summary: dict) -> str:
+    """ASAP Table 1 layout: ``metric  average (D) mean ± std  ensemble (kD) mean ± std``."""
+    d, e = summary["embedding_size"], summary["ensemble_size"]
+    lines = [f"{'metric':<16}{f'{d}-D average':>22}{f'{e}-D ensemble':>22}"]
+    for k in REPORTED:
+        a, b = summary["average"][k], summary["ensemble"][k]
+        lines.append(f"{k:<16}{a['mean']:>14.4f} ± {a['std']:.4f}{b['mean']:>14.4f} ± {b['std']:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""Load a trained model back from a run directory (``dmlkit.load``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from dmlkit.config import RunConfig, load_config
+from dmlkit.engine.checkpoint import config_fingerprint, load_checkpoint
+from dmlkit.exceptions import CheckpointError, ConfigError
+
+
+def load_run_config(run_dir: str | Path, overrides=()) -> RunConfig:
+    """The saved ``config.yaml`` of a run, with optional ``key=value`` overrides."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a dmlkit run directory (no config.yaml).")
+    return load_config(path=path, overrides=overrides)
+
+
+def load(run_dir: str | Path, checkpoint: str = "best") -> nn.Module:
+    """The embedding model of a run with its selected weights, in eval mode.
+
+    The model carries its preprocessing: ``model.pretrained_cfg`` and ``model.preprocess(images)``.
+    ``checkpoint`` is ``"best"`` (the selected weights) or ``"last"``.
+    """
+    return load_run(run_dir, checkpoint)[1]
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tuple[RunConfig, nn.Module]:
+    """``(config, model)`` of a run; refuses a checkpoint written by another configuration."""
+    from dmlkit.config.schema import config_to_dict
+    from dmlkit.engine.builders import build_model
+
+    if checkpoint not in ("best", "last"):
+        raise ConfigError(f"checkpoint must be 'best' or 'last'. Got {checkpoint!r}.")
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir, overrides)
+    saved_cfg = load_run_config(run_dir)
+    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt")
+    if state.get("fingerprint") != config_fingerprint(config_to_dict(saved_cfg)):
+        raise CheckpointError(
+            f"{run_dir}/checkpoints/{checkpoint}.pt was written by a different configuration than {run_dir}/config.yaml."
+        )
+    model = build_model(saved_cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model in config.yaml: {exc}") from None
+    model.eval()
+    return cfg, model

@@ -1,0 +1,83 @@
+"""Exact resume: an interrupted run continued from its last checkpoint ends where an uninterrupted one does."""
+
+import json
+
+import pytest
+import torch
+
+from dmlkit.config import load_config
+from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.exceptions import CheckpointError
+
+OVERRIDES = [
+    "train.max_steps=24",
+    "train.checkpoint_every=8",
+    "train.eval_every=8",
+    "train.log_every=4",
+    "train.progress=false",
+    "eval.clustering=false",
+    "protocol.val_fraction=0.2",
+    "sampler.batch_size=32",
+    "sampler.m=8",
+]
+
+
+class Interrupt(MethodHooks):
+    """Simulates a crash after ``at`` optimiser steps (between checkpoints)."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def after_backward(self, trainer):
+        if trainer.step + 1 == self.at:
+            raise KeyboardInterrupt
+
+
+def _weights(run_dir):
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("a")
+    result = Trainer(load_config(overrides=OVERRIDES), run_dir).fit()
+    return run_dir, result
+
+
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path, uninterrupted):
+    run_a, result_a = uninterrupted
+    cfg = load_config(overrides=OVERRIDES)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, tmp_path, hooks=Interrupt(at=13)).fit()
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["step"] == 8
+    result_b = Trainer(cfg, tmp_path, resume=True).fit()
+    wa, wb = _weights(run_a), _weights(tmp_path)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert result_a.test_metrics == result_b.test_metrics
+    log_a = [json.loads(line) for line in (run_a / "log.jsonl").read_text().splitlines()]
+    log_b = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+    assert strip(log_a) == strip(log_b)
+
+
+def test_resume_refuses_checkpoint_of_other_config(tmp_path, uninterrupted):
+    run_a, _ = uninterrupted
+    other = load_config(overrides=OVERRIDES + ["model.embedding_size=32"])
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes((run_a / "checkpoints" / "last.pt").read_bytes())
+    with pytest.raises(CheckpointError, match="different configuration"):
+        Trainer(other, tmp_path, resume=True).fit()
+
+
+def test_validation_selects_checkpoint_and_records_it(uninterrupted):
+    run_a, result = uninterrupted
+    metrics = json.loads((run_a / "metrics.json").read_text())
+    assert metrics["selected_on"] == "val"
+    log = [json.loads(line) for line in (run_a / "log.jsonl").read_text().splitlines()]
+    val_steps = [r["step"] for r in log if r["kind"] == "eval" and r["split"] == "val"]
+    assert val_steps == [8, 16, 24]
+    best = max((r for r in log if r.get("split") == "val"), key=lambda r: (r["map_at_r"], -r["step"]))
+    assert metrics["best_step"] == best["step"]
