@@ -19,6 +19,7 @@ train: $(STAMP)
 	$(VENV)/bin/dmlkit train $(ARGS)
 
 test: $(STAMP)
+	@bash scripts/install_chromium.sh
 	$(PY) -m pytest $(ARGS)
 
 bench: $(STAMP)

@@ -56,7 +56,7 @@ def main() -> None:
     from pytorch_metric_learning.samplers import MPerClassSampler as PMLSampler
     from torchvision.datasets import ImageFolder
 
-    from dmlkit.data import MPerClassSampler, build_splits
+    from dmlkit.data import ImageFileDataset, MPerClassSampler
     from dmlkit.data.transforms import train_transform
 
     rows = []
@@ -70,8 +70,11 @@ def main() -> None:
         root = Path(tmp) / "folder"
         _write_folder(root, args.images, 16)
         transform = train_transform("musgrave", {"mean": [0.5] * 3, "std": [0.25] * 3, "input_size": (3, 227, 227)})
-        ours_ds = build_splits("folder", root, train_transform=transform).train
         ref_ds = ImageFolder(str(root), transform=transform)
+        ours_ds = ImageFileDataset(
+            [p for p, _ in ref_ds.samples], torch.tensor([c for _, c in ref_ds.samples]), ref_ds.classes,
+            transform, augmentation_seed=0,  # per-item seeded augmentation, as build_splits sets it
+        )
         n_ours = len(ours_ds)
 
         def load(ds, n):
@@ -82,7 +85,7 @@ def main() -> None:
             return run
 
         ours_ms, ref_ms = _interleaved(load(ours_ds, n_ours), load(ref_ds, len(ref_ds)), args.repeats)
-        rows.append((f"load+augment {n_ours} jpgs, {args.workers} workers (vs ImageFolder {len(ref_ds)})", ours_ms, ref_ms))
+        rows.append((f"load+augment {n_ours} jpgs, {args.workers} workers (vs ImageFolder)", ours_ms, ref_ms))
         single_ms, single_ref = _interleaved(lambda: ours_ds[0], lambda: ref_ds[0], args.repeats * 4)
         rows.append(("decode+augment one image, main process", single_ms, single_ref))
 

@@ -116,14 +116,18 @@ def main() -> None:
     run_hand_loop(10, cache)
     engine_ms, hand_ms, ratios = [], [], []
     losses = None
-    for _ in range(args.repeats):
-        e_sec, e_loss = run_engine(args.steps)
-        h_sec, h_loss = run_hand_loop(args.steps, cache)
+    for repeat in range(args.repeats):
+        if repeat % 2:  # alternate which side runs first, so drifting machine load hits both alike
+            h_sec, h_loss = run_hand_loop(args.steps, cache)
+            e_sec, e_loss = run_engine(args.steps)
+        else:
+            e_sec, e_loss = run_engine(args.steps)
+            h_sec, h_loss = run_hand_loop(args.steps, cache)
         engine_ms.append(1e3 * e_sec / args.steps)
         hand_ms.append(1e3 * h_sec / args.steps)
         ratios.append(e_sec / h_sec)
         losses = (e_loss, h_loss)
-    print(f"{args.steps} steps x {args.repeats} interleaved repeats, 2 threads; ms per step (median)")
+    print(f"{args.steps} steps x {args.repeats} interleaved repeats (alternating order), 2 threads; ms per step (median)")
     print(f"{'name':<34}{'dmlkit ms':>11}{'reference ms':>14}{'ratio':>8}")
     print(f"{'Trainer vs hand loop (default cfg)':<34}{statistics.median(engine_ms):>11.2f}"
           f"{statistics.median(hand_ms):>14.2f}{statistics.median(ratios):>8.3f}")

@@ -1,6 +1,6 @@
 """Leave-one-out P@1, R-Precision and MAP@R: dmlkit (torch / faiss backends) vs PML's AccuracyCalculator.
 
-Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000]
+Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000] [--impls torch faiss pml]
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
 (2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
@@ -58,15 +58,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="+", default=[60502, 200000])
     ap.add_argument("--pml-max", type=int, default=70000)
+    ap.add_argument("--impls", nargs="+", default=["torch", "faiss", "pml"], choices=["torch", "faiss", "pml"])
     args = ap.parse_args()
     rows = []
     for n in args.sizes:
-        impls = ["torch", "faiss"] + (["pml"] if n <= args.pml_max else [])
+        impls = [i for i in args.impls if i != "pml" or n <= args.pml_max]
         runs: dict[str, list[dict]] = {i: [] for i in impls}
         for _ in range(args.repeats if n <= args.pml_max else 1):
             for impl in impls:  # interleaved
                 runs[impl].append(run(n, impl))
-        ref = statistics.median(r["seconds"] for r in runs["pml"]) if "pml" in runs else float("nan")
+        ref = statistics.median(r["seconds"] for r in runs["pml"]) if runs.get("pml") else float("nan")
         for impl in impls:
             med = statistics.median(r["seconds"] for r in runs[impl])
             peak = max(r["peak_rss_mib"] for r in runs[impl])

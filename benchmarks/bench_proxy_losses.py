@@ -29,12 +29,6 @@ def step(loss, x, y):
     return run
 
 
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    return fn
-
-
 def interleaved(fns, repeats):
     """Median milliseconds of each callable, measured in alternation."""
     times = [[] for _ in fns]

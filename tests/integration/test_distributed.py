@@ -20,6 +20,7 @@ from torch import nn
 from dmlkit.data.samplers import create_sampler
 from dmlkit.engine import distributed as ddp
 from dmlkit.engine.builders import TrainingObjective
+from dmlkit.exceptions import DataError
 from dmlkit.losses.pair import ContrastiveLoss, MultiSimilarityLoss
 from dmlkit.losses.proxy import ProxyAnchorLoss
 from dmlkit.memory import CrossBatchMemory
@@ -104,6 +105,15 @@ def run_steps(case: str, variant: str, rank: int, world_size: int) -> dict:
     }
 
 
+def partial_gradients(rank: int) -> list:
+    """allreduce_gradients_ when only rank 0 has a gradient for ``a`` and no rank has one for ``b``."""
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+    if rank == 0:
+        a.grad = torch.tensor([2.0, 4.0])
+    ddp.allreduce_gradients_([a, b])
+    return [a.grad, b.grad]
+
+
 def worker_main(out: Path) -> None:
     torch.set_num_threads(1)
     info = ddp.init_distributed()
@@ -115,6 +125,12 @@ def worker_main(out: Path) -> None:
     }
     results["info"] = (info.rank, info.world_size, info.local_rank, info.is_main, ddp.is_main_process())
     results["broadcast"] = ddp.broadcast_object({"from": info.rank})
+    results["partial_grads"] = partial_gradients(info.rank)
+    try:
+        ddp.all_gather_with_grad(torch.zeros(3 + info.rank, 2), check_shapes=True)
+        results["shape_error"] = ""
+    except DataError as err:
+        results["shape_error"] = str(err)
     ddp.barrier()
     torch.save(results, out / f"rank{info.rank}.pt")
     ddp.cleanup_distributed()
@@ -165,8 +181,13 @@ def two_rank_results(tmp_path_factory, single_results) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def single_results() -> dict:
+    """The reference: one process, whole global batches (1 thread like each rank; restored after)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    return {case: run_steps(case, "plain", rank=0, world_size=1) for case in CASES}
+    try:
+        return {case: run_steps(case, "plain", rank=0, world_size=1) for case in CASES}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def assert_same_state(got: dict, want: dict, atol: float) -> None:
@@ -221,6 +242,11 @@ def test_collective_helpers_under_two_ranks(two_rank_results):
     for rank, results in enumerate(two_rank_results):
         assert tuple(results["info"]) == (rank, WORLD_SIZE, rank, rank == 0, rank == 0)
         assert results["broadcast"] == {"from": 0}
+        averaged, never = results["partial_grads"]
+        assert torch.equal(averaged, torch.tensor([1.0, 2.0])) and never is None
+        assert results["shape_error"] == (
+            "embeddings must have the same shape on every rank to be gathered. Got rank 0: [3, 2], rank 1: [4, 2]."
+        )
 
 
 # ----------------------------------------------------------------------------- single process

@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.loading import load_run
     from dmlkit.exceptions import ConfigError
 
+    if Path(args.out).suffix not in (".npz", ".npy"):  # fail before the (slow) embedding pass
+        raise ConfigError(f"--out must end in .npz or .npy. Got {args.out!r}.")
     cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
     splits = build_splits(cfg, model)
     dataset = getattr(splits, args.split, None)

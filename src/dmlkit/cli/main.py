@@ -21,6 +21,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "datasets": ("dmlkit.cli.datasets", "list data sets, or check a data set folder against published counts"),
     "report": ("dmlkit.cli.report", "write report.html for a run directory"),
     "compare": ("dmlkit.cli.compare", "write a side-by-side comparison page and table of several runs"),
+    "sweep": ("dmlkit.cli.sweep", "hyperparameter search with Optuna on validation MAP@R (resumable)"),
+    "export": ("dmlkit.cli.export", "write a run's embedding model as standalone TorchScript or ONNX"),
 }
 
 

@@ -194,6 +194,21 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         img = self.float_images(slice(index, index + 1))[0]
         return self._apply_transform(img, index), int(self.labels[index])
 
+    def get_batch(self, indices: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``[n, C', H', W']`` (float32, transformed) and labels ``[n]`` (int64) of ``indices`` in one go.
+
+        A batch-capable transform (``transform.batched = True``, e.g. ``BackboneNormalize``) is applied
+        to the whole batch; any other transform per item, with the same per-item seeding as ``[i]``.
+        """
+        rows = torch.as_tensor(indices, dtype=torch.int64)
+        images = self.float_images(rows)
+        if self.transform is not None:
+            if getattr(self.transform, "batched", False):
+                images = self.transform(images)
+            else:
+                images = torch.stack([self._apply_transform(img, int(i)) for img, i in zip(images, rows.tolist())])
+        return images, self.labels[rows]
+
     def subset(self, indices: torch.Tensor, *, relabel: bool = True) -> "TensorImageDataset":
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)

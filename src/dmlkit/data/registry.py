@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from dmlkit._registry import Registry
-from dmlkit.exceptions import DataError, InvalidParameterError
+from dmlkit.exceptions import InvalidParameterError
 
 
 @dataclass
@@ -87,11 +87,3 @@ def list_datasets(pattern: str = "*") -> list[str]:
     """Sorted names of the registered data sets matching a shell-style ``pattern``."""
     return DATASETS.names(pattern)
 
-
-def require_file(path, dataset: str, layout: str):
-    """Raise a DataError naming ``path`` and the expected layout when it does not exist."""
-    import os
-
-    if not os.path.exists(path):
-        raise DataError(f"{dataset}: expected file {str(path)!r} was not found. Expected layout: {layout}")
-    return path

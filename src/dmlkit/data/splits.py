@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from dmlkit._validation import NONE, BOOL, InstanceOf, Interval, validate_params
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels
 from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
-from dmlkit.exceptions import DataError, InvalidParameterError
+from dmlkit.exceptions import InvalidParameterError
 
 
 def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) -> list[list[str]]:
@@ -28,9 +28,11 @@ def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) 
     Fold sizes differ by at most one; the result depends only on the class set and ``seed``.
     """
     names = sorted(set(class_names))
-    if num_folds < 2 or num_folds > len(names):
+    if num_folds < 2:
+        raise InvalidParameterError(f"The 'num_folds' parameter must be an int >= 2. Got {num_folds} instead.")
+    if num_folds > len(names):
         raise InvalidParameterError(
-            f"num_folds={num_folds} needs between 2 and {len(names)} training classes; got {len(names)} classes."
+            f"num_folds={num_folds} needs at least {num_folds} training classes but there are {len(names)}."
         )
     order = torch.randperm(len(names), generator=torch.Generator().manual_seed(int(seed))).tolist()
     shuffled = [names[i] for i in order]
@@ -110,6 +112,7 @@ def build_splits(
     train_transform=None,
     eval_transform=None,
     skip_bad_images: bool = False,
+    preprocessing: Mapping[str, Any] | None = None,
     **dataset_options: Any,
 ) -> DataSplits:
     """Read data set ``name`` from ``root`` and return its class-disjoint splits.
@@ -118,7 +121,9 @@ def build_splits(
     gallery splits. With ``fold`` in ``[0, num_folds)``, training classes are cut into class-disjoint
     folds (ASAP App. A.2): ``train`` keeps the other folds and ``val`` is fold ``fold``. With
     ``train_fraction`` instead, one seeded class-disjoint train/val cut is made. Test classes are
-    never used for either. ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
+    never used for either. ``preprocessing`` (a backbone's ``pretrained_cfg``-like dict with
+    ``mean``, ``std``, ``input_size``, ``color``, ``scale``) normalises the default transforms.
+    ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
     for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
     except query and gallery, which share one label space. Transforms default to
     :func:`dmlkit.data.transforms.default_transforms` for image files and to none for in-memory
@@ -163,7 +168,7 @@ def build_splits(
     if train_transform is None or eval_transform is None:
         from dmlkit.data.transforms import default_transforms
 
-        default_train, default_eval = default_transforms(spec, image_size)
+        default_train, default_eval = default_transforms(spec, image_size, preprocessing)
         train_transform = default_train if train_transform is None else train_transform
         eval_transform = default_eval if eval_transform is None else eval_transform
     tensor_size = image_size if spec.in_memory else None

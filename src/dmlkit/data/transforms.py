@@ -74,6 +74,8 @@ class BackboneNormalize(nn.Module):
     channel handling is applied.
     """
 
+    batched = True  # works on [C, H, W] and [B, C, H, W] alike; deterministic
+
     def __init__(self, preprocessing: Preprocessing | Mapping[str, Any] | None):
         super().__init__()
         self.pre = Preprocessing.from_config(preprocessing)

@@ -156,7 +156,7 @@ def _shortlist_torch(prep: _Prepared, rows: torch.Tensor, m: int) -> tuple[torch
 
 
 def _shortlist_symmetric(prep: _Prepared, m: int, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``m`` shortlists ``[N, m]`` for leave-one-out, computing only tiles ``j >= i`` of X X^T.
+    """Top-``m`` shortlists ``[N, m]`` for leave-one-out, multiplying only tiles ``j >= i`` of X X^T.
 
     Each off-diagonal tile serves the queries of its rows and, transposed, those of its
     columns, so the matrix products cost half of a full pass.

@@ -25,7 +25,9 @@ class CrossBatchMemory(nn.Module):
     """``loss(batch [B, D] vs memory [M, D])`` with a FIFO memory of ``memory_size`` embeddings.
 
     Wang et al. (2020) Sec. 3.2. ``miner(embeddings, labels, ref_emb, ref_labels)`` (optional)
-    selects pairs or triplets against the memory; otherwise all pairs are used.
+    selects pairs or triplets against the memory; otherwise all pairs are used (the wrapped
+    loss's own ``miner`` only runs during warm-up). Works with every loss that accepts
+    ``ref_emb`` (all pair losses except N-pairs). The memory is stored in float32.
     """
 
     def __init__(
@@ -134,23 +136,24 @@ class CrossBatchMemory(nn.Module):
         if warming_up:
             return self.loss(embeddings, labels)
         mem_emb, mem_labels = self.memory()
-        self_pairs = None
-        if enqueue_mask is None:
-            self_pairs = torch.zeros(embeddings.shape[0], mem_emb.shape[0], dtype=torch.bool, device=embeddings.device)
-            self_pairs[torch.arange(embeddings.shape[0], device=embeddings.device), slots] = True
-        pairs = self._select(embeddings, labels, mem_emb, mem_labels, self_pairs)
+        own_slots = None if enqueue_mask is not None else slots
+        pairs = self._select(embeddings, labels, mem_emb, mem_labels, own_slots)
         return self.loss(embeddings, labels, pairs=pairs, ref_emb=mem_emb, ref_labels=mem_labels)
 
-    def _select(self, embeddings, labels, mem_emb, mem_labels, self_pairs):
+    def _select(self, embeddings, labels, mem_emb, mem_labels, own_slots):
         """Pairs of the batch against the memory (mined or all), without each row's own slot."""
+        rows = torch.arange(embeddings.shape[0], device=embeddings.device)
         if self.miner is None:
             pos, neg = label_masks(labels, mem_labels, same_set=False)
-            if self_pairs is not None:
-                pos, neg = pos & ~self_pairs, neg & ~self_pairs
+            if own_slots is not None:
+                pos[rows, own_slots] = False
+                neg[rows, own_slots] = False
             return PairSelection(pos, neg)
         mined = self.miner(embeddings, labels, mem_emb, mem_labels)
-        if self_pairs is None:
+        if own_slots is None:
             return mined
+        self_pairs = torch.zeros(embeddings.shape[0], mem_emb.shape[0], dtype=torch.bool, device=embeddings.device)
+        self_pairs[rows, own_slots] = True
         if isinstance(mined, PairSelection):
             keep = ~self_pairs
             return PairSelection(

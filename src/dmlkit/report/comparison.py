@@ -33,9 +33,9 @@ def run_labels(runs: Sequence[RunData]) -> list[str]:
 
 
 def best_rows(column: list[float | None]) -> set[int]:
-    """Rows holding the largest finite value of a higher-is-better column."""
+    """Rows holding the largest finite value of a higher-is-better column (none when all tie)."""
     finite = [v for v in column if v is not None and math.isfinite(v)]
-    if len(finite) < 2:
+    if len(finite) < 2 or min(finite) == max(finite):
         return set()
     top = max(finite)
     return {i for i, v in enumerate(column) if v == top}

@@ -128,8 +128,8 @@ def run_curves_png(run: RunData, dpi: int = DEFAULT_DPI) -> tuple[str | None, li
     ax_loss, ax_step, ax_time = fig.subplots(1, 3)
     _plot_loss(ax_loss, loss, loss.steps)
     ax_loss.set(xlabel="step", ylabel="training loss", title="Training loss")
-    max_time = np.nanmax(_all_times(run)) if _all_times(run).size else float("nan")
-    scale, time_label = time_axis(float(max_time))
+    times = _all_times(run)
+    scale, time_label = time_axis(float(times.max()) if times.size else float("nan"))
     if split is not None:
         for metric, label in CURVE_METRICS:
             series = eval_series(run, split, metric)

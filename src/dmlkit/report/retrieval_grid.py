@@ -108,7 +108,8 @@ def _to_rgb_tile(image: np.ndarray | None, size: int) -> np.ndarray:
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     picture = Image.fromarray(array[:, :, :3] if array.ndim == 3 else array).convert("RGB")
-    picture.thumbnail((size, size)) if max(picture.size) > size else None
+    if max(picture.size) > size:
+        picture.thumbnail((size, size))
     scale = size / max(picture.size)
     if scale > 1:  # small thumbnails are enlarged with visible pixels
         new_size = (max(1, round(picture.size[0] * scale)), max(1, round(picture.size[1] * scale)))

@@ -12,7 +12,6 @@ Layout written by the training engine::
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,7 +233,3 @@ def flatten_mapping(mapping: Any, prefix: str = "") -> dict[str, Any]:
             flat[dotted] = value
     return flat
 
-
-def is_finite_number(value: Any) -> bool:
-    """True for an int/float (not bool) that is finite."""
-    return _is_number(value) and math.isfinite(value)

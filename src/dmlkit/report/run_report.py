@@ -152,12 +152,16 @@ def _label_grid(labels: np.ndarray, queries: np.ndarray, neighbours: np.ndarray)
 
 
 def projections_section(records: list[dict[str, Any]], dpi: int) -> str:
-    """ASAP: covering radius before/after each projection, proxy spread, best MAP@R."""
+    """ASAP per-projection table and plot: covering radius before/after, proxy spread, best MAP@R.
+
+    ASAP Sec. 4.3 (Algorithm 1): each projection ends by re-selecting proxies by k-Center.
+    """
     keys = ["projection", "steps", "best_map_at_r", "covering_radius_before", "covering_radius_after", "proxy_spread"]
     rows = [[r.get(key, "") for key in keys] for r in records]
     return (
         html.figure(projections_png(records, dpi), "covering radius per ASAP projection",
-                    "Covering radius of the proxies before and after each projection (ASAP Sec. 4).")
+                    "Covering radius before and after each projection's proxy re-selection; ASAP Sec. 4.3 "
+                    "picks the next proxies to reduce it (Prop. 4.2).")
         + html.table(keys, rows, numeric_columns=range(1, len(keys)), row_header=False)
     )
 

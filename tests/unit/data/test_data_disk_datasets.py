@@ -10,8 +10,6 @@ from torch.utils.data import DataLoader
 from dmlkit.data import build_splits, eval_transform, dataset_info, datasets_table, write_manifest
 from dmlkit.exceptions import DataError, InvalidParameterError
 
-from dmlkit_data_fixtures import make_cub, write_image
-
 
 def _label_names(ds):
     return [ds.class_names[i] for i in ds.labels.tolist()]
@@ -111,20 +109,20 @@ def test_omniglot_alphabet_folds_keep_alphabets_together(omniglot_root):
     assert len(val_alphabets) == 1 and not val_alphabets & set(splits.train.class_names)
 
 
-def test_folder_halves_and_train_test_subfolders(tmp_path):
+def test_folder_halves_and_train_test_subfolders(tmp_path, image_writer):
     for cls in ("ant", "bee", "cat", "dog"):
         for k in range(2):
-            write_image(tmp_path / "flat" / cls / f"{k}.png", k)
-            write_image(tmp_path / "nested" / ("train" if cls < "c" else "test") / cls / f"{k}.jpg", k)
+            image_writer(tmp_path / "flat" / cls / f"{k}.png", k)
+            image_writer(tmp_path / "nested" / ("train" if cls < "c" else "test") / cls / f"{k}.jpg", k)
     flat = build_splits("folder", tmp_path / "flat")
     assert flat.train.class_names == ["ant", "bee"] and flat.test.class_names == ["cat", "dog"]
     nested = build_splits("folder", tmp_path / "nested")
     assert nested.test.class_names == ["cat", "dog"] and len(nested.train) == 4
 
 
-def test_csv_manifest_with_split_and_root_escape(tmp_path):
+def test_csv_manifest_with_split_and_root_escape(tmp_path, image_writer):
     for name in ("a1", "a2", "b1", "c1"):
-        write_image(tmp_path / "imgs" / f"{name}.png", 1)
+        image_writer(tmp_path / "imgs" / f"{name}.png", 1)
     (tmp_path / "m.csv").write_text(
         "path,label,split\nimgs/a1.png,7,train\nimgs/a2.png,7,train\nimgs/b1.png,3,train\nimgs/c1.png,9,test\n"
     )
@@ -180,10 +178,10 @@ def test_dataset_info_matches_published_for_mnist_and_reports_missing_root(tmp_p
     assert {row["dataset"] for row in datasets_table()} >= {"cub200", "cars196", "sop", "inshop", "omniglot", "mnist"}
 
 
-def test_dataset_info_true_when_counts_match(tmp_path, monkeypatch):
+def test_dataset_info_true_when_counts_match(tmp_path, monkeypatch, cub_factory):
     from dmlkit.data.registry import get_dataset_spec
 
-    root = make_cub(tmp_path, classes=(1, 101), per_class=2)
+    root = cub_factory(tmp_path, classes=(1, 101), per_class=2)
     monkeypatch.setitem(get_dataset_spec("cub200").published, "train", (2, 1))
     monkeypatch.setitem(get_dataset_spec("cub200").published, "test", (2, 1))
     info = dataset_info("cub200", root)

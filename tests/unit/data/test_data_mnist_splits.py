@@ -124,5 +124,27 @@ def test_bad_arguments_are_named():
         build_splits("mnsit")
     with pytest.raises(InvalidParameterError, match="'label' parameter of dataset 'digits'"):
         build_splits("digits", label="alphabet")
+    with pytest.raises(InvalidParameterError, match="num_folds=6 needs at least 6 training classes but there are 5"):
+        build_splits("digits", fold=0, num_folds=6)
     with pytest.raises(InvalidParameterError, match="either 'fold' or 'train_fraction'"):
         build_splits("digits", fold=0, train_fraction=0.5)
+
+
+def test_get_batch_matches_items_and_applies_preprocessing():
+    cfg = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "input_size": (3, 16, 16), "color": "RGB", "scale": 1}
+    splits = build_splits("digits", image_size=16, preprocessing=cfg)
+    rows = [5, 0, 17]
+    images, labels = splits.test.get_batch(rows)
+    assert images.shape == (3, 3, 16, 16) and labels.dtype == torch.int64
+    for k, i in enumerate(rows):
+        image, label = splits.test[i]
+        assert torch.allclose(images[k], image) and labels[k] == label
+    raw = splits.test.float_images(torch.tensor(rows))
+    assert torch.allclose(images[:, 0], (raw[:, 0] - 0.5) / 0.25, atol=1e-6)
+
+
+def test_subset_without_relabel_keeps_label_space():
+    splits = build_splits("digits")
+    part = splits.train.subset(torch.tensor([0, 1, 2]), relabel=False)
+    assert part.class_names == splits.train.class_names
+    assert torch.equal(part.labels, splits.train.labels[:3])

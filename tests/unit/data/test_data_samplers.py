@@ -184,3 +184,28 @@ def test_same_batch_structure_as_pml_m_per_class():
     for batches in (pml_batches, ours.batches()):
         for batch in batches:
             assert sorted(collections.Counter(labels[batch].tolist()).values()) == [3, 3, 3, 3]
+
+
+@settings(max_examples=20, deadline=None)
+@given(position=st.integers(0, 96), epoch=st.integers(0, 5), world_size=st.sampled_from([1, 2, 4]), seed=st.integers(0, 99))
+def test_property_resume_at_any_position_continues_the_epoch(position, epoch, world_size, seed):
+    labels = _labels([5] * 10)
+    rank = world_size - 1
+    make = lambda: MPerClassSampler(labels, 2, 8, seed=seed, rank=rank, world_size=world_size)  # noqa: E731
+    sampler = make()
+    sampler.set_epoch(epoch)
+    position = min(position, len(sampler))
+    it = iter(sampler)
+    head = [next(it) for _ in range(position)]
+    resumed = make()
+    resumed.load_state_dict(sampler.state_dict())
+    assert head + list(resumed) == sampler.batches(epoch).reshape(-1).tolist()
+
+
+def test_shuffled_sampler_ranks_split_each_batch():
+    parts = [ShuffledSampler(40, 8, seed=1, rank=r, world_size=2).batches(0) for r in range(2)]
+    assert torch.equal(torch.cat(parts, dim=1), ShuffledSampler(40, 8, seed=1).batches(0))
+    with pytest.raises(InvalidParameterError, match="not divisible by world_size 3"):
+        ShuffledSampler(40, 8, rank=0, world_size=3)
+    with pytest.raises(InvalidParameterError, match=r"'rank' parameter of ShuffledSampler must be an int in the range \[0, 1\]"):
+        ShuffledSampler(40, 8, rank=2, world_size=2)

@@ -32,4 +32,4 @@ def test_reference_set_is_rejected_and_no_pair_gives_zero():
         NPairsLoss()(x, torch.arange(4), ref_emb=x, ref_labels=torch.arange(4))
     loss = NPairsLoss()(x, torch.arange(4))
     loss.backward()
-    assert float(loss) == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
+    assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))

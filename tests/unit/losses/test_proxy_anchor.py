@@ -38,10 +38,11 @@ def batch(seed, B=12, C=5, D=6):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("K,assignment", [(1, "static"), (3, "static"), (3, "nearest")])
-def test_matches_equation_4(seed, K, assignment):
-    x, y = batch(seed)
-    loss = ProxyAnchorLoss(5, 6, margin=0.1, alpha=32, proxies_per_class=K, assignment=assignment, seed=seed).double()
+@pytest.mark.parametrize("K,assignment,C", [(1, "static", 5), (3, "static", 5), (3, "nearest", 5), (2, "nearest", 30)])
+def test_matches_equation_4(seed, K, assignment, C):
+    """C=30 > B: most proxies take the fused path for classes absent from the batch."""
+    x, y = batch(seed, C=C)
+    loss = ProxyAnchorLoss(C, 6, margin=0.1, alpha=32, proxies_per_class=K, assignment=assignment, seed=seed).double()
     got = loss(x, y).item()
     ref = reference_loss(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), 32.0, 0.1, assignment == "nearest")
     assert got == pytest.approx(ref, rel=1e-10)
@@ -167,3 +168,12 @@ def test_parameter_validation_message():
         ProxyAnchorLoss(3, 4, proxies_per_class=1.5)
     with pytest.raises(ValueError, match="labels must lie in"):
         ProxyAnchorLoss(3, 4)(torch.randn(2, 4), torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("alpha", [32.0, 200.0])
+def test_float32_large_alpha_uses_a_safe_shift(alpha):
+    """alpha=200 would underflow exp(alpha (s - 1)) in fp32; the column-max shift keeps it exact."""
+    x, y = batch(9, B=8, C=50)
+    loss = ProxyAnchorLoss(50, 6, alpha=alpha)
+    ref = reference_loss(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), alpha, 0.1)
+    assert loss(x.float(), y).item() == pytest.approx(ref, rel=1e-4)

@@ -108,3 +108,10 @@ def test_fractional_proxies(name):
     value = loss(x, torch.tensor([0, 1, 2, 7, 8, 9]))
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "proxy_pair"])
+def test_unsupported_keyword_arguments_are_rejected(name):
+    loss = make(name, 3, 4, 1)
+    with pytest.raises(ValueError, match="unsupported keyword argument"):
+        loss(torch.randn(2, 4), torch.tensor([0, 1]), ref_emb=torch.randn(2, 4))

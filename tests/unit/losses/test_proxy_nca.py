@@ -64,46 +64,55 @@ def test_fractional_assignment_matches_reference_and_is_seeded():
 
 def test_gradient_matches_equation_3():
     """Paper form (exclude_positive): dl/ds = -1 for p+, softmax over negatives otherwise (per sample)."""
+    from dmlkit.losses.proxy.proxy_nca import proxy_nca_loss
+
     x, y = batch(2, B=7, C=4)
     loss = ProxyNCALoss(4, 6, exclude_positive=True).double()
-    import dmlkit.losses.proxy.proxy_nca as module
-
-    d = module.squared_euclidean(module.l2_normalize(x), module.l2_normalize(loss.proxies.detach()))
-    s = (-d).clone().requires_grad_(True)  # s(x, p) = -d(x, p)
-    original = module.squared_euclidean
-    module.squared_euclidean = lambda a, b: -s
-    try:
-        value = loss(x, y) * x.shape[0]  # Eq. (1)-(3) sum over the batch
-    finally:
-        module.squared_euclidean = original
+    xn = torch.nn.functional.normalize(x, dim=1)
+    pn = torch.nn.functional.normalize(loss.proxies.detach(), dim=1)
+    s = (-torch.cdist(xn, pn) ** 2).requires_grad_(True)  # s(x, p) = -d(x, p)
+    value = proxy_nca_loss(s, loss.bank.candidate_columns(y), "static", True) * x.shape[0]  # Eq. (1): sum
     (grad,) = torch.autograd.grad(value, s)
     pos = y[:, None] == torch.arange(4)[None, :]
     neg_soft = torch.exp(s.detach()).masked_fill(pos, 0)
     expected = torch.where(pos, torch.full_like(grad, -1.0), neg_soft / neg_soft.sum(1, keepdim=True))
     torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    assert value.item() / x.shape[0] == pytest.approx(loss(x, y).item(), rel=1e-10)
 
 
-def test_gradcheck_through_proxies_and_embeddings():
+@pytest.mark.parametrize("rule,exclude", [("static", False), ("nearest", False), ("nearest", True), ("dynamic", True)])
+def test_gradcheck_through_proxies_and_embeddings(rule, exclude):
+    """gradcheck of the module w.r.t. embeddings, and its proxy gradient against the distance form."""
     x, y = batch(3, B=5, C=3, D=4)
-    loss = ProxyNCALoss(3, 4, softmax_scale=2, proxies_per_class=2).double()
+    loss = ProxyNCALoss(3, 4, softmax_scale=2, proxies_per_class=2, assignment=rule, exclude_positive=exclude).double()
     x.requires_grad_(True)
-
+    assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
     p0 = loss.proxies.detach().clone().requires_grad_(True)
-    import dmlkit.losses.proxy.proxy_nca as module
-    from dmlkit.losses.proxy._base import ProxyLoss
 
-    def functional(e, p):
-        logits = -2 * module.squared_euclidean(module.l2_normalize(e), module.l2_normalize(p))
-        pos, neg = loss.bank.assign(logits, y, "static")
-        return module.proxy_nca_loss(logits, pos, neg, False)
+    def distance_form(e, p):
+        """Eq. (4) on -s * squared Euclidean distances (the paper's logits), float64 loops over rows."""
+        d = torch.cdist(torch.nn.functional.normalize(e, dim=1), torch.nn.functional.normalize(p, dim=1)) ** 2
+        logits = -2.0 * d
+        total = 0
+        for i in range(len(y)):
+            own = [k for k in range(6) if k // 2 == y[i]]
+            if rule == "dynamic":
+                pos = [int(logits[i].argmax())]
+                excl = pos if exclude else []
+            elif rule == "nearest":
+                pos = [max(own, key=lambda k: logits[i, k].item())]
+                excl = own if exclude else [k for k in own if k not in pos]
+            else:
+                pos, excl = own, own if exclude else []
+            den = [k for k in range(6) if k not in excl]
+            total = total + torch.logsumexp(logits[i, den], 0) - torch.logsumexp(logits[i, pos], 0)
+        return total / len(y)
 
-    assert torch.autograd.gradcheck(functional, (x, p0))
-    torch.testing.assert_close(functional(x, p0), loss(x, y))
+    assert torch.autograd.gradcheck(distance_form, (x, p0))
     ours = torch.autograd.grad(loss(x, y), (x, loss.proxies))
-    ref = torch.autograd.grad(functional(x, p0), (x, p0))
+    ref = torch.autograd.grad(distance_form(x, p0), (x, p0))
     torch.testing.assert_close(ours[0], ref[0])
     torch.testing.assert_close(ours[1], ref[1])
-    assert isinstance(loss, ProxyLoss)
 
 
 @pytest.mark.parametrize("scale", [1.0, 9.0])
@@ -141,3 +150,18 @@ def test_low_temperature_is_finite():
     value = loss(x, y)
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(x.grad).all()
+
+
+def test_paper_form_without_negatives_is_zero_and_keeps_the_graph():
+    loss = ProxyNCALoss(1, 3, proxies_per_class=2, exclude_positive=True)
+    x = torch.randn(4, 3, requires_grad=True)
+    value = loss(x, torch.zeros(4, dtype=torch.int64))
+    value.backward()
+    assert value.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_many_absent_classes_match_reference():
+    x, y = batch(8, B=6, C=40)
+    loss = ProxyNCALoss(40, 6, softmax_scale=4, exclude_positive=True).double()
+    ref = reference(x, y, loss.proxies.detach(), list(range(40)), y.tolist(), 4.0, True)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)

@@ -3,6 +3,20 @@
 Each loss is a :class:`~dmlkit.losses.base.MetricLoss` called as ``loss(embeddings [B, D],
 labels [B], *, pairs=None, weights=None, ref_emb=None, ref_labels=None, pos_mask=None)``,
 with PML's class names, argument names and defaults, and is registered in ``LOSSES``.
+
+Where the papers and PML differ, dmlkit follows PML by default (drop-in values) and offers
+the paper's choice as an option; each module's docstring lists its differences:
+
+* reduction — ``reduction="mean_nonzero"`` (PML's AvgNonZeroReducer) for contrastive and
+  triplet; ``"mean"`` is the papers' average; ``MarginLoss(form="pair")`` is Wu et al.'s
+  per-pair reading of PML's all-triplet sum;
+* distance — PML's defaults (Euclidean between L2-normalised embeddings; cosine for MS,
+  binomial and N-pairs); Hadsell squares the contrastive hinges, Sohn uses raw dot products;
+* references — with ``ref_emb`` (memory, proxies), triplet swap uses the true
+  positive-to-negative distance and lifted structure uses the anchor's negatives only,
+  where PML indexes anchor rows with reference indices;
+* empty sets — terms over an empty set of pairs are 0, never NaN; the generalized lifted
+  loss skips anchors without positives (PML keeps their negative half).
 """
 
 from dmlkit.losses.pair._common import PairBatch, PairLoss, PairMasks

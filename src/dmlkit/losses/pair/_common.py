@@ -131,11 +131,17 @@ def pairwise(distance: BaseDistance, x: torch.Tensor, refs: torch.Tensor) -> tor
     cos = ((x * x_scale) @ refs.T) * r_scale
     if type(distance) is CosineSimilarity:
         return cos
-    # |x_n|^2 + |r_n|^2 - 2 cos, as squared_euclidean on the normalised rows.
-    sq = ((x_norm * x_scale).square() + (r_norm * r_scale).square() - 2.0 * cos).clamp_min(0.0)
+    # |x_n|^2 + |r_n|^2 - 2 cos, as squared_euclidean on the normalised rows. The squared
+    # norms are 1 (0 for a zero row) and carry no gradient; float masks instead of clamps
+    # and torch.where, which are slow on CPU. Coincident points get 0 with a zero subgradient.
+    with torch.no_grad():
+        norms = (x_norm * x_scale).square() + (r_norm * r_scale).square()
+    raw = norms - 2.0 * cos
+    with torch.no_grad():
+        apart = torch.sign((raw - 1e-12).clamp_min(0.0))
     if distance.power == 2:
-        return sq
-    return torch.where(sq > 1e-12, sq.clamp_min(1e-12).sqrt(), 0.0)
+        return raw * apart
+    return (raw * apart + (1.0 - apart)).sqrt() * apart
 
 
 def dissimilarity(mat: torch.Tensor, distance: BaseDistance) -> torch.Tensor:

@@ -64,23 +64,24 @@ class ContrastiveLoss(PairLoss):
         pos_margin = oriented(self.pos_margin, self.distance)
         neg_margin = oriented(self.neg_margin, self.distance)
         with torch.no_grad():
+            # Float masks and arithmetic only: bool kernels and torch.where are slow on CPU.
             d = dis.detach()
+            pos_f, neg_f = pos.to(d.dtype), neg.to(d.dtype)
             # Hinge of every pair in its own role: [d - pos_margin]_+ or [neg_margin - d]_+.
-            terms = torch.where(pos, d - pos_margin, neg_margin - d).clamp_min_(0.0)
-            active = terms > 0
+            terms = ((d - pos_margin) * pos_f + (neg_margin - d) * neg_f).clamp_min_(0.0)
+            active = torch.sign(terms)
             if masks.weighted:
-                pos_w, neg_w = masks.positive_weight, masks.negative_weight
+                pos_w, neg_w = masks.positive_weight * pos_f, masks.negative_weight * neg_f
             else:
                 if self.reduction == "sum":
                     pos_count = neg_count = d.new_ones(())
                 elif self.reduction == "mean":
-                    pos_count, neg_count = pos.sum(), neg.sum()
+                    pos_count, neg_count = pos_f.sum(), neg_f.sum()
                 else:
-                    pos_count, neg_count = (active & pos).sum(), (active & neg).sum()
-                pos_w = 1.0 / pos_count.clamp_min(1).to(d.dtype)
-                neg_w = 1.0 / neg_count.clamp_min(1).to(d.dtype)
-            weight = torch.where(pos, pos_w, torch.where(neg, neg_w, 0.0))
-            value = (terms * weight).sum()
+                    pos_count, neg_count = (active * pos_f).sum(), (active * neg_f).sum()
+                pos_w = pos_f / pos_count.clamp_min(1)
+                neg_w = neg_f / neg_count.clamp_min(1)
+            value = (terms * (pos_w + neg_w)).sum()
             # d(loss)/d(dis): +weight on active positives, -weight on active negatives.
-            coefficient = torch.where(active, torch.where(pos, weight, -weight), 0.0)
+            coefficient = active * (pos_w - neg_w)
         return attach_gradient(value, (dis, coefficient))

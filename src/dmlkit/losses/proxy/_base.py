@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import MetricLoss
 from dmlkit.proxies import ProxyBank
 
@@ -31,12 +32,21 @@ class ProxyLoss(MetricLoss):
         owner = type(self).__name__
         self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
         if self.bank.is_fractional and not self.supports_fractional:
-            from dmlkit.exceptions import InvalidParameterError
-
             raise InvalidParameterError(
                 f"The 'proxies_per_class' parameter of {owner} must be an int >= 1. "
                 f"Got {proxies_per_class!r} instead."
             )
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """Check that ``embeddings [B, D]`` match the proxies' ``D``, then :meth:`MetricLoss.forward`."""
+        if isinstance(embeddings, torch.Tensor) and embeddings.dim() == 2 and embeddings.shape[1] != self.embedding_size:
+            from dmlkit.exceptions import DataError
+
+            raise DataError(
+                f"embeddings has {embeddings.shape[1]} columns but {type(self).__name__} has "
+                f"embedding_size={self.embedding_size} (proxies are [{self.proxies.shape[0]}, {self.embedding_size}])."
+            )
+        return super().forward(embeddings, labels, **kwargs)
 
     @property
     def proxies(self) -> torch.nn.Parameter:
@@ -63,3 +73,11 @@ class ProxyLoss(MetricLoss):
     def init_proxies_from(self, embeddings: torch.Tensor, labels: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         """Initialise each class's proxies from random sample embeddings of that class (see :meth:`ProxyBank.init_from`)."""
         return self.bank.init_from(embeddings, labels, seed=seed)
+
+    def reject_kwargs(self, kwargs: dict) -> None:
+        """Raise on keyword arguments this loss does not use (miner pairs, ref_emb, ...), never ignore them."""
+        if kwargs:
+            raise InvalidParameterError(
+                f"{type(self).__name__} got unsupported keyword argument(s) {sorted(kwargs)}; proxy losses "
+                "compare the batch with their proxies and take no pairs, weights or reference set."
+            )

@@ -114,7 +114,7 @@ class ProxyAnchorLoss(ProxyLoss):
             "ProxyAnchorLoss",
             {"margin": margin, "alpha": alpha, "assignment": assignment},
             {
-                "margin": [Interval(float, None, None)],
+                "margin": [Interval(float, 0, None, closed="neither")],
                 "alpha": [Interval(float, 0, None, closed="neither")],
                 "assignment": [Options(("static", "nearest"))],
             },
@@ -125,6 +125,7 @@ class ProxyAnchorLoss(ProxyLoss):
         self.assignment = assignment
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         xn = l2_normalize(embeddings)
         columns = self.bank.present_columns(labels)

@@ -5,23 +5,45 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import BOOL, Interval, Options, validate_params
-from dmlkit.losses.base import LOSSES
+from dmlkit.distances import l2_normalize
+from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, masked_logsumexp
-from dmlkit.distances import l2_normalize, squared_euclidean
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
 
 def proxy_nca_loss(
-    logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, exclude_positive: bool
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    assignment: str,
+    exclude_positive: bool,
 ) -> torch.Tensor:
-    """Mean over samples of ``-LSE_{pos} logits + LSE_{denominator} logits``.
+    """Mean over samples of ``LSE_{denominator} logits - LSE_{positives} logits``.
 
     Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
-    softmax over positives and negatives (``False``, PML/ProxyNCA++). ``logits [B, P]``.
+    softmax over positives and negatives (``False``, PML/ProxyNCA++). ``logits [B, P]``;
+    ``candidates [B, Kc]`` the columns of each sample's class proxies. Works on column
+    indices, so the only ``[B, P]`` passes are the log-sum-exp (and one masked copy when
+    columns must be left out of the denominator).
     """
-    denominator = negative if exclude_positive else (positive | negative)
-    per_sample = masked_logsumexp(logits, denominator, dim=1) - masked_logsumexp(logits, positive, dim=1)
-    return per_sample.mean()
+    if assignment == "dynamic":
+        positive_cols = logits.detach().argmax(dim=1, keepdim=True)
+        excluded = positive_cols if exclude_positive else None
+    elif assignment == "nearest" and candidates.shape[1] > 1:
+        nearest = logits.detach().gather(1, candidates).argmax(dim=1, keepdim=True)
+        positive_cols = candidates.gather(1, nearest)
+        excluded = candidates
+    else:
+        positive_cols = candidates
+        excluded = candidates if exclude_positive else None
+    positive_logits = logits.gather(1, positive_cols)
+    numerator = torch.logsumexp(positive_logits, dim=1)
+    if excluded is None:
+        denominator = torch.logsumexp(logits, dim=1)
+    else:
+        denominator = torch.logsumexp(logits.scatter(1, excluded, float("-inf")), dim=1)
+        if not exclude_positive:  # "nearest": the other class proxies are out, the positive is in
+            denominator = torch.logaddexp(denominator, positive_logits[:, 0])
+    return (denominator - numerator).mean()
 
 
 @LOSSES.register("proxy_nca")
@@ -71,10 +93,15 @@ class ProxyNCALoss(ProxyLoss):
         self.exclude_positive = exclude_positive
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
-        logits = -self.softmax_scale * squared_euclidean(l2_normalize(embeddings), l2_normalize(proxies))
-        positive, negative = self.bank.assign(logits, labels, self.assignment)
-        return proxy_nca_loss(logits, positive, negative, self.exclude_positive)
+        candidates = self.bank.candidate_columns(labels)
+        num_excluded = 1 if self.assignment == "dynamic" else candidates.shape[1]
+        if self.exclude_positive and self.bank.num_proxies == num_excluded:
+            return zero_loss(embeddings, proxies)  # no negative proxy at all: Eq. (4) is undefined
+        # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
+        logits = (2.0 * self.softmax_scale * l2_normalize(embeddings)) @ normalize_rows(proxies).T
+        return proxy_nca_loss(logits, candidates, self.assignment, self.exclude_positive)
 
 
 @LOSSES.register("proxy_nca_plus_plus")

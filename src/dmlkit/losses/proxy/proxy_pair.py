@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch import nn
 
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES

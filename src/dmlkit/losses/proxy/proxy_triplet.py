@@ -8,7 +8,7 @@ from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import l2_normalize, squared_euclidean
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
 
 @LOSSES.register("proxy_triplet")
@@ -51,8 +51,9 @@ class ProxyTripletLoss(ProxyLoss):
         self.average_nonzero = average_nonzero
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
-        dist = squared_euclidean(l2_normalize(embeddings), l2_normalize(proxies))
+        dist = squared_euclidean(l2_normalize(embeddings), normalize_rows(proxies))
         positive, negative = self.bank.assign(-dist, labels, self.assignment)
         positive_dist = dist.masked_fill(~positive, float("inf")).amin(dim=1, keepdim=True)
         terms = torch.relu(positive_dist + self.margin - dist).masked_fill(~negative, 0.0)

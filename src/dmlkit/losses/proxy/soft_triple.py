@@ -65,6 +65,7 @@ class SoftTripleLoss(ProxyLoss):
         return (weights * sim).sum(dim=2)
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.reject_kwargs(kwargs)
         self.bank.check_labels(labels)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         logits = self.la * self.class_similarity(embeddings, proxies)

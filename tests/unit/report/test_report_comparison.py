@@ -40,6 +40,7 @@ def test_metrics_table_has_runs_as_rows_and_bolds_the_best(comparison, page):
     assert rows["higher-lr"][map_col] == "0.3100" and rows["baseline (baseline)"][map_col] == "0.2200"
     assert rows["baseline (baseline)"][header.index("<odd key>")] == "—"
     assert '<td class="num best">0.3100</td>' in text  # best MAP@R in bold
+    assert text.count('class="num best"') == 1  # the other metrics tie across runs: nothing bold
     assert rows["higher-lr"][1] == "last"
 
 
@@ -70,6 +71,7 @@ def test_labels_and_best_rows_helpers(fake_run):
     assert run_labels(runs) == ["same (x)", "same (y)"]
     assert best_rows([0.1, None, 0.3, 0.3]) == {2, 3}
     assert best_rows([0.1]) == set() and best_rows([float("nan"), 0.2, 0.1]) == {1}
+    assert best_rows([0.2, 0.2, None]) == set()  # a tie across every run is not highlighted
 
 
 def test_comparison_errors(fake_run, tmp_path):

@@ -13,6 +13,7 @@ from dmlkit.report.retrieval_grid import (
     _hex_to_rgb,
     choose_queries,
     grid_mosaic,
+    load_images,
     nearest_neighbours,
 )
 
@@ -94,3 +95,18 @@ def test_mosaic_frames_carry_the_requested_colours():
     centre = mosaic[gap + title + frame + size // 2, gap + frame + size // 2]
     np.testing.assert_array_equal(centre, [77, 77, 77])
     assert _hex_to_rgb(WRONG_COLOR).tolist() == [0xD1, 0x24, 0x2F]
+
+
+def test_images_load_from_thumbnails_or_paths_relative_to_the_run(tmp_path):
+    from PIL import Image
+
+    from dmlkit.report.run_dir import TestEmbeddings
+
+    Image.fromarray(np.full((300, 150, 3), 200, np.uint8)).save(tmp_path / "big.png")
+    data = TestEmbeddings(np.zeros((3, 2), np.float32), np.arange(3, dtype=np.int64),
+                          paths=np.array(["big.png", "missing.png", str(tmp_path / "big.png")]))
+    loaded = load_images(data, np.array([0, 1, 2]), run_dir=tmp_path)
+    assert loaded[1] is None  # a missing file is a blank tile, not a crash
+    assert loaded[0].shape == (96, 48, 3) and loaded[2].shape == (96, 48, 3)  # shrunk to <= 96 px
+    data.thumbnails = np.arange(3 * 4 * 4, dtype=np.uint8).reshape(3, 4, 4)
+    np.testing.assert_array_equal(load_images(data, np.array([2]), None)[0], data.thumbnails[2])

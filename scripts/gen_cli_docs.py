@@ -1,0 +1,62 @@
+"""Write docs/cli/<verb>.md from the parser's help plus the examples below (keeps the pages true).
+
+Run: .venv/bin/python scripts/gen_cli_docs.py   (tests/integration/test_cli_docs.py checks they are current)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+EXAMPLES = {
+    "train": [
+        "dmlkit train                                   # the main job: MNIST-5k zero-shot, Proxy-Anchor",
+        "dmlkit train --preset cpu-asap-mnist-2d-c2     # a packaged preset",
+        "dmlkit train --set loss.name=multi_similarity --set loss.miner.name=multi_similarity --out runs/ms",
+        "dmlkit train --resume runs/ms                  # continue an interrupted run exactly",
+    ],
+    "validate": ["dmlkit validate --preset asap-c2-cub --set data.root=/data/CUB_200_2011 --print"],
+    "evaluate": ["dmlkit evaluate runs/ms", "dmlkit evaluate runs/ms --split val --set protocol.val_fraction=0.2"],
+    "crossval": ["dmlkit crossval --set protocol.val_fraction=0 --seeds 0 1 2 --out runs/cv"],
+    "embed": ["dmlkit embed runs/ms --split test --out test.npz"],
+    "search": [
+        "dmlkit search --gallery test.npz --query-embeddings queries.npz -k 5",
+        "dmlkit search --gallery gallery.npz --run runs/ms query1.png query2.png",
+    ],
+    "presets": ["dmlkit presets", "dmlkit presets show mnist-proxy-anchor"],
+    "datasets": ["dmlkit datasets list", "dmlkit datasets info cub --root /data/CUB_200_2011"],
+    "report": ["dmlkit report runs/ms"],
+    "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
+}
+
+
+def page(verb: str, help_text: str) -> str:
+    lines = [f"# `dmlkit {verb}`", "", "```text", help_text.rstrip(), "```", ""]
+    if verb in EXAMPLES:
+        lines += ["## Examples", "", "```bash", *EXAMPLES[verb], "```", ""]
+    return "\n".join(lines)
+
+
+def render_all() -> dict[str, str]:
+    """``{verb: markdown}`` for every verb the CLI has."""
+    import os
+
+    os.environ["COLUMNS"] = "100"
+    from dmlkit.cli.main import build_parser
+
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0]
+    return {verb: page(verb, p.format_help()) for verb, p in sub.choices.items()}
+
+
+def main() -> int:
+    out = Path(__file__).resolve().parents[1] / "docs" / "cli"
+    out.mkdir(parents=True, exist_ok=True)
+    for verb, text in render_all().items():
+        (out / f"{verb}.md").write_text(text)
+        print(out / f"{verb}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
