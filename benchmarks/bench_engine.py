@@ -53,7 +53,8 @@ def run_engine(steps: int) -> tuple[float, float]:
 
 
 def run_hand_loop(steps: int, splits_cache: dict) -> tuple[float, float]:
-    """The same steps written by hand: DataLoader over the sampler's batches, forward, loss, AdamW."""
+    """The same steps written by hand: the split's batched read (else a DataLoader) over the sampler's
+    batches, forward, loss, backward, AdamW."""
     cfg = bench_config(steps)
     torch.set_num_threads(2)
     seed_everything(cfg.seed)
@@ -75,7 +76,10 @@ def run_hand_loop(steps: int, splits_cache: dict) -> tuple[float, float]:
     sampler = create_sampler("m_per_class", labels=train.labels, m=cfg.sampler.m,
                              batch_size=cfg.sampler.batch_size, seed=cfg.seed)
     batches = itertools.chain.from_iterable(sampler.batches(e).tolist() for e in itertools.count())
-    loader = torch.utils.data.DataLoader(train, batch_sampler=batches)
+    if hasattr(train, "get_batch"):  # in-memory splits: one batched read, as the engine does
+        loader = (train.get_batch(indices) for indices in batches)
+    else:
+        loader = torch.utils.data.DataLoader(train, batch_sampler=batches)
     model.train()
     start = time.perf_counter()
     for _, (images, labels) in zip(range(steps), loader):
@@ -98,7 +102,8 @@ def profile_engine(steps: int) -> None:
         trainer.finish = lambda has_val: None
         profiler = cProfile.Profile()
         profiler.runcall(trainer.fit)
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    stats = pstats.Stats(profiler).sort_stats("cumulative")
+    stats.print_stats(r"trainer.py|builders.py|clip_grad|lr_scheduler|run_dir|optimizer.py|samplers.py", 25)
 
 
 def main() -> None:
@@ -127,7 +132,8 @@ def main() -> None:
         hand_ms.append(1e3 * h_sec / args.steps)
         ratios.append(e_sec / h_sec)
         losses = (e_loss, h_loss)
-    print(f"{args.steps} steps x {args.repeats} interleaved repeats (alternating order), 2 threads; ms per step (median)")
+    print(f"{args.steps} steps x {args.repeats} interleaved repeats (alternating order), 2 threads; "
+          "ms per step (median)")
     print(f"{'name':<34}{'dmlkit ms':>11}{'reference ms':>14}{'ratio':>8}")
     print(f"{'Trainer vs hand loop (default cfg)':<34}{statistics.median(engine_ms):>11.2f}"
           f"{statistics.median(hand_ms):>14.2f}{statistics.median(ratios):>8.3f}")

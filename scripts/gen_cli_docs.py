@@ -26,6 +26,11 @@ EXAMPLES = {
     "presets": ["dmlkit presets", "dmlkit presets show mnist-proxy-anchor"],
     "datasets": ["dmlkit datasets list", "dmlkit datasets info cub --root /data/CUB_200_2011"],
     "report": ["dmlkit report runs/ms"],
+    "sweep": [
+        "dmlkit sweep --set protocol.val_fraction=0.2 --param loss.args.margin=float:0.01:0.5:log --trials 20 --out runs/sweep",
+        "dmlkit train --from-sweep runs/sweep            # rerun the best trial",
+    ],
+    "export": ["dmlkit export runs/ms --format onnx --out model.onnx"],
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
 }
 

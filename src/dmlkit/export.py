@@ -15,6 +15,7 @@ offline; the dynamo exporter would additionally need ``onnxscript``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from dataclasses import dataclass
@@ -124,16 +125,13 @@ def export_model(
     example = probe_images(input_size, batch_size=2, seed=1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     metadata = export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretrained_cfg, model)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    with _quiet_torch_deprecations():
         if fmt == "torchscript":
             write_torchscript(graph, example, out_path, metadata)
         else:
             write_onnx(graph, example, out_path)
-    probe = probe_images(input_size, batch_size=3, seed=2)
-    difference = max_difference(graph, probe, out_path, fmt)
+        probe = probe_images(input_size, batch_size=3, seed=2)
+        difference = max_difference(graph, probe, out_path, fmt)
     if difference is not None and not difference <= atol:
         raise ExportError(
             f"The exported {fmt} model differs from the original by {difference:.3g} (> atol={atol:g}) on a probe batch; "
@@ -143,6 +141,21 @@ def export_model(
     metadata_path = metadata_path_for(out_path)
     atomic_write_json(metadata_path, metadata)
     return ExportResult(out_path, metadata_path, fmt, include_preprocessing, (-1, *input_size), difference)
+
+
+@contextlib.contextmanager
+def _quiet_torch_deprecations():
+    """Silence torch's notices that TorchScript and the TorchScript-based ONNX exporter are deprecated.
+
+    Both still work in this torch and are what a standalone, offline export needs; the notices would
+    only repeat on every export.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*feature will be removed", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
 
 
 def export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretrained_cfg, model) -> dict[str, Any]:

@@ -291,6 +291,10 @@ def test_bad_rank_env_is_reported(no_torchrun_env, monkeypatch):
     monkeypatch.setenv("RANK", "zero")
     with pytest.raises(ValueError, match="RANK must be an int. Got 'zero'"):
         ddp.init_distributed()
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match="The 'backend' parameter of init_distributed must be one of"):
+        ddp.init_distributed(backend="mpi")
+    assert not torch.distributed.is_initialized()
 
 
 def test_unwrap_model_finds_the_inner_module():

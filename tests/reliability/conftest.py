@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-#: A finished run small enough to build in a few seconds (MNIST-5k, small CNN, 4 steps).
+#: A finished run small enough to build in a few seconds (8x8 digits, small CNN, 4 steps).
 TINY_RUN_OVERRIDES = [
     "train.max_steps=4",
     "train.checkpoint_every=2",
@@ -23,6 +23,7 @@ TINY_RUN_OVERRIDES = [
     "sampler.batch_size=16",
     "sampler.m=4",
     "model.embedding_size=16",
+    "data.name=digits",
 ]
 
 

@@ -16,9 +16,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "the trial's values into DIR/trials/<number> and is scored by its best validation MAP@R; the\n"
         "config must hold out validation data (protocol.fold or protocol.val_fraction), test metrics\n"
         "are never used. The study is DIR/study.db (SQLite): rerun the same command to resume an\n"
-        "interrupted sweep (--trials is the total). DIR/sweep.json holds every trial and the best\n"
-        "parameters, DIR/report.html plots the score against each parameter. Rerun the best trial\n"
-        "with `dmlkit train --from-sweep DIR`."
+        "interrupted sweep (--trials is the total; a trial cut off mid-way continues from its last\n"
+        "checkpoint). One process per sweep directory. Trials never evaluate the test split.\n"
+        "DIR/sweep.json holds every trial and the best parameters, DIR/report.html plots the score\n"
+        "against each parameter. Rerun the best trial with `dmlkit train --from-sweep DIR`."
     )
     add_config_options(p)
     p.add_argument(

@@ -23,6 +23,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<timestamp>-<name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
 
@@ -39,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--resume takes the run's saved config.yaml; --preset/--config/--set cannot be combined with it.")
         cfg = load_config(path=run_dir / "config.yaml")
     else:
+        if args.from_sweep:
+            if args.preset or args.config:
+                raise ConfigError("--from-sweep rebuilds the best trial's config; it cannot be combined with --preset/--config.")
+            from dmlkit.sweep import best_trial_overrides
+
+            args.overrides = best_trial_overrides(args.from_sweep) + list(args.overrides)
         cfg = config_from_args(args)
         run_dir = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
         if (run_dir / "checkpoints" / "last.pt").exists():
@@ -49,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         cfg.train.progress = False
     trainer = Trainer(cfg, run_dir, resume=bool(args.resume))
     result = trainer.fit()
+    if not trainer.dist.is_main:
+        return 0
     print()
     print(f"test metrics ({cfg.name}; weights selected on: {result.selected_on}, step {result.best_step} of {result.steps})")
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))

@@ -214,6 +214,33 @@ def iterate_batches(sampler, position: BatchPosition) -> Iterator[tuple[list[int
         position = BatchPosition(position.epoch + 1, 0)
 
 
+def iterate_training_batches(
+    dataset, sampler, position: BatchPosition, num_workers: int = 0
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, BatchPosition]]:
+    """``(indices, images, labels, position)`` from ``position`` on, forever.
+
+    In-memory data sets index whole batches at once; image-file data sets are decoded and
+    augmented in ``num_workers`` DataLoader worker processes (one loader per epoch, created
+    after ``dataset.set_epoch`` so augmentation seeds follow the epoch).
+    """
+    while True:
+        epoch, start = position.epoch, position.batch_in_epoch
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+        batches = sampler.batches(epoch)
+        if len(batches) == 0:
+            raise DataError("The batch sampler produced no batch: the training split is too small for the sampler settings.")
+        remaining = batches[start:].tolist()
+        if num_workers > 0 and not hasattr(dataset, "get_batch"):
+            loader = torch.utils.data.DataLoader(dataset, batch_sampler=remaining, num_workers=num_workers)
+            stream = ((idx, x, torch.as_tensor(y, dtype=torch.int64)) for idx, (x, y) in zip(remaining, loader))
+        else:
+            stream = ((idx, *fetch_batch(dataset, idx)) for idx in remaining)
+        for offset, (idx, images, labels) in enumerate(stream):
+            yield idx, images, labels, BatchPosition(epoch, start + offset + 1)
+        position = BatchPosition(epoch + 1, 0)
+
+
 def fetch_batch(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Images and labels of ``indices``: in-memory data sets batch-index directly."""
     if hasattr(dataset, "get_batch"):

@@ -99,13 +99,17 @@ def init_distributed(backend: str | None = None, timeout_seconds: float = 1800.0
         return DistInfo()
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     if not 0 <= rank < world_size:
-        raise InvalidParameterError(f"RANK is {rank} but WORLD_SIZE is {world_size}; RANK must be in [0, {world_size - 1}].")
+        raise InvalidParameterError(
+            f"RANK is {rank} but WORLD_SIZE is {world_size}; RANK must be in [0, {world_size - 1}]."
+        )
     if not dist.is_available():
         raise RuntimeError("WORLD_SIZE > 1 but this PyTorch build has no torch.distributed support.")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend not in ("gloo", "nccl"):
-        raise InvalidParameterError(f"The 'backend' parameter of init_distributed must be one of {{'gloo', 'nccl'}}. Got {backend!r} instead.")
+        raise InvalidParameterError(
+            f"The 'backend' parameter of init_distributed must be one of {{'gloo', 'nccl'}}. Got {backend!r} instead."
+        )
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(

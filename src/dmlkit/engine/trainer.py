@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders
+from dmlkit.engine import builders, distributed
 from dmlkit.engine.checkpoint import (
     atomic_write_json,
     config_fingerprint,
@@ -86,8 +86,11 @@ class Trainer:
         echo: Callable[[str], None] = print,
     ):
         self.cfg = cfg
-        self.echo = echo
+        self.dist = distributed.init_distributed()  # torchrun env -> process group; else one process
+        self.echo = echo if self.dist.is_main else (lambda _message: None)
         self.run = RunDirectory(run_dir)
+        if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
+            self.run.log = lambda record: None
         self.resume = resume
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
@@ -101,7 +104,7 @@ class Trainer:
 
         self.optimizer = build_optimizer(self.model, self.objective, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.train.max_steps)
-        self.sampler = builders.build_batch_sampler(cfg, train_labels)
+        self.sampler = builders.build_batch_sampler(cfg, train_labels, rank=self.dist.rank, world_size=self.dist.world_size)
         self.position = builders.BatchPosition()
         self.step = 0
         self.best_score = -math.inf
@@ -115,7 +118,8 @@ class Trainer:
             hooks = AsapHooks(self)
         self.hooks = hooks or MethodHooks()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
-        self.forward_model = torch.compile(self.model) if cfg.train.compile else self.model
+        ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
+        self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
         self._best_state: dict | None = None
 
@@ -187,13 +191,17 @@ class Trainer:
         self.model.train()
         with torch.autocast("cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             embeddings = self.forward_model(images)
+        embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
+        labels = distributed.all_gather_labels(labels)
         if indices is not None:
+            indices = distributed.all_gather_labels(torch.as_tensor(indices)).tolist()
             self.hooks.on_batch_embeddings(self, indices, embeddings.detach())
         loss = self.objective(embeddings, labels)
         if not torch.isfinite(loss):
             return self._non_finite("loss", float(loss))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
         self.hooks.after_backward(self)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         clip = self.cfg.optimizer.grad_clip
@@ -244,12 +252,16 @@ class Trainer:
 
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
-        metrics = self.evaluate_split(self.splits.val, clustering=False)
+        # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
+        metrics = distributed.broadcast_object(
+            self.evaluate_split(self.splits.val, clustering=False) if self.dist.is_main else None
+        )
         score = float(metrics[SELECTION_METRIC])
         improved = score > self.best_score
         if improved:
             self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
-            save_checkpoint(self.run.best_checkpoint, self.weights_state())
+            if self.dist.is_main:
+                save_checkpoint(self.run.best_checkpoint, self.weights_state())
         else:
             self.evals_since_best += 1
         self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
@@ -262,20 +274,25 @@ class Trainer:
         if self.resume:
             state = load_checkpoint(self.run.last_checkpoint)
             self.load_state_dict(state, source=str(self.run.last_checkpoint))
-            self.run.truncate_log_after(self.step)
+            if self.dist.is_main:
+                self.run.truncate_log_after(self.step)
+            for stale in self.run.last_checkpoint.parent.glob(".*.pt.*.tmp"):  # writes cut short by a crash
+                stale.unlink(missing_ok=True)
             self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
-        else:
+        elif self.dist.is_main:
             self.run.prepare(cfg, self.splits)
+        distributed.barrier()
         self.hooks.on_train_start(self)
         has_val = self.splits.val is not None
-        batches = builders.iterate_batches(self.sampler, self.position)
-        bar = _progress(cfg, initial=self.step)
+        batches = builders.iterate_training_batches(
+            self.splits.train, self.sampler, self.position, cfg.data.num_workers
+        )
+        bar = _progress(cfg, initial=self.step) if self.dist.is_main else None
         stop = self.step >= cfg.train.max_steps
         t_last = time.perf_counter()
         running = None
         while not stop:
-            indices, position = next(batches)
-            images, raw_labels = builders.fetch_batch(self.splits.train, indices)
+            indices, images, raw_labels, position = next(batches)
             labels = self.label_map(raw_labels)
             value = self.training_step(images, labels, indices)
             self.step += 1
@@ -300,12 +317,14 @@ class Trainer:
                 evaluated = True
                 t_last = time.perf_counter()  # evaluation time is not training time
             stop = stop or self.step >= cfg.train.max_steps
-            if evaluated or stop or self.step % cfg.train.checkpoint_every == 0:
+            if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
                 self.save()
         if bar is not None:
             bar.close()
         self.hooks.on_train_end(self)
         self.stopped_early = self.step < cfg.train.max_steps
+        if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
+            return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
 
     def finish(self, has_val: bool) -> TrainResult:

@@ -67,9 +67,14 @@ class BaseMiner(nn.Module):
                 )
         labels = labels.to(embeddings.device)
         ref_labels = ref_labels.to(embeddings.device)
-        with torch.no_grad():
+        # fp16/bf16 inputs are mined in fp32 (as the losses compute): half-precision distances of
+        # zero or duplicate rows overflow into inf/NaN sampling weights.
+        half = (torch.float16, torch.bfloat16)
+        embeddings = embeddings.detach().float() if embeddings.dtype in half else embeddings.detach()
+        ref_emb = embeddings if same_set else (ref_emb.detach().float() if ref_emb.dtype in half else ref_emb.detach())
+        with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
             pos, neg = label_masks(labels, ref_labels, same_set=same_set)
-            return self.mine(embeddings.detach(), ref_emb.detach(), pos, neg)
+            return self.mine(embeddings, ref_emb, pos, neg)
 
     def mine(self, embeddings: torch.Tensor, ref_emb: torch.Tensor, positive: torch.Tensor,
              negative: torch.Tensor) -> PairSelection | TripletSelection:  # pragma: no cover

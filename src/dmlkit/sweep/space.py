@@ -79,6 +79,18 @@ def _number(text: str, kind: str, spec_text: str) -> float | int:
     return value
 
 
+def _scalar(text: str) -> Any:
+    """A choice value read as YAML, except that ``1e-4`` is the float 0.0001 (YAML 1.1 reads it as text)."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            number = float(text)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value
+    return value
+
+
 def parse_param(text: str) -> ParamSpec:
     """Parse one ``--param`` text into a :class:`ParamSpec` (syntax only; paths are checked later)."""
     if "=" not in text:
@@ -95,7 +107,7 @@ def parse_param(text: str) -> ParamSpec:
         items = [s.strip() for s in rest.split(",")] if rest.strip() else []
         if len(items) < 1 or not all(items):
             raise ConfigError(f"--param {text!r}: choice needs a comma-separated list of values, e.g. {path}=choice:a,b,c.")
-        choices = tuple(yaml.safe_load(s) for s in items)
+        choices = tuple(_scalar(s) for s in items)
         if len(set(map(render_value, choices))) != len(choices):
             raise ConfigError(f"--param {text!r}: the choices repeat a value.")
         bad = [c for c in choices if not isinstance(c, (str, int, float, bool)) and c is not None]

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from dmlkit.config import RunConfig, config_from_dict, config_to_dict, dump_config, field_paths, load_config
+from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.engine.trainer import MethodHooks, Trainer, TrainResult
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError

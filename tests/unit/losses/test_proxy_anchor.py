@@ -164,6 +164,8 @@ def test_proxy_layout_is_class_major():
 def test_parameter_validation_message():
     with pytest.raises(InvalidParameterError, match=r"The 'alpha' parameter of ProxyAnchorLoss must be a float > 0. Got -1 instead."):
         ProxyAnchorLoss(3, 4, alpha=-1)
+    with pytest.raises(InvalidParameterError, match=r"The 'margin' parameter of ProxyAnchorLoss must be a float > 0. Got -1 instead."):
+        ProxyAnchorLoss(3, 4, margin=-1)
     with pytest.raises(InvalidParameterError, match="proxies_per_class"):
         ProxyAnchorLoss(3, 4, proxies_per_class=1.5)
     with pytest.raises(ValueError, match="labels must lie in"):

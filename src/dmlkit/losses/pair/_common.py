@@ -134,8 +134,8 @@ def pairwise(distance: BaseDistance, x: torch.Tensor, refs: torch.Tensor) -> tor
     # |x_n|^2 + |r_n|^2 - 2 cos, as squared_euclidean on the normalised rows. The squared
     # norms are 1 (0 for a zero row) and carry no gradient; float masks instead of clamps
     # and torch.where, which are slow on CPU. Coincident points get 0 with a zero subgradient.
-    with torch.no_grad():
-        norms = (x_norm * x_scale).square() + (r_norm * r_scale).square()
+    with torch.no_grad():  # a row whose norm overflows (inf * 0) maps to the origin, as in l2_normalize
+        norms = (x_norm * x_scale).nan_to_num_(0.0).square() + (r_norm * r_scale).nan_to_num_(0.0).square()
     raw = norms - 2.0 * cos
     with torch.no_grad():
         apart = torch.sign((raw - 1e-12).clamp_min(0.0))

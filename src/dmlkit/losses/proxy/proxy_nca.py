@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import l2_normalize
@@ -22,7 +23,7 @@ def proxy_nca_loss(
     Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
     softmax over positives and negatives (``False``, PML/ProxyNCA++). ``logits [B, P]``;
     ``candidates [B, Kc]`` the columns of each sample's class proxies. Works on column
-    indices, so the only ``[B, P]`` passes are the log-sum-exp (and one masked copy when
+    indices, so the only ``[B, P]`` passes are a (log-)softmax (and one masked copy when
     columns must be left out of the denominator).
     """
     if assignment == "dynamic":
@@ -36,14 +37,16 @@ def proxy_nca_loss(
         positive_cols = candidates
         excluded = candidates if exclude_positive else None
     positive_logits = logits.gather(1, positive_cols)
-    numerator = torch.logsumexp(positive_logits, dim=1)
-    if excluded is None:
-        denominator = torch.logsumexp(logits, dim=1)
-    else:
-        denominator = torch.logsumexp(logits.scatter(1, excluded, float("-inf")), dim=1)
-        if not exclude_positive:  # "nearest": the other class proxies are out, the positive is in
-            denominator = torch.logaddexp(denominator, positive_logits[:, 0])
-    return (denominator - numerator).mean()
+    denominator_logits = logits if excluded is None else logits.scatter(1, excluded, float("-inf"))
+    if exclude_positive:
+        numerator = torch.logsumexp(positive_logits, dim=1)
+        return (torch.logsumexp(denominator_logits, dim=1) - numerator).mean()
+    if excluded is not None:  # "nearest": the other class proxies are out, the positive is in
+        denominator_logits = denominator_logits.scatter(1, positive_cols, positive_logits)
+    if positive_cols.shape[1] == 1:  # softmax cross-entropy (fused log-softmax + NLL)
+        return F.cross_entropy(denominator_logits, positive_cols[:, 0])
+    log_probs = torch.log_softmax(denominator_logits, dim=1).gather(1, positive_cols)
+    return -torch.logsumexp(log_probs, dim=1).mean()
 
 
 @LOSSES.register("proxy_nca")

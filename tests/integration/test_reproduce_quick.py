@@ -1,0 +1,73 @@
+"""Smoke test of scripts/reproduce.py: claim registry, run/skip/resume machinery, summary JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "reproduce.py"
+
+
+@pytest.fixture(scope="module")
+def repro():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reproduce"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_registered_method_has_a_valid_config(repro):
+    """Each (claim, method) resolves to a validated config with the claim's budget and selection."""
+    for claim in repro.CLAIMS.values():
+        for method in claim.methods:
+            cfg = repro.run_config(claim, method, seed=1, steps=40)
+            assert cfg.train.max_steps == 40
+            assert cfg.seed == 1 and cfg.protocol.seed == 1
+            assert cfg.protocol.val_fraction == 0.2
+            assert cfg.train.num_threads == 2
+            assert cfg.train.patience is None
+
+
+def test_quick_claim_two_seeds_writes_summary(repro, tmp_path, monkeypatch):
+    """Two methods x two seeds x 3 steps on sklearn digits: summary.json has mean/std per metric."""
+    monkeypatch.setattr(repro, "FIGURES", tmp_path / "figures")
+    tiny = ("data.name=digits", "model.embedding_size=8", "eval.save_embeddings=true", "eval.batch_size=256")
+    claim = repro.Claim(
+        name="smoke",
+        title="smoke",
+        methods=(
+            repro.Method("proxy-anchor", "cpu-proxy-anchor-mnist", tiny),
+            repro.Method("ms", "cpu-ms-mnist", tiny),
+        ),
+        steps=3,
+        quick_steps=3,
+        evals=1,
+        metrics=("recall_at_1", "map_at_r", "nmi", "nmi_plus"),
+        extras=("seconds_per_step",),
+        figures=("val_curves",),
+    )
+    monkeypatch.setitem(repro.CLAIMS, "smoke", claim)
+    assert repro.main(["smoke", "--quick", "--seeds", "0", "1", "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "smoke" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["seeds"] == [0, 1]
+    assert set(summary["methods"]) == {"proxy-anchor", "ms"}
+    for entry in summary["methods"].values():
+        assert entry["runs"] == 2
+        assert entry["selected_on"] == ["val"]
+        for key in ("recall_at_1", "map_at_r", "nmi", "nmi_plus", "train_seconds", "steps"):
+            assert set(entry[key]) == {"mean", "std", "n"} and entry[key]["n"] == 2
+            assert entry[key]["std"] >= 0
+        assert 0.0 <= entry["recall_at_1"]["mean"] <= 1.0
+        assert entry["steps"]["mean"] == 3
+    assert (tmp_path / "figures" / "smoke-val-curves.png").stat().st_size > 0
+    table = (tmp_path / "out" / "smoke" / "summary.md").read_text()
+    assert table.count("\n") == 4 and "| proxy-anchor | 2 |" in table
+    # a second call skips the finished runs: the metrics files are left untouched
+    stamp = (tmp_path / "out" / "smoke" / "ms" / "seed1" / "metrics.json").stat().st_mtime_ns
+    assert repro.main(["smoke", "--quick", "--seeds", "0", "1", "--out", str(tmp_path / "out"), "--no-figures"]) == 0
+    assert (tmp_path / "out" / "smoke" / "ms" / "seed1" / "metrics.json").stat().st_mtime_ns == stamp
