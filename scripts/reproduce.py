@@ -103,6 +103,8 @@ register(Claim(
     methods=(
         Method("triplet", "cpu-eps-mnist-parity-triplet"),
         Method("triplet+eps", "cpu-eps-mnist-parity-triplet-eps"),
+        Method("triplet-r2", "cpu-eps-mnist-parity-triplet", ("model.normalization=none",)),
+        Method("triplet+eps-r2", "cpu-eps-mnist-parity-triplet-eps", ("model.normalization=none",)),
     ),
     steps=800, quick_steps=300,
     metrics=("recall_at_1", "recall_at_5", "recall_at_10", "nmi", "nmi_plus"),
@@ -140,7 +142,7 @@ register(Claim(
         Method("c2-asap", "cpu-asap-mnist-2d-c2", _ASAP_2D),
     ),
     steps=1500, quick_steps=400, evals=16,
-    metrics=("map_at_r", "recall_at_1", "nmi", "covering_radius"),
+    metrics=("map_at_r", "recall_at_1", "nmi", "covering_radius", "radius_over_interclass"),
     extras=("projections", "train_covering_radius_last"),
     figures=("scatter_2d", "covering_radius"),
 ))
@@ -320,7 +322,9 @@ def training_digit_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor
 
 def posthoc_metrics(claim: Claim, run_dir: Path) -> dict:
     """Metrics computed from the saved run: NMI+, geometry, curves, ASAP projections, EPS train digits."""
-    from dmlkit.evaluation import class_collapse, clustering_metrics, covering_radius, retrieval_metrics
+    from dmlkit.evaluation import (
+        class_collapse, clustering_metrics, covering_radius, interclass_distance, retrieval_metrics,
+    )
 
     cache = run_dir / "posthoc.json"
     if cache.exists():
@@ -331,6 +335,8 @@ def posthoc_metrics(claim: Claim, run_dir: Path) -> dict:
     out["nmi_plus"] = cl["nmi_plus"]
     out["covering_radius"] = covering_radius(emb, labels)
     out["class_collapse"] = class_collapse(emb, labels)
+    out["interclass_distance"] = interclass_distance(emb, labels)
+    out["radius_over_interclass"] = out["covering_radius"] / max(out["interclass_distance"], 1e-12)
     log = _log(run_dir)
     projections = [r for r in log if r.get("kind") == "projection"]
     if projections:
@@ -463,7 +469,7 @@ def figure_scatter_2d(claim: Claim, methods: list[Method], seed: int, out: Path)
         emb, labels, data = _test_embeddings(d)
         for c in torch.unique(labels).tolist():
             sel = (labels == c).numpy()
-            ax.scatter(emb[sel, 0], emb[sel, 1], s=3, alpha=0.4, label=f"digit {c}")
+            ax.scatter(emb[sel, 0], emb[sel, 1], s=3, alpha=0.4, label=f"test class {c}")
         title = m.name
         if "proxies" in data:
             p = data["proxies"]
@@ -471,7 +477,7 @@ def figure_scatter_2d(claim: Claim, methods: list[Method], seed: int, out: Path)
         ax.set_title(title)
         ax.set_aspect("equal")
     axes[0][0].legend(markerscale=3, fontsize=7)
-    fig.suptitle(f"{claim.name}: test digits 5-9 in 2-D (seed {seed})")
+    fig.suptitle(f"{claim.name}: test digits 5-9 (classes 0-4) in 2-D, proxies of the train digits (seed {seed})")
     fig.tight_layout()
     path = FIGURES / f"{claim.name}-scatter.png"
     fig.savefig(path, dpi=110)

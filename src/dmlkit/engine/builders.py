@@ -108,6 +108,20 @@ def _accepts(fn, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _resolve_distance(args: dict) -> dict:
+    """``distance: euclidean`` (or ``{name, args}``) in loss/miner args becomes a distance object."""
+    from dmlkit.distances import DISTANCES
+
+    spec = args.get("distance")
+    if isinstance(spec, str):
+        args["distance"] = DISTANCES.create(spec)
+    elif isinstance(spec, dict):
+        if "name" not in spec or not set(spec) <= {"name", "args"}:
+            raise ConfigError(f"distance must be a name or a mapping {{name: ..., args: {{...}}}}. Got {spec!r}.")
+        args["distance"] = DISTANCES.create(spec["name"], **dict(spec.get("args") or {}))
+    return args
+
+
 def _nested_loss(spec):
     """A loss inside a loss (``ProxyPairLoss(pair_loss=...)``): a name or ``{name, args}``."""
     from dmlkit.losses import LOSSES
@@ -115,7 +129,7 @@ def _nested_loss(spec):
     if isinstance(spec, str):
         return LOSSES.create(spec)
     if isinstance(spec, dict) and "name" in spec and set(spec) <= {"name", "args"}:
-        return LOSSES.create(spec["name"], **dict(spec.get("args") or {}))
+        return LOSSES.create(spec["name"], **_resolve_distance(dict(spec.get("args") or {})))
     raise ConfigError(
         f"loss.args.pair_loss must be a loss name or a mapping {{name: ..., args: {{...}}}}. Got {spec!r}."
     )
@@ -128,7 +142,7 @@ def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
 
     lc = cfg.loss
     factory = LOSSES.get(lc.name)
-    args = dict(lc.args)
+    args = _resolve_distance(dict(lc.args))
     for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
         if key not in args and key in inspect.signature(factory).parameters:
             args[key] = value
@@ -140,7 +154,7 @@ def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
         loss = factory(**args)
     except TypeError as exc:
         raise ConfigError(f"loss.args do not fit loss {lc.name!r}: {exc}") from None
-    miner = MINERS.create(lc.miner.name, **lc.miner.args) if lc.miner.name else None
+    miner = MINERS.create(lc.miner.name, **_resolve_distance(dict(lc.miner.args))) if lc.miner.name else None
     memory = None
     if lc.memory.memory_size > 0:
         from dmlkit.memory import CrossBatchMemory
