@@ -20,7 +20,7 @@ train: $(STAMP)
 
 test: $(STAMP)
 	@bash scripts/install_chromium.sh
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n 2 --durations=15 $(ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)

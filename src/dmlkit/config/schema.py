@@ -20,7 +20,11 @@ from dmlkit.exceptions import ConfigError
 
 @dataclass
 class DataConfig:
-    """Which data set to read and how (issue 5 fields)."""
+    """Which data set to read and how (issue 5 fields).
+
+    ``augment="translate"`` shifts every training batch by up to ``max_shift`` pixels
+    (batched, for in-memory data sets; image files get their own per-item augmentation).
+    """
 
     name: str = "mnist"
     root: Optional[str] = None
@@ -29,6 +33,8 @@ class DataConfig:
     image_size: Optional[int] = None
     num_workers: int = 0
     skip_bad_images: bool = False
+    augment: str = "none"
+    max_shift: int = 2
 
 
 @dataclass
@@ -181,6 +187,8 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, "an int >= 0"),
     "data.num_workers": (lambda v: v >= 0, "an int >= 0"),
     "data.image_size": (lambda v: v is None or v > 0, "None or an int > 0"),
+    "data.augment": (lambda v: v in ("none", "translate"), "one of 'none', 'translate'"),
+    "data.max_shift": (lambda v: v >= 0, "an int >= 0"),
     "protocol.num_folds": (lambda v: v >= 2, "an int >= 2"),
     "protocol.val_fraction": (lambda v: 0 <= v < 1, "a float in [0, 1)"),
     "model.embedding_size": (lambda v: v > 0, "an int > 0"),

@@ -212,3 +212,49 @@ def build_transforms(
 ) -> tuple[nn.Module, nn.Module]:
     """(train, eval) pipelines for ``preset`` normalised for a backbone's ``preprocessing`` dict."""
     return train_transform(preset, preprocessing, image_size), eval_transform(preset, preprocessing, image_size)
+
+
+class RandomTranslate(nn.Module):
+    """Batched random translation of ``[B, C, H, W]`` images by up to ``max_shift`` pixels.
+
+    Uncovered pixels repeat the border (digits and glyphs have a uniform background).
+
+    For in-memory data sets (MNIST, digits), where per-item PIL augmentation would dominate a
+    training step. Randomness comes only from the ``generator`` passed in, so the engine can
+    derive it from ``(seed, epoch, batch)`` and a resumed run replays the same shifts.
+    """
+
+    batched = True
+
+    def __init__(self, max_shift: int = 2):
+        super().__init__()
+        if isinstance(max_shift, bool) or not isinstance(max_shift, int) or max_shift < 0:
+            raise InvalidParameterError(
+                f"The 'max_shift' parameter of RandomTranslate must be an int >= 0. Got {max_shift!r} instead."
+            )
+        self.max_shift = max_shift
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if self.max_shift == 0:
+            return images
+        b, _, h, w = images.shape
+        s = self.max_shift
+        shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)
+        padded = torch.nn.functional.pad(images, (s, s, s, s), mode="replicate")
+        rows = (torch.arange(h)[None, :] + s - shifts[:, :1]).clamp(0, h + 2 * s - 1)  # [B, H]
+        cols = (torch.arange(w)[None, :] + s - shifts[:, 1:]).clamp(0, w + 2 * s - 1)  # [B, W]
+        batch = torch.arange(b)[:, None, None]
+        out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
+        return out.permute(0, 3, 1, 2).contiguous()
+
+
+BATCH_AUGMENTATIONS = ("none", "translate")
+
+
+def batch_augmentation(name: str, max_shift: int = 2) -> RandomTranslate | None:
+    """The batched augmentation named by ``data.augment`` (``none`` or ``translate``)."""
+    if name == "none":
+        return None
+    if name == "translate":
+        return RandomTranslate(max_shift)
+    raise InvalidParameterError(f"data.augment must be one of {BATCH_AUGMENTATIONS}. Got {name!r}.")

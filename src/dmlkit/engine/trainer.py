@@ -117,6 +117,9 @@ class Trainer:
 
             hooks = AsapHooks(self)
         self.hooks = hooks or MethodHooks()
+        from dmlkit.data.transforms import batch_augmentation
+
+        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
@@ -294,6 +297,9 @@ class Trainer:
         while not stop:
             indices, images, raw_labels, position = next(batches)
             labels = self.label_map(raw_labels)
+            if self.augment is not None:  # seeded by (seed, epoch, batch): resumes replay it exactly
+                g = torch.Generator().manual_seed(hash((self.cfg.seed, position.epoch, position.batch_in_epoch)) & (2**62 - 1))
+                images = self.augment(images, g)
             value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
