@@ -18,7 +18,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "Train an embedding model and evaluate it on the test split.\n\n"
         "With no --preset/--config: the mnist-proxy-anchor preset: MNIST-5k (embedded), zero-shot\n"
         "split (digits 0-4 train, 5-9 test), a small CNN, Proxy-Anchor loss, m-per-class batches;\n"
-        "under a minute on 2 CPU cores. --set overrides apply on top.\n"
+        "600 steps (timings in docs/results.md). --set overrides apply on top.\n"
         "The run directory gets config.yaml, metrics.json, log.jsonl, checkpoints/, embeddings/\n"
         "and report.html."
     )
