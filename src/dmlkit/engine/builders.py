@@ -54,25 +54,37 @@ def build_splits(cfg: RunConfig, model: nn.Module):
     return splits
 
 
+def shuffle_within_classes(
+    labels: torch.Tensor, generator: torch.Generator, eligible: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows sorted by class in a seeded random order within each class, and each row's rank there.
+
+    Returns ``(order [N], rank [N])``: ``order`` lists dataset rows class by class (random within
+    a class; rows where ``eligible`` is False come after the eligible ones of their class) and
+    ``rank[i]`` is the position of ``order[i]`` inside its class. One sort, no loop over classes.
+    """
+    keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
+    if eligible is not None:
+        keys = keys + (~eligible).double() * 2.0
+    order = torch.argsort(labels.double() * 4.0 + keys)
+    sorted_labels = labels[order]
+    counts = torch.bincount(labels)
+    starts = torch.cumsum(counts, 0) - counts
+    return order, torch.arange(len(labels)) - starts[sorted_labels]
+
+
 def hold_out_samples(dataset, fraction: float, seed: int):
     """Split every class's images into train and validation parts (``fraction`` to validation, >= 1 each).
 
-    Classes with a single image stay in training. Vectorised: one seeded sort by (class, key).
+    Classes with a single image stay in training.
     """
     labels = dataset.labels
-    n = len(labels)
     generator = torch.Generator().manual_seed(int(seed) + 15485863)
-    keys = torch.rand(n, generator=generator, dtype=torch.float64)
-    order = torch.argsort(labels.double() * 2.0 + keys)
-    sorted_labels = labels[order]
-    classes, counts = torch.unique(labels, return_counts=True)
-    count_of = torch.zeros(int(classes.max()) + 1, dtype=torch.int64)
-    count_of[classes] = counts
-    starts = torch.cumsum(count_of, 0) - count_of
-    rank = torch.arange(n) - starts[sorted_labels]
+    order, rank = shuffle_within_classes(labels, generator)
+    count_of = torch.bincount(labels)
     n_val = torch.where(count_of > 1, (count_of.double() * fraction).round().long().clamp(1), 0)
     n_val = torch.minimum(n_val, (count_of - 1).clamp_min(0))
-    is_val = rank < n_val[sorted_labels]
+    is_val = rank < n_val[labels[order]]
     train_rows, val_rows = order[~is_val].sort().values, order[is_val].sort().values
     if len(val_rows) == 0:
         raise DataError(f"protocol.val_fraction={fraction} leaves no validation images (every class has one image).")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dmlkit.engine.builders import shuffle_within_classes
 from dmlkit.engine.trainer import MethodHooks
 from dmlkit.exceptions import ConfigError
 from dmlkit.proxies.kcenter import average_covering_radius, gather_centers, greedy_k_center
@@ -183,22 +184,13 @@ class AsapHooks(MethodHooks):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[C, per_class]`` random dataset rows of each class (``-1`` padding) and their mask.
 
-        Rows where ``eligible`` is False are never chosen. Vectorised: one sort by
-        (class, random key), then the first ``per_class`` rows of each class.
+        Rows where ``eligible`` is False are never chosen: the first ``per_class`` rows of
+        each class in :func:`~dmlkit.engine.builders.shuffle_within_classes` order.
         """
-        keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
-        if eligible is not None:
-            keys = keys + (~eligible).double() * 2.0  # ineligible rows sort after eligible ones
-        order = torch.argsort(labels.double() * 4.0 + keys)
+        order, rank = shuffle_within_classes(labels, generator, eligible)
         sorted_labels = labels[order]
-        counts = torch.bincount(labels, minlength=num_classes)
-        if eligible is not None:
-            counts_ok = torch.bincount(labels[eligible], minlength=num_classes)
-        else:
-            counts_ok = counts
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(len(labels)) - starts[sorted_labels]
-        keep = rank < torch.minimum(counts_ok[sorted_labels], torch.tensor(per_class))
+        usable = torch.bincount(labels if eligible is None else labels[eligible], minlength=num_classes)
+        keep = rank < torch.minimum(usable[sorted_labels], torch.tensor(per_class))
         rows = torch.full((num_classes, per_class), -1, dtype=torch.int64)
         rows[sorted_labels[keep], rank[keep]] = order[keep]
         return rows, rows >= 0

@@ -17,23 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, validate_params
-from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import (
-    pairwise,
-    PairBatch,
-    PairLoss,
-    dissimilarity,
-    log1p_exp,
-    oriented,
-    reduce_terms,
-    weighted_sum,
-)
+from dmlkit.losses.pair._common import PairBatch, log1p_exp, reduce_terms, weighted_sum
+from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
 
 
 @LOSSES.register("binomial_deviance")
-class BinomialDevianceLoss(PairLoss):
+class BinomialDevianceLoss(ThresholdedPairLoss):
     """``softplus(-alpha (s_ap - base))`` per positive and ``softplus(beta (s_an - base))`` per negative pair.
 
     Yi et al. (2014) Eq. (5); DRO paper Sec. 4 (L_B with threshold lambda = ``base``). The
@@ -43,41 +33,11 @@ class BinomialDevianceLoss(PairLoss):
 
     reductions = ("mean", "mean_nonzero", "sum")
     supports_weights = True
-    _repr_keys = ("alpha", "beta", "base", "reduction")
-
-    def __init__(
-        self,
-        alpha: float = 2.0,
-        beta: float = 50.0,
-        base: float = 0.5,
-        *,
-        distance: BaseDistance | None = None,
-        miner: object | None = None,
-        reduction: str = "mean",
-    ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
-        validate_params(
-            type(self).__name__,
-            {"alpha": alpha, "beta": beta, "base": base},
-            {
-                "alpha": [Interval(float, 0, None, closed="neither")],
-                "beta": [Interval(float, 0, None, closed="neither")],
-                "base": [Interval(float)],
-            },
-        )
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.base = float(base)
-
-    def default_distance(self) -> BaseDistance:
-        return CosineSimilarity()
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         # excess = how far a pair is beyond the threshold in the "farther" direction.
-        excess = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance) - oriented(
-            self.base, self.distance
-        )
+        excess = self.excess(batch)
         pos_terms = log1p_exp(self.alpha * excess)
         neg_terms = log1p_exp(-self.beta * excess)
         if masks.weighted:

@@ -1,0 +1,51 @@
+"""Shared base of the losses scaled by ``alpha``/``beta`` around a similarity threshold ``base``."""
+
+from __future__ import annotations
+
+import torch
+
+from dmlkit._validation import Interval, validate_params
+from dmlkit.distances import BaseDistance, CosineSimilarity
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented, pairwise
+
+
+class ThresholdedPairLoss(PairLoss):
+    """``alpha`` (positives), ``beta`` (negatives) and threshold ``base``, on cosine by default.
+
+    Multi-similarity (Wang et al. 2019) and binomial deviance (Yi et al. 2014) share these
+    parameters and the oriented distance-to-threshold :meth:`excess`.
+    """
+
+    _repr_keys = ("alpha", "beta", "base", "reduction")
+
+    def __init__(
+        self,
+        alpha: float = 2.0,
+        beta: float = 50.0,
+        base: float = 0.5,
+        *,
+        distance: BaseDistance | None = None,
+        miner: object | None = None,
+        reduction: str = "mean",
+    ):
+        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        validate_params(
+            type(self).__name__,
+            {"alpha": alpha, "beta": beta, "base": base},
+            {
+                "alpha": [Interval(float, 0, None, closed="neither")],
+                "beta": [Interval(float, 0, None, closed="neither")],
+                "base": [Interval(float)],
+            },
+        )
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.base = float(base)
+
+    def default_distance(self) -> BaseDistance:
+        return CosineSimilarity()
+
+    def excess(self, batch: PairBatch) -> torch.Tensor:
+        """``[B, R]``: how far each pair lies beyond ``base`` in the "farther" direction."""
+        measure = pairwise(self.distance, batch.embeddings, batch.references)
+        return dissimilarity(measure, self.distance) - oriented(self.base, self.distance)
