@@ -81,13 +81,19 @@ def test_gradient_matches_equation_6(C, K, B):
 
 
 def fused(loss, xn, pn, y, assignment):
-    """The module's fused function applied to explicit normalised inputs."""
-    from dmlkit.losses.proxy.proxy_anchor import _ProxyAnchorFunction
+    """The module's fused kernel applied to explicit normalised embeddings and raw proxies."""
+    from functools import partial
+
+    from dmlkit.losses.proxy._fused import fused_proxy_loss
+    from dmlkit.losses.proxy.proxy_anchor import proxy_anchor_kernel
 
     cols = loss.bank.present_columns(y)
-    pn_unit = torch.nn.functional.normalize(pn.detach(), dim=1)
-    pos_u, neg_u = loss.bank.assign(xn.detach() @ pn_unit[cols].T, y, assignment, columns=cols)
-    return _ProxyAnchorFunction.apply(xn, pn, cols, pos_u, neg_u, loss.alpha, loss.margin)
+
+    def assign(present_z):
+        return loss.bank.assign(present_z, y, assignment, columns=cols)
+
+    kernel = partial(proxy_anchor_kernel, columns=cols, assign=assign, alpha=loss.alpha, margin=loss.margin)
+    return fused_proxy_loss(xn, pn, kernel, loss.alpha)
 
 
 @pytest.mark.parametrize("K,assignment", [(1, "static"), (2, "static"), (2, "nearest")])

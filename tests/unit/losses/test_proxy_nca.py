@@ -64,20 +64,38 @@ def test_fractional_assignment_matches_reference_and_is_seeded():
 
 def test_gradient_matches_equation_3():
     """Paper form (exclude_positive): dl/ds = -1 for p+, softmax over negatives otherwise (per sample)."""
-    from dmlkit.losses.proxy.proxy_nca import proxy_nca_loss
+    from dmlkit.losses.proxy.proxy_nca import proxy_nca_kernel
 
     x, y = batch(2, B=7, C=4)
     loss = ProxyNCALoss(4, 6, exclude_positive=True).double()
     xn = torch.nn.functional.normalize(x, dim=1)
     pn = torch.nn.functional.normalize(loss.proxies.detach(), dim=1)
-    s = (-torch.cdist(xn, pn) ** 2).requires_grad_(True)  # s(x, p) = -d(x, p)
-    value = proxy_nca_loss(s, loss.bank.candidate_columns(y), "static", True) * x.shape[0]  # Eq. (1): sum
-    (grad,) = torch.autograd.grad(value, s)
+    s = -torch.cdist(xn, pn) ** 2  # s(x, p) = -d(x, p)
+    value, grad, row_factor = proxy_nca_kernel(s.T.clone(), True, loss.bank.candidate_columns(y), "static", True, 4.0)
+    grad = grad.T * row_factor[:, None] * x.shape[0]  # [B, P]; Eq. (1): sum over the batch
     pos = y[:, None] == torch.arange(4)[None, :]
-    neg_soft = torch.exp(s.detach()).masked_fill(pos, 0)
+    neg_soft = torch.exp(s).masked_fill(pos, 0)
     expected = torch.where(pos, torch.full_like(grad, -1.0), neg_soft / neg_soft.sum(1, keepdim=True))
     torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
-    assert value.item() / x.shape[0] == pytest.approx(loss(x, y).item(), rel=1e-10)
+    assert value.item() == pytest.approx(loss(x, y).item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("rule,exclude,scale", [("static", False, 2.0), ("nearest", False, 2.0), ("nearest", True, 2.0),
+                                                ("dynamic", True, 2.0), ("static", False, 400.0)])
+def test_fused_function_gradcheck(rule, exclude, scale):
+    """gradcheck of the fused kernel w.r.t. normalised embeddings and raw proxies (scale 400: max-shift path)."""
+    from functools import partial
+
+    from dmlkit.losses.proxy._fused import fused_proxy_loss
+    from dmlkit.losses.proxy.proxy_nca import proxy_nca_kernel
+
+    x, y = batch(6, B=5, C=3, D=4)
+    loss = ProxyNCALoss(3, 4, proxies_per_class=2).double()
+    xn = torch.nn.functional.normalize(x, dim=1).requires_grad_(True)
+    proxies = loss.proxies.detach().clone().requires_grad_(True)
+    kernel = partial(proxy_nca_kernel, candidates=loss.bank.candidate_columns(y), assignment=rule,
+                     exclude_positive=exclude, bound=2 * scale)
+    assert torch.autograd.gradcheck(lambda e, p: fused_proxy_loss(e, p, kernel, 2 * scale), (xn, proxies))
 
 
 @pytest.mark.parametrize("rule,exclude", [("static", False), ("nearest", False), ("nearest", True), ("dynamic", True)])

@@ -43,23 +43,19 @@ def test_matches_reference(K, tau):
     assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
 
 
-def test_gradcheck():
+@pytest.mark.parametrize("gamma,la", [(0.5, 3.0), (1 / 350, 350.0)])
+def test_gradcheck(gamma, la):
+    """gradcheck of the fused function w.r.t. embeddings and proxies (gamma=1/350, la=350: max-shift paths)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
     y = torch.randint(0, 3, (5,), generator=g)
-    loss = SoftTripleLoss(3, 4, centers_per_class=2, la=3, gamma=0.5, tau=0.1).double()
+    loss = SoftTripleLoss(3, 4, centers_per_class=2, la=la, gamma=gamma, tau=0.1).double()
     assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
     q = loss.proxies.detach().clone().requires_grad_(True)
-    assert _with_proxies(loss, q, x, y).item() == pytest.approx(loss(x, y).item(), rel=1e-12)
-    assert torch.autograd.gradcheck(lambda p: _with_proxies(loss, p, x.detach(), y), (q,))
-
-
-def _with_proxies(loss, q, x, y):
-    """The loss as a function of explicit proxies ``q`` (same code path as compute_loss)."""
-    logits = loss.la * loss.class_similarity(x, q)
-    rows = torch.arange(len(y))
-    logits = logits.index_put((rows, y), logits[rows, y] - loss.la * loss.margin)
-    return torch.nn.functional.cross_entropy(logits, y) + loss.tau * loss.center_regularizer(q)
+    assert loss.loss_with_proxies(x, y, q).item() == pytest.approx(loss(x, y).item(), rel=1e-12)
+    assert torch.autograd.gradcheck(lambda e, p: loss.loss_with_proxies(e, y, p), (x, q))
+    ref = reference(x.detach(), y, q.detach(), 3, 2, la, gamma, 0.01, 0.1)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
 
 
 @pytest.mark.parametrize("K", [1, 3])

@@ -38,12 +38,48 @@ def common_dtype(embeddings: torch.Tensor, proxies: torch.Tensor) -> tuple[torch
     return embeddings.to(dtype), proxies.to(dtype)
 
 
+def exp_is_safe(bound: float, dtype: torch.dtype) -> bool:
+    """Whether ``exp(z)`` for ``|z| <= bound`` neither overflows nor underflows in ``dtype`` (sums of
+    up to ~1e15 terms included), so a log-sum-exp needs no max shift."""
+    return bound <= (300.0 if dtype == torch.float64 else 40.0)
+
+
+def exp_sum_(z: torch.Tensor, dim: int, bound: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(E, sum E, LSE z)`` along ``dim`` with ``E = exp(z - m)`` written over ``z`` (``|z| <= bound``).
+
+    The shift ``m`` is 0 when :func:`exp_is_safe` (one pass less), else the max along ``dim``.
+    """
+    if exp_is_safe(bound, z.dtype):
+        exps = z.exp_()
+        sums = exps.sum(dim=dim)
+        return exps, sums, torch.log(sums)
+    shift = z.amax(dim=dim, keepdim=True)
+    exps = z.sub_(shift).exp_()
+    sums = exps.sum(dim=dim)
+    return exps, sums, torch.log(sums).add_(shift.squeeze(dim))
+
+
+def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
+    """``1 / max(||x_r||, 1e-12)`` for every row ``r`` of ``x [N, D]``."""
+    return torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
+
+
+def row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``<a_r, b_r>`` for every row of ``a, b [N, D]`` (a batched product: no ``[N, D]`` temporary)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
+def tangent_(grad_unit: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """In place ``g - u <u, g>`` per row: the gradient through ``u = x / ||x||``, before the ``1/||x||``."""
+    return grad_unit.addcmul_(unit, row_dots(unit, grad_unit)[:, None], value=-1.0)
+
+
 class _RowNormalize(torch.autograd.Function):
     """``x / max(||x||, 1e-12)`` per row with a written-out backward (fewer passes than autograd's)."""
 
     @staticmethod
     def forward(ctx, x):
-        inv_norm = 1.0 / torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12)
+        inv_norm = inverse_row_norms(x)
         unit = x * inv_norm[:, None]
         ctx.save_for_backward(unit, inv_norm)
         return unit
@@ -51,8 +87,7 @@ class _RowNormalize(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_unit):
         unit, inv_norm = ctx.saved_tensors
-        radial = torch.linalg.vecdot(unit, grad_unit)
-        return (grad_unit - unit * radial[:, None]) * inv_norm[:, None]
+        return tangent_(grad_unit.clone(), unit).mul_(inv_norm[:, None])
 
 
 def normalize_rows(x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -9,76 +12,55 @@ from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, log1p_sum_exp
+from dmlkit.losses.proxy._fused import fused_proxy_loss
+from dmlkit.losses.proxy._math import common_dtype, exp_sum_, log1p_sum_exp
 
 
 def proxy_anchor_terms(
-    sim: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, alpha: float, margin: float, num_proxies: int
+    scaled: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, offset: float, num_proxies: int
 ) -> torch.Tensor:
     """Eq. (4) restricted to the given columns: ``sum_p pos_p / |P+| + sum_p neg_p / num_proxies``.
 
-    ``sim``, ``positive``, ``negative`` are ``[B, U]``; ``|P+|`` counts columns with a positive.
+    ``scaled = alpha * s``, ``positive``, ``negative`` are ``[B, U]``; ``offset = alpha * delta``;
+    ``|P+|`` counts columns with a positive.
     """
-    pos_term = log1p_sum_exp(-alpha * (sim - margin), positive, dim=0)
-    neg_term = log1p_sum_exp(alpha * (sim + margin), negative, dim=0)
+    pos_term = log1p_sum_exp(offset - scaled, positive, dim=0)
+    neg_term = log1p_sum_exp(scaled + offset, negative, dim=0)
     num_with_positives = positive.any(dim=0).sum().clamp_min(1)
     return pos_term.sum() / num_with_positives + neg_term.sum() / num_proxies
 
 
-def _exp_shift_is_safe(alpha: float, dtype: torch.dtype) -> bool:
-    """Whether ``exp(alpha (s - 1))`` cannot underflow to 0 for cosines ``s >= -1`` in ``dtype``."""
-    return 2.0 * alpha < (80.0 if dtype in (torch.float32, torch.float16, torch.bfloat16) else 700.0)
+Assign = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
-class _ProxyAnchorFunction(torch.autograd.Function):
-    """Eq. (4) on normalised ``xn [B, D]`` and raw ``proxies [P, D]`` with the gradient of Eq. (6).
+def proxy_anchor_kernel(
+    z: torch.Tensor, need_grad: bool, columns: torch.Tensor, assign: Assign, alpha: float, margin: float
+) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+    """Eq. (4) and its gradient Eq. (6) from ``z = alpha * s [P, B]`` (overwritten with ``dl/dz``).
 
     Proxies of classes absent from the batch (almost all of them at SOP scale) have every sample
-    as a negative, so their term is ``softplus(t_p)``, ``t_p = LSE_i alpha (s_ip + delta)``,
-    computed in a few in-place passes over the ``[B, P]`` matrix, with
-    ``dl/ds_ip = alpha/|P| sigmoid(t_p) E_ip / S_p`` (``E_ip = exp(alpha (s_ip - m_p))``,
-    ``S_p = sum_i E_ip``, shift ``m_p = 1`` — the cosine's upper bound — or the column max when
-    ``alpha`` is so large that ``exp`` could underflow). This is Eq. (6) rescaled. The few
-    ``columns`` of present classes are computed exactly with autograd on a ``[B, U]`` block.
-    The proxy normalisation is part of the function (its backward is written out).
+    as a negative, so their term is ``softplus(t_p)``, ``t_p = alpha delta + log sum_i E_pi`` with
+    ``E_pi = exp(z_pi - m_p)`` (shift ``m_p = 0`` when ``exp`` cannot overflow, else the row
+    max), and ``dl/dz_pi = sigmoid(t_p) E_pi / (|P| sum_i E_pi)`` (Eq. (6) divided by ``alpha``).
+    The proxies ``columns [U]`` of classes in the batch are computed exactly with autograd on a
+    ``[B, U]`` block; ``assign(alpha * s[:, columns])`` gives their ``(positive, negative)`` masks.
     """
-
-    @staticmethod
-    def forward(ctx, xn, proxies, columns, positive, negative, alpha, margin):
-        num_proxies = proxies.shape[0]
-        inv_norm = 1.0 / torch.linalg.vector_norm(proxies, dim=1).clamp_min(1e-12)
-        pn = proxies * inv_norm[:, None]
-        scaled = torch.mm(xn * alpha, pn.T)  # alpha * s, [B, P]
-        if _exp_shift_is_safe(alpha, scaled.dtype):
-            shift = torch.full((num_proxies,), alpha, dtype=scaled.dtype, device=scaled.device)
-            exps = scaled.sub_(alpha).exp_()
-        else:
-            shift = scaled.amax(dim=0)
-            exps = scaled.sub_(shift).exp_()
-        sums = exps.sum(dim=0)
-        lse = shift + alpha * margin + torch.log(sums)
-        bulk = F.softplus(lse)
-        coef = torch.sigmoid(lse) / sums * (alpha / num_proxies)
-        bulk[columns] = 0.0
-        with torch.enable_grad():
-            sim_present = torch.mm(xn, pn[columns].T).detach().requires_grad_(True)
-            present = proxy_anchor_terms(sim_present, positive, negative, alpha, margin, num_proxies)
-            (grad_present,) = torch.autograd.grad(present, sim_present)
-        ctx.save_for_backward(xn, proxies, pn, inv_norm, exps, coef, columns, grad_present)
-        return present.detach() + bulk.sum() / num_proxies
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        xn, proxies, pn, inv_norm, exps, coef, columns, grad_present = ctx.saved_tensors
-        grad_sim = exps * (coef * grad_output)
-        grad_sim[:, columns] = grad_present * grad_output
-        grad_xn = torch.mm(grad_sim, pn) if ctx.needs_input_grad[0] else None
-        grad_proxies = None
-        if ctx.needs_input_grad[1]:
-            grad_pn = torch.mm(grad_sim.T, xn)
-            radial = torch.linalg.vecdot(pn, grad_pn)  # d(p/|p|): (g - pn <pn, g>) / |p|
-            grad_proxies = grad_pn.sub_(pn * radial[:, None]).mul_(inv_norm[:, None])
-        return grad_xn, grad_proxies, None, None, None, None, None
+    num_proxies = z.shape[0]
+    present_z = z.index_select(0, columns)
+    positive, negative = assign(present_z.T)
+    offset = alpha * margin
+    exps, sums, lse = exp_sum_(z, 1, alpha)  # |z| <= alpha
+    lse = lse.add_(offset)
+    bulk = F.softplus(lse).index_fill_(0, columns, 0.0)
+    with torch.enable_grad():
+        present_z.requires_grad_(need_grad)
+        present = proxy_anchor_terms(present_z.T, positive, negative, offset, num_proxies)
+    loss = present.detach() + bulk.sum() / num_proxies
+    if not need_grad:
+        return loss, None, None
+    (grad_present,) = torch.autograd.grad(present, present_z)
+    coef = torch.sigmoid(lse).div_(sums).div_(num_proxies)
+    return loss, exps.mul_(coef[:, None]).index_copy_(0, columns, grad_present), None
 
 
 @LOSSES.register("proxy_anchor")
@@ -129,7 +111,9 @@ class ProxyAnchorLoss(ProxyLoss):
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         xn = l2_normalize(embeddings)
         columns = self.bank.present_columns(labels)
-        with torch.no_grad():
-            sim_present = xn @ l2_normalize(proxies[columns]).T
-        positive, negative = self.bank.assign(sim_present, labels, self.assignment, columns=columns)
-        return _ProxyAnchorFunction.apply(xn, proxies, columns, positive, negative, self.alpha, self.margin)
+
+        def assign(present_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.bank.assign(present_z, labels, self.assignment, columns=columns)
+
+        kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
+        return fused_proxy_loss(xn, proxies, kernel, self.alpha)

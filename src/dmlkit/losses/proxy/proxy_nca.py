@@ -2,51 +2,59 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
-import torch.nn.functional as F
 
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, normalize_rows
+from dmlkit.losses.proxy._fused import fused_proxy_loss
+from dmlkit.losses.proxy._math import common_dtype, exp_sum_
 
 
-def proxy_nca_loss(
-    logits: torch.Tensor,
+def proxy_nca_kernel(
+    z: torch.Tensor,
+    need_grad: bool,
     candidates: torch.Tensor,
     assignment: str,
     exclude_positive: bool,
-) -> torch.Tensor:
-    """Mean over samples of ``LSE_{denominator} logits - LSE_{positives} logits``.
+    bound: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Mean over samples of ``LSE_{denominator} z - LSE_{positives} z`` and its gradient (Eq. (3)).
 
     Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
-    softmax over positives and negatives (``False``, PML/ProxyNCA++). ``logits [B, P]``;
-    ``candidates [B, Kc]`` the columns of each sample's class proxies. Works on column
-    indices, so the only ``[B, P]`` passes are a (log-)softmax (and one masked copy when
-    columns must be left out of the denominator).
+    softmax over positives and negatives (``False``, PML/ProxyNCA++). ``z [P, B]`` are the
+    logits of every proxy for every sample (``|z| <= bound``), overwritten; ``candidates [B, Kc]``
+    the rows of each sample's class proxies. With ``E_pi = exp(z_pi - m_i)`` over the denominator
+    (0 elsewhere; shift ``m_i = 0`` when ``exp`` cannot overflow, else the sample's max),
+    ``S_i = sum_p E_pi`` and ``w_pi`` the softmax of the sample's positive logits,
+    ``dl/dz_pi = (E_pi - S_i w_pi) / (B S_i)``: returned as ``G = E - S w`` (in place) and the
+    per-sample factor ``1 / (B S_i)``.
     """
+    candidates = candidates.T  # [Kc, B]
     if assignment == "dynamic":
-        positive_cols = logits.detach().argmax(dim=1, keepdim=True)
-        excluded = positive_cols if exclude_positive else None
-    elif assignment == "nearest" and candidates.shape[1] > 1:
-        nearest = logits.detach().gather(1, candidates).argmax(dim=1, keepdim=True)
-        positive_cols = candidates.gather(1, nearest)
+        positive_rows = z.argmax(dim=0, keepdim=True)
+        excluded = positive_rows if exclude_positive else None
+    elif assignment == "nearest" and candidates.shape[0] > 1:
+        nearest = z.gather(0, candidates).argmax(dim=0, keepdim=True)
+        positive_rows = candidates.gather(0, nearest)
         excluded = candidates
     else:
-        positive_cols = candidates
+        positive_rows = candidates
         excluded = candidates if exclude_positive else None
-    positive_logits = logits.gather(1, positive_cols)
-    denominator_logits = logits if excluded is None else logits.scatter(1, excluded, float("-inf"))
-    if exclude_positive:
-        numerator = torch.logsumexp(positive_logits, dim=1)
-        return (torch.logsumexp(denominator_logits, dim=1) - numerator).mean()
-    if excluded is not None:  # "nearest": the other class proxies are out, the positive is in
-        denominator_logits = denominator_logits.scatter(1, positive_cols, positive_logits)
-    if positive_cols.shape[1] == 1:  # softmax cross-entropy (fused log-softmax + NLL)
-        return F.cross_entropy(denominator_logits, positive_cols[:, 0])
-    log_probs = torch.log_softmax(denominator_logits, dim=1).gather(1, positive_cols)
-    return -torch.logsumexp(log_probs, dim=1).mean()
+    positive = z.gather(0, positive_rows)
+    if excluded is not None:
+        z.scatter_(0, excluded, float("-inf"))
+        if not exclude_positive:  # "nearest": the other class proxies are out, the positive is in
+            z.scatter_(0, positive_rows, positive)
+    exps, sums, denominator = exp_sum_(z, 0, bound)
+    loss = (denominator - torch.logsumexp(positive, dim=0)).mean()
+    if not need_grad:
+        return loss, None, None
+    weights = torch.softmax(positive, dim=0).mul_(sums).neg_()
+    return loss, exps.scatter_add_(0, positive_rows, weights), sums.mul(z.shape[1]).reciprocal_()
 
 
 @LOSSES.register("proxy_nca")
@@ -103,8 +111,10 @@ class ProxyNCALoss(ProxyLoss):
         if self.exclude_positive and self.bank.num_proxies == num_excluded:
             return zero_loss(embeddings, proxies)  # no negative proxy at all: Eq. (4) is undefined
         # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
-        logits = (2.0 * self.softmax_scale * l2_normalize(embeddings)) @ normalize_rows(proxies).T
-        return proxy_nca_loss(logits, candidates, self.assignment, self.exclude_positive)
+        scale = 2.0 * self.softmax_scale
+        kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
+                         exclude_positive=self.exclude_positive, bound=scale)
+        return fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, scale)
 
 
 @LOSSES.register("proxy_nca_plus_plus")

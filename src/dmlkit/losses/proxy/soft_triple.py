@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from dmlkit._validation import Interval, validate_params
+from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies
+from dmlkit.losses.proxy._fused import fused_proxy_loss
+from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies, exp_is_safe, exp_sum_
+
+
+def soft_triple_kernel(
+    z: torch.Tensor, need_grad: bool, labels: torch.Tensor, centers: int, la: float, gamma: float, margin: float
+) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+    """SoftTriple (Sec. 3) and its analytic gradient from ``z = s / gamma [C*K, B]`` (overwritten).
+
+    With ``u = z`` viewed ``[C, K, B]`` (``u - m`` with ``m`` the max over ``k`` when ``exp(u)``
+    is unsafe), ``e_k = exp(u_k)``, ``Z = sum_k e_k`` and ``V = sum_k e_k u_k / Z = S / gamma``,
+    the class logits are ``la * (gamma V - margin [c = y])`` and ``H = dl/dS = la (softmax -
+    onehot) / B``. Since ``dS/ds_k = w_k (1 + u_k - V)`` (``w = e / Z``), ``dl/dz_k = gamma H / Z
+    (e_k u_k + e_k (1 - V))``, written over ``z``; the ``[C, K, B]`` matrix is swept six times.
+    """
+    num_classes, batch = z.shape[0] // centers, z.shape[1]
+    u = z.view(num_classes, centers, batch)
+    shift = None
+    if not exp_is_safe(1.0 / gamma, z.dtype):  # |u| <= 1 / gamma; else work with u - m (same u - V)
+        shift = u.amax(dim=1, keepdim=True)
+        u.sub_(shift)
+    e = torch.exp(u)
+    norm = e.sum(dim=1)
+    relaxed = u.mul_(e).sum(dim=1).div_(norm)  # V (- m), [C, B]
+    samples = torch.arange(batch, device=z.device)
+    logits = relaxed * (la * gamma) if shift is None else (relaxed + shift[:, 0]).mul_(la * gamma)
+    logits.index_put_((labels, samples), torch.tensor(-la * margin, dtype=z.dtype, device=z.device), accumulate=True)
+    target = logits[labels, samples]
+    probs, total, lse = exp_sum_(logits, 0, la * (1.0 + abs(margin)))
+    loss = (lse - target).mean()
+    if not need_grad:
+        return loss, None, None
+    grad_s = probs.div_(total).index_put_((labels, samples), torch.tensor(-1.0, dtype=z.dtype, device=z.device),
+                                          accumulate=True).mul_(la / batch)
+    factor = grad_s.mul_(gamma).div_(norm)  # gamma H / Z
+    grad_u = u.addcmul_(e, relaxed.neg_().add_(1.0)[:, None]).mul_(factor[:, None])
+    return loss, grad_u.view(num_classes * centers, batch), None
 
 
 @LOSSES.register("soft_triple")
@@ -68,11 +107,15 @@ class SoftTripleLoss(ProxyLoss):
         self.reject_kwargs(kwargs)
         self.bank.check_labels(labels)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
-        logits = self.la * self.class_similarity(embeddings, proxies)
-        rows = torch.arange(labels.numel(), device=labels.device)
-        logits = logits.index_put((rows, labels), logits[rows, labels] - self.la * self.margin)
-        loss = F.cross_entropy(logits, labels)
-        if self.tau > 0 and self.centers_per_class > 1:
+        return self.loss_with_proxies(embeddings, labels, proxies)
+
+    def loss_with_proxies(self, embeddings: torch.Tensor, labels: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
+        """The loss of ``embeddings [B, D]`` against explicit ``proxies [C*K, D]`` (one fused sweep, see
+        :func:`soft_triple_kernel`), plus the centre regulariser when ``tau > 0``."""
+        k = self.centers_per_class
+        kernel = partial(soft_triple_kernel, labels=labels, centers=k, la=self.la, gamma=self.gamma, margin=self.margin)
+        loss = fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma)
+        if self.tau > 0 and k > 1:
             loss = loss + self.tau * self.center_regularizer(proxies)
         return loss
 
