@@ -5,29 +5,93 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+FORMATS = ("npz", "npy", "parquet")
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
+    p.epilog = (
+        "examples:\n"
+        "  dmlkit embed runs/ms --out test.parquet          # label, path, embedding per row\n"
+        "  dmlkit embed runs/ms --out gallery.bin --format parquet --split gallery\n"
+        "  # read back: pyarrow.parquet.read_table('test.parquet') or pandas.read_parquet('test.parquet')"
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
-    p.add_argument("--out", required=True, help="FILE.npz (embeddings, labels, paths in one file) or FILE.npy "
-                   "(embeddings; labels in FILE.labels.npy and paths in FILE.paths.txt beside it)")
+    p.add_argument("--out", required=True, help="FILE.npz (embeddings, labels, paths in one file), FILE.npy "
+                   "(embeddings; labels in FILE.labels.npy and paths in FILE.paths.txt beside it) or "
+                   "FILE.parquet (one row per image: label, path, embedding as a fixed-size list of float32; "
+                   "needs pyarrow)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="file format (default: from the --out extension)")
     p.add_argument("--split", choices=["test", "val", "train", "query", "gallery"], default="test")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override data fields, e.g. --set data.root=/data/SOP")
 
 
-def write_embeddings(out: Path, embeddings, labels, paths) -> list[Path]:
-    """Write ``.npz`` or ``.npy`` (+ sidecars) atomically; returns the files written."""
+def output_format(out: str | Path, fmt: str | None = None) -> str:
+    """``fmt``, else the format named by ``out``'s extension; a ConfigError when neither says."""
+    from dmlkit.exceptions import ConfigError
+
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}. Got {fmt!r}.")
+        return fmt
+    suffix = Path(out).suffix.lstrip(".")
+    if suffix not in FORMATS:
+        raise ConfigError(f"--out must end in .npz or .npy or .parquet (or name the format with --format). Got {str(out)!r}.")
+    if suffix == "parquet":
+        require_pyarrow()
+    return suffix
+
+
+def require_pyarrow():
+    """The ``pyarrow`` module, or a ConfigError naming the package to install."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        from dmlkit.exceptions import ConfigError
+
+        raise ConfigError(
+            "Parquet output needs the 'pyarrow' package, which is not installed: "
+            "pip install pyarrow (or pip install 'dmlkit[parquet]')."
+        ) from None
+    return pyarrow
+
+
+def parquet_bytes(embeddings, labels, paths) -> bytes:
+    """A Parquet file with one row per sample: ``label`` (int64), ``path`` (string, null without
+    files) and ``embedding`` (fixed-size list of float32)."""
+    import numpy as np
+
+    pa = require_pyarrow()
+    emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+    n, dim = emb.shape
+    table = pa.table({
+        "label": pa.array(np.asarray(labels, dtype=np.int64)),
+        "path": pa.array([str(p) for p in paths] if paths else [None] * n, type=pa.string()),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
+    })
+    sink = pa.BufferOutputStream()
+    pa.parquet.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = None) -> list[Path]:
+    """Write ``.npz``, ``.npy`` (+ sidecars) or ``.parquet`` atomically; returns the files written."""
     import io
 
     import numpy as np
 
     from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_text
-    from dmlkit.exceptions import ConfigError
 
+    fmt = output_format(out, fmt)
     emb = np.asarray(embeddings, dtype=np.float32)
     lab = np.asarray(labels, dtype=np.int64)
-    if out.suffix == ".npz":
+    if fmt == "parquet":
+        atomic_write_bytes(out, parquet_bytes(emb, lab, paths))
+        return [out]
+    if fmt == "npz":
         buf = io.BytesIO()
         arrays = {"embeddings": emb, "labels": lab}
         if paths:
@@ -35,19 +99,17 @@ def write_embeddings(out: Path, embeddings, labels, paths) -> list[Path]:
         np.savez(buf, **arrays)
         atomic_write_bytes(out, buf.getvalue())
         return [out]
-    if out.suffix == ".npy":
-        written = []
-        for target, array in ((out, emb), (out.with_suffix(".labels.npy"), lab)):
-            buf = io.BytesIO()
-            np.save(buf, array)
-            atomic_write_bytes(target, buf.getvalue())
-            written.append(target)
-        if paths:
-            target = out.with_suffix(".paths.txt")
-            atomic_write_text(target, "".join(f"{p}\n" for p in paths))
-            written.append(target)
-        return written
-    raise ConfigError(f"--out must end in .npz or .npy. Got {str(out)!r}.")
+    written = []
+    for target, array in ((out, emb), (out.with_suffix(".labels.npy"), lab)):
+        buf = io.BytesIO()
+        np.save(buf, array)
+        atomic_write_bytes(target, buf.getvalue())
+        written.append(target)
+    if paths:
+        target = out.with_suffix(".paths.txt")
+        atomic_write_text(target, "".join(f"{p}\n" for p in paths))
+        written.append(target)
+    return written
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.loading import load_run
     from dmlkit.exceptions import ConfigError
 
-    if Path(args.out).suffix not in (".npz", ".npy"):  # fail before the (slow) embedding pass
-        raise ConfigError(f"--out must end in .npz or .npy. Got {args.out!r}.")
+    fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass
     cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
     splits = build_splits(cfg, model)
     dataset = getattr(splits, args.split, None)
@@ -64,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"split {args.split!r} does not exist for data set {cfg.data.name!r} with this protocol.")
     emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
     paths = getattr(dataset, "paths", None)
-    for path in write_embeddings(Path(args.out), emb.numpy(), labels.numpy(), paths):
+    for path in write_embeddings(Path(args.out), emb.numpy(), labels.numpy(), paths, fmt):
         print(path)
     print(f"{emb.shape[0]} embeddings of size {emb.shape[1]} ({args.split} split)")
     return 0

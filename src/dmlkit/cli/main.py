@@ -15,7 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "validate": ("dmlkit.cli.validate", "check a config (preset, file, overrides) without training"),
     "evaluate": ("dmlkit.cli.evaluate", "re-evaluate a run's selected checkpoint, optionally on another split"),
     "crossval": ("dmlkit.cli.crossval", "the 4-fold protocol: train the fold models, report average ± std and ensemble"),
-    "embed": ("dmlkit.cli.embed", "write embeddings of a data set split to .npz/.npy with labels and paths"),
+    "embed": ("dmlkit.cli.embed", "write embeddings of a data set split to .npz/.npy/.parquet with labels and paths"),
     "search": ("dmlkit.cli.search", "nearest neighbours of query images or embeddings in an embedded gallery"),
     "presets": ("dmlkit.cli.presets", "list packaged presets, or show one with its source"),
     "datasets": ("dmlkit.cli.datasets", "list data sets, or check a data set folder against published counts"),

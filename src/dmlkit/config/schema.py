@@ -124,7 +124,14 @@ class SamplerConfig:
 
 @dataclass
 class TrainConfig:
-    """Step budget, evaluation cadence, early stopping, numerics."""
+    """Step budget, evaluation cadence, early stopping, numerics, logging.
+
+    ``mixed_precision`` runs the model under autocast (``bf16`` on CPU; ``fp16``/``bf16`` on GPU);
+    losses always turn autocast off and accumulate in fp32. ``compile`` wraps the model in
+    ``torch.compile``. Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
+    ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
+    (needs the ``tensorboard`` package).
+    """
 
     max_steps: int = 600
     eval_every: int = 100
@@ -136,6 +143,7 @@ class TrainConfig:
     on_nonfinite: str = "stop"
     num_threads: Optional[int] = None
     progress: bool = True
+    tensorboard: bool = False
 
 
 @dataclass

@@ -285,18 +285,19 @@ def embed_dataset(
     was_training = model.training
     model.eval()
     outs, labs = [], []
+    device = next(model.parameters(), torch.empty(0)).device.type  # autocast on the model's device
     try:
         if hasattr(dataset, "get_batch"):
             n = len(dataset)
             for start in range(0, n, batch_size):
                 x, y = dataset.get_batch(list(range(start, min(n, start + batch_size))))
-                with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                     outs.append(model(x).float())
                 labs.append(y)
         else:
             loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
             for x, y in loader:
-                with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                     outs.append(model(x).float())
                 labs.append(torch.as_tensor(y, dtype=torch.int64))
     finally:

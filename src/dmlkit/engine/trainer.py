@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from dmlkit.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from dmlkit.engine.run_dir import RunDirectory
+from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 
@@ -94,6 +95,8 @@ class Trainer:
         self.resume = resume
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
+        if cfg.train.tensorboard and self.dist.is_main:
+            require_tensorboard()  # a missing package fails here, before anything heavy
         seed_everything(cfg.seed)
         self.model = builders.build_model(cfg)
         self.splits = builders.build_splits(cfg, self.model)
@@ -112,6 +115,7 @@ class Trainer:
         self.evals_since_best = 0
         self.stopped_early = False
         self.elapsed = 0.0
+        self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
         if hooks is None and cfg.asap.enabled:
             from dmlkit.methods.asap import AsapHooks
 
@@ -121,6 +125,7 @@ class Trainer:
 
         self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
+        self.autocast_device = next(self.model.parameters(), torch.empty(0)).device.type
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
@@ -184,42 +189,69 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Write ``checkpoints/last.pt`` atomically."""
+        """Write ``checkpoints/last.pt`` atomically (and flush TensorBoard up to this step)."""
         save_checkpoint(self.run.last_checkpoint, self.state_dict())
+        self.run.flush()
 
     # ------------------------------------------------------------------ loop
 
     def training_step(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None) -> float:
-        """One optimisation step; returns the loss value."""
-        self.model.train()
-        with torch.autocast("cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+        """One optimisation step; returns the loss value (NaN when a non-finite step was skipped).
+
+        Per-step work beyond a hand-written loop is kept to what the engine promises: one
+        ``.item()`` of the loss (its finite check and the returned value), one fused norm over
+        all gradients (their finite check, and the clipping norm when ``grad_clip`` is set).
+        """
+        if not self.model.training:  # evaluation puts it back; the check saves a walk over every module
+            self.model.train()
+        if self.autocast_dtype is None:
             embeddings = self.forward_model(images)
-        embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
-        labels = distributed.all_gather_labels(labels)
-        if indices is not None:
-            indices = distributed.all_gather_labels(torch.as_tensor(indices)).tolist()
+        else:
+            with torch.autocast(self.autocast_device, dtype=self.autocast_dtype):
+                embeddings = self.forward_model(images)
+        if self.dist.enabled:
+            embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
+            labels = distributed.all_gather_labels(labels)
+        if indices is not None and _overrides(self.hooks, "on_batch_embeddings"):
+            if self.dist.enabled:
+                indices = distributed.all_gather_labels(torch.as_tensor(indices)).tolist()
             self.hooks.on_batch_embeddings(self, indices, embeddings.detach())
         loss = self.objective(embeddings, labels)
-        if not torch.isfinite(loss):
-            return self._non_finite("loss", float(loss))
+        value = loss.item()
+        if not math.isfinite(value):
+            return self._non_finite("loss", value)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
+        if self.dist.enabled:
+            distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
         self.hooks.after_backward(self)
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        clip = self.cfg.optimizer.grad_clip
-        total = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
-        if not torch.isfinite(total):
-            return self._non_finite("gradient norm", float(total))
+        total = self._gradient_norm()
+        if not math.isfinite(total):
+            return self._non_finite("gradient norm", total)
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss.detach())
+        return value
+
+    def _gradient_norm(self) -> float:
+        """Total L2 norm of every gradient in one fused pass; clips to ``optimizer.grad_clip`` when set.
+
+        The norm is the finite check: a NaN or infinite gradient anywhere makes it non-finite.
+        """
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return 0.0
+        clip = self.cfg.optimizer.grad_clip
+        if clip is not None:
+            return float(torch.nn.utils.clip_grad_norm_(params, clip))
+        return float(_total_norm([p.grad for p in params]))
 
     def _non_finite(self, what: str, value: float) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.train.on_nonfinite == "skip":
             self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a skipped step on purpose keeps the schedule aligned with the steps
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                self.scheduler.step()
             return float("nan")
         last = self.run.last_checkpoint
         where = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
@@ -244,8 +276,12 @@ class Trainer:
         """In-Shop style: queries retrieve from a separate gallery."""
         from dmlkit.evaluation import clustering_metrics, retrieval_metrics
 
-        q, ql = builders.embed_dataset(self.model, query, self.cfg.eval.batch_size, self.cfg.data.num_workers)
-        g, gl = builders.embed_dataset(self.model, gallery, self.cfg.eval.batch_size, self.cfg.data.num_workers)
+        q, ql = builders.embed_dataset(
+            self.model, query, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
+        )
+        g, gl = builders.embed_dataset(
+            self.model, gallery, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
+        )
         metrics = retrieval_metrics(
             q, ql, reference=g, reference_labels=gl, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend
         )
@@ -285,6 +321,16 @@ class Trainer:
         elif self.dist.is_main:
             self.run.prepare(cfg, self.splits)
         distributed.barrier()
+        if cfg.train.tensorboard and self.dist.is_main:  # after a resume, TensorBoard drops the replayed steps
+            self.run.open_tensorboard(purge_step=self.step + 1 if self.resume else None)
+        try:
+            return self._train()
+        finally:
+            self.run.close()
+
+    def _train(self) -> TrainResult:
+        """The loop of :meth:`fit`, then :meth:`finish` on rank 0."""
+        cfg = self.cfg
         self.hooks.on_train_start(self)
         has_val = self.splits.val is not None
         batches = builders.iterate_training_batches(
@@ -292,7 +338,7 @@ class Trainer:
         )
         bar = _progress(cfg, initial=self.step) if self.dist.is_main else None
         stop = self.step >= cfg.train.max_steps
-        t_last = time.perf_counter()
+        t_last = self.clock()
         running = None
         while not stop:
             indices, images, raw_labels, position = next(batches)
@@ -303,7 +349,7 @@ class Trainer:
             value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
-            now = time.perf_counter()
+            now = self.clock()
             self.elapsed += now - t_last
             t_last = now
             if math.isfinite(value):
@@ -321,7 +367,7 @@ class Trainer:
             if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
                 stop = self.validate()
                 evaluated = True
-                t_last = time.perf_counter()  # evaluation time is not training time
+                t_last = self.clock()  # evaluation time is not training time
             stop = stop or self.step >= cfg.train.max_steps
             if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
                 self.save()
@@ -362,6 +408,20 @@ class Trainer:
             if test_set is self.splits.query:
                 self.run.save_embeddings("gallery", self.model, self.splits.gallery, self.objective, self.cfg)
         return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
+
+
+def _overrides(hooks: MethodHooks, name: str) -> bool:
+    """Whether ``hooks`` replaces the do-nothing ``MethodHooks.<name>`` (else the loop skips preparing its input)."""
+    method = getattr(hooks, name)
+    return getattr(method, "__func__", method) is not getattr(MethodHooks, name)
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of all ``grads`` together (per-tensor norms in one foreach call, then their norm)."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).float().cpu() for g in grads]))
 
 
 def _floats(metrics: dict) -> dict:

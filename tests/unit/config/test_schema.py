@@ -54,6 +54,8 @@ def test_all_problems_collected():
         ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),
         ("eval.ks=[0]", "eval.ks must be a non-empty list of ints >= 1"),
         ("train.mixed_precision=fp8", "train.mixed_precision must be one of"),
+        ("train.compile=3", "train.compile must be bool. Got 3"),
+        ("train.tensorboard=sometimes", "train.tensorboard must be bool. Got 'sometimes'"),
         ("data=3", "data must be a mapping"),
     ],
 )

@@ -1,0 +1,65 @@
+"""`dmlkit embed`: .npz, .npy and .parquet outputs hold the same embeddings, labels and paths."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dmlkit.cli.embed import output_format, write_embeddings
+from dmlkit.cli.main import main
+from dmlkit.config import load_config
+from dmlkit.engine.trainer import Trainer
+from dmlkit.exceptions import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = load_config(overrides=[
+        "train.max_steps=2", "train.progress=false", "eval.clustering=false", "eval.save_embeddings=false",
+        "model.args={width: 8}", "sampler.batch_size=32", "sampler.m=8",
+    ])
+    Trainer(cfg, run_dir, echo=lambda _: None).fit()
+    return run_dir
+
+
+def test_parquet_round_trips_the_npz_output(tiny_run, tmp_path, capsys):
+    assert main(["embed", str(tiny_run), "--out", str(tmp_path / "test.npz")]) == 0
+    assert main(["embed", str(tiny_run), "--out", str(tmp_path / "test.parquet")]) == 0
+    assert "embeddings of size 64 (test split)" in capsys.readouterr().out
+    ref = np.load(tmp_path / "test.npz")
+    table = pq.read_table(tmp_path / "test.parquet")
+    assert table.column_names == ["label", "path", "embedding"]
+    kind = table.schema.field("embedding").type
+    assert pa.types.is_fixed_size_list(kind) and kind.list_size == 64 and kind.value_type == pa.float32()
+    assert table.schema.field("label").type == pa.int64()
+    emb = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+    assert emb.dtype == np.float32 and np.array_equal(emb, ref["embeddings"])
+    assert np.array_equal(table.column("label").to_numpy(), ref["labels"])
+    assert table.column("path").null_count == table.num_rows  # MNIST is in memory: no files
+
+
+def test_format_flag_overrides_the_extension_and_paths_are_kept(tmp_path):
+    emb = np.arange(12, dtype=np.float64).reshape(3, 4) / 7
+    paths = ["a/1.png", "b/2.png", "b/3.png"]
+    [out] = write_embeddings(tmp_path / "gallery.bin", emb, [0, 1, 1], paths, fmt="parquet")
+    table = pq.read_table(out)
+    assert table.column("path").to_pylist() == paths
+    assert table.column("label").to_pylist() == [0, 1, 1]
+    got = np.stack([np.asarray(v, dtype=np.float32) for v in table.column("embedding").to_pylist()])
+    assert np.array_equal(got, emb.astype(np.float32))
+
+
+def test_unknown_extension_without_format_fails_before_embedding(tiny_run, tmp_path, capsys):
+    assert main(["embed", str(tiny_run), "--out", str(tmp_path / "emb.csv")]) == 2
+    assert "--out must end in .npz or .npy or .parquet" in capsys.readouterr().err
+    assert not (tmp_path / "emb.csv").exists()
+    assert output_format("x.csv", "npy") == "npy"
+
+
+def test_missing_pyarrow_is_named(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ConfigError, match=r"needs the 'pyarrow' package.*pip install pyarrow"):
+        output_format("emb.parquet")
