@@ -4,7 +4,8 @@ Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 605
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
 (2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
-interleaved, so peak RSS is per run; the table shows median wall time over the repeats.
+interleaved, so peak RSS is per run; the table shows median wall time over the repeats and the
+highest 1-minute load average seen at the start of a run (other processes on the cores slow it).
 PML is only run up to --pml-max samples (it needs minutes beyond SOP scale).
 """
 
@@ -17,7 +18,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 import torch
 torch.set_num_threads(2)
 n, impl = int(sys.argv[1]), sys.argv[2]
@@ -30,6 +31,7 @@ centres = torch.randn(int(labels.max()) + 1, 128, generator=g)
 x = centres[labels] + 1.3 * torch.randn(n, 128, generator=g)
 x = torch.nn.functional.normalize(x, dim=1)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+load = os.getloadavg()[0]  # other processes share the cores: record how busy the machine was
 t0 = time.perf_counter()
 if impl == "pml":
     import faiss
@@ -45,7 +47,8 @@ else:
     out = {k: r[k] for k in ("precision_at_1", "r_precision", "map_at_r")}
 elapsed = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out}))
+print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out,
+                  "load": load}))
 """
 
 
@@ -73,11 +76,12 @@ def main() -> None:
             med = statistics.median(r["seconds"] for r in runs[impl])
             peak = max(r["peak_rss_mib"] for r in runs[impl])
             data = min(r["data_rss_mib"] for r in runs[impl])
-            rows.append((f"{impl} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, runs[impl][0]["metrics"]))
-    print(f"{'name':<22}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}  metrics")
-    for name, ms, ref_ms, ratio, peak, data, met in rows:
+            load = max(r["load"] for r in runs[impl])
+            rows.append((f"{impl} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, load, runs[impl][0]["metrics"]))
+    print(f"{'name':<22}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}{'load':>6}  metrics")
+    for name, ms, ref_ms, ratio, peak, data, load, met in rows:
         m = " ".join(f"{k}={v:.6f}" for k, v in met.items())
-        print(f"{name:<22}{ms:>10.0f}{ref_ms:>10.0f}{ratio:>9.2f}{peak:>14.0f}{data:>12.0f}  {m}")
+        print(f"{name:<22}{ms:>10.0f}{ref_ms:>10.0f}{ratio:>9.2f}{peak:>14.0f}{data:>12.0f}{load:>6.1f}  {m}")
 
 
 if __name__ == "__main__":

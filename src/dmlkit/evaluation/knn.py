@@ -10,23 +10,29 @@ How a neighbour list is defined (both backends return exactly this):
   reference index (deterministic tie-breaking);
 * with ``exclude_self=True`` reference ``i`` is never a neighbour of query ``i``.
 
-How it is computed fast: the scores ``<q, r> - h_q - h_r`` (``h = |x|^2 / 2`` for Euclidean,
-so the score is ``-d^2 / 2``; ``h = 0`` otherwise) are first taken from float32 matrix products
-in tiles (memory O(tile^2 + N * k), never N x N) and each query keeps a running top-``m``
-shortlist (``m = k + 4``). In leave-one-out on one tensor only the tiles on and above the
-diagonal are multiplied; each tile serves its rows and, transposed, its columns (half the
-products). The shortlist is re-ranked with the float64 keys. Float32 scores differ from the
-exact ones by at most ``eps_i = c (|q_i| max_j |r_j| + h_i + max_j h_j)`` with
-``c = 2 (D + 6) 2^-24`` (standard dot-product rounding bound with a factor-2 margin). If the
-k-th exact score of the shortlist beats the smallest shortlisted float32 score by more than
-``eps_i``, no reference outside the shortlist can enter the top k, so the result is exact.
-Queries that cannot be certified (near-ties, duplicates) are searched again with a 4x larger
-shortlist until certified; at ``m = N`` the search is exhaustive, so the loop always ends.
-The faiss backend takes its shortlist from ``IndexFlatIP`` and shares everything else.
+How it is computed fast: search scores approximating ``<q, r> - h_q - h_r`` (``h = |x|^2 / 2``
+for Euclidean, so the score is ``-d^2 / 2``; ``h = 0`` otherwise) come from float32 matrix
+products in cache-sized tiles (memory O(tile + N * m), never N x N), and each query keeps a
+running top-``m`` shortlist (``m = k + 2``). The first tile of a query seeds its shortlist with
+``topk``; every later tile only passes the entries above the query's current m-th best score
+(found through the maxima of small groups of entries, so a tile costs one cheap pass plus work on
+the few survivors). In leave-one-out on one tensor only the tiles on and above the diagonal are
+multiplied; each tile serves its rows and, through per-column thresholds, its columns (half the
+products). The tiles are shared among ``torch.get_num_threads()`` single-threaded workers with
+their own running tops, merged at the end. The shortlist is re-ranked with the float64 keys. Float32 scores differ from the exact
+ones by at most ``eps_i = c (|q_i| max_j |r_j| + h_i + max_j h_j)`` with ``c = 2 (D + 6) 2^-24``
+(standard dot-product rounding bound with a factor-2 margin). Every reference left out of the
+shortlist scored at most the smallest shortlisted float32 score, so if the k-th exact score of the
+shortlist beats that score by more than ``eps_i``, no reference outside it can enter the top k and
+the result is exact. Queries that cannot be certified (near-ties, duplicates, float32 overflow)
+are searched again with a 4x larger shortlist until certified; at ``m = N`` every reference is
+re-ranked, so the loop always ends. The faiss backend takes its shortlist from ``IndexFlatIP``
+and shares everything else.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -38,36 +44,39 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 RESCORE_BYTES = 64 * 2**20  # float64 [rows, m, D] gather budget for re-ranking
-TILE_BYTES = 32 * 2**20  # float32 score tile budget
-SYMMETRIC_TILE = 2048  # rows / columns of a leave-one-out tile
-SHORTLIST_SLACK = 4  # shortlist m = k + slack; uncertified queries retry with 4x larger m
+TILE_BYTES = 32 * 2**20  # float32 score tile budget of the retry search
+TILE_ROWS = 1024  # queries per score tile of the shortlist pass
+TILE_COLS = 2048  # references per score tile of the shortlist pass
+FILTER_GROUP = 32  # entries whose maximum is compared with a threshold before the entries themselves
+SHORTLIST_SLACK = 2  # shortlist m = k + slack; uncertified queries retry with 4x larger m
 
 
 @dataclass
 class _Prepared:
     """Float32 search operands, float64 re-ranking operands and the float32 error bound.
 
-    Search score (larger is closer): ``s_ij = <q_i, r_j> - h_i - h_j`` with ``h = |x|^2 / 2``
-    for Euclidean (so ``s_ij = -|q_i - r_j|^2 / 2``) and ``h = 0`` otherwise. When the
-    reference ``h`` are all (nearly) equal, as for L2-normalised embeddings, the float32 tiles
-    skip the bias and ``h_j`` is replaced by its mean; the spread goes into the bound.
+    Search score (larger is closer): ``s_ij = <query_op_i, reference_op_j>``, which equals the
+    exact score ``<q_i, r_j> - h_i - h_j`` minus ``shift_i`` up to ``bound_i`` (``h = |x|^2 / 2``
+    for Euclidean, so the exact score is ``-|q_i - r_j|^2 / 2``; ``h = 0`` otherwise). The biases
+    ride in two extra columns (``[q, -h_q, 1]``, ``[r, 1, -h_r]``), so the score is symmetric in
+    leave-one-out. When the reference ``h`` are all (nearly) equal, as for L2-normalised
+    embeddings, the operands are the plain embeddings, ``shift_i = -h_i - mean_j h_j`` and the
+    spread of ``h`` goes into the bound.
     """
 
-    query32: torch.Tensor  # [Nq, D]
-    reference32: torch.Tensor  # [Nr, D]
+    query_op: torch.Tensor  # [Nq, D'] float32
+    reference_op: torch.Tensor  # [Nr, D'] float32
     query64: torch.Tensor  # [Nq, D]
     reference64: torch.Tensor  # [Nr, D]
-    query_bias: torch.Tensor  # [Nq] float64 h_i
-    reference_bias32: torch.Tensor | None  # [Nr] float32 h_j, None when folded into the offset
-    offset: float  # constant subtracted from every float32 score (mean h_j when folded)
-    bound: torch.Tensor  # [Nq] float64 bound on |float32 score - exact score|
+    shift: torch.Tensor  # [Nq] float64: exact score ~= search score + shift
+    bound: torch.Tensor  # [Nq] float64 bound on |search score + shift - exact score|
     metric: str
     exclude_self: bool
     symmetric: bool  # leave-one-out on one tensor: tiles are shared by rows and columns
 
     @property
     def num_references(self) -> int:
-        return self.reference32.shape[0]
+        return self.reference_op.shape[0]
 
     @property
     def num_candidates(self) -> int:
@@ -90,18 +99,23 @@ def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_
     h_max = float(r_h.max()) if r_h.numel() else 0.0
     spread = float(r_h.max() - r_h.min()) if r_h.numel() else 0.0
     folded = spread <= 1e-6 * (1.0 + h_max)
-    offset = float(r_h.mean()) if folded and r_h.numel() else 0.0
     c = 2.0 * (q64.shape[1] + 6) * FLOAT32_UNIT_ROUNDOFF + 1e-12
     bound = c * (q64.norm(dim=1) * r_norm_max + q_h + h_max) + (2.0 * spread if folded else 0.0) + 1e-300
     q32 = q64.float().contiguous()
+    r32 = q32 if symmetric else r64.float().contiguous()
+    if folded:
+        shift = -q_h - (float(r_h.mean()) if r_h.numel() else 0.0)
+        q_op, r_op = q32, r32
+    else:
+        shift = torch.zeros_like(q_h)
+        q_op = torch.cat([q32, -q_h.float().unsqueeze(1), torch.ones(len(q32), 1)], 1)
+        r_op = torch.cat([r32, torch.ones(len(r32), 1), -r_h.float().unsqueeze(1)], 1)
     return _Prepared(
-        query32=q32,
-        reference32=q32 if symmetric else r64.float().contiguous(),
+        query_op=q_op,
+        reference_op=r_op,
         query64=q64,
         reference64=r64,
-        query_bias=q_h,
-        reference_bias32=None if folded else r_h.float(),
-        offset=offset,
+        shift=shift,
         bound=bound,
         metric=metric,
         exclude_self=exclude_self,
@@ -112,16 +126,24 @@ def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_
 def _exact_keys(prep: _Prepared, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Float64 keys ``[b, m]`` (larger is closer) of the pairs ``(rows[i], idx[i, j])``."""
     q = prep.query64[rows].unsqueeze(1)  # [b, 1, D]
-    r = prep.reference64[idx]  # [b, m, D]
+    r = prep.reference64[idx]  # [b, m, D], a fresh copy: updated in place
     if prep.metric == "euclidean":
-        diff = q - r
-        return -(diff * diff).sum(-1)
-    return (q * r).sum(-1)
+        r.sub_(q)
+        return r.mul_(r).sum(-1).neg_()
+    return r.mul_(q).sum(-1)
 
 
 def _keys_to_scores(prep: _Prepared, keys: torch.Tensor) -> torch.Tensor:
     """Express float64 keys in search-score units (``-d^2 / 2`` for Euclidean)."""
     return 0.5 * keys if prep.metric == "euclidean" else keys
+
+
+def _mask_self(s: torch.Tensor, r0: int, c0: int) -> None:
+    """Set the entries ``(i, i)`` of a score tile with rows ``r0..`` and columns ``c0..`` to ``-inf``."""
+    lo, hi = max(r0, c0), min(r0 + s.shape[0], c0 + s.shape[1])
+    if lo < hi:
+        d = torch.arange(lo, hi)
+        s[d - r0, d - c0] = float("-inf")
 
 
 def _merge_topm(
@@ -137,16 +159,14 @@ def _merge_topm(
 
 
 def _shortlist_torch(prep: _Prepared, rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Running top-``m`` float32 scores (query bias not applied) and indices ``[b, m]`` over reference chunks."""
-    q = prep.query32[rows]
+    """Running top-``m`` search scores and indices ``[b, m]`` of ``rows`` over reference chunks."""
+    q = prep.query_op[rows]
     b, n_ref = q.shape[0], prep.num_references
     chunk = max(m, min(n_ref, TILE_BYTES // (4 * max(b, 1))))
     best_v = best_i = None
     for c0 in range(0, n_ref, chunk):
         c1 = min(n_ref, c0 + chunk)
-        s = q @ prep.reference32[c0:c1].T
-        if prep.reference_bias32 is not None:
-            s.sub_(prep.reference_bias32[c0:c1])
+        s = q @ prep.reference_op[c0:c1].T
         if prep.exclude_self:
             inside = (rows >= c0) & (rows < c1)
             s[inside.nonzero().squeeze(1), rows[inside] - c0] = float("-inf")
@@ -155,57 +175,188 @@ def _shortlist_torch(prep: _Prepared, rows: torch.Tensor, m: int) -> tuple[torch
     return best_v, best_i
 
 
-def _shortlist_symmetric(prep: _Prepared, m: int, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``m`` shortlists ``[N, m]`` for leave-one-out, multiplying only tiles ``j >= i`` of X X^T.
+def _above(s: torch.Tensor, t: torch.Tensor, by_row: bool, group: int) -> tuple[torch.Tensor, ...]:
+    """Entries of the tile ``s [R, C]`` above the per-row (``t [R]``) or per-column (``t [C]``) threshold.
 
-    Each off-diagonal tile serves the queries of its rows and, transposed, those of its
-    columns, so the matrix products cost half of a full pass.
+    Returns ``(row, column, value)``. The maxima of ``group`` consecutive entries along the
+    threshold's other axis are compared first (one cheap reduction), then only the passing groups
+    entry by entry.
     """
-    x, n = prep.query32, prep.num_references
-    bias = prep.reference_bias32
-    starts = list(range(0, n, tile))
-    best: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * len(starts)
-    for bi, r0 in enumerate(starts):
-        r1 = min(n, r0 + tile)
-        for bj in range(bi, len(starts)):
-            c0 = starts[bj]
-            c1 = min(n, c0 + tile)
-            s = x[r0:r1] @ x[c0:c1].T
-            if bi == bj:
-                s.fill_diagonal_(float("-inf"))
-            s_cols = None
-            if bj != bi:
-                s_cols = s.T if bias is None else (s - bias[r0:r1].unsqueeze(1)).T
-                s_cols = s_cols.contiguous()
-            if bias is not None:
-                s.sub_(bias[c0:c1])
-            v, i = s.topk(min(m, c1 - c0), dim=1, sorted=False)
-            best[bi] = _merge_topm(*best[bi], v, i + c0, m)
-            if s_cols is not None:
-                v, i = s_cols.topk(min(m, r1 - r0), dim=1, sorted=False)
-                best[bj] = _merge_topm(*best[bj], v, i + r0, m)
-    return torch.cat([b[0] for b in best]), torch.cat([b[1] for b in best])
+    r, c = s.shape
+    if (c if by_row else r) % group:
+        i, j = (s > (t.unsqueeze(1) if by_row else t)).nonzero(as_tuple=True)
+        return i, j, s[i, j]
+    if by_row:
+        blocks = s.view(r, c // group, group)
+        gi, gj = (blocks.amax(2) > t.unsqueeze(1)).nonzero(as_tuple=True)
+        sub = blocks[gi, gj]  # [P, group]
+        p, o = (sub > t[gi].unsqueeze(1)).nonzero(as_tuple=True)
+        return gi[p], gj[p] * group + o, sub[p, o]
+    blocks = s.view(r // group, group, c)
+    gi, gj = (blocks.amax(1) > t).nonzero(as_tuple=True)
+    sub = blocks[gi, :, gj]  # [P, group]
+    p, o = (sub > t[gj].unsqueeze(1)).nonzero(as_tuple=True)
+    return gi[p] * group + o, gj[p], sub[p, o]
+
+
+class _RunningTop:
+    """Per-query running top-``m`` search scores ``[N, m]`` with indices and the m-th best as threshold.
+
+    Rows start at ``-inf`` / index ``-1``; the threshold (the smallest kept score) only grows, so
+    an entry at or below it can be dropped for good.
+    """
+
+    def __init__(self, n: int, m: int):
+        self.m = m
+        self.values = torch.full((n, m), float("-inf"))
+        self.indices = torch.full((n, m), -1, dtype=torch.int64)
+        self.threshold = torch.full((n,), float("-inf"))
+
+    def start(self, r0: int, c0: int, s: torch.Tensor) -> None:
+        """Fill rows ``r0..`` (still empty) with the top of the tile ``s`` whose columns start at ``c0``."""
+        w = min(self.m, s.shape[1])
+        v, i = s.topk(w, dim=1, sorted=False)
+        r1 = r0 + s.shape[0]
+        self.values[r0:r1, :w], self.indices[r0:r1, :w] = v, i + c0
+        self.threshold[r0:r1] = self.values[r0:r1].amin(1)
+
+    def copy(self) -> "_RunningTop":
+        """An independent copy."""
+        out = _RunningTop(0, self.m)
+        out.values, out.indices, out.threshold = self.values.clone(), self.indices.clone(), self.threshold.clone()
+        return out
+
+    @staticmethod
+    def union(tops: list["_RunningTop"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-``m`` scores and indices ``[N, m]`` over several running tops, counting a shared pair once."""
+        if len(tops) == 1:
+            return tops[0].values, tops[0].indices
+        i, order = torch.cat([t.indices for t in tops], 1).sort(dim=1)
+        v = torch.cat([t.values for t in tops], 1).gather(1, order)
+        v[:, 1:][i[:, 1:] == i[:, :-1]] = float("-inf")  # a pair kept by several tops (the seeds)
+        v, sel = v.topk(tops[0].m, dim=1, sorted=False)
+        return v, i.gather(1, sel)
+
+    def merge(self, query: torch.Tensor, ref: torch.Tensor, value: torch.Tensor) -> None:
+        """Merge candidate triples (query, reference index, score) into the running tops."""
+        if len(query) == 0:
+            return
+        query, order = query.sort(stable=True)
+        ref, value = ref[order], value[order]
+        uq, counts = torch.unique_consecutive(query, return_counts=True)
+        group = torch.repeat_interleave(torch.arange(len(uq)), counts)
+        pos = torch.arange(len(query)) - (counts.cumsum(0) - counts)[group] + self.m
+        width = self.m + int(counts.max())
+        v = torch.full((len(uq), width), float("-inf"))
+        i = torch.full((len(uq), width), -1, dtype=torch.int64)
+        v[:, : self.m], i[:, : self.m] = self.values[uq], self.indices[uq]
+        v[group, pos], i[group, pos] = value, ref
+        v, sel = v.topk(self.m, dim=1, sorted=False)
+        self.values[uq], self.indices[uq] = v, i.gather(1, sel)
+        self.threshold[uq] = v.amin(1)
+
+
+def _tile_plan(prep: _Prepared) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
+    """Score tiles ``(r0, r1, c0, c1)``: the seeding tiles (one per query strip) and the others.
+
+    In leave-one-out on one tensor the references form blocks of ``TILE_COLS``; the seeding
+    tiles are the diagonal blocks and the others are the blocks above the diagonal, each
+    pair of samples appearing in exactly one tile.
+    """
+    n_q, n_r = prep.query_op.shape[0], prep.reference_op.shape[0]
+    cols = max(1, TILE_COLS)
+    rows = max(1, min(TILE_ROWS, cols))
+    if prep.symmetric:
+        blocks = [(c0, min(n_r, c0 + cols)) for c0 in range(0, n_r, cols)]
+        first = [(r0, min(r0 + rows, c1), c0, c1) for c0, c1 in blocks for r0 in range(c0, c1, rows)]
+        rest = [
+            (r0, min(r0 + rows, a1), c0, c1)
+            for bi, (a0, a1) in enumerate(blocks)
+            for c0, c1 in blocks[bi + 1 :]
+            for r0 in range(a0, a1, rows)
+        ]
+        return first, rest
+    strips = [(r0, min(n_q, r0 + rows)) for r0 in range(0, n_q, rows)]
+    first = [(r0, r1, 0, min(n_r, cols)) for r0, r1 in strips]
+    return first, [(r0, r1, c0, min(n_r, c0 + cols)) for r0, r1 in strips for c0 in range(cols, n_r, cols)]
+
+
+def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``m`` search scores and indices ``[Nq, m]`` of every query from cache-sized score tiles.
+
+    The first tile of each query row (the diagonal block in leave-one-out) seeds the running
+    top-``m`` with ``topk``; later tiles only pass entries above the query's current m-th best
+    (:func:`_above`), which after a few tiles is a tiny fraction. In leave-one-out on one tensor
+    each tile above the diagonal serves its rows and, through the per-column thresholds, its
+    columns (half the products). The tiles are shared out among ``torch.get_num_threads()``
+    single-threaded workers, each with its own running tops (merged at the end), so no worker
+    waits on another (a busy machine does not stall a parallel region on every small operation).
+    A worker filters with the largest threshold of all workers: every running top holds ``m``
+    distinct pairs, so the merged m-th best is at least any worker's threshold (reading a
+    threshold while another worker raises it is harmless: any value read is a valid lower bound).
+    Memory is O(workers * (tile + Nq * m)).
+    """
+    a, b = prep.query_op, prep.reference_op
+    first, rest = _tile_plan(prep)
+    threads = torch.get_num_threads()
+    n_workers = max(1, min(threads, len(first)))
+    seeded = _RunningTop(a.shape[0], m)
+    tops: list[_RunningTop] = []
+    tile_size = max(r1 - r0 for r0, r1, _, _ in first) * max(c1 - c0 for _, _, c0, c1 in first)
+
+    def tile(buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        s = torch.mm(a[r0:r1], b[c0:c1].T, out=buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
+        if prep.exclude_self:
+            _mask_self(s, r0, c0)
+        return s
+
+    def threshold(lo: int, hi: int) -> torch.Tensor:
+        t = tops[0].threshold[lo:hi]
+        for other in tops[1:]:
+            t = torch.maximum(t, other.threshold[lo:hi])
+        return t
+
+    def seed(w: int) -> None:  # seeding tiles cover disjoint rows of the shared running top
+        torch.set_num_threads(1)
+        buf = torch.empty(tile_size)
+        for r0, r1, c0, c1 in first[w::n_workers]:
+            seeded.start(r0, c0, tile(buf, r0, r1, c0, c1))
+
+    def scan(w: int) -> None:
+        torch.set_num_threads(1)
+        buf, own = torch.empty(tile_size), tops[w]
+        for r0, r1, c0, c1 in rest[w::n_workers]:
+            s = tile(buf, r0, r1, c0, c1)
+            i, j, v = _above(s, threshold(r0, r1), True, FILTER_GROUP)
+            query, ref, value = [i + r0], [j + c0], [v]
+            if prep.symmetric:
+                i, j, v = _above(s, threshold(c0, c1), False, FILTER_GROUP)
+                query.append(j + c0), ref.append(i + r0), value.append(v)
+            own.merge(torch.cat(query), torch.cat(ref), torch.cat(value))
+
+    try:
+        with ThreadPoolExecutor(n_workers) as pool:
+            list(pool.map(seed, range(n_workers)))
+            tops.extend([seeded] + [seeded.copy() for _ in range(n_workers - 1)])
+            list(pool.map(scan, range(n_workers)))
+    finally:
+        torch.set_num_threads(threads)
+    return _RunningTop.union(tops)
 
 
 class _FaissShortlist:
-    """Top-``m`` float32 scores from an exact flat faiss index (built once)."""
+    """Top-``m`` search scores from an exact flat faiss index over the reference operands (built once)."""
 
     def __init__(self, prep: _Prepared):
         import faiss
 
         self.prep = prep
-        base = prep.reference32
-        if prep.reference_bias32 is not None:  # <[q, 1], [r, -h]> = <q, r> - h
-            base = torch.cat([base, -prep.reference_bias32.unsqueeze(1)], 1)
-        self.index = faiss.IndexFlatIP(base.shape[1])
-        self.index.add(base.numpy())
+        self.index = faiss.IndexFlatIP(prep.reference_op.shape[1])
+        self.index.add(prep.reference_op.numpy())
 
     def __call__(self, rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         extra = int(self.prep.exclude_self)
-        q = self.prep.query32[rows]
-        if self.prep.reference_bias32 is not None:
-            q = torch.cat([q, torch.ones(len(rows), 1)], 1)
-        v, i = self.index.search(q.numpy(), m + extra)
+        v, i = self.index.search(self.prep.query_op[rows].numpy(), m + extra)
         v, i = torch.from_numpy(v), torch.from_numpy(i).long()
         if extra:
             is_self = i == rows.unsqueeze(1)
@@ -228,8 +379,20 @@ def _rank_shortlist(
     if m >= prep.num_candidates:
         return keys, i, torch.ones(len(rows), dtype=torch.bool)
     kth = _keys_to_scores(prep, keys[:, -1])
-    smallest = v.double().min(dim=1).values - prep.query_bias[rows] - prep.offset
-    return keys, i, kth > smallest + prep.bound[rows]
+    smallest = v.double().min(dim=1).values + prep.shift[rows]
+    # a non-finite score (an unfilled slot or float32 overflow) proves nothing: search again
+    return keys, i, (kth > smallest + prep.bound[rows]) & torch.isfinite(v).all(1)
+
+
+def _candidates(prep: _Prepared, rows: torch.Tensor, m: int, shortlist) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``m`` shortlist of ``rows``; at ``m = N`` every reference but the query itself, unscored."""
+    if m < prep.num_candidates:
+        return shortlist(rows, m)
+    n = prep.num_references
+    idx = torch.arange(n).expand(len(rows), n)
+    if prep.exclude_self:
+        idx = idx[idx != rows.unsqueeze(1)].view(len(rows), n - 1)
+    return torch.zeros(idx.shape), idx
 
 
 def _search_rows(
@@ -237,7 +400,7 @@ def _search_rows(
 ) -> tuple[torch.Tensor, ...]:
     """Certified exact top-``k`` for ``rows``: shortlist, re-rank, retry uncertain rows with larger m."""
     m = min(m, prep.num_candidates)
-    keys, idx, ok = _rank_shortlist(prep, rows, *(first if first is not None else shortlist(rows, m)), k, m)
+    keys, idx, ok = _rank_shortlist(prep, rows, *(first or _candidates(prep, rows, m, shortlist)), k, m)
     while not bool(ok.all()):
         m = min(4 * m, prep.num_candidates)
         bad = (~ok).nonzero().squeeze(1)
@@ -245,7 +408,7 @@ def _search_rows(
         for s0 in range(0, len(bad), step):
             sel = bad[s0 : s0 + step]
             r = rows[sel]
-            kk, ii, oo = _rank_shortlist(prep, r, *shortlist(r, m), k, m)
+            kk, ii, oo = _rank_shortlist(prep, r, *_candidates(prep, r, m, shortlist), k, m)
             keys[sel], idx[sel], ok[sel] = kk, ii, oo
     return keys, idx
 
@@ -263,7 +426,7 @@ def iter_knn_blocks(
     """Yield ``(start, end, keys [b, k], indices [b, k])`` for consecutive query blocks.
 
     ``keys`` are the float64 ranking keys (``-squared distance`` for Euclidean). Memory stays
-    O(block * N + N * D) however many queries there are.
+    O(tile + Nq * k + N * D) however many queries there are (never Nq x N).
     """
     prep = _prepare(query, reference, metric, exclude_self)
     if backend == "faiss":
@@ -271,12 +434,12 @@ def iter_knn_blocks(
     else:
         shortlist = lambda rows, m: _shortlist_torch(prep, rows, m)  # noqa: E731
     m0 = min(k + SHORTLIST_SLACK, prep.num_candidates)
-    n_q = prep.query32.shape[0]
+    n_q = prep.query_op.shape[0]
     if query_block is None:
         query_block = max(1, min(1024, RESCORE_BYTES // (8 * m0 * max(prep.query64.shape[1], 1))))
     shared = None
-    if backend == "torch" and prep.symmetric and m0 < prep.num_candidates:
-        shared = _shortlist_symmetric(prep, m0, SYMMETRIC_TILE)
+    if backend == "torch" and m0 < prep.num_candidates:
+        shared = _shortlist_tiled(prep, m0)
     for start in range(0, n_q, query_block):
         end = min(n_q, start + query_block)
         rows = torch.arange(start, end)

@@ -71,13 +71,128 @@ def test_many_duplicates_force_the_certification_fallback(backend):
     np.testing.assert_allclose(vals.numpy(), want_vals, atol=0)
 
 
-def test_blocked_search_uses_several_reference_chunks(monkeypatch):
-    monkeypatch.setattr(knn_module, "TILE_BYTES", 4 * 16 * 10)  # tiny tiles: many chunks and merges
+def test_retry_search_uses_several_reference_chunks(monkeypatch):
+    # duplicates defeat certification, so the retry search runs over many tiny reference chunks
+    monkeypatch.setattr(knn_module, "TILE_BYTES", 4 * 16 * 10)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(64, 5, generator=g)
+    x[10:30] = x[5]
     _, idx = knn(x, x, 9, exclude_self=True)
     _, want = brute_force(x, x, 9, "euclidean", True)
     np.testing.assert_array_equal(idx.numpy(), want)
+
+
+def use_tiles(monkeypatch, rows, cols, group):
+    monkeypatch.setattr(knn_module, "TILE_ROWS", rows)
+    monkeypatch.setattr(knn_module, "TILE_COLS", cols)
+    monkeypatch.setattr(knn_module, "FILTER_GROUP", group)
+
+
+# (rows, cols, group): ragged last strips and blocks, both branches of the group filter
+TINY_TILES = [(4, 8, 4), (3, 16, 8), (8, 8, 2), (5, 10, 5)]
+
+
+@pytest.mark.parametrize("tiles", TINY_TILES)
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("normalise", [False, True])
+def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, metric, normalise):
+    use_tiles(monkeypatch, *tiles)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(-2, 3, (90, 4), generator=g).float()  # integer grid: many exact ties
+    x[40:52] = x[3]  # duplicates across several blocks
+    x[70] = x[89]
+    if normalise:
+        x = torch.nn.functional.normalize(x, dim=1)
+    vals, idx = knn(x, x, 6, exclude_self=True, metric=metric)
+    want_vals, want_idx = brute_force(x, x, 6, metric, True)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
+    # the non-symmetric tiled path (a copy is not the same tensor) gives the same answer
+    _, idx_copy = knn(x, x.clone(), 6, exclude_self=True, metric=metric)
+    assert torch.equal(idx, idx_copy)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("same_tensor", [True, False])
+def test_tiled_search_same_for_any_number_of_workers(monkeypatch, threads, same_tensor):
+    use_tiles(monkeypatch, 4, 8, 4)
+    g = torch.Generator().manual_seed(12)
+    x = torch.nn.functional.normalize(torch.randn(70, 5, generator=g), dim=1)
+    x[20:30] = x[0]  # duplicates seeded in one tile and met again by several workers
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _, idx = knn(x, x if same_tensor else x.clone(), 8, exclude_self=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    np.testing.assert_array_equal(idx.numpy(), brute_force(x, x, 8, "euclidean", True)[1])
+
+
+def test_union_of_running_tops_counts_shared_pairs_once():
+    seeded = knn_module._RunningTop(2, 3)
+    seeded.start(0, 0, torch.tensor([[5.0, 4.0, 1.0, 0.0], [1.0, 2.0, 3.0, 4.0]]))
+    tops = [seeded, seeded.copy()]
+    tops[1].merge(torch.tensor([0, 1]), torch.tensor([7, 9]), torch.tensor([4.5, 0.5]))
+    values, indices = knn_module._RunningTop.union(tops)
+    order = values.argsort(1, descending=True)
+    assert values.gather(1, order).tolist() == [[5.0, 4.5, 4.0], [4.0, 3.0, 2.0]]
+    assert indices.gather(1, order).tolist() == [[0, 7, 1], [3, 2, 1]]
+
+
+@pytest.mark.parametrize("tiles", TINY_TILES)
+@pytest.mark.parametrize("metric", METRICS)
+def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric):
+    use_tiles(monkeypatch, *tiles)
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(37, 5, generator=g) * torch.rand(37, 1, generator=g).add(0.5)
+    ref = torch.cat([torch.randn(50, 5, generator=g), q[:9]])  # some queries sit on a reference
+    vals, idx = knn(q, ref, 7, metric=metric)
+    want_vals, want_idx = brute_force(q, ref, 7, metric, False)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("by_row", [True, False])
+@pytest.mark.parametrize(("shape", "group"), [((6, 9), 3), ((8, 12), 4), ((5, 7), 3), ((4, 4), 4)])
+def test_above_returns_exactly_the_entries_over_the_threshold(by_row, shape, group):
+    g = torch.Generator().manual_seed(9)
+    s = torch.randn(*shape, generator=g).round(decimals=1)  # ties with the threshold
+    t = torch.randn(shape[0] if by_row else shape[1], generator=g).round(decimals=1)
+    t[0] = float("-inf")
+    i, j, v = knn_module._above(s, t, by_row, group)
+    want = s > (t.unsqueeze(1) if by_row else t)
+    got = torch.zeros_like(want)
+    got[i, j] = True
+    assert torch.equal(got, want) and len(i) == int(want.sum())  # each entry once
+    assert torch.equal(v, s[i, j])
+
+
+def test_running_top_merges_batches_like_a_full_topk():
+    g = torch.Generator().manual_seed(10)
+    scores = torch.randn(12, 40, generator=g).round(decimals=1)
+    top = knn_module._RunningTop(12, 5)
+    top.start(0, 0, scores[:6, :3])  # rows 0-5 seeded with fewer than m entries, rows 6-11 empty
+    i, j, v = knn_module._above(scores[6:, :3], top.threshold[6:], True, 3)
+    top.merge(i + 6, j, v)
+    for c0 in range(3, 40, 9):  # later columns arrive as sparse candidates above the thresholds
+        block = scores[:, c0 : c0 + 9]
+        i, j, v = knn_module._above(block, top.threshold, True, 1)
+        top.merge(i, j + c0, v)
+    want = scores.topk(5, dim=1).values
+    assert torch.equal(top.values.sort(1, descending=True).values, want)
+    assert torch.equal(scores.gather(1, top.indices), top.values)
+    assert torch.equal(top.threshold, want[:, -1])
+
+
+def test_float32_overflow_falls_back_to_exact_search():
+    # float32 products overflow to inf / nan; the float64 re-ranking must still be exact
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(30, 4, generator=g) * 1e19
+    vals, idx = knn(x, x, 3, exclude_self=True)
+    want_vals, want_idx = brute_force(x, x, 3, "euclidean", True)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
@@ -106,21 +221,3 @@ def test_knn_rejects_bad_input():
     bad[1, 1] = float("nan")
     with pytest.raises(DataError, match="NaN or infinite"):
         knn(bad, x, 1)
-
-
-@pytest.mark.parametrize("metric", METRICS)
-@pytest.mark.parametrize("normalise", [False, True])
-def test_symmetric_leave_one_out_tiles(monkeypatch, metric, normalise):
-    # several tiles above the diagonal, with and without a foldable Euclidean bias
-    monkeypatch.setattr(knn_module, "SYMMETRIC_TILE", 16)
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(100, 6, generator=g) * torch.rand(100, 1, generator=g).add(0.5)
-    if normalise:
-        x = torch.nn.functional.normalize(x, dim=1)
-    vals, idx = knn(x, x, 5, exclude_self=True, metric=metric)
-    want_vals, want_idx = brute_force(x, x, 5, metric, True)
-    np.testing.assert_array_equal(idx.numpy(), want_idx)
-    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
-    # the same search through the non-symmetric path (a copy is not the same tensor)
-    _, idx_copy = knn(x, x.clone(), 5, exclude_self=True, metric=metric)
-    assert torch.equal(idx, idx_copy)

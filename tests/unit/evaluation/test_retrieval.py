@@ -103,6 +103,26 @@ def test_query_to_gallery_matches_pml(backend):
         assert ours[ours_key] == pytest.approx(ref[pml_key], abs=1e-6)
 
 
+@pytest.mark.parametrize("leave_one_out", [True, False])
+def test_multi_tile_search_matches_pml(monkeypatch, leave_one_out):
+    # tiny tiles: many blocks above the diagonal, threshold filtering, per-worker tops and their union
+    import importlib
+
+    knn_module = importlib.import_module("dmlkit.evaluation.knn")
+    monkeypatch.setattr(knn_module, "TILE_ROWS", 32)
+    monkeypatch.setattr(knn_module, "TILE_COLS", 64)
+    monkeypatch.setattr(knn_module, "FILTER_GROUP", 8)
+    x, labels = clustered(120, 5, 16, seed=7)
+    x = torch.nn.functional.normalize(x, dim=1)
+    if leave_one_out:
+        ours, ref = retrieval_metrics(x, labels), pml(x, labels)
+    else:
+        q, ql, g, gl = x[:250], labels[:250], x[250:], labels[250:]
+        ours, ref = retrieval_metrics(q, ql, reference=g, reference_labels=gl), pml(q, ql, g, gl)
+    for ours_key, pml_key in PML_KEYS.items():
+        assert ours[ours_key] == pytest.approx(ref[pml_key], abs=1e-6)
+
+
 def test_recall_at_k_matches_loop_definition():
     x, labels = clustered(40, 4, 8, seed=5, spread=2.0)
     out = retrieval_metrics(x, labels, ks=(1, 3, 5))
