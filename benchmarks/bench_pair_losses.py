@@ -1,6 +1,6 @@
 """Forward+backward time of dmlkit's pair losses against pytorch-metric-learning (same run).
 
-    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15]
+    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu]
 
 B=128, D=128, 32 classes x 4 samples, 2 threads; plus cross-batch memory with a full
 44,800-entry memory at B=32 with the contrastive loss. Calls are interleaved (dmlkit, PML,
@@ -20,10 +20,10 @@ import dmlkit.losses.pair as dml
 from dmlkit.memory import CrossBatchMemory
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn, clock=time.perf_counter) -> float:
+    start = clock()
     fn()
-    return (time.perf_counter() - start) * 1e3
+    return (clock() - start) * 1e3
 
 
 def forward_backward(loss, x, y):
@@ -61,7 +61,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="cpu: process CPU time, steadier on a shared machine (with --threads 1)",
+    )
     args = parser.parse_args()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
 
     x, y = batch(128, 128, 4, seed=0)
@@ -85,8 +90,8 @@ def main() -> None:
             run_ours(), run_ref()
         t_ours, t_ref = [], []
         for _ in range(args.repeats):
-            t_ours.append(timed(run_ours))
-            t_ref.append(timed(run_ref))
+            t_ours.append(timed(run_ours, clock))
+            t_ref.append(timed(run_ref, clock))
         rows.append((name, statistics.median(t_ours), statistics.median(t_ref)))
 
     print(f"{'loss (forward+backward)':<30} {'dmlkit ms':>10} {'PML ms':>10} {'speed-up':>9}")

@@ -18,7 +18,7 @@ from torch import nn
 from dmlkit._validation import Interval, InstanceOf, check_embeddings_labels, validate_params
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
-from dmlkit.mining.base import PairSelection, TripletSelection, label_masks
+from dmlkit.mining.base import PairSelection, TripletSelection
 
 
 class CrossBatchMemory(nn.Module):
@@ -144,10 +144,14 @@ class CrossBatchMemory(nn.Module):
         """Pairs of the batch against the memory (mined or all), without each row's own slot."""
         rows = torch.arange(embeddings.shape[0], device=embeddings.device)
         if self.miner is None:
-            pos, neg = label_masks(labels, mem_labels, same_set=False)
+            # 0/1 masks in the loss's dtype: the loss needs them as numbers, and one pass over
+            # the [B, M] matrix builds each (the memory is usually large).
+            dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+            pos = _same_label(labels, mem_labels, dtype)
+            neg = 1.0 - pos
             if own_slots is not None:
-                pos[rows, own_slots] = False
-                neg[rows, own_slots] = False
+                pos[rows, own_slots] = 0.0
+                neg[rows, own_slots] = 0.0
             return PairSelection(pos, neg)
         mined = self.miner(embeddings, labels, mem_emb, mem_labels)
         if own_slots is None:
@@ -169,3 +173,20 @@ class CrossBatchMemory(nn.Module):
         raise InvalidParameterError(
             f"CrossBatchMemory's miner must return a PairSelection or TripletSelection. Got {type(mined).__name__}."
         )
+
+
+_INT32 = torch.iinfo(torch.int32)
+
+
+def _same_label(labels: torch.Tensor, mem_labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, M]`` 1.0 where a batch label equals a memory label, written straight into ``dtype``.
+
+    Class ids that fit in int32 are compared as int32, which is several times faster than
+    int64 over a large memory; the result is the same.
+    """
+    out = torch.empty(labels.shape[0], mem_labels.shape[0], dtype=dtype, device=labels.device)
+    if labels.numel() and mem_labels.numel():
+        lo, hi = torch.stack([*torch.aminmax(labels), *torch.aminmax(mem_labels)]).view(2, 2).T.tolist()
+        if _INT32.min <= min(lo) and max(hi) <= _INT32.max:
+            labels, mem_labels = labels.int(), mem_labels.int()
+    return torch.eq(labels[:, None], mem_labels[None, :], out=out)

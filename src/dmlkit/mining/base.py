@@ -23,7 +23,7 @@ MINERS: Registry[nn.Module] = Registry("miner")
 
 @dataclass(frozen=True)
 class PairSelection:
-    """Positive and negative pairs as ``[B, R]`` boolean masks, with optional ``[B, R]`` weights."""
+    """Positive and negative pairs as ``[B, R]`` masks (boolean, or 0/1 floats), with optional ``[B, R]`` weights."""
 
     positive: torch.Tensor
     negative: torch.Tensor

@@ -129,3 +129,32 @@ def test_errors_and_registry():
         memory(*stream(1)[0])
     with pytest.raises(DataError, match="embeddings has 5 columns but the memory's embedding_size is 6"):
         memory(torch.randn(2, 5), torch.zeros(2, dtype=torch.long))
+
+
+def test_class_ids_beyond_int32_give_the_same_loss():
+    small = CrossBatchMemory(ContrastiveLoss(), 6, memory_size=20)
+    large = CrossBatchMemory(ContrastiveLoss(), 6, memory_size=20)
+    for x, y in stream(4, seed=5):
+        torch.testing.assert_close(large(x, y + 2**40), small(x, y))
+
+
+def test_large_memory_gradient_matches_the_dense_reference(monkeypatch):
+    """A memory past the column-sparse threshold gives the gradient of the full pair set."""
+    import dmlkit.losses.pair._analytic as analytic
+
+    g = torch.Generator().manual_seed(6)
+    memory = CrossBatchMemory(ContrastiveLoss(), 64, memory_size=5000)
+    memory.embedding_memory.copy_(torch.randn(5000, 64, generator=g))
+    memory.label_memory.copy_(torch.randint(0, 300, (5000,), generator=g))
+    memory.num_filled.fill_(5000)
+    x, y = torch.randn(6, 64, generator=g), torch.randint(0, 300, (6,), generator=g)
+    a = x.clone().requires_grad_(True)
+    memory(a, y).backward()
+    mem_x, mem_y = memory.memory()
+    own = torch.zeros(6, 5000, dtype=torch.bool)
+    own[torch.arange(6), torch.arange(6)] = True  # the batch went to slots 0..5
+    pos = (y[:, None] == mem_y[None, :]) & ~own
+    b = x.clone().requires_grad_(True)
+    monkeypatch.setattr(analytic, "SPARSE_MIN_REFERENCES", 10**9)  # the dense backward
+    ContrastiveLoss()(b, y, pairs=PairSelection(pos, ~pos & ~own), ref_emb=mem_x.clone(), ref_labels=mem_y).backward()
+    torch.testing.assert_close(a.grad, b.grad)

@@ -93,13 +93,55 @@ class PairBatch:
         else:
             pos, neg = self.label_pair_masks()
             pw = nw = None
-        if self.weights is not None:
-            pw = self.weights if pw is None else pw * self.weights
-            nw = self.weights if nw is None else nw * self.weights
+        pw, nw = _combine(pw, self.weights), _combine(nw, self.weights)
         if pw is not None or nw is not None:
             pw = pos.to(self.embeddings.dtype) if pw is None else pw.to(self.embeddings.dtype)
             nw = neg.to(self.embeddings.dtype) if nw is None else nw.to(self.embeddings.dtype)
         return PairMasks(pos, neg, pw, nw)
+
+    def label_equal(self) -> torch.Tensor:
+        """``[B, R]`` bool, a fresh tensor: ``pos_mask``, or same class / a shared label; diagonal kept."""
+        if self.pos_mask is not None:
+            return self.pos_mask.to(torch.bool, copy=True)
+        ref = self.labels if self.same_set else self.ref_labels
+        if self.labels.dim() == 2:
+            return (self.labels.float() @ ref.float().T) > 0
+        return self.labels[:, None] == ref[None, :]
+
+    def float_masks(self) -> PairMasks:
+        """:meth:`pair_masks` as 0/1 masks in the embeddings' dtype; weights (if any) are zero off their mask."""
+        dtype = self.embeddings.dtype
+        if self.selection is None:
+            pos = self.label_equal().to(dtype)
+            neg = 1.0 - pos
+            if self.same_set:
+                pos.fill_diagonal_(0.0)
+                neg.fill_diagonal_(0.0)
+            pos_w = neg_w = self.weights
+        elif isinstance(self.selection, PairSelection):  # bool or 0/1 masks, used as they are
+            sel = self.selection
+            pos, neg = sel.positive.to(dtype), sel.negative.to(dtype)
+            pos_w, neg_w = _combine(sel.positive_weight, self.weights), _combine(sel.negative_weight, self.weights)
+        else:
+            masks = self.pair_masks()
+            pos, neg = masks.positive.to(dtype), masks.negative.to(dtype)
+            pos_w, neg_w = masks.positive_weight, masks.negative_weight
+        if pos_w is not None or neg_w is not None:
+            pos_w = pos if pos_w is None else pos_w.to(dtype) * pos
+            neg_w = neg if neg_w is None else neg_w.to(dtype) * neg
+        return PairMasks(pos, neg, pos_w, neg_w)
+
+    def excluded_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(not positive, not negative)`` bool ``[B, R]``: the fill masks of masked log-sum-exps."""
+        if self.selection is None:
+            equal = self.label_equal()
+            not_pos = ~equal
+            if self.same_set:
+                not_pos.fill_diagonal_(True)
+                equal.fill_diagonal_(True)
+            return not_pos, equal
+        masks = self.pair_masks()
+        return ~masks.positive, ~masks.negative
 
     @property
     def num_anchors(self) -> int:
@@ -112,6 +154,13 @@ class PairBatch:
     @property
     def device(self) -> torch.device:
         return self.embeddings.device
+
+
+def _combine(weight: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
+    """The product of two optional per-pair weights."""
+    if weight is None or extra is None:
+        return extra if weight is None else weight
+    return weight * extra
 
 
 def pairwise(distance: BaseDistance, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:

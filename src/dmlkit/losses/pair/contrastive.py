@@ -21,7 +21,8 @@ import torch
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, attach_gradient, dissimilarity, oriented, pairwise
+from dmlkit.losses.pair._analytic import Pairwise
+from dmlkit.losses.pair._common import PairBatch, PairLoss
 
 
 @LOSSES.register("contrastive")
@@ -58,30 +59,37 @@ class ContrastiveLoss(PairLoss):
         return LpDistance(power=1, normalize_embeddings=True)
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        masks = batch.pair_masks()
-        pos, neg = masks.positive, masks.negative
-        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
-        pos_margin = oriented(self.pos_margin, self.distance)
-        neg_margin = oriented(self.neg_margin, self.distance)
-        with torch.no_grad():
-            # Float masks and arithmetic only: bool kernels and torch.where are slow on CPU.
-            d = dis.detach()
-            pos_f, neg_f = pos.to(d.dtype), neg.to(d.dtype)
-            # Hinge of every pair in its own role: [d - pos_margin]_+ or [neg_margin - d]_+.
-            terms = ((d - pos_margin) * pos_f + (neg_margin - d) * neg_f).clamp_min_(0.0)
-            active = torch.sign(terms)
-            if masks.weighted:
-                pos_w, neg_w = masks.positive_weight * pos_f, masks.negative_weight * neg_f
-            else:
-                if self.reduction == "sum":
-                    pos_count = neg_count = d.new_ones(())
-                elif self.reduction == "mean":
-                    pos_count, neg_count = pos_f.sum(), neg_f.sum()
-                else:
-                    pos_count, neg_count = (active * pos_f).sum(), (active * neg_f).sum()
-                pos_w = pos_f / pos_count.clamp_min(1)
-                neg_w = neg_f / neg_count.clamp_min(1)
-            value = (terms * (pos_w + neg_w)).sum()
-            # d(loss)/d(dis): +weight on active positives, -weight on active negatives.
-            coefficient = active * (pos_w - neg_w)
-        return attach_gradient(value, (dis, coefficient))
+        masks = batch.float_masks()
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        mat = pairs.mat
+        # Hinges in the measure's own orientation: [d - pos_margin]_+ and [neg_margin - d]_+
+        # for a distance, [pos_margin - s]_+ and [s - neg_margin]_+ for a similarity.
+        sign = -1.0 if self.distance.is_inverted else 1.0
+        if sign > 0 and pairs.kind in ("lp", "normalised_lp") and self.pos_margin <= 0:
+            # d >= 0, so d - pos_margin needs no hinge.
+            pos_terms = mat * masks.positive if self.pos_margin == 0 else (mat - self.pos_margin).mul_(masks.positive)
+        else:
+            pos_terms = mat - self.pos_margin
+            pos_terms = (pos_terms.neg_() if sign < 0 else pos_terms).clamp_min_(0.0).mul_(masks.positive)
+        neg_terms = torch.rsub(mat, self.neg_margin)
+        neg_terms = (neg_terms.neg_() if sign < 0 else neg_terms).clamp_min_(0.0).mul_(masks.negative)
+        if masks.weighted:
+            value = (pos_terms * masks.positive_weight).sum() + (neg_terms * masks.negative_weight).sum()
+            # d(loss)/d(mat) = sign * (w_p [active positive] - w_n [active negative]).
+            coefficient = pos_terms.sign_().mul_(masks.positive_weight)
+            coefficient.sub_(neg_terms.sign_().mul_(masks.negative_weight))
+            return pairs.attach(value, coefficient.mul_(sign) if sign < 0 else coefficient)
+        pos_sum, neg_sum = pos_terms.sum(), neg_terms.sum()
+        pos_active, neg_active = pos_terms.sign_(), neg_terms.sign_()
+        if self.reduction == "sum":
+            pos_count = neg_count = mat.new_ones(())
+        elif self.reduction == "mean":
+            pos_count, neg_count = masks.positive.sum(), masks.negative.sum()
+        else:  # mean_nonzero: the terms > 0
+            pos_count, neg_count = pos_active.sum(), neg_active.sum()
+        pos_count, neg_count = pos_count.clamp_min(1.0), neg_count.clamp_min(1.0)
+        value = pos_sum / pos_count + neg_sum / neg_count
+        # d(loss)/d(mat) = sign * ([active positive] / n_pos - [active negative] / n_neg)
+        #                = (sign / n_pos) * ([active positive] - (n_pos / n_neg) [active negative]).
+        coefficient = pos_active.addcmul_(neg_active, -pos_count / neg_count)
+        return pairs.attach(value, coefficient, sign / pos_count)

@@ -18,6 +18,7 @@ import torch
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
+from dmlkit.losses.pair._analytic import Pairwise, softmax_rows
 from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented, reduce_terms
 
 
@@ -103,10 +104,18 @@ class GeneralizedLiftedStructureLoss(_LiftedBase):
         super().__init__(neg_margin, pos_margin, distance=distance, miner=miner, reduction=reduction)
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        masks = batch.pair_masks()
-        pos_excess, neg_excess = self._margins(batch)
-        pos_part = masked_logsumexp(pos_excess, masks.positive)
-        neg_part = masked_logsumexp(neg_excess, masks.negative)
-        valid = masks.positive.any(1) & masks.negative.any(1)
-        per_anchor = torch.where(valid, (pos_part + neg_part).clamp_min(0.0), 0.0)
-        return per_anchor.sum() if self.reduction == "sum" else per_anchor.mean()
+        not_pos, not_neg = batch.excluded_masks()
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        # pos_excess = sign (mat - pos_margin), neg_excess = sign (neg_margin - mat).
+        sign = -1.0 if self.distance.is_inverted else 1.0
+        pos_logits = (pairs.mat - self.pos_margin).mul_(sign).masked_fill_(not_pos, float("-inf"))
+        neg_logits = torch.rsub(pairs.mat, self.neg_margin).mul_(sign).masked_fill_(not_neg, float("-inf"))
+        pos_lse, pos_soft = softmax_rows(pos_logits)
+        neg_lse, neg_soft = softmax_rows(neg_logits)
+        # An anchor without positives or negatives has a -inf sum, hence 0 after the hinge.
+        per_anchor = (pos_lse + neg_lse).clamp_min_(0.0)
+        scale = 1.0 if self.reduction == "sum" else 1.0 / per_anchor.shape[0]
+        value = per_anchor.sum() * scale
+        # d(loss)/d(mat) = sign [hinge active] (softmax_P - softmax_N) * scale.
+        active = torch.sign(per_anchor).mul_(sign * scale).unsqueeze(1)
+        return pairs.attach(value, pos_soft.sub_(neg_soft).mul_(active))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, masked_logsumexp
+from dmlkit.losses.pair._analytic import Pairwise, softmax_with_one
+from dmlkit.losses.pair._common import PairBatch
 from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
 
 
@@ -26,10 +27,15 @@ class MultiSimilarityLoss(ThresholdedPairLoss):
     reductions = ("mean", "sum")
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        masks = batch.pair_masks()
-        # excess > 0: the pair is farther than the threshold.
-        excess = self.excess(batch)
-        pos_loss = masked_logsumexp(self.alpha * excess, masks.positive, add_one=True) / self.alpha
-        neg_loss = masked_logsumexp(-self.beta * excess, masks.negative, add_one=True) / self.beta
-        per_anchor = pos_loss + neg_loss
-        return per_anchor.sum() if self.reduction == "sum" else per_anchor.mean()
+        not_pos, not_neg = batch.excluded_masks()
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        # excess = sign (mat - base) > 0: the pair is farther than the threshold.
+        sign = -1.0 if self.distance.is_inverted else 1.0
+        pos_logits = (pairs.mat - self.base).mul_(sign * self.alpha).masked_fill_(not_pos, float("-inf"))
+        neg_logits = (pairs.mat - self.base).mul_(-sign * self.beta).masked_fill_(not_neg, float("-inf"))
+        pos_lse, pos_soft = softmax_with_one(pos_logits)
+        neg_lse, neg_soft = softmax_with_one(neg_logits)
+        scale = 1.0 if self.reduction == "sum" else 1.0 / pos_lse.shape[0]
+        value = (pos_lse.sum() / self.alpha + neg_lse.sum() / self.beta) * scale
+        # d(pos_lse / alpha)/d(excess) = pos_soft; d(neg_lse / beta)/d(excess) = -neg_soft.
+        return pairs.attach(value, pos_soft.sub_(neg_soft).mul_(sign * scale))

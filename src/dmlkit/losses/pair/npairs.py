@@ -14,6 +14,7 @@ import torch
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
+from dmlkit.losses.pair._analytic import Pairwise
 from dmlkit.losses.pair._common import PairBatch, PairLoss
 
 
@@ -41,18 +42,32 @@ class NPairsLoss(PairLoss):
         labels = batch.labels
         if labels is None or labels.dim() != 1:
             raise InvalidParameterError("NPairsLoss needs class-id labels [B] (one pair per class).")
+        anchors, positives = self._pairs(batch)
+        x = batch.embeddings
+        pairs = Pairwise(self.distance, x, x, same_set=True, rows=anchors, cols=positives)
+        # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
+        sign = 1.0 if self.distance.is_inverted else -1.0
+        log_soft = torch.log_softmax(pairs.mat if sign > 0 else -pairs.mat, 1)
+        scale = 1.0 / max(anchors.numel(), 1) if self.reduction == "mean" else 1.0
+        value = torch.trace(log_soft) * -scale
+        soft = log_soft.exp_()
+        soft.diagonal().sub_(1.0)
+        return pairs.attach(value, soft.mul_(sign * scale))
+
+    @staticmethod
+    def _pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(anchors [N], positives [N])``: per class, its first sample having a positive and that
+        sample's first positive (batch order)."""
+        labels = batch.labels
+        if batch.selection is None and batch.pos_mask is None:
+            positive = (labels[:, None] == labels[None, :]).to(torch.uint8).fill_diagonal_(0)
+            first_pos = positive.argmax(1)  # 0 for a sample without positives
+            # Class ids: the class's first sample is the one whose first positive comes later.
+            index = torch.arange(labels.shape[0], device=labels.device)
+            anchors = (first_pos > index).nonzero().squeeze(1)
+            return anchors, first_pos.index_select(0, anchors)
+        same_class = labels[:, None] == labels[None, :]
         positive = batch.pair_masks().positive
         has_pos = positive.any(1)
-        first_pos = positive.to(torch.int8).argmax(1)
-        classes, inverse = labels.unique(return_inverse=True)
-        index = torch.arange(labels.numel(), device=labels.device)
-        sentinel = labels.numel()
-        first_anchor = torch.full((classes.numel(),), sentinel, dtype=torch.long, device=labels.device)
-        first_anchor.scatter_reduce_(0, inverse, torch.where(has_pos, index, sentinel), reduce="amin")
-        anchors = first_anchor[first_anchor < sentinel]
-        if anchors.numel() == 0:
-            return (batch.embeddings * 0).sum()
-        mat = self.distance(batch.embeddings[anchors], batch.embeddings[first_pos[anchors]])
-        logits = mat if self.distance.is_inverted else -mat
-        targets = torch.arange(anchors.numel(), device=labels.device)
-        return torch.nn.functional.cross_entropy(logits, targets, reduction=self.reduction)
+        anchors = (has_pos & ~(same_class & has_pos).tril_(-1).any(1)).nonzero().squeeze(1)
+        return anchors, positive.index_select(0, anchors).to(torch.uint8).argmax(1)

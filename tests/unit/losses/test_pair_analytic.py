@@ -1,0 +1,110 @@
+"""The analytic backward of the pair losses (``losses/pair/_analytic.py``) against finite differences."""
+
+import pytest
+import torch
+
+from dmlkit.distances import CosineSimilarity, DotProductSimilarity, LpDistance
+from dmlkit.losses.pair import (
+    ContrastiveLoss,
+    GeneralizedLiftedStructureLoss,
+    MultiSimilarityLoss,
+    NPairsLoss,
+)
+from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES
+from dmlkit.mining.base import PairSelection
+
+DISTANCES = {
+    "cosine": CosineSimilarity,
+    "dot": DotProductSimilarity,
+    "euclidean_normalised": lambda: LpDistance(power=1, normalize_embeddings=True),
+    "squared_euclidean_normalised": lambda: LpDistance(power=2, normalize_embeddings=True),
+    "euclidean": lambda: LpDistance(power=1),
+    "squared_euclidean": lambda: LpDistance(power=2),
+}
+LOSSES = {
+    "contrastive": lambda d: ContrastiveLoss(0.1, 0.8, distance=d),
+    "contrastive_mean": lambda d: ContrastiveLoss(0.0, 1.2, distance=d, reduction="mean"),
+    "multi_similarity": lambda d: MultiSimilarityLoss(distance=d),
+    "generalized_lifted_structure": lambda d: GeneralizedLiftedStructureLoss(distance=d),
+}
+
+
+def _batch(n=8, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g, dtype=torch.float64), torch.arange(n) % 3
+
+
+@pytest.mark.parametrize("distance", sorted(DISTANCES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_gradcheck_within_the_batch(loss, distance):
+    x, y = _batch()
+    fn = LOSSES[loss](DISTANCES[distance]())
+    assert torch.autograd.gradcheck(lambda e: fn(e, y), (x.requires_grad_(True),))
+
+
+@pytest.mark.parametrize("distance", sorted(DISTANCES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_gradcheck_against_references_with_gradient(loss, distance):
+    """References that need a gradient too (ASAP's pair loss against proxies)."""
+    x, y = _batch()
+    refs, ref_y = _batch(5, seed=1)
+    fn = LOSSES[loss](DISTANCES[distance]())
+    assert torch.autograd.gradcheck(
+        lambda e, r: fn(e, y, ref_emb=r, ref_labels=ref_y),
+        (x.requires_grad_(True), refs.requires_grad_(True)),
+    )
+
+
+@pytest.mark.parametrize("distance", ["cosine", "dot", "euclidean_normalised", "squared_euclidean"])
+def test_gradcheck_npairs(distance):
+    x, y = _batch(10)
+    fn = NPairsLoss(distance=DISTANCES[distance]())
+    assert torch.autograd.gradcheck(lambda e: fn(e, y), (x.requires_grad_(True),))
+
+
+def test_gradcheck_weighted_contrastive():
+    x, y = _batch()
+    w = torch.rand(8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pos = (y[:, None] == y[None, :]) & ~torch.eye(8, dtype=torch.bool)
+    sel = PairSelection(pos, ~pos & ~torch.eye(8, dtype=torch.bool), w, w)
+    fn = ContrastiveLoss(0.1, 0.9)
+    assert torch.autograd.gradcheck(lambda e: fn(e, y, pairs=sel), (x.requires_grad_(True),))
+
+
+@pytest.mark.parametrize("distance", ["cosine", "euclidean_normalised"])
+def test_large_memory_backward_equals_autograd(distance):
+    """A memory past SPARSE_MIN_REFERENCES takes the column-sparse backward product."""
+    x, y = _batch(6, d=64)  # in 64 dimensions few random pairs are within the margin
+    g = torch.Generator().manual_seed(3)
+    memory = torch.randn(SPARSE_MIN_REFERENCES + 10, 64, generator=g, dtype=torch.float64)
+    mem_y = torch.randint(0, 500, (memory.shape[0],), generator=g)
+    mem_y[:6] = y
+    fn = ContrastiveLoss(distance=DISTANCES[distance]())
+    e = x.clone().requires_grad_(True)
+    fn(e, y, ref_emb=memory, ref_labels=mem_y).backward()
+    # Reference: the same loss written with autograd.
+    xr = x.clone().requires_grad_(True)
+    xn, mn = torch.nn.functional.normalize(xr, dim=1), torch.nn.functional.normalize(memory, dim=1)
+    mat = xn @ mn.T if distance == "cosine" else torch.cdist(xn, mn)
+    pos = y[:, None] == mem_y[None, :]
+    if distance == "cosine":
+        pos_t, neg_t = (0.0 - mat).clamp_min(0) * pos, (mat - 1.0).clamp_min(0) * ~pos
+    else:
+        pos_t, neg_t = mat * pos, (1.0 - mat).clamp_min(0) * ~pos
+    ref = pos_t.sum() / (pos_t > 0).sum().clamp_min(1) + neg_t.sum() / (neg_t > 0).sum().clamp_min(1)
+    ref.backward()
+    torch.testing.assert_close(e.grad, xr.grad)
+
+
+def test_npairs_label_path_equals_the_selection_path():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 7, (24,), generator=g)
+    pos = (y[:, None] == y[None, :]) & ~torch.eye(24, dtype=torch.bool)
+    a = x.clone().requires_grad_(True)
+    b = x.clone().requires_grad_(True)
+    fast, general = NPairsLoss()(a, y), NPairsLoss()(b, y, pairs=PairSelection(pos, ~pos))
+    torch.testing.assert_close(fast, general)
+    fast.backward()
+    general.backward()
+    torch.testing.assert_close(a.grad, b.grad)
