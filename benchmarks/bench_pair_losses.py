@@ -1,6 +1,6 @@
 """Forward+backward time of dmlkit's pair losses against pytorch-metric-learning (same run).
 
-    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu]
+    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...]
 
 B=128, D=128, 32 classes x 4 samples, 2 threads; plus cross-batch memory with a full
 44,800-entry memory at B=32 with the contrastive loss. Calls are interleaved (dmlkit, PML,
@@ -65,6 +65,7 @@ def main() -> None:
         "--clock", choices=("wall", "cpu"), default="wall",
         help="cpu: process CPU time, steadier on a shared machine (with --threads 1)",
     )
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these rows (e.g. xbm_contrastive_44800_b32)")
     args = parser.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
@@ -83,6 +84,11 @@ def main() -> None:
     ours_xbm, ref_xbm = full_memories(44_800, 128, 11_318)
     cases.append(("xbm_contrastive_44800_b32", ours_xbm, ref_xbm, xbm_x, xbm_y))
 
+    if args.only:
+        unknown = sorted(set(args.only) - {case[0] for case in cases})
+        if unknown:
+            parser.error(f"unknown rows {unknown}; choose from {[case[0] for case in cases]}")
+        cases = [case for case in cases if case[0] in args.only]
     rows = []
     for name, ours, ref, xs, ys in cases:
         run_ours, run_ref = forward_backward(ours, xs, ys), forward_backward(ref, xs, ys)

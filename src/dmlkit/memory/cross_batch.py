@@ -18,6 +18,7 @@ from torch import nn
 from dmlkit._validation import Interval, InstanceOf, check_embeddings_labels, validate_params
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
+from dmlkit.losses.pair._analytic import reference_major
 from dmlkit.mining.base import PairSelection, TripletSelection
 
 
@@ -182,11 +183,15 @@ def _same_label(labels: torch.Tensor, mem_labels: torch.Tensor, dtype: torch.dty
     """``[B, M]`` 1.0 where a batch label equals a memory label, written straight into ``dtype``.
 
     Class ids that fit in int32 are compared as int32, which is several times faster than
-    int64 over a large memory; the result is the same.
+    int64 over a large memory; the result is the same. Against a large memory the mask is
+    stored ``[M, B]`` (a transposed view), the layout of the loss's distance matrix.
     """
-    out = torch.empty(labels.shape[0], mem_labels.shape[0], dtype=dtype, device=labels.device)
     if labels.numel() and mem_labels.numel():
         lo, hi = torch.stack([*torch.aminmax(labels), *torch.aminmax(mem_labels)]).view(2, 2).T.tolist()
         if _INT32.min <= min(lo) and max(hi) <= _INT32.max:
             labels, mem_labels = labels.int(), mem_labels.int()
+    if reference_major(mem_labels.shape[0]):  # the layout of the loss's distance matrix
+        out = torch.empty(mem_labels.shape[0], labels.shape[0], dtype=dtype, device=labels.device)
+        return torch.eq(mem_labels[:, None], labels[None, :], out=out).T
+    out = torch.empty(labels.shape[0], mem_labels.shape[0], dtype=dtype, device=labels.device)
     return torch.eq(labels[:, None], mem_labels[None, :], out=out)

@@ -108,3 +108,43 @@ def test_npairs_label_path_equals_the_selection_path():
     fast.backward()
     general.backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("distance", sorted(DISTANCES))
+def test_reference_major_product_equals_the_distance(distance):
+    """Against a large reference set the matrix is built reference-major ([R, B] in memory)."""
+    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES, Pairwise
+
+    x, _ = _batch(5, d=16)
+    refs = torch.randn(REFERENCE_MAJOR_MIN_REFERENCES + 3, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    dist = DISTANCES[distance]()
+    pairs = Pairwise(dist, x, refs, same_set=False)
+    assert pairs.mat.shape == (5, refs.shape[0]) and pairs.mat.stride() == (1, 5)
+    torch.testing.assert_close(pairs.mat, dist(x, refs))
+
+
+@pytest.mark.parametrize("distance", sorted(DISTANCES))
+def test_reference_major_backward_equals_autograd(distance):
+    """Every measure's gradient through a large (reference-major, column-sparse) reference set."""
+    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES
+
+    x, y = _batch(4, d=3)  # in 3 dimensions many pairs are within the margin: a dense backward too
+    g = torch.Generator().manual_seed(8)
+    refs = torch.randn(REFERENCE_MAJOR_MIN_REFERENCES + 1, 3, generator=g, dtype=torch.float64)
+    ref_y = torch.randint(0, 50, (refs.shape[0],), generator=g)
+    dist = DISTANCES[distance]()
+    fn = ContrastiveLoss(0.1, 0.8, distance=dist, reduction="sum")
+    e = x.clone().requires_grad_(True)
+    value = fn(e, y, ref_emb=refs, ref_labels=ref_y)
+    value.backward()
+    xr = x.clone().requires_grad_(True)
+    mat = dist(xr, refs)
+    pos = y[:, None] == ref_y[None, :]
+    if dist.is_inverted:
+        pos_t, neg_t = (0.1 - mat).clamp_min(0) * pos, (mat - 0.8).clamp_min(0) * ~pos
+    else:
+        pos_t, neg_t = (mat - 0.1).clamp_min(0) * pos, (0.8 - mat).clamp_min(0) * ~pos
+    ref = pos_t.sum() + neg_t.sum()
+    ref.backward()
+    torch.testing.assert_close(value, ref.detach())
+    torch.testing.assert_close(e.grad, xr.grad)

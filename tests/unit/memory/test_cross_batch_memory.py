@@ -158,3 +158,17 @@ def test_large_memory_gradient_matches_the_dense_reference(monkeypatch):
     monkeypatch.setattr(analytic, "SPARSE_MIN_REFERENCES", 10**9)  # the dense backward
     ContrastiveLoss()(b, y, pairs=PairSelection(pos, ~pos & ~own), ref_emb=mem_x.clone(), ref_labels=mem_y).backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_large_memory_masks_are_reference_major_with_the_same_pairs():
+    """Past the reference-major threshold the label masks share the distance matrix's layout."""
+    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES
+    from dmlkit.memory.cross_batch import _same_label
+
+    g = torch.Generator().manual_seed(9)
+    mem_y = torch.randint(0, 40, (REFERENCE_MAJOR_MIN_REFERENCES + 5,), generator=g)
+    y = torch.randint(0, 40, (7,), generator=g)
+    mask = _same_label(y, mem_y, torch.float32)
+    assert mask.stride() == (1, 7)
+    torch.testing.assert_close(mask, (y[:, None] == mem_y[None, :]).float())
+    torch.testing.assert_close(_same_label(y + 2**40, mem_y + 2**40, torch.float64), (y[:, None] == mem_y[None, :]).double())

@@ -84,7 +84,7 @@ class Pairwise:
         if self.kind == "lp":
             xx = (x * x).sum(1, keepdim=True)
             rr = xx.T if self.same_set else (r * r).sum(1)
-            raw = (x @ r.T).mul_(-2.0).add_(xx).add_(rr)
+            raw = (x @ x.T if self.same_set else cross_product(x, r)).mul_(-2.0).add_(xx).add_(rr)
             self.nonneg = raw >= 0
             self.mat = self._root(raw.clamp_min_(0.0))
             return
@@ -102,7 +102,7 @@ class Pairwise:
             r_norm = torch.linalg.vector_norm(r, dim=1, keepdim=True).T
             self.r_scale = r_norm.clamp_min(EPS).reciprocal_()
         self.r_norm = r_norm
-        product = self.xn @ (self.xn if self.same_set else r).T
+        product = self.xn @ self.xn.T if self.same_set else cross_product(self.xn, r)
         if self.kind == "cosine":
             self.mat = product if self.same_set else product.mul_(self.r_scale)
             return
@@ -118,7 +118,7 @@ class Pairwise:
     def _block(self, x: torch.Tensor) -> torch.Tensor:
         """``x x^T``, or its ``[rows, cols]`` block."""
         if self.rows is None:
-            return x @ (x if self.same_set else self.rd).T
+            return x @ x.T if self.same_set else cross_product(x, self.rd)
         self.row_x, self.col_x = x.index_select(0, self.rows), x.index_select(0, self.cols)
         return self.row_x @ self.col_x.T
 
@@ -176,7 +176,7 @@ class Pairwise:
             mat, r_scale = self.mat, self.r_scale
             used = _used_columns(coefficient)
             if used is not None:
-                coefficient, mat = coefficient.index_select(1, used), mat.index_select(1, used)
+                coefficient, mat = _columns(coefficient, used), _columns(mat, used)
                 r, r_scale = r.index_select(0, used), r_scale.index_select(1, used)
             # 1/|r| (and d(d)/d(cos) = -2 d(d)/d(d^2)) folded into one pass.
             if self.kind == "cosine":
@@ -215,6 +215,27 @@ class Pairwise:
 #: Reference sets at least this large get the column-sparse backward product.
 SPARSE_MIN_REFERENCES = 4096
 
+#: Reference sets at least this large are multiplied reference-major (see :func:`cross_product`).
+REFERENCE_MAJOR_MIN_REFERENCES = 4096
+
+
+def reference_major(num_references: int) -> bool:
+    """Whether ``[B, R]`` matrices against ``num_references`` references are stored ``[R, B]``."""
+    return num_references >= REFERENCE_MAJOR_MIN_REFERENCES
+
+
+def cross_product(x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+    """``x [B, D] @ refs[R, D]^T -> [B, R]``; for a large reference set, the transposed view of ``refs @ x^T``.
+
+    With few anchors and many references (a memory) the GEMM is skinny, and on CPU BLAS it
+    runs faster with the large operand as the row side. The result then lives as ``[R, B]``
+    in memory (strides ``(1, B)``); elementwise operations keep that layout, so pair masks
+    built the same way (:class:`~dmlkit.memory.CrossBatchMemory`) cost no strided access.
+    """
+    if reference_major(refs.shape[0]):
+        return (refs @ x.T).T
+    return x @ refs.T
+
 
 def _used_columns(g: torch.Tensor) -> torch.Tensor | None:
     """Indices of the columns of ``g [B, R]`` that are not all zero, when few enough to gather.
@@ -227,6 +248,13 @@ def _used_columns(g: torch.Tensor) -> torch.Tensor | None:
         return None
     used = (g.amax(0).ne(0) | g.amin(0).ne(0)).nonzero().squeeze(1)  # no |g| copy of [B, R]
     return None if used.numel() * 4 > g.shape[1] else used
+
+
+def _columns(mat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``mat[:, index]``, gathered as rows when ``mat`` is stored reference-major (no full copy)."""
+    if mat.stride(0) == 1 and mat.stride(1) != 1:
+        return mat.T.index_select(0, index).T
+    return mat.index_select(1, index)
 
 
 class _Attach(torch.autograd.Function):
