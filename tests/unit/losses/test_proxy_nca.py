@@ -183,3 +183,19 @@ def test_many_absent_classes_match_reference():
     loss = ProxyNCALoss(40, 6, softmax_scale=4, exclude_positive=True).double()
     ref = reference(x, y, loss.proxies.detach(), list(range(40)), y.tolist(), 4.0, True)
     assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
+
+
+@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "nearest"), (2, "dynamic"), (0.4, "static")])
+def test_batch_much_larger_than_the_proxy_set(K, rule):
+    """The MNIST presets' shape (64 samples, 5 classes): fewer proxy rows than samples."""
+    x, y = batch(5, B=64, C=5)
+    x.requires_grad_(True)
+    loss = ProxyNCALoss(5, 6, proxies_per_class=K, assignment=rule, seed=1).double()
+    group = loss.bank.class_to_proxy[y].tolist() if K < 1 else y.tolist()
+    groups_of_proxy = list(range(loss.proxies.shape[0])) if K < 1 else loss.proxy_labels.tolist()
+    ref = reference(x.detach(), y, loss.proxies.detach(), groups_of_proxy, group, 1.0, loss.exclude_positive, rule)
+    value = loss(x, y)
+    assert value.item() == pytest.approx(ref, rel=1e-10)
+    gx, gp = torch.autograd.grad(value, (x, loss.proxies))
+    assert gx.shape == x.shape and gp.shape == loss.proxies.shape
+    assert torch.isfinite(gx).all() and torch.isfinite(gp).all()
