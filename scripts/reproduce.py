@@ -11,7 +11,11 @@ share one step budget, one data split and one selection protocol. Runs go to
 resumed from its last checkpoint, so the command can be repeated until everything is done.
 Per claim the script writes ``OUT/CLAIM/summary.json`` (mean and std over seeds of every metric,
 wall time, steps), ``OUT/CLAIM/summary.md`` (the table) and PNG figures into ``docs/figures/``.
-Runs are sequential on 2 torch threads (the budget of docs/results.md).
+Runs are sequential on ``--threads`` torch threads (default 1; the first quick-mode tables of
+docs/results.md used 2). Claims with ``folds=k`` use the class-disjoint k-fold protocol of ASAP
+Table 1 instead (``dmlkit.engine.crossval``): one model per fold, selected on its held-out fold,
+reported as the fold-model average and the concatenated-embedding ensemble.
+``--core`` runs only the arms each verdict rests on (``all --quick --core`` is the short check).
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = REPO / "docs" / "figures"
 
-#: Overrides every run gets: 2 torch threads, no progress bar, checkpoint selection on 20% of the
-#: training classes' images (never the test digits), no early stopping (equal budgets).
-COMMON = ("train.num_threads=2", "train.progress=false", "protocol.val_fraction=0.2", "train.patience=null")
+#: Overrides every run gets: no progress bar, checkpoint selection on 20% of the training classes'
+#: images (never the test digits), no early stopping (equal budgets). Threads: ``THREADS``.
+COMMON = ("train.progress=false", "protocol.val_fraction=0.2", "train.patience=null")
+
+#: Torch threads per run (``--threads``); 1 so that runs next to other jobs do not oversubscribe.
+THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Method:
     preset: str
     overrides: tuple[str, ...] = ()
     full_only: bool = False
+    core: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class Claim:
     extras: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
+    folds: int = 0
+    core: bool = True
 
 
 # ----------------------------------------------------------------------------- the claims
@@ -82,12 +92,31 @@ def _dro(**args) -> tuple[str, ...]:
     return (*_DRO, f"loss.args={{{inner}}}")
 
 
-def _proxy_pair(pair: str, pair_args: str, k: int) -> tuple[str, ...]:
-    return ("loss.name=proxy_pair", f"loss.args={{pair_loss: {{name: {pair}, args: {pair_args}}}, proxies_per_class: {k}}}")
+def _proxy_pair(pair: str, pair_args: str, k: int | None = None) -> tuple[str, ...]:
+    """``pair`` against learnt proxies; ``k=None`` leaves the proxy count to ``asap.proxies_per_class``."""
+    per_class = "" if k is None else f", proxies_per_class: {k}"
+    return ("loss.name=proxy_pair", f"loss.args={{pair_loss: {{name: {pair}, args: {pair_args}}}{per_class}}}")
 
 
 _C2_ARGS = "{pos_margin: 0.0, neg_margin: 0.3841}"
 _MS_ARGS = "{alpha: 2, beta: 40, base: 0.5}"
+#: ASAP's triplet setting (asap-triplet-* presets): Euclidean distance, margin 0.0961, all triplets.
+_TRIPLET_ARGS = "{distance: euclidean, margin: 0.0961}"
+
+#: The three arms of ASAP Fig. 1 / Table 1 for the C2 loss at 64-D: pairs in the batch, one proxy problem, ASAP.
+_C2_ARMS_64D = (
+    Method("c2", "cpu-asap-mnist-2d-c2-baseline", _ASAP_64D),
+    Method("c2-proxy", "cpu-asap-mnist-2d-c2-proxy", _ASAP_64D),
+    Method("c2-asap", "cpu-asap-mnist-2d-c2", _ASAP_64D),
+)
+
+#: Proxy-Anchor Fig. 1 / Table 2 arms (claim 4), on whichever data set the claim sets.
+_PROXY_ANCHOR_ARMS = (
+    Method("proxy-anchor", "cpu-proxy-anchor-mnist"),
+    Method("proxy-nca", "cpu-proxy-nca-mnist"),
+    Method("ms", "cpu-ms-mnist"),
+    Method("triplet", "cpu-ms-mnist", _TRIPLET_SH),
+)
 
 CLAIMS: dict[str, Claim] = {}
 
@@ -103,8 +132,8 @@ register(Claim(
     methods=(
         Method("triplet", "cpu-eps-mnist-parity-triplet"),
         Method("triplet+eps", "cpu-eps-mnist-parity-triplet-eps"),
-        Method("triplet-r2", "cpu-eps-mnist-parity-triplet", ("model.normalization=none",)),
-        Method("triplet+eps-r2", "cpu-eps-mnist-parity-triplet-eps", ("model.normalization=none",)),
+        Method("triplet-r2", "cpu-eps-mnist-parity-triplet", ("model.normalization=none",), core=False),
+        Method("triplet+eps-r2", "cpu-eps-mnist-parity-triplet-eps", ("model.normalization=none",), core=False),
     ),
     steps=800, quick_steps=300,
     metrics=("recall_at_1", "recall_at_5", "recall_at_10", "nmi", "nmi_plus"),
@@ -119,9 +148,10 @@ register(Claim(
     title="EPS Table 2: EPS with distance-weighted margin and MS against the same losses, MNIST even/odd, 2-D",
     methods=(
         Method("margin", "cpu-eps-mnist-parity-triplet",
-               (*_MARGIN, "loss.miner.name=distance_weighted", "loss.miner.args={cutoff: 0.5, nonzero_loss_cutoff: 1.4}")),
+               (*_MARGIN, "loss.miner.name=distance_weighted", "loss.miner.args={cutoff: 0.5, nonzero_loss_cutoff: 1.4}"),
+               core=False),
         Method("margin+eps", "cpu-eps-mnist-parity-triplet",
-               (*_MARGIN, "loss.miner.name=easy_positive", "loss.miner.args={negative: distance_weighted}")),
+               (*_MARGIN, "loss.miner.name=easy_positive", "loss.miner.args={negative: distance_weighted}"), core=False),
         Method("ms", "cpu-eps-mnist-parity-triplet",
                (*_MS, "loss.miner.name=multi_similarity", "loss.miner.args={epsilon: 0.1}")),
         Method("ms+eps", "cpu-eps-mnist-parity-triplet",
@@ -151,14 +181,18 @@ register(Claim(
     name="asap-losses",
     title="ASAP Table 1 in miniature: C2/MS/triplet alone, with one proxy problem, with ASAP, and with XBM",
     methods=(
-        Method("c2", "cpu-asap-mnist-2d-c2-baseline", _ASAP_64D),
-        Method("c2-proxy", "cpu-asap-mnist-2d-c2-proxy", _ASAP_64D),
-        Method("c2-asap", "cpu-asap-mnist-2d-c2", _ASAP_64D),
-        Method("c2-xbm", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, "loss.memory.memory_size=320")),
-        Method("ms", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, *_MS)),
-        Method("ms-proxy", "cpu-asap-mnist-2d-c2-proxy", (*_ASAP_64D, *_proxy_pair("multi_similarity", _MS_ARGS, 4))),
-        Method("ms-asap", "cpu-asap-mnist-2d-c2", (*_ASAP_64D, *_proxy_pair("multi_similarity", _MS_ARGS, 4)[:1],
-                                                 f"loss.args={{pair_loss: {{name: multi_similarity, args: {_MS_ARGS}}}}}")),
+        *_C2_ARMS_64D,
+        Method("c2-xbm", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, "loss.memory.memory_size=320"), core=False),
+        Method("ms", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, *_MS), core=False),
+        Method("ms-proxy", "cpu-asap-mnist-2d-c2-proxy", (*_ASAP_64D, *_proxy_pair("multi_similarity", _MS_ARGS, 4)),
+               core=False),
+        Method("ms-asap", "cpu-asap-mnist-2d-c2", (*_ASAP_64D, *_proxy_pair("multi_similarity", _MS_ARGS)), core=False),
+        Method("triplet", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, "loss.name=triplet_margin", f"loss.args={_TRIPLET_ARGS}"),
+               core=False),
+        Method("triplet-proxy", "cpu-asap-mnist-2d-c2-proxy",
+               (*_ASAP_64D, *_proxy_pair("triplet_margin", _TRIPLET_ARGS, 4)), core=False),
+        Method("triplet-asap", "cpu-asap-mnist-2d-c2", (*_ASAP_64D, *_proxy_pair("triplet_margin", _TRIPLET_ARGS)),
+               core=False),
     ),
     steps=1500, quick_steps=400, evals=16,
     metrics=("map_at_r", "recall_at_1", "nmi", "covering_radius"),
@@ -180,18 +214,33 @@ register(Claim(
     steps=1500, quick_steps=400, evals=16,
     metrics=("map_at_r", "recall_at_1", "covering_radius"),
     extras=("projections",),
+    core=False,
+))
+
+register(Claim(
+    name="asap-crossval",
+    title="ASAP Table 1 protocol: C2 vs C2-Proxy vs C2-ASAP (64-D) under 4-fold class-disjoint cross-validation",
+    methods=_C2_ARMS_64D,
+    steps=1500, quick_steps=400,
+    # One validation, at the end: 3 of the 4 folds of the 5 training digits hold a single digit,
+    # on which MAP@R is 1 for every checkpoint, so selection (and ASAP's projection schedule) on
+    # them would stop at the first evaluation. Batches of 3 digits x 16: one fold model sees 3 digits.
+    evals=1,
+    metrics=("map_at_r", "recall_at_1", "r_precision", "precision_at_1"),
+    extras=("covering_radius", "projections"),
+    overrides=("sampler.batch_size=48", "sampler.m=16"),
+    figures=("fold_ensemble",),
+    folds=4,
+    core=False,
 ))
 
 register(Claim(
     name="proxy-anchor",
     title="Proxy-Anchor Fig. 1 / Table 2: Proxy-Anchor vs Proxy-NCA, MS and triplet, small CNN 64-D, MNIST-5k",
     methods=(
-        Method("proxy-anchor", "cpu-proxy-anchor-mnist"),
-        Method("proxy-nca", "cpu-proxy-nca-mnist"),
-        Method("ms", "cpu-ms-mnist"),
-        Method("triplet", "cpu-ms-mnist", _TRIPLET_SH),
-        Method("proxy-anchor-batch32", "cpu-proxy-anchor-mnist", ("sampler.batch_size=32", "sampler.m=8"), full_only=True),
-        Method("ms-batch32", "cpu-ms-mnist", ("sampler.batch_size=32", "sampler.m=8"), full_only=True),
+        *_PROXY_ANCHOR_ARMS,
+        Method("proxy-anchor-batch32", "cpu-proxy-anchor-mnist", ("sampler.batch_size=32", "sampler.m=8"), core=False),
+        Method("ms-batch32", "cpu-ms-mnist", ("sampler.batch_size=32", "sampler.m=8"), core=False),
     ),
     steps=600, quick_steps=300,
     metrics=("recall_at_1", "map_at_r", "nmi"),
@@ -200,16 +249,28 @@ register(Claim(
 ))
 
 register(Claim(
+    name="proxy-anchor-digits",
+    title="Proxy-Anchor Table 2 on scikit-learn digits (8x8): Proxy-Anchor vs Proxy-NCA, MS and triplet, small CNN 64-D",
+    methods=tuple(Method(m.name, m.preset, m.overrides, core=m.name in ("proxy-anchor", "ms")) for m in _PROXY_ANCHOR_ARMS),
+    steps=600, quick_steps=300,
+    metrics=("recall_at_1", "map_at_r", "nmi"),
+    extras=("steps_to_90pct",),
+    overrides=("data.name=digits",),
+    figures=("val_curves",),
+))
+
+register(Claim(
     name="proxy-nca",
     title="Proxy-NCA Fig. 6-7: fewer proxies than classes, static vs dynamic assignment, MNIST-5k (5 classes)",
     methods=(
         Method("proxies-1.0-static", "cpu-proxy-nca-mnist"),
-        Method("proxies-0.6-static", "cpu-proxy-nca-mnist", ("loss.args={softmax_scale: 1, proxies_per_class: 0.6}",)),
+        Method("proxies-0.6-static", "cpu-proxy-nca-mnist", ("loss.args={softmax_scale: 1, proxies_per_class: 0.6}",),
+               core=False),
         Method("proxies-0.4-static", "cpu-proxy-nca-mnist", ("loss.args={softmax_scale: 1, proxies_per_class: 0.4}",)),
         Method("proxies-0.4-dynamic", "cpu-proxy-nca-mnist",
                ("loss.args={softmax_scale: 1, proxies_per_class: 0.4, assignment: dynamic}",)),
         Method("proxies-0.2-dynamic", "cpu-proxy-nca-mnist",
-               ("loss.args={softmax_scale: 1, proxies_per_class: 0.2, assignment: dynamic}",)),
+               ("loss.args={softmax_scale: 1, proxies_per_class: 0.2, assignment: dynamic}",), core=False),
     ),
     steps=600, quick_steps=300,
     metrics=("recall_at_1", "map_at_r", "nmi"),
@@ -221,16 +282,19 @@ register(Claim(
     methods=(
         Method("ms", "cpu-dro-topk-pn-mnist", (*_MS, "loss.miner.name=multi_similarity", "loss.miner.args={epsilon: 0.1}")),
         Method("lifted", "cpu-dro-topk-pn-mnist", ("loss.name=lifted_structure", "loss.args={neg_margin: 1.0, pos_margin: 0.0}")),
-        Method("dro-topk-margin", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="margin", margin=0.2, threshold=0.5, k=128)),
+        Method("dro-topk-margin", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="margin", margin=0.2, threshold=0.5, k=128),
+               core=False),
         Method("dro-topk-pn-margin", "cpu-dro-topk-pn-mnist"),
         Method("dro-kl-margin", "cpu-dro-topk-pn-mnist",
-               _dro(weighting="kl", base="margin", margin=0.2, threshold=0.5, gamma=0.1, sample="true", num_samples=128)),
-        Method("dro-topk-binomial", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k=128)),
+               _dro(weighting="kl", base="margin", margin=0.2, threshold=0.5, gamma=0.1, sample="true", num_samples=128),
+               core=False),
+        Method("dro-topk-binomial", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k=128),
+               core=False),
         Method("dro-topk-pn-binomial", "cpu-dro-topk-pn-mnist",
-               _dro(weighting="top_k_pn", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k_pos=64, k_neg=64), full_only=True),
+               _dro(weighting="top_k_pn", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k_pos=64, k_neg=64), core=False),
         Method("dro-kl-binomial", "cpu-dro-topk-pn-mnist",
                _dro(weighting="kl", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, gamma=0.1, sample="true", num_samples=128),
-               full_only=True),
+               core=False),
     ),
     steps=600, quick_steps=300,
     metrics=("recall_at_1", "map_at_r", "nmi"),
@@ -251,6 +315,7 @@ register(Claim(
     ),
     steps=600, quick_steps=300,
     metrics=("recall_at_1", "map_at_r", "nmi"),
+    core=False,
 ))
 
 
@@ -262,12 +327,24 @@ def run_config(claim: Claim, method: Method, seed: int, steps: int):
     from dmlkit.config.loading import load_config
 
     every = max(1, steps // claim.evals)
+    # k-fold claims: fold 0 here, ``train_folds`` sets each fold
+    folds = (f"protocol.num_folds={claim.folds}", "protocol.fold=0", "protocol.val_fraction=0.0") if claim.folds else ()
     overrides = [
-        *COMMON, *claim.overrides, *method.overrides,
+        *COMMON, f"train.num_threads={THREADS}", *folds, *claim.overrides, *method.overrides,
         f"train.max_steps={steps}", f"train.eval_every={every}", f"train.checkpoint_every={every}",
         f"seed={seed}", f"protocol.seed={seed}", f"name={claim.name}-{method.name}-seed{seed}",
     ]
     return load_config(preset=method.preset, overrides=overrides)
+
+
+def _finish(metrics_path: Path, t0: float, echo: Callable[[str], None]) -> dict:
+    """Add the run's wall time to its ``metrics.json``, report it and return the metrics."""
+    metrics = json.loads(metrics_path.read_text())
+    metrics["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    metrics_path.write_text(json.dumps(metrics, indent=1))
+    echo(f"    done in {metrics['wall_seconds']} s: " + ", ".join(
+        f"{k}={metrics[k]:.3f}" for k in ("recall_at_1", "map_at_r") if k in metrics))
+    return metrics
 
 
 def train_one(claim: Claim, method: Method, seed: int, steps: int, out: Path, echo: Callable[[str], None]) -> dict:
@@ -285,12 +362,26 @@ def train_one(claim: Claim, method: Method, seed: int, steps: int, out: Path, ec
     echo(f"[{time.strftime('%H:%M:%S')}] {claim.name}/{method.name}/seed{seed}: {steps} steps{' (resume)' if resume else ''}")
     t0 = time.perf_counter()
     Trainer(cfg, run_dir, resume=resume, echo=lambda s: None).fit()
-    metrics = json.loads(metrics_path.read_text())
-    metrics["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    metrics_path.write_text(json.dumps(metrics, indent=1))
-    echo(f"    done in {metrics['wall_seconds']} s: " + ", ".join(
-        f"{k}={metrics[k]:.3f}" for k in ("recall_at_1", "map_at_r") if k in metrics))
-    return metrics
+    return _finish(metrics_path, t0, echo)
+
+
+def train_folds(claim: Claim, method: Method, seed: int, steps: int, out: Path, echo: Callable[[str], None]) -> None:
+    """Train (or resume, or skip) the ``claim.folds`` fold models of one (method, seed) with ``dmlkit crossval``'s engine.
+
+    Fold ``f`` goes to ``OUT/CLAIM/METHOD/seed<N>/fold<f>``: trained on the other folds of the
+    training classes, validated on fold ``f``, then embeds the whole test split.
+    """
+    from dmlkit.engine.crossval import run_crossval
+
+    cfg = run_config(claim, method, seed, steps)
+    for fold in range(claim.folds):
+        metrics_path = out / claim.name / method.name / f"seed{seed}" / f"fold{fold}" / "metrics.json"
+        if metrics_path.exists():
+            continue
+        echo(f"[{time.strftime('%H:%M:%S')}] {claim.name}/{method.name}/seed{seed}/fold{fold}: {steps} steps")
+        t0 = time.perf_counter()
+        run_crossval(cfg, out / claim.name / method.name, seeds=[seed], folds=[fold], echo=lambda s: None)
+        _finish(metrics_path, t0, echo)
 
 
 # ----------------------------------------------------------------------------- post-hoc metrics
@@ -365,6 +456,18 @@ def posthoc_metrics(claim: Claim, run_dir: Path) -> dict:
     return out
 
 
+def pixel_reference(data_name: str) -> dict:
+    """Test R@1, MAP@R and NMI of L2-normalised raw pixels of the test digits 5-9 (no training at all)."""
+    from dmlkit.data import load_mnist5k, load_sklearn_digits
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+
+    images, digits = {"mnist": load_mnist5k, "digits": load_sklearn_digits}[data_name]()
+    test = digits >= 5
+    emb = torch.nn.functional.normalize(images[test].flatten(1).float(), dim=1)
+    labels = digits[test] - 5
+    return {**retrieval_metrics(emb, labels, ks=(1,)), **clustering_metrics(emb, labels)}
+
+
 # ----------------------------------------------------------------------------- summary
 
 
@@ -380,29 +483,49 @@ def summarise(claim: Claim, methods: list[Method], seeds: list[int], steps: int,
     """``summary.json``: mean/std over seeds of each metric per method, with budget and wall time."""
     keys = (*claim.metrics, *claim.extras, "train_seconds", "wall_seconds", "steps", "best_step")
     summary = {"claim": claim.name, "title": claim.title, "steps": steps, "seeds": seeds, "methods": {}}
+    if claim.folds:
+        summary["folds"] = claim.folds
     for method in methods:
         rows = []
         for seed in seeds:
-            run_dir = out / claim.name / method.name / f"seed{seed}"
-            if not (run_dir / "metrics.json").exists():
-                continue
-            row = json.loads((run_dir / "metrics.json").read_text())
-            row.update(posthoc_metrics(claim, run_dir))
-            rows.append(row)
+            seed_dir = out / claim.name / method.name / f"seed{seed}"
+            for run_dir in [seed_dir / f"fold{f}" for f in range(claim.folds)] if claim.folds else [seed_dir]:
+                if not (run_dir / "metrics.json").exists():
+                    continue
+                row = json.loads((run_dir / "metrics.json").read_text())
+                row.update(posthoc_metrics(claim, run_dir))
+                rows.append(row)
         if rows:
             summary["methods"][method.name] = {
                 "preset": method.preset, "overrides": list(method.overrides), "runs": len(rows),
                 "selected_on": sorted({r.get("selected_on", "?") for r in rows}),
                 **{k: _mean_std([r.get(k) for r in rows]) for k in keys},
+                **(fold_ensembles(claim, method, seeds, steps, out) if claim.folds else {}),
             }
     (out / claim.name / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / claim.name / "summary.md").write_text(markdown_table(claim, summary))
     return summary
 
 
+def fold_ensembles(claim: Claim, method: Method, seeds: list[int], steps: int, out: Path) -> dict:
+    """``ensemble_<metric>``: mean/std over seeds of the concatenated fold models' test metrics (ASAP Table 1)."""
+    from dmlkit.engine.crossval import REPORTED, run_crossval
+
+    done = [s for s in seeds if all((out / claim.name / method.name / f"seed{s}" / f"fold{f}" / "metrics.json").exists()
+                                    for f in range(claim.folds))]
+    if not done:
+        return {}
+    # every fold model exists, so this only reads the embeddings and writes crossval.json
+    result = run_crossval(run_config(claim, method, done[0], steps), out / claim.name / method.name, seeds=done,
+                          folds=list(range(claim.folds)), echo=lambda s: None)
+    return {f"ensemble_{k}": result["ensemble"][k] for k in REPORTED if k in claim.metrics}
+
+
 def markdown_table(claim: Claim, summary: dict) -> str:
-    """The claim's table: one row per method, mean ± std over seeds."""
+    """The claim's table: one row per method (per fold model for k-fold claims), mean ± std over seeds."""
     cols = [*claim.metrics, *claim.extras]
+    if claim.folds:
+        cols += [f"ensemble_{k}" for k in claim.metrics if any(f"ensemble_{k}" in m for m in summary["methods"].values())]
     head = "| method | runs | " + " | ".join(cols) + " | train s/run | steps |"
     lines = [head, "|" + "---|" * (len(cols) + 4)]
     for name, m in summary["methods"].items():
@@ -410,7 +533,8 @@ def markdown_table(claim: Claim, summary: dict) -> str:
             s = m.get(k, {"n": 0})
             if not s["n"]:
                 return "–"
-            scale = 100.0 if k.startswith(("recall", "map", "nmi", "train_recall", "train_parity", "precision", "r_prec")) else 1.0
+            scale = 100.0 if k.startswith(("recall", "map", "nmi", "train_recall", "train_parity", "precision", "r_prec",
+                                           "ensemble_")) else 1.0
             if k in ("projections", "steps_to_90pct"):
                 return f"{s['mean']:.1f} ± {s['std']:.1f}"
             return f"{scale * s['mean']:.{1 if scale == 100 else 3}f} ± {scale * s['std']:.{1 if scale == 100 else 3}f}"
@@ -429,6 +553,15 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(fig, claim: Claim, kind: str) -> Path:
+    """Write ``docs/figures/CLAIM-KIND.png`` and close the figure."""
+    fig.tight_layout()
+    path = FIGURES / f"{claim.name}-{kind}.png"
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
 
 
 def figure_train_digits(claim: Claim, methods: list[Method], seed: int, out: Path) -> Path | None:
@@ -450,11 +583,7 @@ def figure_train_digits(claim: Claim, methods: list[Method], seed: int, out: Pat
         ax.set_aspect("equal")
     axes[0][0].legend(markerscale=4, fontsize=7)
     fig.suptitle(f"{claim.name}: training digits 0-5, trained on even/odd labels (seed {seed})")
-    fig.tight_layout()
-    path = FIGURES / f"{claim.name}-train-digits.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, claim, "train-digits")
 
 
 def figure_scatter_2d(claim: Claim, methods: list[Method], seed: int, out: Path) -> Path | None:
@@ -478,11 +607,7 @@ def figure_scatter_2d(claim: Claim, methods: list[Method], seed: int, out: Path)
         ax.set_aspect("equal")
     axes[0][0].legend(markerscale=3, fontsize=7)
     fig.suptitle(f"{claim.name}: test digits 5-9 (classes 0-4) in 2-D, proxies of the train digits (seed {seed})")
-    fig.tight_layout()
-    path = FIGURES / f"{claim.name}-scatter.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, claim, "scatter")
 
 
 def figure_covering_radius(claim: Claim, methods: list[Method], seeds: list[int], out: Path) -> Path | None:
@@ -504,11 +629,7 @@ def figure_covering_radius(claim: Claim, methods: list[Method], seeds: list[int]
     ax.set_xlabel("projection")
     ax.set_ylabel("covering radius (train digits)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = FIGURES / f"{claim.name}-covering-radius.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, claim, "covering-radius")
 
 
 def figure_val_curves(claim: Claim, methods: list[Method], seeds: list[int], out: Path) -> Path | None:
@@ -534,11 +655,29 @@ def figure_val_curves(claim: Claim, methods: list[Method], seeds: list[int], out
     for ax in axes:
         ax.set_ylabel("val R@1 (held-out 20% of train digits)")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = FIGURES / f"{claim.name}-val-curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, claim, "val-curves")
+
+
+def figure_fold_ensemble(claim: Claim, methods: list[Method], seeds: list[int], out: Path) -> Path | None:
+    """ASAP Table 1 layout as bars: fold-model average and concatenated ensemble, MAP@R and P@1, per method."""
+    path = out / claim.name / "summary.json"
+    entries = json.loads(path.read_text())["methods"] if path.exists() else {}
+    names = [m.name for m in methods if "ensemble_map_at_r" in entries.get(m.name, {})]
+    if not names:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    x = np.arange(len(names))
+    for ax, metric in zip(axes, ("map_at_r", "precision_at_1")):
+        for shift, key, label in ((-0.2, metric, f"{claim.folds}-fold average"), (0.2, f"ensemble_{metric}", "ensemble")):
+            stats = [entries[n][key] for n in names]
+            ax.bar(x + shift, [100 * s["mean"] for s in stats], 0.4, yerr=[100 * s["std"] for s in stats], capsize=3,
+                   label=label)
+        ax.set_xticks(x, names)
+        ax.set_ylabel(f"test {metric} (%)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{claim.name}: mean ± std over fold models (average) and over seeds {seeds} (ensemble)")
+    return _save(fig, claim, "average-ensemble")
 
 
 def make_figures(claim: Claim, methods: list[Method], seeds: list[int], out: Path) -> list[Path]:
@@ -553,6 +692,8 @@ def make_figures(claim: Claim, methods: list[Method], seeds: list[int], out: Pat
             made.append(figure_covering_radius(claim, methods, seeds, out))
         elif kind == "val_curves":
             made.append(figure_val_curves(claim, methods, seeds, out))
+        elif kind == "fold_ensemble":
+            made.append(figure_fold_ensemble(claim, methods, seeds, out))
     return [p for p in made if p is not None]
 
 
@@ -566,22 +707,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; quick: 0)")
     parser.add_argument("--steps", type=int, default=None, help="override the claim's step budget")
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods of the claims")
+    parser.add_argument("--core", action="store_true",
+                        help="only the claims and arms each verdict rests on (the 15-minute check: all --quick --core)")
+    parser.add_argument("--threads", type=int, default=THREADS, help=f"torch threads per run (default {THREADS})")
     parser.add_argument("--out", default=None, help="output root (default runs/repro or runs/repro-quick)")
     parser.add_argument("--summary-only", action="store_true", help="only summarise and plot finished runs")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--list", action="store_true", help="list the claims and their methods")
+    parser.add_argument("--pixels", action="store_true", help="print the raw-pixel reference of the MNIST-5k and digits test splits")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pixels:
+        for data_name in ("mnist", "digits"):
+            ref = pixel_reference(data_name)
+            print(f"{data_name}: raw pixels, " + ", ".join(f"{k}={100 * ref[k]:.1f}" for k in ("recall_at_1", "map_at_r", "nmi")))
+        return 0
     if args.list or not args.claims:
         for c in CLAIMS.values():
-            print(f"{c.name}: {c.title} [{c.steps} steps, quick {c.quick_steps}]")
+            protocol = f", {c.folds}-fold" if c.folds else ""
+            print(f"{c.name}{'' if c.core else ' (not core)'}: {c.title} [{c.steps} steps, quick {c.quick_steps}{protocol}]")
             for m in c.methods:
-                print(f"    {m.name}{' (full only)' if m.full_only else ''}: {m.preset} {' '.join(m.overrides)}")
+                tags = "".join(t for t, on in ((" (full only)", m.full_only), (" (not core)", not m.core)) if on)
+                print(f"    {m.name}{tags}: {m.preset} {' '.join(m.overrides)}")
         return 0
+    global THREADS
+    THREADS = args.threads
     names = list(CLAIMS) if args.claims == ["all"] else args.claims
+    if args.core:
+        names = [n for n in names if n not in CLAIMS or CLAIMS[n].core]
     unknown = [n for n in names if n not in CLAIMS]
     if unknown:
         print(f"unknown claims {unknown}; known: {', '.join(CLAIMS)}", file=sys.stderr)
@@ -591,16 +747,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         claim = CLAIMS[name]
         steps = args.steps or (claim.quick_steps if args.quick else claim.steps)
-        methods = [m for m in claim.methods if not (args.quick and m.full_only)]
+        methods = [m for m in claim.methods if not (args.quick and m.full_only) and (m.core or not args.core)]
         if args.methods:
             methods = [m for m in methods if m.name in args.methods]
         if not args.summary_only:
             for seed in seeds:  # seed-major: every method gets seed 0 before any gets seed 1
                 for method in methods:
-                    train_one(claim, method, seed, steps, out, print)
+                    (train_folds if claim.folds else train_one)(claim, method, seed, steps, out, print)
         summary = summarise(claim, methods, seeds, steps, out)
         figures = [] if args.no_figures else make_figures(claim, methods, seeds, out)
-        print(f"\n## {claim.name}: {claim.title}\n{steps} steps, seeds {seeds}, out {out / claim.name}\n")
+        protocol = f", {claim.folds}-fold class-disjoint" if claim.folds else ""
+        print(f"\n## {claim.name}: {claim.title}\n{steps} steps{protocol}, seeds {seeds}, out {out / claim.name}\n")
         print(markdown_table(claim, summary))
         for f in figures:
             print(f"figure: {f.relative_to(REPO) if f.is_relative_to(REPO) else f}")

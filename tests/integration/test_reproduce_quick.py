@@ -28,8 +28,11 @@ def test_every_registered_method_has_a_valid_config(repro):
             cfg = repro.run_config(claim, method, seed=1, steps=40)
             assert cfg.train.max_steps == 40
             assert cfg.seed == 1 and cfg.protocol.seed == 1
-            assert cfg.protocol.val_fraction == 0.2
-            assert cfg.train.num_threads == 2
+            if claim.folds:  # class-disjoint k-fold: the fold is the validation set
+                assert cfg.protocol.num_folds == claim.folds and cfg.protocol.val_fraction == 0.0
+            else:
+                assert cfg.protocol.val_fraction == 0.2
+            assert cfg.train.num_threads == repro.THREADS
             assert cfg.train.patience is None
 
 
@@ -71,3 +74,40 @@ def test_quick_claim_two_seeds_writes_summary(repro, tmp_path, monkeypatch):
     stamp = (tmp_path / "out" / "smoke" / "ms" / "seed1" / "metrics.json").stat().st_mtime_ns
     assert repro.main(["smoke", "--quick", "--seeds", "0", "1", "--out", str(tmp_path / "out"), "--no-figures"]) == 0
     assert (tmp_path / "out" / "smoke" / "ms" / "seed1" / "metrics.json").stat().st_mtime_ns == stamp
+
+
+def test_fold_claim_reports_fold_average_and_ensemble(repro, tmp_path, monkeypatch):
+    """A k-fold claim trains one model per (seed, fold) and reports their average and the concatenated ensemble."""
+    monkeypatch.setattr(repro, "FIGURES", tmp_path / "figures")
+    tiny = ("data.name=digits", "model.embedding_size=8", "eval.batch_size=256", "sampler.batch_size=16", "sampler.m=8")
+    claim = repro.Claim(
+        name="smoke-folds",
+        title="smoke",
+        methods=(repro.Method("ms", "cpu-ms-mnist", tiny),),
+        steps=2,
+        quick_steps=2,
+        evals=1,
+        metrics=("map_at_r", "precision_at_1"),
+        figures=("fold_ensemble",),
+        folds=2,
+    )
+    monkeypatch.setitem(repro.CLAIMS, "smoke-folds", claim)
+    assert repro.main(["smoke-folds", "--quick", "--seeds", "0", "--out", str(tmp_path / "out")]) == 0
+    entry = json.loads((tmp_path / "out" / "smoke-folds" / "summary.json").read_text())["methods"]["ms"]
+    assert entry["runs"] == 2 and entry["selected_on"] == ["val"]
+    assert entry["map_at_r"]["n"] == 2 and entry["ensemble_map_at_r"]["n"] == 1
+    assert 0.0 <= entry["ensemble_precision_at_1"]["mean"] <= 1.0
+    for fold in (0, 1):
+        metrics = json.loads((tmp_path / "out" / "smoke-folds" / "ms" / "seed0" / f"fold{fold}" / "metrics.json").read_text())
+        assert metrics["steps"] == 2 and "wall_seconds" in metrics
+    assert "ensemble_map_at_r" in (tmp_path / "out" / "smoke-folds" / "summary.md").read_text()
+    assert (tmp_path / "figures" / "smoke-folds-average-ensemble.png").stat().st_size > 0
+
+
+def test_core_subset_keeps_every_claim_it_runs_non_empty(repro):
+    """``--core`` (the 15-minute quick mode) runs at least one arm of every core claim and no non-core claim."""
+    core = [c for c in repro.CLAIMS.values() if c.core]
+    assert core and len(core) < len(repro.CLAIMS)
+    for claim in core:
+        assert any(m.core for m in claim.methods), claim.name
+    assert sum(c.folds == 0 for c in core) == len(core)
