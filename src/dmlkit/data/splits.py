@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -199,6 +200,14 @@ def build_splits(
         eval_mode=spec.eval_mode,
         info=info,
     )
+    if splits.val is not None and int(splits.val.labels.unique().numel()) < 2:
+        where = f"fold={fold} of num_folds={num_folds}" if fold is not None else f"train_fraction={train_fraction}"
+        warnings.warn(
+            f"The validation split ({where}) of {name!r} holds a single {eval_label!r} class: its MAP@R is "
+            "always 1, so validation cannot select a checkpoint or stop early. Use fewer folds or a data set "
+            "with more training classes.",
+            stacklevel=2,
+        )
     if spec.eval_mode == "query_gallery":
         splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, tensor_size,
                                                       skip_bad_images)

@@ -148,3 +148,15 @@ def test_subset_without_relabel_keeps_label_space():
     part = splits.train.subset(torch.tensor([0, 1, 2]), relabel=False)
     assert part.class_names == splits.train.class_names
     assert torch.equal(part.labels, splits.train.labels[:3])
+
+
+def test_a_single_class_validation_fold_is_warned_about():
+    with pytest.warns(UserWarning, match=r"\(fold=1 of num_folds=4\) .* single .digit. class"):
+        splits = build_splits("mnist", fold=1, num_folds=4, seed=3)
+    assert len(splits.val.class_names) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        two = build_splits("mnist", fold=0, num_folds=4, seed=3)
+    assert len(two.val.class_names) == 2
