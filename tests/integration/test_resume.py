@@ -81,3 +81,57 @@ def test_validation_selects_checkpoint_and_records_it(uninterrupted):
     assert val_steps == [8, 16, 24]
     best = max((r for r in log if r.get("split") == "val"), key=lambda r: (r["map_at_r"], -r["step"]))
     assert metrics["best_step"] == best["step"]
+
+
+FP16 = [
+    "train.max_steps=8", "train.checkpoint_every=4", "train.eval_every=1000", "train.log_every=1",
+    "train.progress=false", "train.mixed_precision=fp16", "model.args={width: 8}",
+    "sampler.batch_size=32", "sampler.m=8",
+]
+
+
+def _fp16_trainer(run_dir, **kwargs):
+    trainer = Trainer(load_config(overrides=FP16), run_dir, echo=lambda _: None, **kwargs)
+    trainer.finish = lambda has_val: None  # weights, scaler and log are compared; no test evaluation needed
+    return trainer
+
+
+def test_fp16_resume_restores_the_gradient_scaler_exactly(tmp_path):
+    # growth every 2 good steps makes the scale climb into overflows, back off, climb again: the
+    # trajectory (which steps the scaler skips) depends on the scale and its growth counter
+    full = _fp16_trainer(tmp_path / "a")
+    full.scaler.set_growth_interval(2)
+    full.fit()
+    crashed = _fp16_trainer(tmp_path / "b", hooks=Interrupt(at=7))
+    crashed.scaler.set_growth_interval(2)
+    with pytest.raises(KeyboardInterrupt):
+        crashed.fit()
+    saved = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert saved["step"] == 4 and saved["scaler"]["growth_interval"] == 2
+    resumed = _fp16_trainer(tmp_path / "b", resume=True)  # its scaler starts from the defaults ...
+    resumed.fit()  # ... and the checkpoint restores scale, growth counter and interval
+    assert resumed.scaler.state_dict() == full.scaler.state_dict()
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    log_a, log_b = ([json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()] for run in "ab")
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+    assert strip(log_a) == strip(log_b)
+    scales = [r["grad_scale"] for r in log_a]
+    assert len(set(scales)) > 1  # the scale moved (overflow skips and growth) within the run
+
+
+def test_cli_resume_may_change_only_the_device(tmp_path, uninterrupted, capsys):
+    from dmlkit.cli.main import main
+
+    run_a, result_a = uninterrupted
+    for name in ("config.yaml", "log.jsonl"):
+        (tmp_path / name).write_bytes((run_a / name).read_bytes())
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("last.pt", "best.pt"):
+        (tmp_path / "checkpoints" / name).write_bytes((run_a / "checkpoints" / name).read_bytes())
+    assert main(["train", "--resume", str(tmp_path), "--set", "optimizer.lr=1"]) == 2
+    assert "except --set train.device=..." in capsys.readouterr().err
+    # a run trained elsewhere (say on a GPU) continues on this machine's CPU; here it is already done
+    assert main(["train", "--resume", str(tmp_path), "--set", "train.device=cpu", "--quiet", "--no-report"]) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["map_at_r"] == result_a.test_metrics["map_at_r"]

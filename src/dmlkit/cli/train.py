@@ -24,7 +24,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<timestamp>-<name>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run from its last checkpoint (with its saved config; only "
+        "--set train.device=... may be added, e.g. to continue a GPU run on another device)",
+    )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
@@ -38,9 +43,13 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
-        if args.preset or args.config or args.overrides:
-            raise ConfigError("--resume takes the run's saved config.yaml; --preset/--config/--set cannot be combined with it.")
-        cfg = load_config(path=run_dir / "config.yaml")
+        device_only = all(o.split("=", 1)[0].strip() == "train.device" for o in args.overrides)
+        if args.preset or args.config or not device_only:
+            raise ConfigError(
+                "--resume takes the run's saved config.yaml; --preset/--config/--set cannot be combined with it "
+                "(except --set train.device=...)."
+            )
+        cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
     else:
         if args.from_sweep:
             if args.preset or args.config:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -126,9 +127,11 @@ class SamplerConfig:
 class TrainConfig:
     """Step budget, evaluation cadence, early stopping, numerics, logging.
 
-    ``mixed_precision`` runs the model under autocast (``bf16`` on CPU; ``fp16``/``bf16`` on GPU);
-    losses always turn autocast off and accumulate in fp32. ``compile`` wraps the model in
-    ``torch.compile``. Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
+    ``device`` is where the model, the loss (proxies, cross-batch memory) and every batch live:
+    ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
+    with CUDA each rank uses ``cuda:LOCAL_RANK``. ``mixed_precision`` runs the model under autocast
+    (``bf16`` on CPU; ``fp16``/``bf16`` on GPU; ``fp16`` adds a gradient scaler); losses always
+    turn autocast off and accumulate in fp32. ``compile`` wraps the model in ``torch.compile``. Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
     ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
     (needs the ``tensorboard`` package).
     """
@@ -138,6 +141,7 @@ class TrainConfig:
     patience: Optional[int] = None
     log_every: int = 10
     checkpoint_every: int = 100
+    device: str = "auto"
     mixed_precision: str = "none"
     compile: bool = False
     on_nonfinite: str = "stop"
@@ -226,6 +230,10 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "train.patience": (lambda v: v is None or v >= 1, "None or an int >= 1"),
     "train.log_every": (lambda v: v >= 1, "an int >= 1"),
     "train.checkpoint_every": (lambda v: v >= 1, "an int >= 1"),
+    "train.device": (
+        lambda v: v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None,
+        "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)",
+    ),
     "train.mixed_precision": (lambda v: v in ("none", "bf16", "fp16"), "one of 'none', 'bf16', 'fp16'"),
     "train.on_nonfinite": (lambda v: v in ("stop", "skip"), "one of 'stop', 'skip'"),
     "train.num_threads": (lambda v: v is None or v >= 1, "None or an int >= 1"),

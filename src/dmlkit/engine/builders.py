@@ -13,6 +13,42 @@ from dmlkit.config.schema import RunConfig
 from dmlkit.exceptions import ConfigError, DataError
 
 
+def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
+    """The device ``train.device`` names: ``auto`` is CUDA when available, else the CPU.
+
+    ``local_rank`` (a torchrun worker's ``LOCAL_RANK``; None in a single process) makes ``cuda``
+    mean ``cuda:LOCAL_RANK``: every rank trains on its own GPU. Asking for CUDA where
+    ``torch.cuda.is_available()`` is False, or for a GPU index that is not there, is a ConfigError.
+    """
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not (spec == "cuda" or spec.startswith("cuda:") and spec[5:].isdigit()):
+        raise ConfigError(f"train.device must be one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index). Got {spec!r}.")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"train.device={spec!r} asks for a GPU, but torch.cuda.is_available() is False here (no visible "
+            "CUDA device, or a CPU-only PyTorch build). Use train.device=cpu, or auto to take a GPU only when there is one."
+        )
+    index = int(spec[5:]) if spec != "cuda" else None
+    if local_rank is not None:
+        if index is not None and index != local_rank:
+            raise ConfigError(
+                f"train.device={spec!r}: under torchrun every rank trains on cuda:LOCAL_RANK (this is rank "
+                f"{local_rank} on its machine); set train.device=cuda (or auto) and pick GPUs with CUDA_VISIBLE_DEVICES."
+            )
+        index = local_rank
+    count = torch.cuda.device_count()
+    if index is None:
+        index = torch.cuda.current_device()
+    if index >= count:
+        raise ConfigError(
+            f"train.device asks for cuda:{index}, but only {count} CUDA device(s) are visible (cuda:0 ... cuda:{count - 1})."
+        )
+    return torch.device("cuda", index)
+
+
 def build_model(cfg: RunConfig) -> nn.Module:
     """The embedding model named by ``cfg.model`` (``dmlkit.models.create_model``)."""
     from dmlkit.models import create_model
@@ -281,25 +317,30 @@ def fetch_batch(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor
 def embed_dataset(
     model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order."""
+    """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order, on the CPU.
+
+    Batches go to the model's device (a GPU when the model is on one); the embeddings come back
+    to the CPU once, at the end.
+    """
     was_training = model.training
     model.eval()
     outs, labs = [], []
-    device = next(model.parameters(), torch.empty(0)).device.type  # autocast on the model's device
+    device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
+    on_cpu = device.type == "cpu"
     try:
         if hasattr(dataset, "get_batch"):
             n = len(dataset)
-            for start in range(0, n, batch_size):
-                x, y = dataset.get_batch(list(range(start, min(n, start + batch_size))))
-                with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    outs.append(model(x).float())
-                labs.append(y)
+            batches = (dataset.get_batch(list(range(start, min(n, start + batch_size)))) for start in range(0, n, batch_size))
         else:
-            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-            for x, y in loader:
-                with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    outs.append(model(x).float())
-                labs.append(torch.as_tensor(y, dtype=torch.int64))
+            batches = torch.utils.data.DataLoader(
+                dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=not on_cpu
+            )
+        for x, y in batches:
+            if not on_cpu:
+                x = x.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                outs.append(model(x).float())
+            labs.append(torch.as_tensor(y, dtype=torch.int64))
     finally:
         model.train(was_training)
-    return torch.cat(outs), torch.cat(labs)
+    return torch.cat(outs).cpu(), torch.cat(labs)

@@ -75,6 +75,20 @@ def dist_info() -> DistInfo:
     )
 
 
+def torchrun_local_rank() -> int | None:
+    """This process's rank on its machine when it is one of several (torchrun's ``LOCAL_RANK``), else None.
+
+    Read before :func:`init_distributed`, so the device (``cuda:LOCAL_RANK``) and with it the backend
+    can be chosen first.
+    """
+    if dist.is_available() and dist.is_initialized():
+        info = dist_info()
+        return info.local_rank if info.enabled else None
+    if _env_int("WORLD_SIZE", 1) <= 1:
+        return None
+    return _env_int("LOCAL_RANK", 0)
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -293,6 +307,7 @@ __all__ = [
     "dist_info",
     "init_distributed",
     "is_main_process",
+    "torchrun_local_rank",
     "unwrap_model",
     "wrap_model",
 ]

@@ -180,7 +180,7 @@ class RunDirectory:
         arrays = {"embeddings": emb.numpy().astype(np.float32), "labels": labels.numpy().astype(np.int64)}
         proxies = getattr(objective, "proxies", None)
         if isinstance(proxies, torch.Tensor):
-            arrays["proxies"] = proxies.detach().float().numpy()
+            arrays["proxies"] = proxies.detach().float().cpu().numpy()
             k = getattr(objective.loss, "proxies_per_class", 1)
             k = int(k) if float(k).is_integer() and k >= 1 else 1
             arrays["proxy_labels"] = np.repeat(np.arange(proxies.shape[0] // k), k).astype(np.int64)

@@ -28,12 +28,21 @@ def rng_state() -> dict:
         "numpy_pos": int(np_state[2]),
         "numpy_has_gauss": int(np_state[3]),
         "numpy_cached_gaussian": float(np_state[4]),
+        # CUDA generators (dropout etc. on a GPU); only once CUDA is in use, so CPU runs never initialise it
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
     }
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` captured."""
+    """Restore what :func:`rng_state` captured.
+
+    CUDA generator states are restored when this machine sees as many GPUs as the writer did;
+    a checkpoint written on GPUs still resumes on the CPU (and one written on the CPU on GPUs).
+    """
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
     random.setstate((state["python_version"], tuple(int(x) for x in state["python_state"].tolist()), state["python_gauss"]))
     np.random.set_state(
         (

@@ -1,9 +1,10 @@
 """The training engine: one loop for every loss, miner, memory and ASAP.
 
 Data flow of a step: batch sampler -> index batch -> images + labels (mapped to 0..C-1)
--> model (optionally under bf16 autocast) -> embeddings -> objective (miner / memory /
-loss, accumulated in fp32) -> backward -> method hook (ASAP's proximal gradient) -> finite
-check -> gradient clipping -> optimiser and schedule step. Every ``eval_every`` steps the
+-> ``train.device`` -> model (optionally under bf16/fp16 autocast) -> embeddings -> objective
+(miner / memory / loss, accumulated in fp32) -> backward (fp16: of the scaled loss, then
+unscaled) -> method hook (ASAP's proximal gradient) -> finite check -> gradient clipping ->
+optimiser (fp16: through the gradient scaler) and schedule step. Every ``eval_every`` steps the
 validation fold is embedded and scored (MAP@R selects the checkpoint); the test split is
 evaluated once, at the end, with the selected weights.
 """
@@ -87,7 +88,10 @@ class Trainer:
         echo: Callable[[str], None] = print,
     ):
         self.cfg = cfg
-        self.dist = distributed.init_distributed()  # torchrun env -> process group; else one process
+        # the device first (a ConfigError for a missing GPU comes before anything heavy); under
+        # torchrun it is this rank's GPU, cuda:LOCAL_RANK, and it picks the backend: nccl for CUDA, else gloo
+        self.device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
+        self.dist = distributed.init_distributed(backend="nccl" if self.device.type == "cuda" else "gloo")
         self.echo = echo if self.dist.is_main else (lambda _message: None)
         self.run = RunDirectory(run_dir)
         if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
@@ -98,11 +102,12 @@ class Trainer:
         if cfg.train.tensorboard and self.dist.is_main:
             require_tensorboard()  # a missing package fails here, before anything heavy
         seed_everything(cfg.seed)
-        self.model = builders.build_model(cfg)
+        self.model = builders.build_model(cfg).to(self.device)  # built (seeded) on the CPU: same weights on any device
         self.splits = builders.build_splits(cfg, self.model)
         train_labels = self.splits.train.labels
         self.label_map = builders.LabelMap(train_labels)
-        self.objective = builders.build_objective(cfg, num_classes=len(self.label_map))
+        self.objective = builders.build_objective(cfg, num_classes=len(self.label_map)).to(self.device)
+        self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
         from dmlkit.engine.optim import build_optimizer, build_scheduler
 
         self.optimizer = build_optimizer(self.model, self.objective, cfg.optimizer)
@@ -125,7 +130,9 @@ class Trainer:
 
         self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
-        self.autocast_device = next(self.model.parameters(), torch.empty(0)).device.type
+        self.autocast_device = self.device.type
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.train.mixed_precision == "fp16" else None
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
@@ -152,6 +159,7 @@ class Trainer:
             "evals_since_best": self.evals_since_best,
             "elapsed": self.elapsed,
             "hooks": self.hooks.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -176,6 +184,8 @@ class Trainer:
         self.evals_since_best = int(state["evals_since_best"])
         self.elapsed = float(state["elapsed"])
         self.hooks.load_state_dict(state["hooks"])
+        if self.scaler is not None and state.get("scaler"):  # the loss scale and its growth counter
+            self.scaler.load_state_dict(state["scaler"])
 
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
@@ -201,9 +211,20 @@ class Trainer:
         Per-step work beyond a hand-written loop is kept to what the engine promises: one
         ``.item()`` of the loss (its finite check and the returned value), one fused norm over
         all gradients (their finite check, and the clipping norm when ``grad_clip`` is set).
+
+        With ``mixed_precision=fp16`` the loss is scaled before backward and the gradients are
+        unscaled right after it (and the proxy all-reduce), so the method hook, the finite check
+        and clipping all see true gradients. A non-finite gradient found by that unscale is an
+        fp16 overflow: the scaler skips the update and lowers its scale, the step is not a
+        non-finite stop (``on_nonfinite`` does not apply) and the loss value is returned. A
+        non-finite loss, or a gradient made non-finite after the unscale (by a hook), is still
+        handled by ``on_nonfinite``.
         """
         if not self.model.training:  # evaluation puts it back; the check saves a walk over every module
             self.model.train()
+        if self._to_device:
+            images = images.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
         if self.autocast_dtype is None:
             embeddings = self.forward_model(images)
         else:
@@ -221,15 +242,45 @@ class Trainer:
         if not math.isfinite(value):
             return self._non_finite("loss", value)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler = self.scaler
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
         if self.dist.enabled:
             distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # records whether the scaled backward overflowed
         self.hooks.after_backward(self)
         total = self._gradient_norm()
         if not math.isfinite(total):
+            if scaler is not None and self._scaler_backed_off():
+                return self._skip_step(value)
             return self._non_finite("gradient norm", total)
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            scaler.step(self.optimizer)
+            scaler.update()
         self.scheduler.step()
+        return value
+
+    def _scaler_backed_off(self) -> bool:
+        """Close the scaler's iteration after a non-finite gradient; True when it was an fp16 overflow.
+
+        ``update()`` lowers the scale exactly when ``unscale_`` found inf/NaN in the scaled
+        gradients; otherwise the non-finite value appeared later (a hook) and is a real problem.
+        """
+        before = self.scaler.get_scale()
+        self.scaler.update()
+        return self.scaler.get_scale() < before
+
+    def _skip_step(self, value: float) -> float:
+        """No update this step, but the schedule advances (it stays aligned with the step count)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # a skipped step on purpose: no optimiser step before this scheduler step
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         return value
 
     def _gradient_norm(self) -> float:
@@ -249,10 +300,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.train.on_nonfinite == "skip":
             self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
-            with warnings.catch_warnings():  # a skipped step on purpose keeps the schedule aligned with the steps
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-                self.scheduler.step()
-            return float("nan")
+            return self._skip_step(float("nan"))
         last = self.run.last_checkpoint
         where = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
         raise NonFiniteError(
@@ -355,10 +403,11 @@ class Trainer:
             if math.isfinite(value):
                 running = value if running is None else 0.9 * running + 0.1 * value
             if self.step % cfg.train.log_every == 0:
-                self.run.log(
-                    {"kind": "train", "step": self.step, "epoch": self.position.epoch, "time": self.elapsed,
-                     "loss": value, "lr": self.optimizer.param_groups[0]["lr"]}
-                )
+                record = {"kind": "train", "step": self.step, "epoch": self.position.epoch, "time": self.elapsed,
+                          "loss": value, "lr": self.optimizer.param_groups[0]["lr"]}
+                if self.scaler is not None:  # fp16: a falling scale means overflowing (skipped) steps
+                    record["grad_scale"] = self.scaler.get_scale()
+                self.run.log(record)
             if bar is not None:
                 bar.update(1)
                 if running is not None:

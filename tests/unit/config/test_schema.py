@@ -54,6 +54,8 @@ def test_all_problems_collected():
         ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),
         ("eval.ks=[0]", "eval.ks must be a non-empty list of ints >= 1"),
         ("train.mixed_precision=fp8", "train.mixed_precision must be one of"),
+        ("train.device=gpu", "train.device must be one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index). Got 'gpu'"),
+        ("train.device=cuda:x", "train.device must be one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
         ("train.compile=3", "train.compile must be bool. Got 3"),
         ("train.tensorboard=sometimes", "train.tensorboard must be bool. Got 'sometimes'"),
         ("data=3", "data must be a mapping"),
@@ -63,6 +65,14 @@ def test_value_errors_name_the_field(override, fragment):
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[override])
     assert fragment in str(info.value)
+
+
+def test_device_values_are_checked_without_looking_for_a_gpu():
+    # a GPU config must load on a CPU-only machine (validate it there, evaluate its runs there);
+    # whether the GPU exists is checked when training starts (tests/unit/engine/test_trainer_device.py)
+    for value in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert load_config(overrides=[f"train.device={value}"]).train.device == value
+    assert load_config().train.device == "auto"
 
 
 def test_asap_needs_pool_at_least_proxies():
