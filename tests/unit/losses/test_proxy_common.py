@@ -115,3 +115,21 @@ def test_unsupported_keyword_arguments_are_rejected(name):
     loss = make(name, 3, 4, 1)
     with pytest.raises(ValueError, match="unsupported keyword argument"):
         loss(torch.randn(2, 4), torch.tensor([0, 1]), ref_emb=torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("cls", [ProxyAnchorLoss, ProxyNCALoss, SoftTripleLoss])
+def test_reused_scratch_buffers_keep_calls_independent(cls):
+    """Two calls before one backward (and a changed batch size) give the sum of separate gradients."""
+    g = torch.Generator().manual_seed(11)
+    x1 = torch.randn(12, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y1, y2 = torch.randint(0, 5, (12,), generator=g), torch.randint(0, 5, (7,), generator=g)
+    loss = cls(5, 8).double()
+    together = torch.autograd.grad(loss(x1, y1) + loss(x2, y2), (x1, x2, loss.proxies))
+    fresh = cls(5, 8).double()
+    fresh.load_state_dict(loss.state_dict())
+    first = torch.autograd.grad(fresh(x1, y1), (x1, fresh.proxies))
+    second = torch.autograd.grad(fresh(x2, y2), (x2, fresh.proxies))
+    torch.testing.assert_close(together[0], first[0])
+    torch.testing.assert_close(together[1], second[0])
+    torch.testing.assert_close(together[2], first[1] + second[1])

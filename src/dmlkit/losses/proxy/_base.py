@@ -6,6 +6,7 @@ import torch
 
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import MetricLoss
+from dmlkit.losses.proxy._fused import Workspace
 from dmlkit.proxies import ProxyBank
 
 
@@ -31,6 +32,7 @@ class ProxyLoss(MetricLoss):
         super().__init__()
         owner = type(self).__name__
         self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
+        self._workspace = Workspace()
         if self.bank.is_fractional and not self.supports_fractional:
             raise InvalidParameterError(
                 f"The 'proxies_per_class' parameter of {owner} must be an int >= 1. "

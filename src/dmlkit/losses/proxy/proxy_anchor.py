@@ -116,4 +116,4 @@ class ProxyAnchorLoss(ProxyLoss):
             return self.bank.assign(present_z, labels, self.assignment, columns=columns)
 
         kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
-        return fused_proxy_loss(xn, proxies, kernel, self.alpha)
+        return fused_proxy_loss(xn, proxies, kernel, self.alpha, self._workspace)

@@ -114,7 +114,7 @@ class ProxyNCALoss(ProxyLoss):
         scale = 2.0 * self.softmax_scale
         kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
                          exclude_positive=self.exclude_positive, bound=scale)
-        return fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, scale)
+        return fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, scale, self._workspace)
 
 
 @LOSSES.register("proxy_nca_plus_plus")

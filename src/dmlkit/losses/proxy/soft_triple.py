@@ -114,7 +114,7 @@ class SoftTripleLoss(ProxyLoss):
         :func:`soft_triple_kernel`), plus the centre regulariser when ``tau > 0``."""
         k = self.centers_per_class
         kernel = partial(soft_triple_kernel, labels=labels, centers=k, la=self.la, gamma=self.gamma, margin=self.margin)
-        loss = fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma)
+        loss = fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma, self._workspace)
         if self.tau > 0 and k > 1:
             loss = loss + self.tau * self.center_regularizer(proxies)
         return loss
