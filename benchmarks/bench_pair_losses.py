@@ -1,6 +1,6 @@
 """Forward+backward time of dmlkit's pair losses against pytorch-metric-learning (same run).
 
-    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...]
+    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...] [--allocator tuned|default]
 
 B=128, D=128, 32 classes x 4 samples, 2 threads; plus cross-batch memory with a full
 44,800-entry memory at B=32 with the contrastive loss. Calls are interleaved (dmlkit, PML,
@@ -17,6 +17,7 @@ import torch
 from pytorch_metric_learning import losses as pml
 
 import dmlkit.losses.pair as dml
+from dmlkit.engine.allocator import tune_cpu_allocator
 from dmlkit.memory import CrossBatchMemory
 
 
@@ -66,7 +67,14 @@ def main() -> None:
         help="cpu: process CPU time, steadier on a shared machine (with --threads 1)",
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these rows (e.g. xbm_contrastive_44800_b32)")
+    parser.add_argument(
+        "--allocator", choices=("tuned", "default"), default="tuned",
+        help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() for the whole process, as `dmlkit` runs "
+        "(applies to both libraries); default: glibc's own settings",
+    )
     args = parser.parse_args()
+    if args.allocator == "tuned" and not tune_cpu_allocator():
+        parser.error("--allocator tuned needs glibc (Linux)")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
 

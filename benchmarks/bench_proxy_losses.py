@@ -15,6 +15,7 @@ import time
 import torch
 from pytorch_metric_learning import losses as pml
 
+from dmlkit.engine.allocator import tune_cpu_allocator
 from dmlkit.losses.proxy import ProxyAnchorLoss, ProxyNCALoss, SoftTripleLoss
 from dmlkit.proxies import greedy_k_center
 
@@ -63,7 +64,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--allocator", choices=("tuned", "default"), default="tuned",
+        help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() for the whole process, as `dmlkit` runs "
+        "(applies to both libraries); default: glibc's own settings",
+    )
     args = parser.parse_args()
+    if args.allocator == "tuned" and not tune_cpu_allocator():
+        parser.error("--allocator tuned needs glibc (Linux)")
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(B, D, generator=g, requires_grad=True)

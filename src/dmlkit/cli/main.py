@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from dmlkit import __version__
+from dmlkit.engine.allocator import tune_cpu_allocator
 from dmlkit.exceptions import DmlkitError
 
 #: verb -> (module, one-line help)
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "verb", None):
         parser.print_help()
         return 2
+    tune_cpu_allocator()
     try:
         return int(args._run(args) or 0)
     except DmlkitError as exc:
