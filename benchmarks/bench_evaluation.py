@@ -1,6 +1,7 @@
 """Leave-one-out P@1, R-Precision and MAP@R: dmlkit (torch / faiss backends) vs PML's AccuracyCalculator.
 
 Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000] [--impls torch faiss pml]
+      [--allocator tuned|default]
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
 (2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
@@ -21,7 +22,10 @@ CHILD = r"""
 import json, os, resource, sys, time
 import torch
 torch.set_num_threads(2)
-n, impl = int(sys.argv[1]), sys.argv[2]
+n, impl, allocator = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if allocator == "tuned":  # as the `dmlkit` command line runs; applied to PML's process too
+    from dmlkit.engine.allocator import tune_cpu_allocator
+    assert tune_cpu_allocator(), "--allocator tuned needs glibc (Linux)"
 torch.manual_seed(0)  # the class sizes below draw from the global generator
 g = torch.Generator().manual_seed(0)
 sizes = (2 + torch.distributions.Geometric(probs=torch.tensor(0.3)).sample((n,))).clamp_max(12).long()
@@ -52,8 +56,9 @@ print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib
 """
 
 
-def run(n: int, impl: str) -> dict:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(n), impl], capture_output=True, text=True, check=True)
+def run(n: int, impl: str, allocator: str) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(n), impl, allocator], capture_output=True, text=True,
+                         check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -63,6 +68,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[60502, 200000])
     ap.add_argument("--pml-max", type=int, default=70000)
     ap.add_argument("--impls", nargs="+", default=["torch", "faiss", "pml"], choices=["torch", "faiss", "pml"])
+    ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
+                    help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() in every child process (as `dmlkit` "
+                    "runs); default: glibc's own settings")
     args = ap.parse_args()
     rows = []
     for n in args.sizes:
@@ -70,7 +78,7 @@ def main() -> None:
         runs: dict[str, list[dict]] = {i: [] for i in impls}
         for _ in range(args.repeats if n <= args.pml_max else 1):
             for impl in impls:  # interleaved
-                runs[impl].append(run(n, impl))
+                runs[impl].append(run(n, impl, args.allocator))
         ref = statistics.median(r["seconds"] for r in runs["pml"]) if runs.get("pml") else float("nan")
         for impl in impls:
             med = statistics.median(r["seconds"] for r in runs[impl])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
 
 from dmlkit._validation import Interval, NONE, validate_params
 from dmlkit.evaluation._checks import check_finite
@@ -71,6 +70,8 @@ def clustering_metrics(
         raise DataError(f"Clustering metrics need at least two samples; embeddings has {embeddings.shape[0]} row.")
     truth = labels.cpu().numpy()
     k = n_clusters if n_clusters is not None else int(np.unique(truth).size)
+    from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score  # 1 s to import: only here
+
     assign = kmeans_assignments(embeddings, min(k, embeddings.shape[0]), seed=seed, n_iter=n_iter, n_redo=n_redo).numpy()
     out = {
         "nmi": float(normalized_mutual_info_score(truth, assign)),
