@@ -23,7 +23,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dmlkit.engine.builders import build_splits, embed_dataset
+    from dmlkit.engine.builders import build_splits, embed_dataset, resolve_device
     from dmlkit.engine.checkpoint import atomic_write_json
     from dmlkit.engine.loading import load_run
     from dmlkit.engine.trainer import _floats, format_metrics_table
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"evaluate only overrides data.*, protocol.* and eval.* fields. Got {', '.join(bad)}.")
     cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
     splits = build_splits(cfg, model)
+    model.to(resolve_device("auto"))  # embed on a GPU when there is one (embeddings come back on the CPU)
     backend = args.backend or cfg.eval.backend
     ks = tuple(cfg.eval.ks)
     if args.split == "test" and splits.eval_mode == "query_gallery":

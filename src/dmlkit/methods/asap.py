@@ -83,8 +83,10 @@ class AsapHooks(MethodHooks):
         self.projection_best_state: dict | None = None
         n = len(trainer.splits.train)
         d = trainer.cfg.model.embedding_size
-        self.cache = torch.zeros(n, d) if cfg.pool_source == "cache" else None
-        self.cache_filled = torch.zeros(n, dtype=torch.bool) if cfg.pool_source == "cache" else None
+        # anchors and the cache live with the model (no host copy per step); pools and k-center run on the CPU
+        self.device = trainer.device
+        self.cache = torch.zeros(n, d, device=self.device) if cfg.pool_source == "cache" else None
+        self.cache_filled = torch.zeros(n, dtype=torch.bool, device=self.device) if cfg.pool_source == "cache" else None
 
     # ------------------------------------------------------------------ engine hooks
 
@@ -99,7 +101,7 @@ class AsapHooks(MethodHooks):
 
     def on_batch_embeddings(self, trainer: "Trainer", indices: list[int], embeddings: torch.Tensor) -> None:
         if self.cache is not None:
-            idx = torch.as_tensor(indices, dtype=torch.int64)
+            idx = torch.as_tensor(indices, dtype=torch.int64, device=self.device)
             self.cache[idx] = embeddings.detach().float()
             self.cache_filled[idx] = True
 
@@ -166,7 +168,7 @@ class AsapHooks(MethodHooks):
         self.projection_best_state = None
         self.projection_start_step = trainer.step
         pool, mask = self.pool_embeddings(trainer)
-        current = self.bank.per_class().detach()
+        current = self.bank.per_class().detach().cpu()
         existing = None if self.projection == 0 else current
         picks = greedy_k_center(pool, int(self.bank.proxies_per_class), existing_centers=existing, pool_mask=mask)
         self.bank.set_proxies(gather_centers(pool, picks, fallback=current))
@@ -209,10 +211,11 @@ class AsapHooks(MethodHooks):
         num_classes = len(trainer.label_map)
         b = self.cfg.pool_size
         if self.cache is not None:
-            cached_classes = torch.bincount(labels[self.cache_filled], minlength=num_classes)
+            filled = self.cache_filled.cpu()
+            cached_classes = torch.bincount(labels[filled], minlength=num_classes)
             if bool((cached_classes > 0).all()):
-                rows, mask = self.per_class_rows(labels, num_classes, b, self.generator, self.cache_filled)
-                return self.cache[rows.clamp_min(0)] * mask[:, :, None], mask
+                rows, mask = self.per_class_rows(labels, num_classes, b, self.generator, filled)
+                return self.cache[rows.clamp_min(0).to(self.device)].cpu() * mask[:, :, None], mask
         rows, mask = self.per_class_rows(labels, num_classes, b, self.generator)
         subset = trainer.splits.train.subset(rows[mask], relabel=False)
         emb, _ = embed_dataset(trainer.model, subset, trainer.cfg.eval.batch_size, trainer.cfg.data.num_workers)
@@ -263,8 +266,8 @@ class AsapHooks(MethodHooks):
         self.best_at_projection_start = float(state["best_at_projection_start"])
         self.radius_before = float(state["radius_before"])
         self.generator.set_state(state["generator"])
-        self.anchors = [a.clone() for a in state["anchors"]]
+        self.anchors = [a.to(self.device, copy=True) for a in state["anchors"]]
         self.projection_best_state = dict(state["projection_best_state"]) or None
         if self.cache is not None:
-            self.cache = state["cache"].clone()
-            self.cache_filled = state["cache_filled"].clone()
+            self.cache = state["cache"].to(self.device, copy=True)
+            self.cache_filled = state["cache_filled"].to(self.device, copy=True)
