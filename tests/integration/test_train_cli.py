@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import yaml
 
 from dmlkit.cli.main import build_parser, main
@@ -30,6 +31,11 @@ def test_default_job_short_budget_writes_run_directory(tmp_path, cli):
     assert {int(v) for v in manifest["test"]["labels"]} == {5, 6, 7, 8, 9} or manifest["test"]["classes"] == 5
     env = json.loads((out / "env.json").read_text())
     assert env["seed"] == 0 and env["versions"]["torch"]
+    # `dmlkit evaluate` on the saved weights reproduces the run's own test metrics
+    again = json.loads(cli("evaluate", str(out), "--checkpoint", "last").stdout.strip().splitlines()[-1])
+    for key in ("precision_at_1", "r_precision", "map_at_r"):
+        assert again[key] == pytest.approx(metrics[key], abs=1e-9), key
+    assert len(list((out / "evaluations").glob("*-test.json"))) == 1
 
 
 def test_bad_override_fails_before_training_and_writes_nothing(tmp_path, cli):
