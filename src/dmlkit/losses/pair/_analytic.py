@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
 from dmlkit.distances import BaseDistance, CosineSimilarity, DotProductSimilarity, LpDistance
+from dmlkit.losses.pair._common import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
 EPS = 1e-12
@@ -206,10 +207,10 @@ class Pairwise:
 
     def attach(self, value: torch.Tensor, coefficient: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``value`` (no graph) as a scalar whose gradient is that of ``sum(scale * coefficient * mat)``."""
-        if self.graph is not None:
-            return _Attach.apply(value, None, None, None, self.graph, coefficient, scale)
+        if self.graph is not None:  # autograd graph of an unknown measure: route the coefficient to it
+            return attach_gradient(value, (self.graph, coefficient if scale is None else coefficient * scale))
         refs = None if self.same_set else self.refs
-        return _Attach.apply(value, self, self.x, refs, None, coefficient, scale)
+        return _Attach.apply(value, self, self.x, refs, coefficient, scale)
 
 
 #: Reference sets at least this large get the column-sparse backward product.
@@ -261,22 +262,19 @@ class _Attach(torch.autograd.Function):
     """Identity on the loss value; backward maps ``grad * coefficient`` through the measure."""
 
     @staticmethod
-    def forward(ctx, value, pairwise, x, refs, graph, coefficient, scale):  # noqa: D102 - autograd protocol
+    def forward(ctx, value, pairwise, x, refs, coefficient, scale):  # noqa: D102 - autograd protocol
         ctx.pairwise, ctx.coefficient, ctx.scale = pairwise, coefficient, scale
         return value.clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # noqa: D102 - autograd protocol
-        coefficient = ctx.coefficient
         if ctx.scale is not None:
             grad = grad * ctx.scale
-        if ctx.pairwise is None:  # autograd graph of an unknown measure
-            return None, None, None, None, coefficient * grad, None, None
-        gx, gr = ctx.pairwise.grads(coefficient, ctx.needs_input_grad[2], ctx.needs_input_grad[3])
+        gx, gr = ctx.pairwise.grads(ctx.coefficient, ctx.needs_input_grad[2], ctx.needs_input_grad[3])
         gx = None if gx is None or not ctx.needs_input_grad[2] else gx * grad
         gr = None if gr is None or not ctx.needs_input_grad[3] else gr * grad
-        return None, None, gx, gr, None, None, None
+        return None, None, gx, gr, None, None
 
 
 def softmax_with_one(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
