@@ -10,7 +10,7 @@ from dmlkit.losses.pair import (
     MultiSimilarityLoss,
     NPairsLoss,
 )
-from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES
+from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES, _kind
 from dmlkit.mining.base import PairSelection
 
 DISTANCES = {
@@ -148,3 +148,18 @@ def test_reference_major_backward_equals_autograd(distance):
     ref.backward()
     torch.testing.assert_close(value, ref.detach())
     torch.testing.assert_close(e.grad, xr.grad)
+
+
+@pytest.mark.parametrize("cls", [ContrastiveLoss, MultiSimilarityLoss])
+def test_unknown_distance_falls_back_to_autograd_with_the_same_gradient(cls):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 4, (16,), generator=g)
+    distance = {ContrastiveLoss: LpDistance, MultiSimilarityLoss: CosineSimilarity}[cls]
+    user = type("User" + distance.__name__, (distance,), {})  # a subclass keeps autograd
+    assert _kind(user()) is None and _kind(distance()) is not None
+    known, fallback = cls(distance=distance()), cls(distance=user())
+    a, b = known(x, y), fallback(x, y)
+    assert a.item() == pytest.approx(b.item(), rel=1e-12)
+    (ga,), (gb,) = torch.autograd.grad(a, x), torch.autograd.grad(b, x)
+    torch.testing.assert_close(ga, gb)
