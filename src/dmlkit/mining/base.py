@@ -47,6 +47,21 @@ class TripletSelection:
         return int(self.anchor.numel())
 
 
+def label_equality(
+    labels: torch.Tensor | None, ref_labels: torch.Tensor | None = None, *, pos_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, R]`` bool, a fresh tensor: ``pos_mask``, or same class (ids ``[B]``) / a shared label
+    (multi-label ``[B, C]``) between ``labels`` and ``ref_labels`` (default: ``labels``); diagonal kept."""
+    if pos_mask is not None:
+        return pos_mask.to(torch.bool, copy=True)
+    if labels is None:
+        raise ValueError("label_masks needs labels or pos_mask")
+    ref = labels if ref_labels is None else ref_labels
+    if labels.dim() == 2:
+        return (labels.float() @ ref.float().T) > 0
+    return labels[:, None] == ref[None, :]
+
+
 def label_masks(
     labels: torch.Tensor | None,
     ref_labels: torch.Tensor | None = None,
@@ -63,18 +78,8 @@ def label_masks(
     """
     if same_set is None:
         same_set = ref_labels is None
-    if pos_mask is not None:
-        pos = pos_mask.bool()
-        neg = ~pos
-    else:
-        if labels is None:
-            raise ValueError("label_masks needs labels or pos_mask")
-        ref = labels if ref_labels is None else ref_labels
-        if labels.dim() == 2:
-            pos = (labels.float() @ ref.float().T) > 0
-        else:
-            pos = labels[:, None] == ref[None, :]
-        neg = ~pos
+    pos = label_equality(labels, ref_labels, pos_mask=pos_mask)
+    neg = ~pos
     if same_set:
         eye = torch.eye(pos.shape[0], pos.shape[1], dtype=torch.bool, device=pos.device)
         pos = pos & ~eye

@@ -30,7 +30,7 @@ from dmlkit._validation import InstanceOf, Options, check_embeddings_labels, val
 from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
-from dmlkit.mining.base import PairSelection, TripletSelection, label_masks
+from dmlkit.mining.base import PairSelection, TripletSelection, label_equality, label_masks
 
 Selection = PairSelection | TripletSelection
 
@@ -101,12 +101,7 @@ class PairBatch:
 
     def label_equal(self) -> torch.Tensor:
         """``[B, R]`` bool, a fresh tensor: ``pos_mask``, or same class / a shared label; diagonal kept."""
-        if self.pos_mask is not None:
-            return self.pos_mask.to(torch.bool, copy=True)
-        ref = self.labels if self.same_set else self.ref_labels
-        if self.labels.dim() == 2:
-            return (self.labels.float() @ ref.float().T) > 0
-        return self.labels[:, None] == ref[None, :]
+        return label_equality(self.labels, None if self.same_set else self.ref_labels, pos_mask=self.pos_mask)
 
     def float_masks(self) -> PairMasks:
         """:meth:`pair_masks` as 0/1 masks in the embeddings' dtype; weights (if any) are zero off their mask."""
