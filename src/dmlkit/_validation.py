@@ -148,3 +148,18 @@ def check_embeddings_labels(
         raise DataError(
             f"{name} has {embeddings.shape[0]} rows but {labels_name} has {labels.shape[0]}."
         )
+
+
+def require_module(module: str, package: str, feature: str, extra: str):
+    """Import ``module`` for an optional ``feature``, or raise a ConfigError naming ``package`` to install."""
+    import importlib
+
+    from dmlkit.exceptions import ConfigError
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{feature} needs the {package!r} package, which is not installed: "
+            f"pip install {package} (or pip install 'dmlkit[{extra}]')."
+        ) from None

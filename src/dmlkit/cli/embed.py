@@ -45,18 +45,11 @@ def output_format(out: str | Path, fmt: str | None = None) -> str:
 
 
 def require_pyarrow():
-    """The ``pyarrow`` module, or a ConfigError naming the package to install."""
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        from dmlkit.exceptions import ConfigError
+    """The ``pyarrow`` module (with ``pyarrow.parquet`` loaded), or a ConfigError naming the package to install."""
+    from dmlkit._validation import require_module
 
-        raise ConfigError(
-            "Parquet output needs the 'pyarrow' package, which is not installed: "
-            "pip install pyarrow (or pip install 'dmlkit[parquet]')."
-        ) from None
-    return pyarrow
+    require_module("pyarrow.parquet", "pyarrow", "Parquet output", "parquet")
+    return require_module("pyarrow", "pyarrow", "Parquet output", "parquet")
 
 
 def parquet_bytes(embeddings, labels, paths) -> bytes:

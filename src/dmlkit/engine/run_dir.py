@@ -61,16 +61,9 @@ def environment_record(seed: int) -> dict:
 
 def require_tensorboard():
     """``torch.utils.tensorboard.SummaryWriter``, or a ConfigError naming the package to install."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        from dmlkit.exceptions import ConfigError
+    from dmlkit._validation import require_module
 
-        raise ConfigError(
-            "train.tensorboard=true needs the 'tensorboard' package, which is not installed: "
-            "pip install tensorboard (or pip install 'dmlkit[tensorboard]')."
-        ) from None
-    return SummaryWriter
+    return require_module("torch.utils.tensorboard", "tensorboard", "train.tensorboard=true", "tensorboard").SummaryWriter
 
 
 class TensorBoardLog:
