@@ -294,7 +294,7 @@ class Trainer:
         clip = self.cfg.optimizer.grad_clip
         if clip is not None:
             return float(torch.nn.utils.clip_grad_norm_(params, clip))
-        return float(_total_norm([p.grad for p in params]))
+        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))  # the norm clipping would use, no clip
 
     def _non_finite(self, what: str, value: float) -> float:
         self.optimizer.zero_grad(set_to_none=True)
@@ -463,14 +463,6 @@ def _overrides(hooks: MethodHooks, name: str) -> bool:
     """Whether ``hooks`` replaces the do-nothing ``MethodHooks.<name>`` (else the loop skips preparing its input)."""
     method = getattr(hooks, name)
     return getattr(method, "__func__", method) is not getattr(MethodHooks, name)
-
-
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of all ``grads`` together (per-tensor norms in one foreach call, then their norm)."""
-    first = grads[0]
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).float().cpu() for g in grads]))
 
 
 def _floats(metrics: dict) -> dict:
