@@ -14,6 +14,8 @@ EXAMPLES = {
         "dmlkit train --preset cpu-asap-mnist-2d-c2     # a packaged preset",
         "dmlkit train --set loss.name=multi_similarity --set loss.miner.name=multi_similarity --out runs/ms",
         "dmlkit train --resume runs/ms                  # continue an interrupted run exactly",
+        "dmlkit train --preset asap-baseline-proxy-anchor-sop --set loss.args.matmul_precision=medium",
+        "                                               # bf16 proxy products (docs/architecture.md)",
     ],
     "validate": ["dmlkit validate --preset asap-c2-cub --set data.root=/data/CUB_200_2011 --print"],
     "evaluate": ["dmlkit evaluate runs/ms", "dmlkit evaluate runs/ms --split val --set protocol.val_fraction=0.2"],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._validation import Options, validate_params
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import MetricLoss
-from dmlkit.losses.proxy._fused import Workspace
+from dmlkit.losses.proxy._fused import MATMUL_PRECISIONS, Kernel, Workspace, fused_proxy_loss
 from dmlkit.proxies import ProxyBank
 
 
@@ -16,6 +17,11 @@ class ProxyLoss(MetricLoss):
     The proxies live in ``self.bank`` (a :class:`ProxyBank`); ``proxies``, ``proxy_labels`` and
     ``init_proxies_from`` are shortcuts to it. Put ``loss.proxies`` in its own optimiser
     parameter group (proxy losses usually want a larger learning rate).
+
+    ``matmul_precision`` (losses with a fused kernel): ``"highest"`` (default) keeps every
+    product in fp32; ``"medium"`` runs the three proxy-by-batch products in bfloat16 with fp32
+    accumulation of the loss, about 2x faster at SOP scale on CPUs with AVX512-BF16 or AMX
+    (see :mod:`dmlkit.losses.proxy._fused` for the error it brings).
     """
 
     #: Whether a fractional ``proxies_per_class < 1`` makes sense for this loss.
@@ -28,9 +34,14 @@ class ProxyLoss(MetricLoss):
         proxies_per_class: float = 1,
         proxy_init: str = "normal",
         seed: int = 0,
+        matmul_precision: str = "highest",
     ):
         super().__init__()
         owner = type(self).__name__
+        validate_params(
+            owner, {"matmul_precision": matmul_precision}, {"matmul_precision": [Options(MATMUL_PRECISIONS)]}
+        )
+        self.matmul_precision = matmul_precision
         self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
         self._workspace = Workspace()
         if self.bank.is_fractional and not self.supports_fractional:
@@ -75,6 +86,14 @@ class ProxyLoss(MetricLoss):
     def init_proxies_from(self, embeddings: torch.Tensor, labels: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         """Initialise each class's proxies from random sample embeddings of that class (see :meth:`ProxyBank.init_from`)."""
         return self.bank.init_from(embeddings, labels, seed=seed)
+
+    def fused(
+        self, xn: torch.Tensor, proxies: torch.Tensor, kernel: Kernel, scale: float, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """:func:`fused_proxy_loss` with this loss's scratch buffers and ``matmul_precision`` (in
+        ``"medium"``, the proxies of ``labels``' classes stay fp32)."""
+        exact = self.bank.present_columns(labels) if self.matmul_precision == "medium" else None
+        return fused_proxy_loss(xn, proxies, kernel, scale, self._workspace, self.matmul_precision, exact)
 
     def reject_kwargs(self, kwargs: dict) -> None:
         """Raise on keyword arguments this loss does not use (miner pairs, ref_emb, ...), never ignore them."""

@@ -64,14 +64,17 @@ def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
 
 
-def row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``<a_r, b_r>`` for every row of ``a, b [N, D]`` (product then sum: 3-4x faster than ``bmm`` on CPU)."""
-    return (a * b).sum(dim=1)
+def row_dots(a: torch.Tensor, b: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """``<a_r, b_r>`` for every row of ``a, b [N, D]`` (product then sum: 3-4x faster than ``bmm`` on CPU).
+
+    ``scratch`` (same shape and dtype) receives the product instead of a fresh ``[N, D]`` tensor.
+    """
+    return torch.mul(a, b, out=scratch).sum(dim=1) if scratch is not None else (a * b).sum(dim=1)
 
 
-def tangent_(grad_unit: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+def tangent_(grad_unit: torch.Tensor, unit: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """In place ``g - u <u, g>`` per row: the gradient through ``u = x / ||x||``, before the ``1/||x||``."""
-    return grad_unit.addcmul_(unit, row_dots(unit, grad_unit)[:, None], value=-1.0)
+    return grad_unit.addcmul_(unit, row_dots(unit, grad_unit, scratch)[:, None], value=-1.0)
 
 
 class _RowNormalize(torch.autograd.Function):

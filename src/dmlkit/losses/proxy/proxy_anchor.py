@@ -12,7 +12,6 @@ from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._fused import fused_proxy_loss
 from dmlkit.losses.proxy._math import common_dtype, exp_sum_, log1p_sum_exp
 
 
@@ -79,7 +78,9 @@ class ProxyAnchorLoss(ProxyLoss):
     All sums are log-sum-exps; proxies of classes absent from the batch take a fused path.
     """
 
-    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "margin", "alpha", "assignment")
+    _repr_keys = (
+        "num_classes", "embedding_size", "proxies_per_class", "margin", "alpha", "assignment", "matmul_precision"
+    )
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class ProxyAnchorLoss(ProxyLoss):
         assignment: str = "static",
         proxy_init: str = "normal",
         seed: int = 0,
+        matmul_precision: str = "highest",
     ):
         validate_params(
             "ProxyAnchorLoss",
@@ -101,7 +103,7 @@ class ProxyAnchorLoss(ProxyLoss):
                 "assignment": [Options(("static", "nearest"))],
             },
         )
-        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision)
         self.margin = float(margin)
         self.alpha = float(alpha)
         self.assignment = assignment
@@ -116,4 +118,4 @@ class ProxyAnchorLoss(ProxyLoss):
             return self.bank.assign(present_z, labels, self.assignment, columns=columns)
 
         kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
-        return fused_proxy_loss(xn, proxies, kernel, self.alpha, self._workspace)
+        return self.fused(xn, proxies, kernel, self.alpha, labels)

@@ -10,7 +10,6 @@ from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._fused import fused_proxy_loss
 from dmlkit.losses.proxy._math import common_dtype, exp_sum_
 
 
@@ -76,7 +75,10 @@ class ProxyNCALoss(ProxyLoss):
       seeded random pre-assignment of classes to them.
     """
 
-    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "softmax_scale", "assignment", "exclude_positive")
+    _repr_keys = (
+        "num_classes", "embedding_size", "proxies_per_class", "softmax_scale", "assignment", "exclude_positive",
+        "matmul_precision",
+    )
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class ProxyNCALoss(ProxyLoss):
         exclude_positive: bool = False,
         proxy_init: str = "normal",
         seed: int = 0,
+        matmul_precision: str = "highest",
     ):
         validate_params(
             type(self).__name__,
@@ -98,7 +101,7 @@ class ProxyNCALoss(ProxyLoss):
                 "exclude_positive": [BOOL],
             },
         )
-        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision)
         self.softmax_scale = float(softmax_scale)
         self.assignment = assignment
         self.exclude_positive = exclude_positive
@@ -114,7 +117,7 @@ class ProxyNCALoss(ProxyLoss):
         scale = 2.0 * self.softmax_scale
         kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
                          exclude_positive=self.exclude_positive, bound=scale)
-        return fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, scale, self._workspace)
+        return self.fused(l2_normalize(embeddings), proxies, kernel, scale, labels)
 
 
 @LOSSES.register("proxy_nca_plus_plus")
@@ -128,7 +131,7 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
     max pooling / layer norm belong to the model.
     """
 
-    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "temperature", "assignment")
+    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "temperature", "assignment", "matmul_precision")
 
     def __init__(
         self,
@@ -139,6 +142,7 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
         assignment: str = "static",
         proxy_init: str = "normal",
         seed: int = 0,
+        matmul_precision: str = "highest",
     ):
         validate_params(
             "ProxyNCAPlusPlusLoss",
@@ -146,6 +150,7 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
             {"temperature": [Interval(float, 0, None, closed="neither")]},
         )
         super().__init__(
-            num_classes, embedding_size, 1.0 / temperature, proxies_per_class, assignment, False, proxy_init, seed
+            num_classes, embedding_size, 1.0 / temperature, proxies_per_class, assignment, False, proxy_init, seed,
+            matmul_precision,
         )
         self.temperature = float(temperature)

@@ -11,7 +11,6 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._fused import fused_proxy_loss
 from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies, exp_is_safe, exp_sum_
 
 
@@ -62,7 +61,9 @@ class SoftTripleLoss(ProxyLoss):
     """
 
     supports_fractional = False
-    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "la", "gamma", "margin", "tau")
+    _repr_keys = (
+        "num_classes", "embedding_size", "proxies_per_class", "la", "gamma", "margin", "tau", "matmul_precision"
+    )
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class SoftTripleLoss(ProxyLoss):
         tau: float = 0.0,
         proxy_init: str = "normal",
         seed: int = 0,
+        matmul_precision: str = "highest",
     ):
         validate_params(
             "SoftTripleLoss",
@@ -87,7 +89,7 @@ class SoftTripleLoss(ProxyLoss):
                 "tau": [Interval(float, 0, None)],
             },
         )
-        super().__init__(num_classes, embedding_size, centers_per_class, proxy_init, seed)
+        super().__init__(num_classes, embedding_size, centers_per_class, proxy_init, seed, matmul_precision)
         self.la = float(la)
         self.gamma = float(gamma)
         self.margin = float(margin)
@@ -114,7 +116,7 @@ class SoftTripleLoss(ProxyLoss):
         :func:`soft_triple_kernel`), plus the centre regulariser when ``tau > 0``."""
         k = self.centers_per_class
         kernel = partial(soft_triple_kernel, labels=labels, centers=k, la=self.la, gamma=self.gamma, margin=self.margin)
-        loss = fused_proxy_loss(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma, self._workspace)
+        loss = self.fused(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma, labels)
         if self.tau > 0 and k > 1:
             loss = loss + self.tau * self.center_regularizer(proxies)
         return loss
