@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
 from dmlkit.distances import BaseDistance, CosineSimilarity, DotProductSimilarity, LpDistance
+from dmlkit.losses._exp import exp_
 from dmlkit.losses.pair._common import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
@@ -285,7 +286,7 @@ def softmax_with_one(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     0 and a zero gradient. ``logits`` is overwritten.
     """
     shift = logits.amax(1, keepdim=True).clamp_min_(0.0)
-    exps = logits.sub_(shift).exp_()
+    exps = exp_(logits.sub_(shift))
     total = exps.sum(1, keepdim=True).add_(shift.neg().exp_())
     return shift.add_(total.log()).squeeze(1), exps.div_(total)
 
@@ -297,6 +298,6 @@ def softmax_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     is overwritten.
     """
     shift = logits.amax(1, keepdim=True).nan_to_num_(0.0, None, 0.0)
-    exps = logits.sub_(shift).exp_()
+    exps = exp_(logits.sub_(shift))
     total = exps.sum(1, keepdim=True)
     return shift.add_(total.log()).squeeze(1), exps.mul_(total.reciprocal().nan_to_num_(0.0, 0.0, 0.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit.distances import l2_normalize
+from dmlkit.losses._exp import exp_
 
 
 def log1p_sum_exp(z: torch.Tensor, mask: torch.Tensor | None, dim: int) -> torch.Tensor:
@@ -50,11 +51,11 @@ def exp_sum_(z: torch.Tensor, dim: int, bound: float) -> tuple[torch.Tensor, tor
     The shift ``m`` is 0 when :func:`exp_is_safe` (one pass less), else the max along ``dim``.
     """
     if exp_is_safe(bound, z.dtype):
-        exps = z.exp_()
+        exps = exp_(z)
         sums = exps.sum(dim=dim)
         return exps, sums, torch.log(sums)
     shift = z.amax(dim=dim, keepdim=True)
-    exps = z.sub_(shift).exp_()
+    exps = exp_(z.sub_(shift))
     sums = exps.sum(dim=dim)
     return exps, sums, torch.log(sums).add_(shift.squeeze(dim))
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import l2_normalize
+from dmlkit.losses._exp import exp
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies, exp_is_safe, exp_sum_
@@ -31,7 +32,7 @@ def soft_triple_kernel(
     if not exp_is_safe(1.0 / gamma, z.dtype):  # |u| <= 1 / gamma; else work with u - m (same u - V)
         shift = u.amax(dim=1, keepdim=True)
         u.sub_(shift)
-    e = torch.exp(u)
+    e = exp(u)
     norm = e.sum(dim=1)
     relaxed = u.mul_(e).sum(dim=1).div_(norm)  # V (- m), [C, B]
     samples = torch.arange(batch, device=z.device)
