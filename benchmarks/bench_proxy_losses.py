@@ -4,7 +4,9 @@ Run: .venv/bin/python benchmarks/bench_proxy_losses.py [--repeats 15] [--threads
 SOP scale: B=128, D=128, C=11,318 classes. Each pair is measured interleaved (dmlkit, then
 the reference, alternating) and the median of N is reported. The K=4 rows have no PML
 counterpart; their ``medium`` rows (``matmul_precision="medium"``: bf16 products) take the
-same loss in fp32 as the reference, so their ratio is the speed-up of bf16 products. Both use 2 threads (``--threads``;
+same loss in fp32 as the reference, so their ratio is the speed-up of bf16 products. ``ratio`` is
+reference median / dmlkit median; ``paired`` is the median of the per-round ratios of calls made
+back to back (robust to the host's speed drifting during a run). Both use 2 threads (``--threads``;
 on a machine shared with other jobs, 1 thread gives steadier ratios).
 """
 
@@ -33,8 +35,12 @@ def step(loss, x, y):
     return run
 
 
-def interleaved(fns, repeats):
-    """Median milliseconds of each callable, measured in alternation."""
+def interleaved(fns, repeats, paired=None):
+    """Median milliseconds of each callable, measured in alternation.
+
+    With a list ``paired``, it also receives the median over rounds of ``time[1] / time[0]``: a
+    ratio of two calls made back to back, which the host's speed drifts cancel out of.
+    """
     times = [[] for _ in fns]
     for fn in fns:
         fn()
@@ -44,6 +50,8 @@ def interleaved(fns, repeats):
             t0 = time.perf_counter()
             fn()
             times[i].append((time.perf_counter() - t0) * 1e3)
+    if paired is not None:
+        paired.append(statistics.median(b / a for a, b in zip(times[0], times[1])))
     return [statistics.median(t) for t in times]
 
 
@@ -82,8 +90,9 @@ def main() -> None:
 
     def pair(name, ours, theirs, copy):
         copy(ours, theirs)
-        a, b = interleaved([step(ours, x, y), step(theirs, x, y)], args.repeats)
-        rows.append((name, a, b))
+        ratio = []
+        a, b = interleaved([step(ours, x, y), step(theirs, x, y)], args.repeats, ratio)
+        rows.append((name, a, b, ratio[0]))
 
     def copy_proxies(o, t):
         t.proxies.data.copy_(o.proxies.data)
@@ -101,22 +110,23 @@ def main() -> None:
     ]:
         exact, fast = make(), make(matmul_precision="medium")
         fast.load_state_dict(exact.state_dict())
-        a, b = interleaved([step(exact, x, y), step(fast, x, y)], args.repeats)
-        rows.append((name, a, float("nan")))
-        rows.append((f"{name} medium (ref: the same, highest)", b, a))
+        ratio = []
+        a, b = interleaved([step(fast, x, y), step(exact, x, y)], args.repeats, ratio)
+        rows.append((name, b, float("nan"), float("nan")))
+        rows.append((f"{name} medium (ref: the same, highest)", a, b, ratio[0]))
 
     pool = torch.randn(C, 7, D, generator=g)
     existing = torch.randn(C, 4, D, generator=g)
     (a,) = interleaved([lambda: greedy_k_center(pool, 4, existing)], args.repeats)
     sub = 500
     (b,) = interleaved([lambda: k_center_naive(pool[:sub], 4, existing[:sub])], max(3, args.repeats // 5))
-    rows.append((f"k-center C={C} b=7 K=4 (ref: per-class loop x{C}/{sub})", a, b * C / sub))
+    rows.append((f"k-center C={C} b=7 K=4 (ref: per-class loop x{C}/{sub})", a, b * C / sub, float("nan")))
 
-    print(f"{'name':<52} {'dmlkit ms':>10} {'reference ms':>13} {'ratio':>7}")
-    for name, a, b in rows:
+    print(f"{'name':<52} {'dmlkit ms':>10} {'reference ms':>13} {'ratio':>7} {'paired':>7}")
+    for name, a, b, paired in rows:
         ratio = b / a if b == b else float("nan")
         ref = f"{b:13.1f}" if b == b else f"{'-':>13}"
-        print(f"{name:<52} {a:10.1f} {ref} {ratio:7.2f}")
+        print(f"{name:<52} {a:10.1f} {ref} {ratio:7.2f} {paired:7.2f}")
 
 
 if __name__ == "__main__":
