@@ -129,23 +129,3 @@ def test_registry_and_repr_carry_matmul_precision():
     assert loss.matmul_precision == "medium" and "matmul_precision='medium'" in repr(loss)
     assert ProxyAnchorLoss(5, 4).matmul_precision == "highest"
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_matmul_nt_is_a_times_b_transposed_for_every_dtype_and_layout(dtype):
-    from dmlkit.losses.proxy._fused import matmul_nt
-
-    g = torch.Generator().manual_seed(5)
-    a = torch.randn(300, 16, generator=g).to(dtype)
-    b = torch.randn(16, 24, generator=g).to(dtype).T  # a transposed (non-contiguous) [24, 16] view
-    out = matmul_nt(a, b)
-    assert out.shape == (300, 24) and out.dtype == dtype
-    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(out.double(), a.double() @ b.double().T, rtol=tol, atol=tol)
-
-
-def test_matmul_nt_falls_back_to_torch_mm(monkeypatch):
-    import dmlkit.losses.proxy._fused as fused
-
-    a, b = torch.randn(50, 8), torch.randn(6, 8)
-    monkeypatch.setattr(fused, "_use_onednn", [False])
-    torch.testing.assert_close(fused.matmul_nt(a, b), a @ b.T)

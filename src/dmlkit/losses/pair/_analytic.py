@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
 from dmlkit.distances import BaseDistance, CosineSimilarity, DotProductSimilarity, LpDistance
-from dmlkit.losses._exp import exp_
+from dmlkit.losses._cpu_ops import exp_, matmul_nt
 from dmlkit.losses.pair._common import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
@@ -235,7 +235,7 @@ def cross_product(x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
     built the same way (:class:`~dmlkit.memory.CrossBatchMemory`) cost no strided access.
     """
     if reference_major(refs.shape[0]):
-        return (refs @ x.T).T
+        return matmul_nt(refs, x).T
     return x @ refs.T
 
 

@@ -35,6 +35,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from dmlkit.losses._cpu_ops import matmul_nt
 from dmlkit.losses.proxy._math import inverse_row_norms, tangent_
 
 _LOW = torch.bfloat16
@@ -44,25 +45,6 @@ Kernel = Callable[[torch.Tensor, bool], Tuple[torch.Tensor, Optional[torch.Tenso
 
 #: Valid ``matmul_precision`` values, named after ``torch.set_float32_matmul_precision``'s levels.
 MATMUL_PRECISIONS = ("highest", "medium")
-
-_onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-_use_onednn = [torch.backends.mkldnn.is_available() and _onednn_linear is not None]
-
-
-def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` for ``a [M, K]`` and ``b [N, K]`` with ``M >> N``.
-
-    On CPU in fp32/bf16 this is oneDNN's linear, measured 10-30% faster than ``torch.mm`` (MKL)
-    for the ``[P, 128] x [128, 128]`` products here (``benchmarks/bench_proxy_losses.py``); it
-    falls back to ``torch.mm`` elsewhere, or for good if oneDNN refuses the call.
-    """
-    if _use_onednn[0] and a.device.type == "cpu" and a.dtype in (torch.float32, _LOW) and b.dtype == a.dtype:
-        try:
-            return _onednn_linear(a.contiguous(), b.contiguous(), None, "none", [], "")
-        except RuntimeError:  # pragma: no cover - a build without a usable oneDNN linear
-            _use_onednn[0] = False
-    return torch.mm(a, b.T)
-
 
 class Workspace:
     """Scratch buffers reused across calls for the ``[P, B]`` logits and the ``[P, D]`` unit proxies.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit.distances import l2_normalize
-from dmlkit.losses._exp import exp_
+from dmlkit.losses._cpu_ops import exp_
 
 
 def log1p_sum_exp(z: torch.Tensor, mask: torch.Tensor | None, dim: int) -> torch.Tensor:

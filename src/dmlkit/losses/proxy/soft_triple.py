@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import l2_normalize
-from dmlkit.losses._exp import exp
+from dmlkit.losses._cpu_ops import exp
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies, exp_is_safe, exp_sum_
