@@ -88,11 +88,20 @@ class ProxyLoss(MetricLoss):
         return self.bank.init_from(embeddings, labels, seed=seed)
 
     def fused(
-        self, xn: torch.Tensor, proxies: torch.Tensor, kernel: Kernel, scale: float, labels: torch.Tensor
+        self,
+        xn: torch.Tensor,
+        proxies: torch.Tensor,
+        kernel: Kernel,
+        scale: float,
+        labels: torch.Tensor,
+        columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """:func:`fused_proxy_loss` with this loss's scratch buffers and ``matmul_precision`` (in
-        ``"medium"``, the proxies of ``labels``' classes stay fp32)."""
-        exact = self.bank.present_columns(labels) if self.matmul_precision == "medium" else None
+        ``"medium"``, the proxies of ``labels``' classes stay fp32; ``columns`` = those proxies'
+        rows when the caller already has them)."""
+        exact = None
+        if self.matmul_precision == "medium":
+            exact = self.bank.present_columns(labels) if columns is None else columns
         return fused_proxy_loss(xn, proxies, kernel, scale, self._workspace, self.matmul_precision, exact)
 
     def reject_kwargs(self, kwargs: dict) -> None:

@@ -118,4 +118,4 @@ class ProxyAnchorLoss(ProxyLoss):
             return self.bank.assign(present_z, labels, self.assignment, columns=columns)
 
         kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
-        return self.fused(xn, proxies, kernel, self.alpha, labels)
+        return self.fused(xn, proxies, kernel, self.alpha, labels, columns)
