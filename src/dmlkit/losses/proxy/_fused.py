@@ -23,7 +23,7 @@ too, except for the proxies of the classes in the batch (all positives; at most 
 whose logits and gradients are redone in fp32. The kernel (log-sum-exps, the loss, ``G``) and
 the proxy-normalisation gradient run in fp32 on the upcast logits. The negatives' logits then
 carry an absolute error of about ``scale * 2^-8``; at SOP scale the loss moves by ~1e-5
-relative and the gradients by ~0.3%, as under bf16 autocast. Rules that pick a proxy by
+relative and the gradients by 0.01-0.3%, as under bf16 autocast. Rules that pick a proxy by
 ``argmax`` over all proxies (Proxy-NCA ``assignment="dynamic"``) may pick differently on near
 ties. It pays where bf16 products are native (CPUs with AVX512-BF16 or AMX, recent GPUs).
 """
@@ -46,10 +46,12 @@ Kernel = Callable[[torch.Tensor, bool], Tuple[torch.Tensor, Optional[torch.Tenso
 #: Valid ``matmul_precision`` values, named after ``torch.set_float32_matmul_precision``'s levels.
 MATMUL_PRECISIONS = ("highest", "medium")
 
-class Workspace:
-    """Scratch buffers reused across calls for the ``[P, B]`` logits and the ``[P, D]`` unit proxies.
 
-    Both are consumed inside one forward, so reusing them is safe; a fresh multi-MB tensor per
+class Workspace:
+    """Scratch buffers reused across calls: the ``[P, D]`` unit proxies and tangent product, and
+    (``"medium"``) the bf16 operands and the ``[P, B]`` logits.
+
+    All are consumed inside one forward, so reusing them is safe; a fresh multi-MB tensor per
     step costs page faults (about a quarter of the logits product at SOP scale on CPU).
     """
 
