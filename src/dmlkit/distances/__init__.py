@@ -9,9 +9,11 @@ from dmlkit.distances.normalization import (
 )
 from dmlkit.distances.pairwise import (
     BaseDistance,
+    CallableDistance,
     CosineSimilarity,
     DotProductSimilarity,
     LpDistance,
+    as_distance,
     create_distance,
     squared_euclidean,
 )
@@ -24,11 +26,13 @@ DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(power=2, **kw))
 
 __all__ = [
     "BaseDistance",
+    "CallableDistance",
     "CosineSimilarity",
     "DotProductSimilarity",
     "LpDistance",
     "DISTANCES",
     "NORMALIZATIONS",
+    "as_distance",
     "bounded_normalize",
     "create_distance",
     "l2_normalize",

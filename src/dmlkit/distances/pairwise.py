@@ -78,6 +78,57 @@ def squared_euclidean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (xx + yy - 2.0 * (x @ y.T)).clamp_min(0.0)
 
 
+class CallableDistance(BaseDistance):
+    """Wraps any object called as ``distance(x, y) -> [B, R]`` with an ``is_inverted`` flag.
+
+    This is how a pytorch-metric-learning distance other than the standard three (for
+    example ``SNRDistance`` or a user's own ``BaseDistance`` subclass) plugs into dmlkit's losses.
+    """
+
+    def __init__(self, distance: object):
+        super().__init__()
+        self.wrapped = distance
+        self.is_inverted = bool(getattr(distance, "is_inverted", False))
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.wrapped(x, y)
+
+    def extra_repr(self) -> str:
+        return f"wrapped={self.wrapped!r}"
+
+
+def as_distance(distance: object, owner: str = "distance") -> BaseDistance:
+    """A dmlkit distance for ``distance``: dmlkit's own as is, PML's standard ones converted.
+
+    pytorch-metric-learning's ``CosineSimilarity``, ``DotProductSimilarity`` and
+    ``LpDistance(p=2)`` become dmlkit's classes with the same settings (so the losses keep their
+    fast paths); any other callable with an ``is_inverted`` attribute is wrapped in
+    :class:`CallableDistance`.
+    """
+    from dmlkit.exceptions import InvalidParameterError
+
+    if isinstance(distance, BaseDistance):
+        return distance
+    kind = type(distance).__name__
+    module = type(distance).__module__
+    if module.startswith("pytorch_metric_learning"):
+        normalize = bool(getattr(distance, "normalize_embeddings", True))
+        if kind == "CosineSimilarity":
+            return CosineSimilarity()
+        if kind == "DotProductSimilarity" and not normalize:
+            return DotProductSimilarity()
+        if kind == "DotProductSimilarity":
+            return CosineSimilarity()
+        if kind == "LpDistance" and getattr(distance, "p", 2) == 2 and getattr(distance, "power", 1) in (1, 2):
+            return LpDistance(power=int(distance.power), normalize_embeddings=normalize)
+    if callable(distance) and hasattr(distance, "is_inverted"):
+        return CallableDistance(distance)
+    raise InvalidParameterError(
+        f"The 'distance' parameter of {owner} must be a dmlkit or pytorch-metric-learning distance "
+        f"(called as distance(x, y) -> [B, R], with an is_inverted flag). Got {distance!r} instead."
+    )
+
+
 def create_distance(name: str, **kwargs) -> BaseDistance:
     """Build a distance by name: ``cosine``, ``dot``, ``euclidean`` or ``squared_euclidean``."""
     from dmlkit.distances import DISTANCES

@@ -13,6 +13,7 @@ from torch import nn
 
 from dmlkit._registry import Registry
 from dmlkit._validation import check_embeddings_labels
+from dmlkit.losses.regularizers import check_reg_weight, check_regularizer
 
 LOSSES: Registry[nn.Module] = Registry("loss")
 
@@ -41,12 +42,60 @@ class MetricLoss(nn.Module):
     #: False for losses that accept ``labels=None`` with an explicit ``pos_mask``.
     requires_labels: bool = True
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    def __init__(self) -> None:
+        super().__init__()
+        # Regularizers (see dmlkit.losses.regularizers); None costs nothing.
+        self.embedding_regularizer: object | None = None
+        self.weight_regularizer: object | None = None
+        self.embedding_reg_weight = 1.0
+        self.weight_reg_weight = 1.0
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        indices_tuple: tuple | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if indices_tuple is not None:
+            raise TypeError(
+                f"{type(self).__name__} takes no indices_tuple: it compares the batch with its proxies, "
+                "not mined pairs or triplets."
+            )
         check_embeddings_labels(embeddings, labels)
         if labels is None and self.requires_labels and kwargs.get("pos_mask") is None:
             raise ValueError(f"{type(self).__name__} needs labels (or an explicit pos_mask).")
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            return self.compute_loss(as_fp32(embeddings), labels, **kwargs)
+            loss = self.compute_loss(as_fp32(embeddings), labels, **kwargs)
+        return self.add_regularization(loss, embeddings)
+
+    def set_regularizers(
+        self,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
+    ) -> None:
+        """Validate and store PML-style regularizers (``R(x) -> scalar``) and their weights."""
+        owner = type(self).__name__
+        check_regularizer(embedding_regularizer, "embedding_regularizer", owner)
+        check_regularizer(weight_regularizer, "weight_regularizer", owner)
+        self.embedding_reg_weight = check_reg_weight(embedding_reg_weight, "embedding_reg_weight", owner)
+        self.weight_reg_weight = check_reg_weight(weight_reg_weight, "weight_reg_weight", owner)
+        self.embedding_regularizer = embedding_regularizer
+        self.weight_regularizer = weight_regularizer
+
+    def regularized_weights(self) -> torch.Tensor:
+        """The weights a ``weight_regularizer`` sees (the proxies ``[num_proxies, D]`` of proxy losses)."""
+        raise TypeError(f"{type(self).__name__} has no weights to regularize; weight_regularizer needs a proxy loss.")
+
+    def add_regularization(self, loss: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """``loss + w_e * R_e(embeddings) + w_w * R_w(weights)`` for the regularizers that are set."""
+        if self.embedding_regularizer is not None:
+            loss = loss + self.embedding_reg_weight * self.embedding_regularizer(embeddings).to(loss.dtype)
+        if self.weight_regularizer is not None:
+            loss = loss + self.weight_reg_weight * self.weight_regularizer(self.regularized_weights()).to(loss.dtype)
+        return loss
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor | None, **kwargs) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError

@@ -34,6 +34,12 @@ class PairSelection:
     def num_pairs(self) -> int:
         return int(self.positive.sum()) + int(self.negative.sum())
 
+    def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PML's pair tuple ``(a1, p, a2, n)`` of int64 index tensors (row-major order of the masks)."""
+        a1, p = self.positive.bool().nonzero(as_tuple=True)
+        a2, n = self.negative.bool().nonzero(as_tuple=True)
+        return a1, p, a2, n
+
 
 @dataclass(frozen=True)
 class TripletSelection:
@@ -45,6 +51,57 @@ class TripletSelection:
 
     def __len__(self) -> int:
         return int(self.anchor.numel())
+
+    def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PML's triplet tuple ``(a, p, n)``."""
+        return self.anchor, self.positive, self.negative
+
+
+def selection_from_indices_tuple(
+    indices_tuple: tuple, num_anchors: int, num_references: int
+) -> PairSelection | TripletSelection:
+    """A selection from a pytorch-metric-learning miner's output.
+
+    ``(a1, p, a2, n)`` (pairs) becomes a :class:`PairSelection` over ``[num_anchors,
+    num_references]`` (a pair listed twice counts once); ``(a, p, n)`` (triplets) becomes a
+    :class:`TripletSelection`.
+    """
+    from dmlkit.exceptions import DataError
+
+    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4) or not all(
+        isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point() for t in indices_tuple
+    ):
+        raise DataError(
+            "indices_tuple must be PML's (a1, p, a2, n) pairs or (a, p, n) triplets: 3 or 4 one-dimensional "
+            f"integer tensors. Got {_describe(indices_tuple)} instead."
+        )
+    index = [t.long() for t in indices_tuple]
+    bounds = (num_anchors, num_references) * 2 if len(index) == 4 else (num_anchors, num_references, num_references)
+    for t, bound in zip(index, bounds):
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= bound):
+            raise DataError(f"indices_tuple holds an index outside [0, {bound}) for {num_anchors} anchors "
+                            f"and {num_references} references.")
+    if len(index) == 3:
+        if not index[0].shape == index[1].shape == index[2].shape:
+            raise DataError("indices_tuple (a, p, n) needs three tensors of equal length.")
+        return TripletSelection(*index)
+    a1, p, a2, n = index
+    if a1.shape != p.shape or a2.shape != n.shape:
+        raise DataError("indices_tuple (a1, p, a2, n) needs len(a1) == len(p) and len(a2) == len(n).")
+    device = a1.device
+    positive = torch.zeros(num_anchors, num_references, dtype=torch.bool, device=device)
+    negative = torch.zeros_like(positive)
+    positive[a1, p] = True
+    negative[a2, n] = True
+    return PairSelection(positive, negative)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}: " + ", ".join(
+            f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__ for t in value
+        )
+    return repr(value)
 
 
 def label_equality(

@@ -34,13 +34,15 @@ def loop_lifted(x, y, neg_margin, pos_margin):
 
 
 def loop_generalized(x, y, neg_margin, pos_margin):
-    """Hermans et al. p. 4, per anchor, averaged over anchors."""
+    """Hermans et al. p. 4, per anchor, averaged over anchors; an empty half counts 0 (PML's rule)."""
     d = distances(x)
     terms = []
     for i in range(len(x)):
         p = [torch.exp(d[i, k] - pos_margin) for k in range(len(x)) if k != i and y[k] == y[i]]
         n = [torch.exp(neg_margin - d[i, k]) for k in range(len(x)) if y[k] != y[i]]
-        terms.append(torch.relu(torch.log(sum(p)) + torch.log(sum(n))) if p and n else torch.zeros((), dtype=x.dtype))
+        pos = torch.log(sum(p)) if p else torch.zeros((), dtype=x.dtype)
+        neg = torch.log(sum(n)) if n else torch.zeros((), dtype=x.dtype)
+        terms.append(torch.relu(pos + neg))
     return torch.stack(terms).mean()
 
 

@@ -26,11 +26,18 @@ from dataclasses import dataclass
 
 import torch
 
-from dmlkit._validation import InstanceOf, Options, check_embeddings_labels, validate_params
-from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance
+from dmlkit._validation import check_embeddings_labels
+from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
-from dmlkit.mining.base import PairSelection, TripletSelection, label_equality, label_masks
+from dmlkit.losses.reducers import get_reducer
+from dmlkit.mining.base import (
+    PairSelection,
+    TripletSelection,
+    label_equality,
+    label_masks,
+    selection_from_indices_tuple,
+)
 
 Selection = PairSelection | TripletSelection
 
@@ -218,18 +225,6 @@ def log1p_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.clamp_min(x, 0.0) + torch.log1p(torch.exp(-x.abs()))
 
 
-def reduce_terms(terms: torch.Tensor, mask: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Reduce the selected ``terms`` (``mask`` True) to a scalar; 0 (on the graph) when none is selected."""
-    total = torch.where(mask, terms, terms.new_zeros(())).sum()
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        count = mask.sum()
-    else:  # mean_nonzero
-        count = (mask & (terms > 0)).sum()
-    return total / count.clamp_min(1).to(terms.dtype)
-
-
 def weighted_sum(terms: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``sum(weight * term)`` over the selected pairs, no normalisation (DRO weights rule)."""
     return torch.where(mask, weight * terms, terms.new_zeros(())).sum()
@@ -300,22 +295,25 @@ class PairLoss(MetricLoss):
     #: True for losses that can be driven by a pos_mask or pairs without class labels.
     requires_labels = False
 
-    def __init__(self, *, distance: BaseDistance | None, miner: object | None, reduction: str):
+    def __init__(
+        self,
+        *,
+        distance: object | None,
+        miner: object | None,
+        reduction: str,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+    ):
         super().__init__()
         name = type(self).__name__
-        validate_params(
-            name,
-            {"distance": distance, "reduction": reduction},
-            {
-                "distance": [InstanceOf((BaseDistance, type(None)))],
-                "reduction": [Options(self.reductions)],
-            },
-        )
         if miner is not None and not callable(miner):
             raise InvalidParameterError(f"The 'miner' parameter of {name} must be callable. Got {miner!r} instead.")
-        self.distance = distance if distance is not None else self.default_distance()
+        self.distance = self.default_distance() if distance is None else as_distance(distance, name)
         self.miner = miner
-        self.reduction = reduction
+        self.reducer = get_reducer(reduction if reducer is None else reducer, name, self.reductions)
+        self.reduction = self.reducer.name
+        self.set_regularizers(embedding_regularizer, embedding_reg_weight)
 
     def default_distance(self) -> BaseDistance:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -324,16 +322,25 @@ class PairLoss(MetricLoss):
         self,
         embeddings: torch.Tensor,
         labels: torch.Tensor | None = None,
+        indices_tuple: tuple | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
         *,
         pairs: Selection | None = None,
         weights: torch.Tensor | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
         pos_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """PML's call ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` plus dmlkit's
+        keyword sources of pairs (``pairs=`` selection, ``weights=``, ``pos_mask=``)."""
+        if indices_tuple is not None:
+            if pairs is not None:
+                raise InvalidParameterError(f"{type(self).__name__} got both indices_tuple and pairs; pass one.")
+            num_refs = embeddings.shape[0] if ref_emb is None else ref_emb.shape[0]
+            pairs = selection_from_indices_tuple(indices_tuple, embeddings.shape[0], num_refs)
         batch = self._prepare(embeddings, labels, pairs, weights, ref_emb, ref_labels, pos_mask)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            return self.compute_pair_loss(batch)
+            loss = self.compute_pair_loss(batch)
+        return self.add_regularization(loss, embeddings)
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError

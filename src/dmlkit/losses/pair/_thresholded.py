@@ -27,8 +27,16 @@ class ThresholdedPairLoss(PairLoss):
         distance: BaseDistance | None = None,
         miner: object | None = None,
         reduction: str = "mean",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
         validate_params(
             type(self).__name__,
             {"alpha": alpha, "beta": beta, "base": base},

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, log1p_exp, reduce_terms, weighted_sum
+from dmlkit.losses.pair._common import PairBatch, log1p_exp, weighted_sum
 from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
 
 
@@ -44,7 +44,7 @@ class BinomialDevianceLoss(ThresholdedPairLoss):
             return weighted_sum(pos_terms, masks.positive, masks.positive_weight) + weighted_sum(
                 neg_terms, masks.negative, masks.negative_weight
             )
-        return reduce_terms(pos_terms, masks.positive, self.reduction) + reduce_terms(
-            neg_terms, masks.negative, self.reduction
+        return self.reducer(pos_terms, masks.positive) + self.reducer(
+            neg_terms, masks.negative
         )
 

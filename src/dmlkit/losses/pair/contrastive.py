@@ -45,8 +45,16 @@ class ContrastiveLoss(PairLoss):
         distance: BaseDistance | None = None,
         miner: object | None = None,
         reduction: str = "mean_nonzero",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
         validate_params(
             type(self).__name__,
             {"pos_margin": pos_margin, "neg_margin": neg_margin},

@@ -19,14 +19,20 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._analytic import Pairwise, softmax_rows
-from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented, reduce_terms
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented, pairwise
 
 
 class _LiftedBase(PairLoss):
     _repr_keys = ("neg_margin", "pos_margin", "reduction")
 
-    def __init__(self, neg_margin, pos_margin, *, distance, miner, reduction):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+    def __init__(self, neg_margin, pos_margin, *, distance, miner, reduction, reducer, embedding_regularizer,
+                 embedding_reg_weight):
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
         validate_params(
             type(self).__name__,
             {"neg_margin": neg_margin, "pos_margin": pos_margin},
@@ -63,8 +69,16 @@ class LiftedStructureLoss(_LiftedBase):
         distance: BaseDistance | None = None,
         miner: object | None = None,
         reduction: str = "mean",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(neg_margin, pos_margin, distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            neg_margin, pos_margin, distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
@@ -79,7 +93,7 @@ class LiftedStructureLoss(_LiftedBase):
         else:
             neg_part = per_anchor.unsqueeze(1)
         terms = (neg_part + pos_excess).clamp_min(0.0).square() / 2
-        return reduce_terms(terms, masks.positive, self.reduction)
+        return self.reducer(terms, masks.positive)
 
 
 @LOSSES.register("generalized_lifted_structure")
@@ -87,7 +101,8 @@ class GeneralizedLiftedStructureLoss(_LiftedBase):
     """``[log sum_{P(a)} e^{d_ap - pos_margin} + log sum_{N(a)} e^{neg_margin - d_an}]_+`` per anchor.
 
     Hermans et al. (2017) p. 4. Averaged over all ``B`` anchors as PML does; an anchor
-    without a positive or a negative contributes 0 (PML drops the empty half instead).
+    without positives (or without negatives) keeps the other half alone, as in PML (the empty
+    log-sum counts 0, not ``-inf``).
     """
 
     reductions = ("mean", "sum")
@@ -100,8 +115,16 @@ class GeneralizedLiftedStructureLoss(_LiftedBase):
         distance: BaseDistance | None = None,
         miner: object | None = None,
         reduction: str = "mean",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(neg_margin, pos_margin, distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            neg_margin, pos_margin, distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         not_pos, not_neg = batch.excluded_masks()
@@ -112,8 +135,9 @@ class GeneralizedLiftedStructureLoss(_LiftedBase):
         neg_logits = torch.rsub(pairs.mat, self.neg_margin).mul_(sign).masked_fill_(not_neg, float("-inf"))
         pos_lse, pos_soft = softmax_rows(pos_logits)
         neg_lse, neg_soft = softmax_rows(neg_logits)
-        # An anchor without positives or negatives has a -inf sum, hence 0 after the hinge.
-        per_anchor = (pos_lse + neg_lse).clamp_min_(0.0)
+        # An empty half (no positive or no negative) has a -inf log-sum: it counts 0 (PML's rule).
+        empty = float("-inf")
+        per_anchor = (pos_lse.masked_fill_(pos_lse == empty, 0.0) + neg_lse.masked_fill_(neg_lse == empty, 0.0)).clamp_min_(0.0)
         scale = 1.0 if self.reduction == "sum" else 1.0 / per_anchor.shape[0]
         value = per_anchor.sum() * scale
         # d(loss)/d(mat) = sign [hinge active] (softmax_P - softmax_N) * scale.

@@ -25,7 +25,7 @@ from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, oriented
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented, pairwise
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, sample_triplets
 from dmlkit.mining.base import PairSelection, TripletSelection
 
@@ -55,8 +55,16 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
         miner: object | None = None,
         reduction: str = "mean_nonzero",
         seed: int = 0,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
         validate_params(
             type(self).__name__,
             {

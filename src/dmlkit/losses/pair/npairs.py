@@ -31,9 +31,17 @@ class NPairsLoss(PairLoss):
     _repr_keys = ("reduction",)
 
     def __init__(
-        self, *, distance: BaseDistance | None = None, miner: object | None = None, reduction: str = "mean"
+        self, *, distance: BaseDistance | None = None, miner: object | None = None, reduction: str = "mean",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
 
     def default_distance(self) -> BaseDistance:
         return CosineSimilarity()

@@ -17,7 +17,7 @@ import torch
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import pairwise, PairBatch, PairLoss, dissimilarity, log1p_exp, reduce_terms
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, log1p_exp, pairwise
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets_margin, sample_triplets
 from dmlkit.mining.base import TripletSelection
 
@@ -44,8 +44,16 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
         miner: object | None = None,
         reduction: str = "mean_nonzero",
         seed: int = 0,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
     ):
-        super().__init__(distance=distance, miner=miner, reduction=reduction)
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction,
+            reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+        )
         validate_params(
             type(self).__name__,
             {
@@ -110,4 +118,4 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
             d_an = torch.minimum(d_an, dis_pn[pn_rows[p], n])
         violation = dis[a, p] - d_an + self.margin
         terms = log1p_exp(violation) if self.smooth_loss else violation.clamp_min(0.0)
-        return reduce_terms(terms, torch.ones_like(terms, dtype=torch.bool), self.reduction)
+        return self.reducer(terms)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import Options, validate_params
-from dmlkit.exceptions import InvalidParameterError
+from dmlkit.distances import BaseDistance, as_distance
+from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
 from dmlkit.losses.proxy._fused import MATMUL_PRECISIONS, Kernel, Workspace, fused_proxy_loss
+from dmlkit.losses.reducers import get_reducer
 from dmlkit.proxies import ProxyBank
 
 
@@ -26,6 +28,12 @@ class ProxyLoss(MetricLoss):
 
     #: Whether a fractional ``proxies_per_class < 1`` makes sense for this loss.
     supports_fractional: bool = True
+    #: Reductions this loss implements (its equation's own averaging; ``reducer=`` may only name it).
+    reductions: tuple[str, ...] = ("mean",)
+
+    def default_distance(self) -> BaseDistance | None:
+        """The measure between embeddings and proxies that this loss's equation uses (None: set elsewhere)."""
+        return None
 
     def __init__(
         self,
@@ -35,9 +43,19 @@ class ProxyLoss(MetricLoss):
         proxy_init: str = "normal",
         seed: int = 0,
         matmul_precision: str = "highest",
+        *,
+        distance: object | None = None,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
     ):
         super().__init__()
         owner = type(self).__name__
+        self.distance = self._check_distance(distance, owner)
+        self.reducer = get_reducer(self.reductions[0] if reducer is None else reducer, owner, self.reductions)
+        self.set_regularizers(embedding_regularizer, embedding_reg_weight, weight_regularizer, weight_reg_weight)
         validate_params(
             owner, {"matmul_precision": matmul_precision}, {"matmul_precision": [Options(MATMUL_PRECISIONS)]}
         )
@@ -50,21 +68,75 @@ class ProxyLoss(MetricLoss):
                 f"Got {proxies_per_class!r} instead."
             )
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    def _check_distance(self, distance: object | None, owner: str) -> BaseDistance | None:
+        """The loss's own measure; a ``distance=`` argument (dmlkit or PML) must be that same measure."""
+        expected = self.default_distance()
+        if distance is None:
+            return expected
+        if expected is None:
+            raise InvalidParameterError(f"{owner} takes no 'distance' parameter. Got {distance!r}.")
+        given = as_distance(distance, owner)
+        if type(given) is not type(expected) or vars(given).get("power") != vars(expected).get("power") or (
+            getattr(given, "normalize_embeddings", None) != getattr(expected, "normalize_embeddings", None)
+        ):
+            raise InvalidParameterError(
+                f"The 'distance' parameter of {owner} must be {expected!r} (the measure of its equation) or None. "
+                f"Got {distance!r} instead."
+            )
+        return expected
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        indices_tuple: tuple | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
         """Check that ``embeddings [B, D]`` match the proxies' ``D``, then :meth:`MetricLoss.forward`."""
         if isinstance(embeddings, torch.Tensor) and embeddings.dim() == 2 and embeddings.shape[1] != self.embedding_size:
-            from dmlkit.exceptions import DataError
-
             raise DataError(
                 f"embeddings has {embeddings.shape[1]} columns but {type(self).__name__} has "
                 f"embedding_size={self.embedding_size} (proxies are [{self.proxies.shape[0]}, {self.embedding_size}])."
             )
-        return super().forward(embeddings, labels, **kwargs)
+        if isinstance(embeddings, torch.Tensor) and embeddings.dtype == torch.float64 and self.proxies.dtype != torch.float64:
+            # As in PML, a float64 batch moves the proxies to float64 (never down: fp16 inputs are upcast instead).
+            self.proxies.data = self.proxies.data.double()
+        return super().forward(embeddings, labels, indices_tuple, **kwargs)
 
     @property
     def proxies(self) -> torch.nn.Parameter:
-        """The learnable proxies ``[num_proxies, embedding_size]``; class ``c`` owns rows ``c*K .. c*K+K-1``."""
+        """The learnable proxies ``[num_proxies, embedding_size]``; class ``c`` owns rows ``c*K .. c*K+K-1``.
+
+        Assignable as in PML (``loss.proxies = torch.nn.Parameter(class_means)``): the given
+        parameter becomes the loss's own (shared, not copied), after a shape check.
+        """
         return self.bank.proxies
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "proxies" and "bank" in self.__dict__.get("_modules", {}):
+            self.set_proxies(value)
+        else:
+            super().__setattr__(name, value)
+
+    def set_proxies(self, value: object) -> None:
+        """Make ``value [num_proxies, embedding_size]`` (a Parameter, or a tensor wrapped in one) the proxies."""
+        expected = (self.bank.num_proxies, self.embedding_size)
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != expected or not value.is_floating_point():
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise DataError(
+                f"{type(self).__name__}.proxies must be a float tensor of shape {list(expected)} "
+                f"(num_proxies x embedding_size). Got {shape} instead."
+            )
+        self.bank.proxies = value if isinstance(value, torch.nn.Parameter) else torch.nn.Parameter(value)
+
+    def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``[B, num_proxies]`` measure between ``embeddings`` and the proxies (the loss's own ``distance``)."""
+        dtype = torch.promote_types(embeddings.dtype, self.proxies.dtype)
+        return self.distance(embeddings.to(dtype), self.proxies.to(dtype))
+
+    def regularized_weights(self) -> torch.Tensor:
+        """The proxies ``[num_proxies, D]``: what a ``weight_regularizer`` sees."""
+        return self.proxies
 
     @property
     def proxy_labels(self) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from dmlkit._validation import Interval, Options, validate_params
-from dmlkit.distances import l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, exp_sum_, log1p_sum_exp
@@ -93,6 +93,13 @@ class ProxyAnchorLoss(ProxyLoss):
         proxy_init: str = "normal",
         seed: int = 0,
         matmul_precision: str = "highest",
+        *,
+        distance: object | None = None,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
     ):
         validate_params(
             "ProxyAnchorLoss",
@@ -103,10 +110,17 @@ class ProxyAnchorLoss(ProxyLoss):
                 "assignment": [Options(("static", "nearest"))],
             },
         )
-        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision)
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision,
+            distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
+            weight_reg_weight=weight_reg_weight,
+        )
         self.margin = float(margin)
         self.alpha = float(alpha)
         self.assignment = assignment
+
+    def default_distance(self) -> BaseDistance:
+        return CosineSimilarity()
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)

@@ -7,7 +7,7 @@ from functools import partial
 import torch
 
 from dmlkit._validation import BOOL, Interval, Options, validate_params
-from dmlkit.distances import l2_normalize
+from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, exp_sum_
@@ -91,6 +91,13 @@ class ProxyNCALoss(ProxyLoss):
         proxy_init: str = "normal",
         seed: int = 0,
         matmul_precision: str = "highest",
+        *,
+        distance: object | None = None,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
     ):
         validate_params(
             type(self).__name__,
@@ -101,10 +108,17 @@ class ProxyNCALoss(ProxyLoss):
                 "exclude_positive": [BOOL],
             },
         )
-        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision)
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision,
+            distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
+            weight_reg_weight=weight_reg_weight,
+        )
         self.softmax_scale = float(softmax_scale)
         self.assignment = assignment
         self.exclude_positive = exclude_positive
+
+    def default_distance(self) -> BaseDistance:
+        return LpDistance(power=2, normalize_embeddings=True)
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)
@@ -143,6 +157,13 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
         proxy_init: str = "normal",
         seed: int = 0,
         matmul_precision: str = "highest",
+        *,
+        distance: object | None = None,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
     ):
         validate_params(
             "ProxyNCAPlusPlusLoss",
@@ -152,5 +173,8 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
         super().__init__(
             num_classes, embedding_size, 1.0 / temperature, proxies_per_class, assignment, False, proxy_init, seed,
             matmul_precision,
+            distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
+            weight_reg_weight=weight_reg_weight,
         )
         self.temperature = float(temperature)

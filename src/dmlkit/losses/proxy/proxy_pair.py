@@ -43,6 +43,10 @@ class ProxyPairLoss(ProxyLoss):
         super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
         self.pair_loss = pair_loss  # registered as a submodule when it is an nn.Module
 
+    def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``[B, num_proxies]`` measure of the wrapped pair loss between ``embeddings`` and the proxies."""
+        return self.pair_loss.distance(embeddings, self.proxies)
+
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.bank.check_labels(labels)
         embeddings, proxies = common_dtype(embeddings, self.proxies)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import BOOL, Interval, Options, validate_params
-from dmlkit.distances import l2_normalize, squared_euclidean
+from dmlkit.distances import BaseDistance, LpDistance, l2_normalize, squared_euclidean
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, normalize_rows
@@ -49,6 +49,9 @@ class ProxyTripletLoss(ProxyLoss):
         self.margin = float(margin)
         self.assignment = assignment
         self.average_nonzero = average_nonzero
+
+    def default_distance(self) -> BaseDistance:
+        return LpDistance(power=2, normalize_embeddings=True)
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)

@@ -8,11 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from dmlkit._validation import Interval, validate_params
-from dmlkit.distances import l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.exceptions import DataError
 from dmlkit.losses._cpu_ops import exp
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, cosine_to_proxies, exp_is_safe, exp_sum_
+from dmlkit.losses.proxy._math import common_dtype, exp_is_safe, exp_sum_
 
 
 def soft_triple_kernel(
@@ -78,6 +79,13 @@ class SoftTripleLoss(ProxyLoss):
         proxy_init: str = "normal",
         seed: int = 0,
         matmul_precision: str = "highest",
+        *,
+        distance: object | None = None,
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+        weight_regularizer: object | None = None,
+        weight_reg_weight: float = 1.0,
     ):
         validate_params(
             "SoftTripleLoss",
@@ -90,7 +98,11 @@ class SoftTripleLoss(ProxyLoss):
                 "tau": [Interval(float, 0, None)],
             },
         )
-        super().__init__(num_classes, embedding_size, centers_per_class, proxy_init, seed, matmul_precision)
+        super().__init__(num_classes, embedding_size, centers_per_class, proxy_init, seed, matmul_precision,
+            distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
+            weight_reg_weight=weight_reg_weight,
+        )
         self.la = float(la)
         self.gamma = float(gamma)
         self.margin = float(margin)
@@ -100,11 +112,23 @@ class SoftTripleLoss(ProxyLoss):
     def centers_per_class(self) -> int:
         return int(self.bank.proxies_per_class)
 
-    def class_similarity(self, embeddings: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
-        """``[B, C]`` relaxed similarity ``S_{i,c}``: softmax(s/gamma)-weighted mean of the class's centre similarities."""
-        sim = cosine_to_proxies(embeddings, proxies).view(-1, self.num_classes, self.centers_per_class)
-        weights = torch.softmax(sim / self.gamma, dim=2)
-        return (weights * sim).sum(dim=2)
+    def default_distance(self) -> BaseDistance:
+        return CosineSimilarity()
+
+    @property
+    def fc(self) -> torch.Tensor:
+        """PML's layout of the centres, ``[embedding_size, C*K]``: a transposed view of :attr:`proxies`."""
+        return self.proxies.t()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "fc" and "bank" in self.__dict__.get("_modules", {}):
+            # PML stores the centres as fc [D, C*K]; dmlkit keeps them class-major [C*K, D]. The
+            # values are copied into a new parameter (assigning fc does not share the tensor).
+            if not isinstance(value, torch.Tensor) or value.dim() != 2:
+                raise DataError(f"SoftTripleLoss.fc must be a [embedding_size, C*K] tensor. Got {value!r} instead.")
+            self.set_proxies(torch.nn.Parameter(value.detach().t().contiguous()))
+        else:
+            super().__setattr__(name, value)
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)
