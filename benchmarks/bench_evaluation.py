@@ -1,6 +1,8 @@
 """Leave-one-out P@1, R-Precision and MAP@R: dmlkit (torch / faiss backends) vs PML's AccuracyCalculator.
 
-Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000] [--impls torch faiss pml]
+``calc`` is dmlkit's PML-compatible ``AccuracyCalculator`` (same call as PML's, exact k-NN underneath).
+
+Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000] [--impls torch faiss calc pml]
       [--allocator tuned|default]
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
@@ -45,6 +47,11 @@ if impl == "pml":
                               k="max_bin_count", device=torch.device("cpu"))
     r = calc.get_accuracy(x, labels)
     out = {"precision_at_1": r["precision_at_1"], "r_precision": r["r_precision"], "map_at_r": r["mean_average_precision_at_r"]}
+elif impl == "calc":
+    from dmlkit.evaluation import AccuracyCalculator
+    calc = AccuracyCalculator(include=("precision_at_1", "r_precision", "mean_average_precision_at_r"), k="max_bin_count")
+    r = calc.get_accuracy(x, labels)
+    out = {"precision_at_1": r["precision_at_1"], "r_precision": r["r_precision"], "map_at_r": r["mean_average_precision_at_r"]}
 else:
     from dmlkit.evaluation import retrieval_metrics
     r = retrieval_metrics(x, labels, ks=(1,), backend=impl)
@@ -67,7 +74,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="+", default=[60502, 200000])
     ap.add_argument("--pml-max", type=int, default=70000)
-    ap.add_argument("--impls", nargs="+", default=["torch", "faiss", "pml"], choices=["torch", "faiss", "pml"])
+    ap.add_argument("--impls", nargs="+", default=["torch", "faiss", "pml"], choices=["torch", "faiss", "calc", "pml"])
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
                     help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() in every child process (as `dmlkit` "
                     "runs); default: glibc's own settings")

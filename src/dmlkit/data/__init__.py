@@ -1,9 +1,10 @@
 """dmlkit.data: benchmark datasets, class-disjoint splits and k-fold, samplers, transforms."""
 
-from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
-from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset
 from dmlkit.data import cars, cub, folder, inshop, mnist, omniglot, sop  # noqa: F401  (register data sets)
+from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
+from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
+from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset
 from dmlkit.data.samplers import (
     SAMPLERS,
     EpochSampler,
@@ -12,7 +13,6 @@ from dmlkit.data.samplers import (
     ShuffledSampler,
     create_sampler,
 )
-from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.splits import build_splits, class_disjoint_folds, write_manifest
 from dmlkit.data.transforms import BackboneNormalize, Preprocessing, build_transforms, eval_transform, train_transform
 

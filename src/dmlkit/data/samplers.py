@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Sampler
 
 from dmlkit._registry import Registry
-from dmlkit._validation import InstanceOf, Interval, NONE, validate_params
+from dmlkit._validation import NONE, InstanceOf, Interval, validate_params
 from dmlkit.exceptions import CheckpointError, DataError, InvalidParameterError
 
 SAMPLERS: Registry = Registry("sampler")

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import NONE, BOOL, InstanceOf, Interval, validate_params
+from dmlkit._validation import BOOL, NONE, InstanceOf, Interval, validate_params
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels
 from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
 from dmlkit.exceptions import InvalidParameterError

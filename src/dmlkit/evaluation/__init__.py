@@ -1,5 +1,9 @@
-"""Evaluation: exact k-NN (torch or faiss), retrieval and clustering metrics, geometry, ensembles."""
+"""Evaluation: exact k-NN (torch or faiss), retrieval and clustering metrics, geometry, ensembles.
 
+:class:`AccuracyCalculator` is pytorch-metric-learning's interface on the same exact k-NN.
+"""
+
+from dmlkit.evaluation.accuracy_calculator import AccuracyCalculator
 from dmlkit.evaluation.clustering import clustering_metrics, kmeans_assignments
 from dmlkit.evaluation.ensemble import concatenate_embeddings, ensemble_retrieval_metrics
 from dmlkit.evaluation.evaluate import evaluate
@@ -14,6 +18,7 @@ from dmlkit.evaluation.knn import iter_knn_blocks, knn
 from dmlkit.evaluation.retrieval import retrieval_metrics, true_reference_counts
 
 __all__ = [
+    "AccuracyCalculator",
     "class_centroids",
     "class_collapse",
     "clustering_metrics",

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dmlkit._validation import Interval, NONE, validate_params
+from dmlkit._validation import NONE, Interval, check_embeddings_labels, validate_params
 from dmlkit.evaluation._checks import check_finite
-from dmlkit._validation import check_embeddings_labels
 from dmlkit.exceptions import DataError
 
 

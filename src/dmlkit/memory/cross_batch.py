@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._validation import Interval, InstanceOf, check_embeddings_labels, validate_params
+from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
 from dmlkit.losses.pair._analytic import reference_major
-from dmlkit.mining.base import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 class CrossBatchMemory(nn.Module):

@@ -2,11 +2,10 @@
 
 Every miner is registered in :data:`MINERS` under a snake_case name and is called as
 ``miner(embeddings [B, D], labels [B], ref_emb=None, ref_labels=None)``, returning a
-:class:`PairSelection` or :class:`TripletSelection`.
+:class:`PairSelection` or :class:`TripletSelection` (``miner.as_pml()`` returns PML's index tuples).
 """
 
-from dmlkit.mining._core import BaseMiner, SeededMinerMixin
-from dmlkit.mining.base import MINERS, PairSelection, TripletSelection, label_masks
+from dmlkit.mining.base import MINERS, BaseMiner, PMLStyleMiner, SeededMinerMixin
 from dmlkit.mining.batch_hard import BatchHardMiner
 from dmlkit.mining.distance_weighted import DistanceWeightedMiner, distance_weighted_log_weights
 from dmlkit.mining.dro import (
@@ -21,6 +20,7 @@ from dmlkit.mining.dro import (
 from dmlkit.mining.easy_positive import EasyPositiveMiner
 from dmlkit.mining.multi_similarity import MultiSimilarityMiner
 from dmlkit.mining.pair_margin import PairMarginMiner
+from dmlkit.mining.selection import PairSelection, TripletSelection, label_masks, selection_from_indices_tuple
 from dmlkit.mining.triplet_margin import TripletMarginMiner
 
 _REGISTERED = {
@@ -64,6 +64,7 @@ __all__ = [
     "EasyPositiveMiner",
     "MultiSimilarityMiner",
     "PairMarginMiner",
+    "PMLStyleMiner",
     "PairSelection",
     "SeededMinerMixin",
     "TripletMarginMiner",
@@ -72,4 +73,5 @@ __all__ = [
     "distance_weighted_log_weights",
     "label_masks",
     "list_miners",
+    "selection_from_indices_tuple",
 ]

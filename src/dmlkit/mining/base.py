@@ -1,144 +1,149 @@
-"""What miners and pair weighters hand to losses.
+"""The base class and registry of every miner: input checks, reference resolution, seeded sampling.
 
-Selections are explicit dataclasses (never told apart by tuple length):
-
-* :class:`PairSelection` — dense boolean masks ``[B, R]`` of the positive and negative pairs
-  between ``B`` anchors and ``R`` references (the batch itself, or a cross-batch memory),
-  with optional per-pair weights (DRO weighting, distance-weighted sampling counts).
-* :class:`TripletSelection` — index triples ``(anchor, positive, negative)`` into the
-  anchors and references.
+A miner is an ``nn.Module`` called as ``miner(embeddings [B, D], labels [B], ref_emb=None,
+ref_labels=None)``. The call validates its inputs, resolves the reference set (the batch
+itself unless a memory is given), and runs :meth:`BaseMiner.mine` without gradients. It
+returns a :class:`~dmlkit.mining.selection.PairSelection` or ``TripletSelection``;
+:meth:`BaseMiner.as_pml` gives the same miner with pytorch-metric-learning's tuple output.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from dmlkit._registry import Registry
+from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
+from dmlkit.distances import BaseDistance, LpDistance
+from dmlkit.exceptions import DataError
+from dmlkit.mining.selection import PairSelection, TripletSelection, label_masks
 
 MINERS: Registry[nn.Module] = Registry("miner")
+DISTANCE = InstanceOf((BaseDistance,))
 
 
-@dataclass(frozen=True)
-class PairSelection:
-    """Positive and negative pairs as ``[B, R]`` masks (boolean, or 0/1 floats), with optional ``[B, R]`` weights."""
-
-    positive: torch.Tensor
-    negative: torch.Tensor
-    positive_weight: torch.Tensor | None = None
-    negative_weight: torch.Tensor | None = None
-
-    @property
-    def num_pairs(self) -> int:
-        return int(self.positive.sum()) + int(self.negative.sum())
-
-    def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PML's pair tuple ``(a1, p, a2, n)`` of int64 index tensors (row-major order of the masks)."""
-        a1, p = self.positive.bool().nonzero(as_tuple=True)
-        a2, n = self.negative.bool().nonzero(as_tuple=True)
-        return a1, p, a2, n
+def default_distance() -> BaseDistance:
+    """Euclidean distance between L2-normalised embeddings (PML's miner default)."""
+    return LpDistance(power=1, normalize_embeddings=True)
 
 
-@dataclass(frozen=True)
-class TripletSelection:
-    """Triplets as three ``[T]`` int64 index tensors (anchor rows; positive/negative reference rows)."""
-
-    anchor: torch.Tensor
-    positive: torch.Tensor
-    negative: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.anchor.numel())
-
-    def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PML's triplet tuple ``(a, p, n)``."""
-        return self.anchor, self.positive, self.negative
+def empty_triplets(device: torch.device | str) -> TripletSelection:
+    """A selection with no triplets."""
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return TripletSelection(empty, empty.clone(), empty.clone())
 
 
-def selection_from_indices_tuple(
-    indices_tuple: tuple, num_anchors: int, num_references: int
-) -> PairSelection | TripletSelection:
-    """A selection from a pytorch-metric-learning miner's output.
+def empty_pairs(num_anchors: int, num_refs: int, device: torch.device | str) -> PairSelection:
+    """A selection with no pairs (all-False ``[B, R]`` masks)."""
+    none = torch.zeros(num_anchors, num_refs, dtype=torch.bool, device=device)
+    return PairSelection(none, none.clone())
 
-    ``(a1, p, a2, n)`` (pairs) becomes a :class:`PairSelection` over ``[num_anchors,
-    num_references]`` (a pair listed twice counts once); ``(a, p, n)`` (triplets) becomes a
-    :class:`TripletSelection`.
+
+def triplet_margins(distance: BaseDistance, mat: torch.Tensor, anchor: torch.Tensor,
+                    positive: torch.Tensor) -> torch.Tensor:
+    """``[P, R]`` margins ``d(a, n) - d(a, p)`` (or ``s(a, p) - s(a, n)``) for each pair ``(a, p)``."""
+    return distance.margin(mat[anchor, positive][:, None], mat[anchor])
+
+
+class BaseMiner(nn.Module):
+    """Base of every miner: ``forward(embeddings [B, D], labels [B], ref_emb=None, ref_labels=None)``."""
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> PairSelection | TripletSelection:
+        check_embeddings_labels(embeddings, labels)
+        same_set = ref_emb is None
+        if same_set:
+            if ref_labels is not None:
+                raise DataError("ref_labels was given without ref_emb; pass both or neither.")
+            ref_emb, ref_labels = embeddings, labels
+        else:
+            if ref_labels is None:
+                raise DataError("ref_emb was given without ref_labels; pass both or neither.")
+            check_embeddings_labels(ref_emb, ref_labels, name="ref_emb", labels_name="ref_labels")
+            if ref_emb.shape[1] != embeddings.shape[1]:
+                raise DataError(
+                    f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."
+                )
+        labels = labels.to(embeddings.device)
+        ref_labels = ref_labels.to(embeddings.device)
+        # fp16/bf16 inputs are mined in fp32 (as the losses compute): half-precision distances of
+        # zero or duplicate rows overflow into inf/NaN sampling weights.
+        half = (torch.float16, torch.bfloat16)
+        embeddings = embeddings.detach().float() if embeddings.dtype in half else embeddings.detach()
+        ref_emb = embeddings if same_set else (ref_emb.detach().float() if ref_emb.dtype in half else ref_emb.detach())
+        with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
+            pos, neg = label_masks(labels, ref_labels, same_set=same_set)
+            return self.mine(embeddings, ref_emb, pos, neg)
+
+    def mine(self, embeddings: torch.Tensor, ref_emb: torch.Tensor, positive: torch.Tensor,
+             negative: torch.Tensor) -> PairSelection | TripletSelection:  # pragma: no cover
+        """Select from ``[B, R]`` positive/negative masks between anchors and references."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        keys = getattr(self, "_repr_keys", ())
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k in keys)
+
+    def as_pml(self) -> "PMLStyleMiner":
+        """This miner called PML's way: ``miner(embeddings, labels)`` returns PML's index tuple."""
+        return PMLStyleMiner(self)
+
+
+class PMLStyleMiner(nn.Module):
+    """A dmlkit miner with pytorch-metric-learning's output: ``(a1, p, a2, n)`` or ``(a, p, n)``.
+
+    Drop it into a PML training loop in place of a PML miner; the tuple it returns is accepted
+    by PML's losses and by dmlkit's (``loss(embeddings, labels, indices_tuple)``). Pairs come
+    out in row-major order of the selection's masks.
     """
-    from dmlkit.exceptions import DataError
 
-    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4) or not all(
-        isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point() for t in indices_tuple
-    ):
-        raise DataError(
-            "indices_tuple must be PML's (a1, p, a2, n) pairs or (a, p, n) triplets: 3 or 4 one-dimensional "
-            f"integer tensors. Got {_describe(indices_tuple)} instead."
-        )
-    index = [t.long() for t in indices_tuple]
-    bounds = (num_anchors, num_references) * 2 if len(index) == 4 else (num_anchors, num_references, num_references)
-    for t, bound in zip(index, bounds):
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= bound):
-            raise DataError(f"indices_tuple holds an index outside [0, {bound}) for {num_anchors} anchors "
-                            f"and {num_references} references.")
-    if len(index) == 3:
-        if not index[0].shape == index[1].shape == index[2].shape:
-            raise DataError("indices_tuple (a, p, n) needs three tensors of equal length.")
-        return TripletSelection(*index)
-    a1, p, a2, n = index
-    if a1.shape != p.shape or a2.shape != n.shape:
-        raise DataError("indices_tuple (a1, p, a2, n) needs len(a1) == len(p) and len(a2) == len(n).")
-    device = a1.device
-    positive = torch.zeros(num_anchors, num_references, dtype=torch.bool, device=device)
-    negative = torch.zeros_like(positive)
-    positive[a1, p] = True
-    negative[a2, n] = True
-    return PairSelection(positive, negative)
+    def __init__(self, miner: BaseMiner):
+        super().__init__()
+        if not isinstance(miner, BaseMiner):
+            raise TypeError(f"PMLStyleMiner wraps a dmlkit miner (a BaseMiner). Got {type(miner).__name__} instead.")
+        self.miner = miner
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        selection = self.miner(embeddings, labels, ref_emb, ref_labels)
+        return selection.to_indices_tuple()
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}: " + ", ".join(
-            f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__ for t in value
-        )
-    return repr(value)
+class SeededMinerMixin:
+    """Owns a private ``torch.Generator`` (from ``seed`` or a caller's ``generator``).
 
-
-def label_equality(
-    labels: torch.Tensor | None, ref_labels: torch.Tensor | None = None, *, pos_mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``[B, R]`` bool, a fresh tensor: ``pos_mask``, or same class (ids ``[B]``) / a shared label
-    (multi-label ``[B, C]``) between ``labels`` and ``ref_labels`` (default: ``labels``); diagonal kept."""
-    if pos_mask is not None:
-        return pos_mask.to(torch.bool, copy=True)
-    if labels is None:
-        raise ValueError("label_masks needs labels or pos_mask")
-    ref = labels if ref_labels is None else ref_labels
-    if labels.dim() == 2:
-        return (labels.float() @ ref.float().T) > 0
-    return labels[:, None] == ref[None, :]
-
-
-def label_masks(
-    labels: torch.Tensor | None,
-    ref_labels: torch.Tensor | None = None,
-    *,
-    pos_mask: torch.Tensor | None = None,
-    same_set: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(positive [B, R], negative [B, R])`` masks from class labels or an explicit mask.
-
-    ``labels`` may be class ids ``[B]`` or multi-label targets ``[B, C]`` (0/1; two samples are
-    positive when they share a label). ``pos_mask`` overrides labels. When anchors and
-    references are the same set (``ref_labels is None`` or ``same_set=True``) the diagonal
-    (a sample with itself) is neither positive nor negative.
+    The generator state is part of ``state_dict`` (as extra state), so a resumed run draws
+    the same samples as an uninterrupted one.
     """
-    if same_set is None:
-        same_set = ref_labels is None
-    pos = label_equality(labels, ref_labels, pos_mask=pos_mask)
-    neg = ~pos
-    if same_set:
-        eye = torch.eye(pos.shape[0], pos.shape[1], dtype=torch.bool, device=pos.device)
-        pos = pos & ~eye
-        neg = neg & ~eye
-    return pos, neg
+
+    def _init_generator(self, seed: int, generator: torch.Generator | None) -> None:
+        owner = type(self).__name__
+        validate_params(owner, {"seed": seed, "generator": generator},
+                        {"seed": [Interval(int, 0, None)], "generator": [InstanceOf((torch.Generator,)), NONE]})
+        self.seed = seed
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
+
+    def get_extra_state(self) -> dict:
+        return {"generator_state": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator_state"])
+
+    def sample_rows(self, probabilities: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
+        """``[N, num_samples]`` column indices drawn (with replacement) from each row's distribution."""
+        if probabilities.shape[0] == 0:
+            return torch.zeros(0, num_samples, dtype=torch.long, device=probabilities.device)
+        gen_device = self.generator.device
+        drawn = torch.multinomial(probabilities.to(gen_device, torch.float64), num_samples,
+                                  replacement=True, generator=self.generator)
+        return drawn.to(probabilities.device)

@@ -6,8 +6,8 @@ import torch
 
 from dmlkit._validation import NONE, validate_params
 from dmlkit.distances import BaseDistance
-from dmlkit.mining._core import DISTANCE, BaseMiner, default_distance
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
+from dmlkit.mining.selection import TripletSelection
 
 
 def extreme_per_row(mat: torch.Tensor, mask: torch.Tensor, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:

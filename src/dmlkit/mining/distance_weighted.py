@@ -6,8 +6,8 @@ import torch
 
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import l2_normalize, squared_euclidean
-from dmlkit.mining._core import BaseMiner, SeededMinerMixin, empty_triplets
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_triplets
+from dmlkit.mining.selection import TripletSelection
 
 
 def sphere_distances(embeddings: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmlkit._validation import BOOL, Interval, NONE, Options, validate_params
+from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import CosineSimilarity
-from dmlkit.mining._core import BaseMiner, SeededMinerMixin, empty_pairs
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_pairs
+from dmlkit.mining.selection import PairSelection
 
 BASE_LOSSES = ("margin", "binomial")
 POSITIVE_FLOAT = Interval(float, 0, None, closed="neither")

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, NONE, Options, validate_params
+from dmlkit._validation import NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
-from dmlkit.mining._core import (
+from dmlkit.mining.base import (
     DISTANCE,
     BaseMiner,
     SeededMinerMixin,
     default_distance,
     empty_triplets,
 )
-from dmlkit.mining.base import PairSelection, TripletSelection
 from dmlkit.mining.batch_hard import extreme_per_row
 from dmlkit.mining.distance_weighted import distance_weighted_log_weights, row_probabilities, sphere_distances
 from dmlkit.mining.multi_similarity import hard_negative_mask
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 NEGATIVE_STRATEGIES = ("random", "distance_weighted", "semihard", "multi_similarity")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, NONE, validate_params
+from dmlkit._validation import NONE, Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
-from dmlkit.mining._core import DISTANCE, BaseMiner
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.base import DISTANCE, BaseMiner
+from dmlkit.mining.selection import PairSelection
 
 
 def hard_negative_mask(mat: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dmlkit._validation import Interval, NONE, validate_params
+from dmlkit._validation import NONE, Interval, validate_params
 from dmlkit.distances import BaseDistance
-from dmlkit.mining._core import DISTANCE, BaseMiner, default_distance
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
+from dmlkit.mining.selection import PairSelection
 
 
 class PairMarginMiner(BaseMiner):

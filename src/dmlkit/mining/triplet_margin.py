@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, NONE, Options, validate_params
+from dmlkit._validation import NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance
-from dmlkit.mining._core import DISTANCE, BaseMiner, default_distance, empty_triplets, triplet_margins
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance, empty_triplets, triplet_margins
+from dmlkit.mining.selection import TripletSelection
 
 TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 

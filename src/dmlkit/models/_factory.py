@@ -14,7 +14,7 @@ from typing import Any, Callable
 from torch import nn
 
 from dmlkit._registry import Registry
-from dmlkit._validation import NONE, Interval, InstanceOf, Options, validate_params
+from dmlkit._validation import NONE, InstanceOf, Interval, Options, validate_params
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head

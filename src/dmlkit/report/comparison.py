@@ -22,6 +22,7 @@ from dmlkit.report.run_report import (
     write_text_atomic,
 )
 
+
 def run_labels(runs: Sequence[RunData]) -> list[str]:
     """A distinct label per run: its name, with the directory (then position) added on clashes."""
     names = [run.name for run in runs]

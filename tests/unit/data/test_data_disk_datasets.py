@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dmlkit.data import build_splits, eval_transform, dataset_info, datasets_table, write_manifest
+from dmlkit.data import build_splits, dataset_info, datasets_table, eval_transform, write_manifest
 from dmlkit.exceptions import DataError, InvalidParameterError
 
 

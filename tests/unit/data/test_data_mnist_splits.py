@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dmlkit.data import build_splits, class_disjoint_folds, list_datasets, load_mnist5k, write_manifest
 from dmlkit.exceptions import InvalidParameterError

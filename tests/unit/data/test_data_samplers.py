@@ -6,7 +6,8 @@ import collections
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from dmlkit.data.samplers import MPerClassSampler, OnePerClassSampler, ShuffledSampler, create_sampler

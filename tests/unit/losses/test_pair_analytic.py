@@ -11,7 +11,7 @@ from dmlkit.losses.pair import (
     NPairsLoss,
 )
 from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES, _kind
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.selection import PairSelection
 
 DISTANCES = {
     "cosine": CosineSimilarity,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dmlkit.losses.pair import BinomialDevianceLoss
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.selection import PairSelection
 
 
 def batch(n=12, d=6, classes=4, seed=0):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import dmlkit.losses.pair as pair
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import LOSSES, MetricLoss
-from dmlkit.mining.base import PairSelection
+from dmlkit.mining.selection import PairSelection
 
 REGISTERED = {
     "contrastive": pair.ContrastiveLoss,

@@ -8,7 +8,7 @@ from pytorch_metric_learning.distances import CosineSimilarity as PmlCosine
 from dmlkit.distances import CosineSimilarity, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair import ContrastiveLoss
-from dmlkit.mining.base import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 def batch(n=16, d=8, classes=5, seed=0):

@@ -6,7 +6,7 @@ from pytorch_metric_learning import losses as pml_losses
 
 from dmlkit.distances import LpDistance
 from dmlkit.losses.pair import MarginLoss
-from dmlkit.mining.base import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 def batch(n=12, d=6, classes=4, seed=0, dtype=torch.float64):

@@ -8,7 +8,7 @@ from pytorch_metric_learning.distances import CosineSimilarity as PmlCosine
 import dmlkit.losses.pair._triplets as triplets_module
 from dmlkit.distances import CosineSimilarity, LpDistance
 from dmlkit.losses.pair import TripletMarginLoss
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.selection import TripletSelection
 
 
 def batch(n=16, d=8, classes=4, seed=0, dtype=torch.float64):

@@ -8,7 +8,7 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair import ContrastiveLoss, MultiSimilarityLoss, NPairsLoss, TripletMarginLoss
 from dmlkit.memory import MEMORIES, CrossBatchMemory
-from dmlkit.mining.base import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 def stream(steps, n=8, d=6, classes=5, seed=0):

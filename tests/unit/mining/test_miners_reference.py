@@ -277,7 +277,7 @@ def test_distance_weighted_probabilities_match_formula(dim):
     x = torch.randn(14, dim, generator=g, dtype=torch.float64)
     labels = torch.arange(14) % 3
     miner = DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)
-    from dmlkit.mining.base import label_masks
+    from dmlkit.mining.selection import label_masks
 
     _, negative = label_masks(labels)
     probs, _ = miner.negative_probabilities(x, x, negative)

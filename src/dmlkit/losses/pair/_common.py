@@ -31,7 +31,7 @@ from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance, as_dist
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
 from dmlkit.losses.reducers import get_reducer
-from dmlkit.mining.base import (
+from dmlkit.mining.selection import (
     PairSelection,
     TripletSelection,
     label_equality,

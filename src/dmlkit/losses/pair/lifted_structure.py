@@ -59,7 +59,7 @@ class LiftedStructureLoss(_LiftedBase):
     empty sum (``log 0 = -inf``) and contributes 0.
     """
 
-    reductions = ("mean", "mean_nonzero", "sum")
+    reductions = ("mean", "mean_nonzero", "sum", "threshold")
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented, pairwise
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, sample_triplets
-from dmlkit.mining.base import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 @LOSSES.register("margin")

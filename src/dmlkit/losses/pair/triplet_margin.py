@@ -19,7 +19,7 @@ from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, log1p_exp, pairwise
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets_margin, sample_triplets
-from dmlkit.mining.base import TripletSelection
+from dmlkit.mining.selection import TripletSelection
 
 
 @LOSSES.register("triplet_margin")

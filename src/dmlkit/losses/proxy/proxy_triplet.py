@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize, squared_euclidean
-from dmlkit.losses.base import LOSSES, zero_loss
+from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
@@ -18,12 +18,13 @@ class ProxyTripletLoss(ProxyLoss):
     ``l(x, z) = [d(x, p(y)) + margin - d(x, p(z))]_+`` with ``d`` the squared Euclidean distance
     between L2-normalised embeddings and proxies (Sec. 3.1, 4). ``p(y)`` is the sample's positive
     proxy (``assignment`` as in :class:`ProxyNCALoss`; with several positive proxies, the
-    nearest one, Eq. (5)); every negative proxy gives one triplet. ``average_nonzero=True``
-    (default, as PML's triplet reducer) averages over triplets with a positive loss, ``False``
-    over all triplets.
+    nearest one, Eq. (5)); every negative proxy gives one triplet. ``reduction="mean_nonzero"``
+    (default, as PML's triplet reducer) averages over triplets with a positive loss, ``"mean"``
+    over all triplets, ``"sum"`` adds them (see :mod:`dmlkit.losses.reducers`).
     """
 
-    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "margin", "assignment", "average_nonzero")
+    reductions = ("mean_nonzero", "mean", "sum", "threshold")
+    _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "margin", "assignment", "reduction")
 
     def __init__(
         self,
@@ -32,23 +33,19 @@ class ProxyTripletLoss(ProxyLoss):
         margin: float = 0.1,
         proxies_per_class: float = 1,
         assignment: str = "static",
-        average_nonzero: bool = True,
+        reduction: str | object = "mean_nonzero",
         proxy_init: str = "normal",
         seed: int = 0,
     ):
         validate_params(
             "ProxyTripletLoss",
-            {"margin": margin, "assignment": assignment, "average_nonzero": average_nonzero},
-            {
-                "margin": [Interval(float, 0, None)],
-                "assignment": [Options(("static", "nearest", "dynamic"))],
-                "average_nonzero": [BOOL],
-            },
+            {"margin": margin, "assignment": assignment},
+            {"margin": [Interval(float, 0, None)], "assignment": [Options(("static", "nearest", "dynamic"))]},
         )
-        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed)
+        super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, reducer=reduction)
         self.margin = float(margin)
         self.assignment = assignment
-        self.average_nonzero = average_nonzero
+        self.reduction = self.reducer.name
 
     def default_distance(self) -> BaseDistance:
         return LpDistance(power=2, normalize_embeddings=True)
@@ -60,7 +57,4 @@ class ProxyTripletLoss(ProxyLoss):
         positive, negative = self.bank.assign(-dist, labels, self.assignment)
         positive_dist = dist.masked_fill(~positive, float("inf")).amin(dim=1, keepdim=True)
         terms = torch.relu(positive_dist + self.margin - dist).masked_fill(~negative, 0.0)
-        count = (terms > 0).sum() if self.average_nonzero else negative.sum()
-        if int(count) == 0:
-            return zero_loss(embeddings, proxies) + terms.sum()
-        return terms.sum() / count
+        return self.reducer(terms, negative)
