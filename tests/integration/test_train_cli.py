@@ -64,5 +64,5 @@ def test_validate_verb_prints_resolved_config(capsys):
 
 
 def test_validate_verb_reports_problems(capsys):
-    assert main(["validate", "--set", "sampler.batch_size=30"]) == 2
+    assert main(["validate", "--set", "sampler.batch_size=30", "--set", "sampler.m=16"]) == 2
     assert "divisible by sampler.m" in capsys.readouterr().err

@@ -23,8 +23,10 @@ from dmlkit.exceptions import ConfigError
 class DataConfig:
     """Which data set to read and how (issue 5 fields).
 
-    ``augment="translate"`` shifts every training batch by up to ``max_shift`` pixels
-    (batched, for in-memory data sets; image files get their own per-item augmentation).
+    ``augment="translate"`` shifts every training batch by up to ``max_shift`` pixels,
+    ``"affine"`` warps it (rotation, scale, shear, shift; background fill), batched for data held
+    in memory (image files get their own per-item augmentation); ``"auto"`` lets the recipe
+    (:mod:`dmlkit.config.recipe`) choose from the kind of images.
     """
 
     name: str = "mnist"
@@ -34,7 +36,7 @@ class DataConfig:
     image_size: Optional[int] = None
     num_workers: int = 0
     skip_bad_images: bool = False
-    augment: str = "none"
+    augment: str = "auto"
     max_shift: int = 2
 
 
@@ -47,13 +49,16 @@ class ProtocolConfig:
     selects the checkpoint by validation MAP@R on fold ``i``. ``val_fraction=f`` (with
     ``fold=None``) instead holds out a fraction ``f`` of the images of every training class for
     validation (for data sets with too few classes for class-disjoint folds, e.g. the 5
-    training digits of MNIST). The test classes are never used for selection.
+    training digits of MNIST). ``val_class_fraction=f`` holds out a seeded fraction ``f`` of the
+    training classes (class-disjoint); ``None`` lets the recipe decide (0.2 with >= 20 classes,
+    else 0). The test classes are never used for selection.
     """
 
     fold: Optional[int] = None
     num_folds: int = 4
     seed: int = 0
     val_fraction: float = 0.0
+    val_class_fraction: Optional[float] = None
 
 
 @dataclass
@@ -106,7 +111,7 @@ class OptimizerConfig:
     momentum: float = 0.9
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
-    loss_lr_multiplier: float = 100.0
+    loss_lr_multiplier: Optional[float] = None
     scheduler: str = "none"
     step_size: int = 1000
     gamma: float = 0.5
@@ -116,28 +121,31 @@ class OptimizerConfig:
 
 @dataclass
 class SamplerConfig:
-    """How batches are drawn."""
+    """How batches are drawn; ``batch_size`` and ``m`` left at ``None`` are set by the recipe."""
 
     name: str = "m_per_class"
-    batch_size: int = 64
-    m: int = 16
+    batch_size: Optional[int] = None
+    m: Optional[int] = None
 
 
 @dataclass
 class TrainConfig:
     """Step budget, evaluation cadence, early stopping, numerics, logging.
 
+    ``max_steps`` and ``eval_every`` left at ``None`` are set by the recipe from the data size.
+
     ``device`` is where the model, the loss (proxies, cross-batch memory) and every batch live:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
     with CUDA each rank uses ``cuda:LOCAL_RANK``. ``mixed_precision`` runs the model under autocast
     (``bf16`` on CPU; ``fp16``/``bf16`` on GPU; ``fp16`` adds a gradient scaler); losses always
-    turn autocast off and accumulate in fp32. ``compile`` wraps the model in ``torch.compile``. Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
+    turn autocast off and accumulate in fp32. ``compile`` wraps the model in ``torch.compile``.
+    Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
     ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
     (needs the ``tensorboard`` package).
     """
 
-    max_steps: int = 600
-    eval_every: int = 100
+    max_steps: Optional[int] = None
+    eval_every: Optional[int] = None
     patience: Optional[int] = None
     log_every: int = 10
     checkpoint_every: int = 100
@@ -199,10 +207,11 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, "an int >= 0"),
     "data.num_workers": (lambda v: v >= 0, "an int >= 0"),
     "data.image_size": (lambda v: v is None or v > 0, "None or an int > 0"),
-    "data.augment": (lambda v: v in ("none", "translate"), "one of 'none', 'translate'"),
+    "data.augment": (lambda v: v in ("auto", "none", "translate", "affine"), "one of 'auto', 'none', 'translate', 'affine'"),
     "data.max_shift": (lambda v: v >= 0, "an int >= 0"),
     "protocol.num_folds": (lambda v: v >= 2, "an int >= 2"),
     "protocol.val_fraction": (lambda v: 0 <= v < 1, "a float in [0, 1)"),
+    "protocol.val_class_fraction": (lambda v: v is None or 0 <= v < 1, "None or a float in [0, 1)"),
     "model.embedding_size": (lambda v: v > 0, "an int > 0"),
     "model.normalization": (lambda v: v in ("l2", "bounded", "none"), "one of 'l2', 'bounded', 'none'"),
     "model.pooling": (lambda v: v in ("avg", "max", "avg+max"), "one of 'avg', 'max', 'avg+max'"),
@@ -212,7 +221,7 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "optimizer.lr": (lambda v: v > 0, "a float > 0"),
     "optimizer.weight_decay": (lambda v: v >= 0, "a float >= 0"),
     "optimizer.eps": (lambda v: v > 0, "a float > 0"),
-    "optimizer.loss_lr_multiplier": (lambda v: v > 0, "a float > 0"),
+    "optimizer.loss_lr_multiplier": (lambda v: v is None or v > 0, "None or a float > 0"),
     "optimizer.scheduler": (lambda v: v in ("none", "step", "cosine"), "one of 'none', 'step', 'cosine'"),
     "optimizer.step_size": (lambda v: v > 0, "an int > 0"),
     "optimizer.gamma": (lambda v: 0 < v <= 1, "a float in (0, 1]"),
@@ -223,10 +232,10 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
         "a list of two floats in [0, 1)",
     ),
     "sampler.name": (lambda v: v in ("m_per_class", "random", "one_per_class"), "one of 'm_per_class', 'random', 'one_per_class'"),
-    "sampler.batch_size": (lambda v: v >= 2, "an int >= 2"),
-    "sampler.m": (lambda v: v >= 1, "an int >= 1"),
-    "train.max_steps": (lambda v: v >= 1, "an int >= 1"),
-    "train.eval_every": (lambda v: v >= 1, "an int >= 1"),
+    "sampler.batch_size": (lambda v: v is None or v >= 2, "None or an int >= 2"),
+    "sampler.m": (lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "train.max_steps": (lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "train.eval_every": (lambda v: v is None or v >= 1, "None or an int >= 1"),
     "train.patience": (lambda v: v is None or v >= 1, "None or an int >= 1"),
     "train.log_every": (lambda v: v >= 1, "an int >= 1"),
     "train.checkpoint_every": (lambda v: v >= 1, "an int >= 1"),
@@ -254,11 +263,11 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     """Constraints that involve several fields."""
     problems = []
     s = cfg.sampler
-    if s.name == "m_per_class" and s.batch_size % s.m != 0:
+    if s.name == "m_per_class" and None not in (s.m, s.batch_size) and s.batch_size % s.m != 0:
         problems.append(
             f"sampler.batch_size ({s.batch_size}) must be divisible by sampler.m ({s.m}) for m_per_class batches."
         )
-    if s.name == "m_per_class" and s.batch_size // max(s.m, 1) < 2:
+    if s.name == "m_per_class" and None not in (s.m, s.batch_size) and s.batch_size // max(s.m, 1) < 2:
         problems.append(
             f"sampler.batch_size ({s.batch_size}) / sampler.m ({s.m}) must give at least 2 classes per batch."
         )

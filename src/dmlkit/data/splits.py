@@ -46,7 +46,7 @@ def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) 
     return folds
 
 
-def _fraction_split(class_names: Sequence[str], train_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_classes(class_names: Sequence[str], train_fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """Split distinct classes into (train, val) with ``round(fraction * C)`` training classes."""
     names = sorted(set(class_names))
     n_train = int(round(train_fraction * len(names)))
@@ -70,6 +70,42 @@ def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor
         return images
     x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False)
     return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+#: Image-file splits whose decoded pixels fit in this many bytes are decoded once into memory.
+MEMORY_CACHE_BYTES = 512 * 2**20
+
+
+def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None) -> SplitSource | None:
+    """``source`` with its image files decoded (and resized to ``image_size``) into a uint8 tensor.
+
+    Returns None when the decoded split would exceed :data:`MEMORY_CACHE_BYTES` or when the images
+    differ in size and no ``image_size`` makes them uniform: such splits stay on disk with per-item
+    transforms. Small glyph and digit sets (Omniglot, a user's folder of icons) then train with the
+    same batched augmentation as MNIST, without decoding a PNG per item per epoch.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from dmlkit.data.base import load_image
+
+    if source.paths is None or not source.paths:
+        return None
+    channels = 1 if mode == "L" else 3
+    with Image.open(source.paths[0]) as first:
+        size = (image_size, image_size) if image_size else first.size[::-1]
+    if len(source.paths) * channels * size[0] * size[1] > MEMORY_CACHE_BYTES:
+        return None
+    arrays = []
+    for path in source.paths:
+        img = load_image(path).convert(mode)
+        if image_size:
+            img = img.resize((image_size, image_size), Image.BILINEAR)
+        elif img.size[::-1] != size:
+            return None
+        arr = np.asarray(img, dtype=np.uint8)
+        arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
+    return SplitSource(names=source.names, images=torch.from_numpy(np.stack(arrays)))
 
 
 def _make_split(
@@ -114,6 +150,7 @@ def build_splits(
     eval_transform=None,
     skip_bad_images: bool = False,
     preprocessing: Mapping[str, Any] | None = None,
+    cache_in_memory: bool = False,
     **dataset_options: Any,
 ) -> DataSplits:
     """Read data set ``name`` from ``root`` and return its class-disjoint splits.
@@ -124,6 +161,8 @@ def build_splits(
     ``train_fraction`` instead, one seeded class-disjoint train/val cut is made. Test classes are
     never used for either. ``preprocessing`` (a backbone's ``pretrained_cfg``-like dict with
     ``mean``, ``std``, ``input_size``, ``color``, ``scale``) normalises the default transforms.
+    ``cache_in_memory=True`` decodes small image-file splits once into memory (see
+    :func:`_decode_into_memory`; a data set read from a zip is in memory anyway).
     ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
     for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
     except query and gallery, which share one label space. Transforms default to
@@ -166,13 +205,21 @@ def build_splits(
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
+    if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
+        cached = {k: _decode_into_memory(v, spec.image_mode, image_size) for k, v in sources.items()}
+        if all(c is not None for c in cached.values()):
+            sources = cached
+    in_memory = all(src.images is not None for src in sources.values())
     if train_transform is None or eval_transform is None:
-        from dmlkit.data.transforms import default_transforms
+        from dmlkit.data.transforms import default_transforms, tensor_transform
 
-        default_train, default_eval = default_transforms(spec, image_size, preprocessing)
+        if in_memory:
+            default_train = default_eval = tensor_transform(preprocessing)
+        else:
+            default_train, default_eval = default_transforms(spec, image_size, preprocessing)
         train_transform = default_train if train_transform is None else train_transform
         eval_transform = default_eval if eval_transform is None else eval_transform
-    tensor_size = image_size if spec.in_memory else None
+    tensor_size = image_size if in_memory else None
 
     train_source = sources["train"]
     group = spec.group_of(label, eval_label)
@@ -186,7 +233,7 @@ def build_splits(
         train_rows = _rows_in(groups, set().union(*folds) - held_out)
         info.update(fold=fold, num_folds=num_folds, val_classes=folds[fold])
     elif train_fraction is not None:
-        kept, held = _fraction_split(groups, train_fraction, seed)
+        kept, held = split_classes(groups, train_fraction, seed)
         train_rows, val_rows = _rows_in(groups, set(kept)), _rows_in(groups, set(held))
         info.update(train_fraction=train_fraction, val_classes=held)
 

@@ -248,13 +248,70 @@ class RandomTranslate(nn.Module):
         return out.permute(0, 3, 1, 2).contiguous()
 
 
-BATCH_AUGMENTATIONS = ("none", "translate")
+class RandomAffine(nn.Module):
+    """Batched random affine warp of ``[B, C, H, W]`` images: rotation, scale, shear and shift.
+
+    Each image gets its own rotation in ``[-degrees, degrees]``, isotropic scale in
+    ``[1 - scale, 1 + scale]``, shear in ``[-shear, shear]`` degrees and shift in
+    ``[-shift, shift]`` of the image size (bilinear sampling). Pixels that come from outside the
+    image take ``fill`` (per channel): the background value, so white-on-black digits and
+    black-on-white glyphs both stay clean at the borders. Randomness comes only from ``generator``.
+    """
+
+    batched = True
+
+    def __init__(self, degrees: float = 15.0, scale: float = 0.1, shear: float = 10.0, shift: float = 0.1,
+                 fill: float | list[float] = 0.0):
+        super().__init__()
+        for key, value in (("degrees", degrees), ("scale", scale), ("shear", shear), ("shift", shift)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidParameterError(
+                    f"The '{key}' parameter of RandomAffine must be a float >= 0. Got {value!r} instead."
+                )
+        if scale >= 1:
+            raise InvalidParameterError(f"The 'scale' parameter of RandomAffine must be a float in [0, 1). Got {scale!r}.")
+        self.degrees, self.scale, self.shear, self.shift = float(degrees), float(scale), float(shear), float(shift)
+        self.fill = [float(f) for f in fill] if isinstance(fill, (list, tuple)) else [float(fill)]
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        import math
+
+        b = images.shape[0]
+        u = torch.rand(b, 5, generator=generator, dtype=torch.float32) * 2 - 1  # uniform in [-1, 1]
+        angle = u[:, 0] * math.radians(self.degrees)
+        zoom = 1 + u[:, 1] * self.scale
+        shear = u[:, 2] * math.radians(self.shear)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        # output -> input sampling matrix: inverse of (rotate * shear * zoom), then shift
+        a11, a12 = cos / zoom, (sin + cos * torch.tan(shear)) / zoom
+        a21, a22 = -sin / zoom, (cos - sin * torch.tan(shear)) / zoom
+        theta = torch.stack([
+            torch.stack([a11, a12, u[:, 3] * 2 * self.shift], dim=1),
+            torch.stack([a21, a22, u[:, 4] * 2 * self.shift], dim=1),
+        ], dim=1).to(images.dtype)
+        grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
+        fill = images.new_tensor(self.fill).view(1, -1, 1, 1)
+        warped = torch.nn.functional.grid_sample(images - fill, grid, mode="bilinear", padding_mode="zeros",
+                                                 align_corners=False)
+        return warped + fill
+
+    def extra_repr(self) -> str:
+        return f"degrees={self.degrees}, scale={self.scale}, shear={self.shear}, shift={self.shift}, fill={self.fill}"
 
 
-def batch_augmentation(name: str, max_shift: int = 2) -> RandomTranslate | None:
-    """The batched augmentation named by ``data.augment`` (``none`` or ``translate``)."""
+BATCH_AUGMENTATIONS = ("none", "translate", "affine")
+
+
+def batch_augmentation(name: str, max_shift: int = 2, fill: float | list[float] = 0.0) -> nn.Module | None:
+    """The batched augmentation named by ``data.augment``: ``none``, ``translate`` or ``affine``.
+
+    ``affine`` uses the glyph/digit ranges the recipe measured (docs/recipes.md): rotation +-15 deg,
+    scale +-10 %, shear +-10 deg, shift +-10 %; ``fill`` is the data's background value.
+    """
     if name == "none":
         return None
     if name == "translate":
         return RandomTranslate(max_shift)
+    if name == "affine":
+        return RandomAffine(fill=fill)
     raise InvalidParameterError(f"data.augment must be one of {BATCH_AUGMENTATIONS}. Got {name!r}.")

@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.exceptions import ConfigError, DataError
 
@@ -84,10 +85,63 @@ def build_splits(cfg: RunConfig, model: nn.Module):
     )
     if "preprocessing" in inspect.signature(dm.build_splits).parameters:
         kwargs["preprocessing"] = preprocessing
-    splits = dm.build_splits(d.name, **kwargs)
+    splits = dm.build_splits(d.name, cache_in_memory=True, **kwargs)
     if cfg.protocol.val_fraction > 0 and splits.val is None:
         splits.train, splits.val = hold_out_samples(splits.train, cfg.protocol.val_fraction, cfg.protocol.seed)
     return splits
+
+
+@dataclass
+class ResolvedRecipe:
+    """The training split's profile and the values the recipe chose (``{field: (value, reason)}``)."""
+
+    profile: recipe.DataProfile
+    choices: dict
+
+
+def apply_recipe(cfg: RunConfig, splits, echo=print) -> ResolvedRecipe:
+    """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
+
+    First the validation classes (``protocol.val_class_fraction``), then the rest from the split
+    the model actually trains on. Values the user set are kept.
+    """
+    full = recipe.profile_split(splits.train)
+    p = cfg.protocol
+    chosen: dict = {}
+    if p.val_class_fraction is None:
+        fraction = recipe.val_class_fraction_for(full) if (p.fold is None and p.val_fraction == 0) else 0.0
+        reason = f"{full.num_classes} training classes" + (": hold out a fifth for checkpoint choice" if fraction
+                                                           else ": too few for class-disjoint validation")
+        chosen["protocol.val_class_fraction"] = (fraction, reason)
+        p.val_class_fraction = fraction
+    if p.val_class_fraction and splits.val is None:
+        splits.train, splits.val = hold_out_classes(splits.train, p.val_class_fraction, p.seed)
+        evaluation = splits.test if splits.test is not None else splits.query
+        splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
+        splits.info["val_classes"] = list(splits.val.class_names)
+    profile = recipe.profile_split(splits.train)
+    choices = recipe.resolve(cfg, profile)
+    recipe.apply(cfg, choices)
+    chosen.update(choices)
+    if chosen:
+        echo(recipe.format_choices(profile, chosen))
+    return ResolvedRecipe(profile, chosen)
+
+
+def hold_out_classes(dataset, fraction: float, seed: int):
+    """Hold out a seeded ``fraction`` of the classes (at least 2, at least 2 left) as a class-disjoint validation split."""
+    from dmlkit.data.splits import split_classes
+
+    names = [dataset.class_names[i] for i in dataset.labels.tolist()]
+    classes = sorted(set(names))
+    kept, held = split_classes(classes, 1.0 - fraction, seed)
+    if len(held) < 2 or len(kept) < 2:
+        raise DataError(f"protocol.val_class_fraction={fraction} of {len(classes)} classes leaves fewer than 2 "
+                        "classes on one side; use 0 (no class-disjoint validation) or more classes.")
+    held_set = set(held)
+    is_val = torch.tensor([n in held_set for n in names])
+    rows = torch.arange(len(names))
+    return dataset.subset(rows[~is_val]), dataset.subset(rows[is_val])
 
 
 def shuffle_within_classes(

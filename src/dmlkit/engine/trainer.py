@@ -104,6 +104,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.model = builders.build_model(cfg).to(self.device)  # built (seeded) on the CPU: same weights on any device
         self.splits = builders.build_splits(cfg, self.model)
+        self.recipe = builders.apply_recipe(cfg, self.splits, self.echo)
         train_labels = self.splits.train.labels
         self.label_map = builders.LabelMap(train_labels)
         self.objective = builders.build_objective(cfg, num_classes=len(self.label_map)).to(self.device)
@@ -128,7 +129,7 @@ class Trainer:
         self.hooks = hooks or MethodHooks()
         from dmlkit.data.transforms import batch_augmentation
 
-        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift)
+        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=list(self.recipe.profile.background))
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
         self.autocast_device = self.device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none

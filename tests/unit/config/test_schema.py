@@ -50,7 +50,7 @@ def test_all_problems_collected():
         ("optimizer.name=adamm", "optimizer.name must be one of"),
         ("optimizer.lr=-1", "optimizer.lr must be a float > 0"),
         ("model.normalization=unit", "model.normalization must be one of"),
-        ("sampler.batch_size=1", "sampler.batch_size must be an int >= 2"),
+        ("sampler.batch_size=1", "sampler.batch_size must be None or an int >= 2"),
         ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),
         ("eval.ks=[0]", "eval.ks must be a non-empty list of ints >= 1"),
         ("train.mixed_precision=fp8", "train.mixed_precision must be one of"),
