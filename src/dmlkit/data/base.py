@@ -209,6 +209,20 @@ class TensorImageDataset(SeededAugmentation, Dataset):
                 images = torch.stack([self._apply_transform(img, int(i)) for img, i in zip(images, rows.tolist())])
         return images, self.labels[rows]
 
+    def thumbnails(self, max_size: int = 64) -> "np.ndarray":
+        """uint8 ``[N, H, W]`` (grey) or ``[N, H, W, 3]`` pictures for reports, at most ``max_size`` pixels a side."""
+        import numpy as np
+        import torch.nn.functional as F
+
+        x = self.images if self.images.dtype == torch.uint8 else (self.images.float().clamp(0, 1) * 255).round()
+        h, w = x.shape[-2:]
+        if max(h, w) > max_size:
+            x = F.interpolate(x.float(), scale_factor=max_size / max(h, w), mode="area").round()
+        x = x.to(torch.uint8)
+        if x.shape[1] == 1:
+            return x[:, 0].numpy()
+        return x[:, :3].permute(0, 2, 3, 1).contiguous().numpy() if x.shape[1] >= 3 else np.asarray(x[:, 0])
+
     def subset(self, indices: torch.Tensor, *, relabel: bool = True) -> "TensorImageDataset":
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)

@@ -185,11 +185,30 @@ class RunDirectory:
         paths = getattr(dataset, "paths", None)
         if paths:
             arrays["paths"] = np.asarray([str(p) for p in paths])
+        class_names = getattr(dataset, "class_names", None)
+        if class_names:
+            arrays["class_names"] = np.asarray(display_class_names(class_names, cfg))
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         out = self.path / "embeddings" / f"{split}.npz"
         atomic_write_bytes(out, buf.getvalue())
         return out
+
+
+def display_class_names(class_names, cfg) -> list[str]:
+    """Class names as a report shows them: bare numbers get their label kind (``digit 7``), others stay."""
+    names = [str(c) for c in class_names]
+    if not all(n.isdigit() for n in names):
+        return names
+    kind = cfg.data.eval_label or cfg.data.label
+    if kind == "class":
+        from dmlkit.data import get_dataset_spec
+
+        try:
+            kind = get_dataset_spec(cfg.data.name).label_kinds[0]
+        except Exception:  # an unregistered name: keep the generic word
+            kind = "class"
+    return [f"{kind} {n}" for n in names]
 
 
 def split_manifest(splits) -> dict:

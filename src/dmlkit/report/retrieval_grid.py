@@ -166,7 +166,7 @@ def retrieval_grid_png(
             for j, n in enumerate(row)
         ]
         rows.append([(images.get(idx), color) for idx, _, color in cells])
-        titles.append([(f"{title} · class {int(data.labels[idx])}", color) for idx, title, color in cells])
+        titles.append([(f"{title} · {data.label_name(int(data.labels[idx]))}", color) for idx, title, color in cells])
     mosaic = grid_mosaic(rows, tile_size, frame, gap, title_height)
     height, width = mosaic.shape[:2]
     fig = new_figure(width / dpi, height / dpi)

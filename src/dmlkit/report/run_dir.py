@@ -44,6 +44,13 @@ class TestEmbeddings:
     proxy_labels: np.ndarray | None = None  # [P]
     thumbnails: np.ndarray | None = None  # [N, H, W] or [N, H, W, 3] uint8
     paths: np.ndarray | None = None  # [N] str
+    class_names: np.ndarray | None = None  # [C] str: the original name of label c
+
+    def label_name(self, label: int) -> str:
+        """``class_names[label]`` when saved (``digit 7``, ``Greek/character03``), else ``class <label>``."""
+        if self.class_names is not None and 0 <= label < len(self.class_names):
+            return str(self.class_names[label])
+        return f"class {label}"
 
 
 @dataclass
@@ -186,6 +193,9 @@ def read_embeddings(path: Path) -> TestEmbeddings:
         if paths.shape != labels.shape:
             raise DataError(f"paths has {paths.shape[0] if paths.ndim else 0} entries but labels has {labels.shape[0]}.")
         result.paths = paths.astype(str)
+    class_names = arrays.get("class_names")
+    if class_names is not None and class_names.ndim == 1 and len(class_names) > int(labels.max(initial=-1)):
+        result.class_names = class_names.astype(str)
     return result
 
 
