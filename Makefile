@@ -20,6 +20,7 @@ train: $(STAMP)
 
 test: $(STAMP)
 	@bash scripts/install_chromium.sh
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(PY) -m pytest -n 2 --durations=15 $(ARGS)
 
 bench: $(STAMP)

@@ -64,7 +64,8 @@ def main() -> None:
         labels = torch.arange(num_classes).repeat_interleave(per_class)
         ours = MPerClassSampler(labels, 4, 32, seed=0)
         ref = PMLSampler(labels.numpy(), m=4, batch_size=32, length_before_new_iter=len(labels))
-        rows.append((f"m_per_class epoch ({name}, {len(labels)} idx)", *_interleaved(lambda: list(ours), lambda: list(ref), args.repeats)))
+        timings = _interleaved(lambda: list(ours), lambda: list(ref), args.repeats)
+        rows.append((f"m_per_class epoch ({name}, {len(labels)} idx)", *timings))
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "folder"

@@ -128,7 +128,7 @@ def main() -> None:
                                   capture_output=True, text=True, check=True)
         samples = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
         first, last = samples[min(samples)], samples[max(samples)]
-        print(f"\ntraining RSS: " + ", ".join(f"step {s}: {v / MiB:.1f} MiB" for s, v in sorted(samples.items()))
+        print("\ntraining RSS: " + ", ".join(f"step {s}: {v / MiB:.1f} MiB" for s, v in sorted(samples.items()))
               + f"; growth {(last - first) / MiB:+.1f} MiB over {max(samples) - min(samples)} steps")
 
 

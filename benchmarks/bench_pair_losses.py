@@ -1,6 +1,7 @@
 """Forward+backward time of dmlkit's pair losses against pytorch-metric-learning (same run).
 
-    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...] [--allocator tuned|default]
+    .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...]
+        [--allocator tuned|default]
 
 B=128, D=128, 32 classes x 4 samples, 2 threads; plus cross-batch memory with a full
 44,800-entry memory at B=32 with the contrastive loss. Calls are interleaved (dmlkit, PML,

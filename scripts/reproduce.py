@@ -27,7 +27,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -282,18 +282,20 @@ register(Claim(
     methods=(
         Method("ms", "cpu-dro-topk-pn-mnist", (*_MS, "loss.miner.name=multi_similarity", "loss.miner.args={epsilon: 0.1}")),
         Method("lifted", "cpu-dro-topk-pn-mnist", ("loss.name=lifted_structure", "loss.args={neg_margin: 1.0, pos_margin: 0.0}")),
-        Method("dro-topk-margin", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="margin", margin=0.2, threshold=0.5, k=128),
-               core=False),
+        Method("dro-topk-margin", "cpu-dro-topk-pn-mnist",
+               _dro(weighting="top_k", base="margin", margin=0.2, threshold=0.5, k=128), core=False),
         Method("dro-topk-pn-margin", "cpu-dro-topk-pn-mnist"),
         Method("dro-kl-margin", "cpu-dro-topk-pn-mnist",
                _dro(weighting="kl", base="margin", margin=0.2, threshold=0.5, gamma=0.1, sample="true", num_samples=128),
                core=False),
-        Method("dro-topk-binomial", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k=128),
-               core=False),
+        Method("dro-topk-binomial", "cpu-dro-topk-pn-mnist",
+               _dro(weighting="top_k", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k=128), core=False),
         Method("dro-topk-pn-binomial", "cpu-dro-topk-pn-mnist",
-               _dro(weighting="top_k_pn", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k_pos=64, k_neg=64), core=False),
+               _dro(weighting="top_k_pn", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, k_pos=64, k_neg=64),
+               core=False),
         Method("dro-kl-binomial", "cpu-dro-topk-pn-mnist",
-               _dro(weighting="kl", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, gamma=0.1, sample="true", num_samples=128),
+               _dro(weighting="kl", base="binomial", threshold=0.5, alpha=2.0, beta=50.0, gamma=0.1, sample="true",
+                    num_samples=128),
                core=False),
     ),
     steps=600, quick_steps=300,
@@ -305,7 +307,8 @@ register(Claim(
     title="DRO Sec. 4.2 / Fig. 1-2: DRO-KL-G over gamma, DRO-TopK over K, TopK-PN over the positive:negative split",
     methods=(
         *(Method(f"kl-g-gamma{g}", "cpu-dro-topk-pn-mnist",
-                 ("loss.name=dro_kl_g", f"loss.args={{gamma_pos: {g}, gamma_neg: {g}, ignore_zero_losses: true, base: margin, margin: 0.2, threshold: 0.5}}"))
+                 ("loss.name=dro_kl_g", f"loss.args={{gamma_pos: {g}, gamma_neg: {g}, ignore_zero_losses: true, "
+                                        f"base: margin, margin: 0.2, threshold: 0.5}}"))
           for g in ("1.0", "0.1", "0.01", "0.001")),
         *(Method(f"topk-k{k}", "cpu-dro-topk-pn-mnist", _dro(weighting="top_k", base="margin", margin=0.2, threshold=0.5, k=k))
           for k in (32, 128, 512)),
@@ -414,7 +417,11 @@ def training_digit_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor
 def posthoc_metrics(claim: Claim, run_dir: Path) -> dict:
     """Metrics computed from the saved run: NMI+, geometry, curves, ASAP projections, EPS train digits."""
     from dmlkit.evaluation import (
-        class_collapse, clustering_metrics, covering_radius, interclass_distance, retrieval_metrics,
+        class_collapse,
+        clustering_metrics,
+        covering_radius,
+        interclass_distance,
+        retrieval_metrics,
     )
 
     cache = run_dir / "posthoc.json"
@@ -714,7 +721,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--summary-only", action="store_true", help="only summarise and plot finished runs")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--list", action="store_true", help="list the claims and their methods")
-    parser.add_argument("--pixels", action="store_true", help="print the raw-pixel reference of the MNIST-5k and digits test splits")
+    parser.add_argument("--pixels", action="store_true",
+                        help="print the raw-pixel reference of the MNIST-5k and digits test splits")
     return parser.parse_args(argv)
 
 

@@ -20,7 +20,6 @@ from PIL import Image
 
 from dmlkit.exceptions import CheckpointError, ConfigError, DataError, InvalidParameterError
 
-
 # ----------------------------------------------------------------------------- workspace builders
 
 

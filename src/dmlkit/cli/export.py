@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
     )
     print(f"wrote {result.format}: {result.path}")
-    print(f"input: {list(result.input_shape)} float32 "
-          f"({'raw images in [0, 1]' if result.include_preprocessing else 'preprocessed images'}); metadata: {result.metadata_path}")
+    kind = "raw images in [0, 1]" if result.include_preprocessing else "preprocessed images"
+    print(f"input: {list(result.input_shape)} float32 ({kind}); metadata: {result.metadata_path}")
     if result.max_abs_difference is None:
         print("check: skipped (onnxruntime is not installed)")
     else:

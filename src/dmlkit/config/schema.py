@@ -231,7 +231,9 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
         lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
         "a list of two floats in [0, 1)",
     ),
-    "sampler.name": (lambda v: v in ("m_per_class", "random", "one_per_class"), "one of 'm_per_class', 'random', 'one_per_class'"),
+    "sampler.name": (
+        lambda v: v in ("m_per_class", "random", "one_per_class"), "one of 'm_per_class', 'random', 'one_per_class'"
+    ),
     "sampler.batch_size": (lambda v: v is None or v >= 2, "None or an int >= 2"),
     "sampler.m": (lambda v: v is None or v >= 1, "None or an int >= 1"),
     "train.max_steps": (lambda v: v is None or v >= 1, "None or an int >= 1"),
@@ -246,7 +248,10 @@ CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "train.mixed_precision": (lambda v: v in ("none", "bf16", "fp16"), "one of 'none', 'bf16', 'fp16'"),
     "train.on_nonfinite": (lambda v: v in ("stop", "skip"), "one of 'stop', 'skip'"),
     "train.num_threads": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "eval.ks": (lambda v: len(v) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in v), "a non-empty list of ints >= 1"),
+    "eval.ks": (
+        lambda v: len(v) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in v),
+        "a non-empty list of ints >= 1",
+    ),
     "eval.backend": (lambda v: v in ("torch", "faiss"), "one of 'torch', 'faiss'"),
     "eval.batch_size": (lambda v: v >= 1, "an int >= 1"),
     "asap.proximal_lambda": (lambda v: v >= 0, "a float >= 0"),

@@ -209,7 +209,7 @@ class TensorImageDataset(SeededAugmentation, Dataset):
                 images = torch.stack([self._apply_transform(img, int(i)) for img, i in zip(images, rows.tolist())])
         return images, self.labels[rows]
 
-    def thumbnails(self, max_size: int = 64) -> "np.ndarray":
+    def thumbnails(self, max_size: int = 64) -> Any:
         """uint8 ``[N, H, W]`` (grey) or ``[N, H, W, 3]`` pictures for reports, at most ``max_size`` pixels a side."""
         import numpy as np
         import torch.nn.functional as F

@@ -11,8 +11,14 @@ from dmlkit.data.registry import DatasetSpec, SplitSource, register_dataset
 from dmlkit.exceptions import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-FOLDER_LAYOUT = "<root>/<class>/<image> (class-disjoint halves by sorted class name) or <root>/train/<class>/... + <root>/test/<class>/..."
-CSV_LAYOUT = "a CSV file with header 'path,label' or 'path,label,split' (split: train or test); paths relative to the CSV's folder"
+FOLDER_LAYOUT = (
+    "<root>/<class>/<image> (class-disjoint halves by sorted class name) "
+    "or <root>/train/<class>/... + <root>/test/<class>/..."
+)
+CSV_LAYOUT = (
+    "a CSV file with header 'path,label' or 'path,label,split' (split: train or test); "
+    "paths relative to the CSV's folder"
+)
 
 
 def _scan_classes(base: Path) -> SplitSource:

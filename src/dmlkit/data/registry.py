@@ -68,13 +68,11 @@ class DatasetSpec:
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
-_SPECS: dict[str, DatasetSpec] = {}
 
 
 def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     """Add ``spec`` to :data:`DATASETS` under ``spec.name``."""
     DATASETS.register(spec.name)(spec)
-    _SPECS[spec.name] = spec
     return spec
 
 

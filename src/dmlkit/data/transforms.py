@@ -54,9 +54,13 @@ class Preprocessing:
         color = str(cfg.get("color", "RGB")).upper()
         scale = float(cfg.get("scale", 1))
         if color not in ("RGB", "BGR"):
-            raise InvalidParameterError(f"The 'color' entry of the preprocessing config must be 'RGB' or 'BGR'. Got {color!r} instead.")
+            raise InvalidParameterError(
+                f"The 'color' entry of the preprocessing config must be 'RGB' or 'BGR'. Got {color!r} instead."
+            )
         if scale not in (1.0, 255.0):
-            raise InvalidParameterError(f"The 'scale' entry of the preprocessing config must be 1 or 255. Got {cfg.get('scale')!r} instead.")
+            raise InvalidParameterError(
+                f"The 'scale' entry of the preprocessing config must be 1 or 255. Got {cfg.get('scale')!r} instead."
+            )
         if len(mean) != channels or len(std) != channels:
             raise InvalidParameterError(
                 f"The preprocessing config has {len(mean)} mean and {len(std)} std values but {channels} input channels."
@@ -111,7 +115,8 @@ def _resize_for(crop_size: int, preset: str) -> int:
 def _check_preset(preset: str) -> None:
     if preset not in PRESETS:
         raise InvalidParameterError(
-            f"The 'preset' parameter of the transforms must be one of {{{', '.join(map(repr, PRESETS))}}}. Got {preset!r} instead."
+            f"The 'preset' parameter of the transforms must be one of {{{', '.join(map(repr, PRESETS))}}}. "
+            f"Got {preset!r} instead."
         )
 
 

@@ -107,7 +107,8 @@ class AccuracyCalculator:
         if reference is None:
             reference, reference_labels, ref_includes_query = query, query_labels, True
         query, reference = _as_float(query, "query"), _as_float(reference, "reference")
-        query_labels, reference_labels = _as_labels(query_labels, "query_labels"), _as_labels(reference_labels, "reference_labels")
+        query_labels = _as_labels(query_labels, "query_labels")
+        reference_labels = _as_labels(reference_labels, "reference_labels")
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise DataError(
                 f"embeddings and labels must have the same length: query {len(query)} vs query_labels "

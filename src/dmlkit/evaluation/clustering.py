@@ -28,7 +28,8 @@ def kmeans_assignments(
         raise DataError(f"k-means needs at least as many samples as clusters: {n} samples but n_clusters={n_clusters}.")
     if n_clusters == 1:
         return torch.zeros(n, dtype=torch.int64)
-    km = faiss.Kmeans(d, n_clusters, niter=n_iter, nredo=n_redo, seed=seed, verbose=False, min_points_per_centroid=1, max_points_per_centroid=10**9)
+    km = faiss.Kmeans(d, n_clusters, niter=n_iter, nredo=n_redo, seed=seed, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=10**9)
     km.train(x)
     _, assign = km.index.search(x, 1)
     return torch.from_numpy(assign[:, 0].astype(np.int64))
