@@ -17,8 +17,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Train an embedding model and evaluate it on the test split.\n\n"
         "With no --preset/--config: the mnist-proxy-anchor preset: MNIST-5k (embedded), zero-shot\n"
-        "split (digits 0-4 train, 5-9 test), a small CNN, Proxy-Anchor loss, m-per-class batches;\n"
-        "600 steps (timings in docs/results.md). --set overrides apply on top.\n"
+        "split (digits 0-4 train, 5-9 test), a small CNN, Proxy-Anchor loss, m-per-class batches\n"
+        "(timings in docs/results.md). --set overrides apply on top; --set data.name=... with\n"
+        "data.root=... trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
+        "evaluation schedule, proxy learning rate, augmentation, validation classes) the recipe\n"
+        "chooses from the training split, prints, and saves in config.yaml (docs/recipes.md).\n"
         "The run directory gets config.yaml, metrics.json, log.jsonl, checkpoints/, embeddings/\n"
         "and report.html."
     )
