@@ -14,12 +14,28 @@ from torch import nn
 
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
-from dmlkit.distances import BaseDistance, LpDistance
+from dmlkit.distances import BaseDistance, LpDistance, as_distance
 from dmlkit.exceptions import DataError
 from dmlkit.mining.selection import PairSelection, TripletSelection, label_masks
 
 MINERS: Registry[nn.Module] = Registry("miner")
-DISTANCE = InstanceOf((BaseDistance,))
+class _DistanceLike:
+    """Constraint: a dmlkit distance, or a pytorch-metric-learning one (converted by ``as_distance``)."""
+
+    def accepts(self, value: object) -> bool:
+        from dmlkit.exceptions import InvalidParameterError
+
+        try:
+            as_distance(value)
+        except InvalidParameterError:
+            return False
+        return True
+
+    def describe(self) -> str:
+        return "a dmlkit or pytorch-metric-learning distance"
+
+
+DISTANCE = _DistanceLike()
 
 
 def default_distance() -> BaseDistance:

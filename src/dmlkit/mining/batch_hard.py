@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import NONE, validate_params
-from dmlkit.distances import BaseDistance
+from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
 from dmlkit.mining.selection import TripletSelection
 
@@ -29,7 +29,7 @@ class BatchHardMiner(BaseMiner):
     def __init__(self, distance: BaseDistance | None = None):
         super().__init__()
         validate_params(type(self).__name__, {"distance": distance}, {"distance": [DISTANCE, NONE]})
-        self.distance = distance if distance is not None else default_distance()
+        self.distance = as_distance(distance) if distance is not None else default_distance()
 
     def mine(self, embeddings, ref_emb, positive, negative) -> TripletSelection:
         mat = self.distance(embeddings, ref_emb)

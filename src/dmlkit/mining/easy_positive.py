@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import NONE, Interval, Options, validate_params
-from dmlkit.distances import BaseDistance, CosineSimilarity
+from dmlkit.distances import BaseDistance, CosineSimilarity, as_distance
 from dmlkit.mining.base import (
     DISTANCE,
     BaseMiner,
@@ -76,7 +76,7 @@ class EasyPositiveMiner(SeededMinerMixin, BaseMiner):
         self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
         if distance is None:
             distance = CosineSimilarity() if negative == "multi_similarity" else default_distance()
-        self.distance = distance
+        self.distance = as_distance(distance)
         self._init_generator(seed, generator)
 
     def mine(self, embeddings, ref_emb, positive, negative) -> TripletSelection | PairSelection:

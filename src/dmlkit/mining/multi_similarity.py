@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import NONE, Interval, validate_params
-from dmlkit.distances import BaseDistance, CosineSimilarity
+from dmlkit.distances import BaseDistance, CosineSimilarity, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner
 from dmlkit.mining.selection import PairSelection
 
@@ -50,7 +50,7 @@ class MultiSimilarityMiner(BaseMiner):
         validate_params(type(self).__name__, {"epsilon": epsilon, "distance": distance},
                         {"epsilon": [Interval(float, 0, None)], "distance": [DISTANCE, NONE]})
         self.epsilon = float(epsilon)
-        self.distance = distance if distance is not None else CosineSimilarity()
+        self.distance = as_distance(distance) if distance is not None else CosineSimilarity()
 
     def mine(self, embeddings, ref_emb, positive, negative) -> PairSelection:
         mat = self.distance(embeddings, ref_emb)

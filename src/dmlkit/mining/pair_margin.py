@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dmlkit._validation import NONE, Interval, validate_params
-from dmlkit.distances import BaseDistance
+from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
 from dmlkit.mining.selection import PairSelection
 
@@ -26,7 +26,7 @@ class PairMarginMiner(BaseMiner):
                          "distance": [DISTANCE, NONE]})
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)
-        self.distance = distance if distance is not None else default_distance()
+        self.distance = as_distance(distance) if distance is not None else default_distance()
 
     def mine(self, embeddings, ref_emb, positive, negative) -> PairSelection:
         mat = self.distance(embeddings, ref_emb)

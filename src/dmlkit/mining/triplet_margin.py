@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import NONE, Interval, Options, validate_params
-from dmlkit.distances import BaseDistance
+from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance, empty_triplets, triplet_margins
 from dmlkit.mining.selection import TripletSelection
 
@@ -37,7 +37,7 @@ class TripletMarginMiner(BaseMiner):
                          "distance": [DISTANCE, NONE]})
         self.margin = float(margin)
         self.type_of_triplets = type_of_triplets
-        self.distance = distance if distance is not None else default_distance()
+        self.distance = as_distance(distance) if distance is not None else default_distance()
 
     def keep(self, margins: torch.Tensor) -> torch.Tensor:
         """Boolean mask of the triplet margins kept by ``type_of_triplets``."""

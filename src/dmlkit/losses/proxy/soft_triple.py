@@ -115,6 +115,11 @@ class SoftTripleLoss(ProxyLoss):
     def default_distance(self) -> BaseDistance:
         return CosineSimilarity()
 
+    def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``[B, C]`` class similarities ``S_{i,c}``: the softmax(s / gamma)-weighted cosine to class c's centres."""
+        sim = super().get_logits(embeddings).view(-1, self.num_classes, self.centers_per_class)
+        return (torch.softmax(sim / self.gamma, dim=2) * sim).sum(dim=2)
+
     @property
     def fc(self) -> torch.Tensor:
         """PML's layout of the centres, ``[embedding_size, C*K]``: a transposed view of :attr:`proxies`."""
