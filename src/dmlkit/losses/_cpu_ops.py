@@ -1,16 +1,16 @@
 """CPU fast paths of the fused losses: ``exp`` for the large exponential passes, and the skinny
 ``[N, D] x [D, B]`` products (``N >> B``) through oneDNN.
 
-**exp.** On this project's CPU, ``torch.exp`` of an fp32 tensor measures about 0.6 ns per element on 2
-threads, while ``torch.exp2`` measures about 0.16 ns; ``exp(x) = 2^(x log2 e)`` with one extra
-multiply is 2.5x faster overall (0.97 -> 0.37 ms for 11,318 x 128 values). Rounding ``x log2 e`` to
+**exp.** On CPU, ``torch.exp2`` of fp32 runs several times faster than ``torch.exp``, so
+``exp(x) = 2^(x log2 e)`` with one extra multiply is faster overall (timings in
+``docs/results.md``, "Speed: losses against pytorch-metric-learning"). Rounding ``x log2 e`` to
 fp32 costs a relative error of at most ``|x| * 2^-24 * ln 2 * log2 e`` (1.9e-6 at ``|x| = 32``),
 below the rounding error of the fp32 products that feed these exponentials; in fp64 it is
 ~1e-14. Infinities and NaN pass through (``exp(-inf) = 0``). Other devices use ``torch.exp``.
 
-**Products.** :func:`matmul_nt` computes ``a @ b.T`` with oneDNN's linear on CPU (fp32, bf16):
-for ``[P, 128] x [128, 128]`` (P = 11,318 and 45,272) and ``[44800, 128] x [128, 32]`` it measures
-10-30% faster than ``torch.mm`` (MKL) here, with bitwise-equal fp32 results.
+**Products.** :func:`matmul_nt` computes ``a @ b.T`` with oneDNN's linear on CPU (fp32, bf16): for
+the skinny ``[P, 128] x [128, 128]`` and ``[44800, 128] x [128, 32]`` shapes of the proxy and memory
+losses it is faster than ``torch.mm`` (MKL), with bitwise-equal fp32 results (docs/results.md).
 """
 
 from __future__ import annotations

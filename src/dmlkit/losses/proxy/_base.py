@@ -22,8 +22,8 @@ class ProxyLoss(MetricLoss):
 
     ``matmul_precision`` (losses with a fused kernel): ``"highest"`` (default) keeps every
     product in fp32; ``"medium"`` runs the three proxy-by-batch products in bfloat16 with fp32
-    accumulation of the loss, 1.3-1.8x faster at SOP scale with 4 proxies per class on this
-    project's AVX512-BF16 CPU (see :mod:`dmlkit.losses.proxy._fused` for the error it brings).
+    accumulation of the loss, faster where bf16 products are native (speed-ups in
+    ``docs/results.md``; :mod:`dmlkit.losses.proxy._fused` states the error it brings).
     """
 
     #: Whether a fractional ``proxies_per_class < 1`` makes sense for this loss.
