@@ -6,7 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-KEYS = ["precision_at_1", "recall_at_1", "r_precision", "map_at_r", "nmi"]
+from dmlkit.evaluation.metrics import SUMMARY_KEYS
+
+KEYS = SUMMARY_KEYS
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

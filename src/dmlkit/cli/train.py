@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, config_from_args
+from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
 DEFAULT_PRESET = "mnist-proxy-anchor"
-TABLE_KEYS = ["precision_at_1", "recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "r_precision", "map_at_r", "nmi"]
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

@@ -20,8 +20,9 @@ import torch
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
-REPORTED = ("precision_at_1", "recall_at_1", "r_precision", "map_at_r")
+REPORTED = RETRIEVAL_SUMMARY_KEYS
 
 
 def _mean_std(values: list[float]) -> dict:

@@ -32,9 +32,8 @@ from dmlkit.engine.checkpoint import (
 )
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
-
-SELECTION_METRIC = "map_at_r"
 
 
 class MethodHooks:

@@ -17,10 +17,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from dmlkit.evaluation.metrics import CURVES
 from dmlkit.report.run_dir import RunData
 
 DEFAULT_DPI = 80
-CURVE_METRICS = (("map_at_r", "MAP@R"), ("recall_at_1", "R@1"))
+CURVE_METRICS = CURVES
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -9,6 +9,7 @@ import numpy as np
 import yaml
 
 from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.evaluation.metrics import LABELS
 from dmlkit.report import html
 from dmlkit.report.embedding_map import EMBEDDING_METHODS, embedding_map_png
 from dmlkit.report.figures import projections_png, run_curves_png
@@ -31,16 +32,7 @@ from dmlkit.report.run_dir import (
 
 REPORT_FILE = "report.html"
 
-METRIC_NAMES = {
-    "precision_at_1": "P@1",
-    "recall_at_1": "R@1",
-    "recall_at_2": "R@2",
-    "recall_at_4": "R@4",
-    "recall_at_8": "R@8",
-    "r_precision": "R-Precision",
-    "map_at_r": "MAP@R",
-    "nmi": "NMI",
-}
+METRIC_NAMES = LABELS
 
 REPORT_CONSTRAINTS = {
     "embedding_method": [Options(EMBEDDING_METHODS)],

@@ -29,13 +29,14 @@ import yaml
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.engine.trainer import MethodHooks, Trainer, TrainResult
+from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
 SAMPLERS = ("tpe", "gp", "random")
 STUDY_NAME = "dmlkit-sweep"
 SWEEP_FORMAT = "dmlkit-sweep-1"
-OBJECTIVE = "map_at_r"
+OBJECTIVE = SELECTION_METRIC
 #: Config fields that may differ between invocations of the same sweep.
 VOLATILE_FIELDS = (("train", "progress"),)
 

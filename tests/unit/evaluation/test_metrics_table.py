@@ -1,0 +1,25 @@
+"""One metrics table: every place that lists metrics reads it."""
+
+from dmlkit.cli import compare, train
+from dmlkit.engine import crossval, trainer
+from dmlkit.evaluation import retrieval_metrics
+from dmlkit.evaluation.metrics import CURVES, LABELS, METRICS, SELECTION_METRIC, SUMMARY_KEYS, TABLE_KEYS
+from dmlkit.report import figures, run_report
+from dmlkit.sweep import study
+
+
+def test_every_consumer_uses_the_table():
+    assert train.TABLE_KEYS is TABLE_KEYS and compare.KEYS is SUMMARY_KEYS
+    assert run_report.METRIC_NAMES is LABELS and figures.CURVE_METRICS is CURVES
+    assert trainer.SELECTION_METRIC == study.OBJECTIVE == SELECTION_METRIC == "map_at_r"
+    assert set(crossval.REPORTED) <= set(SUMMARY_KEYS) and "map_at_r" in crossval.REPORTED
+    assert CURVES[0] == ("map_at_r", "MAP@R")
+
+
+def test_table_keys_are_the_keys_evaluation_returns():
+    import torch
+
+    x, y = torch.randn(40, 4, dtype=torch.float64), torch.arange(40) % 5
+    computed = set(retrieval_metrics(x, y)) | {"nmi"}
+    assert set(TABLE_KEYS) <= computed
+    assert len({m.key for m in METRICS}) == len(METRICS) and all(m.label for m in METRICS)
