@@ -405,13 +405,14 @@ def training_digit_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor
     from dmlkit.data import TensorImageDataset, load_mnist5k
     from dmlkit.engine import builders
     from dmlkit.engine.loading import load_run
+    from dmlkit.evaluation.embed import embed_dataset
 
     cfg, model = load_run(run_dir)
     splits = builders.build_splits(cfg, model)
     images, digits = load_mnist5k()
     keep = digits < 6
     dataset = TensorImageDataset(images[keep], digits[keep], [str(d) for d in range(6)], splits.test.transform)
-    return builders.embed_dataset(model, dataset, 512)
+    return embed_dataset(model, dataset, 512)
 
 
 def posthoc_metrics(claim: Claim, run_dir: Path) -> dict:

@@ -19,7 +19,7 @@ from torch import nn
 
 from dmlkit.data.samplers import create_sampler
 from dmlkit.engine import distributed as ddp
-from dmlkit.engine.builders import TrainingObjective
+from dmlkit.engine.objective import TrainingObjective
 from dmlkit.exceptions import DataError
 from dmlkit.losses.pair import ContrastiveLoss, MultiSimilarityLoss
 from dmlkit.losses.proxy import ProxyAnchorLoss

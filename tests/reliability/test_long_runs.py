@@ -16,8 +16,8 @@ from torch import nn
 
 from dmlkit.config import load_config
 from dmlkit.data import ImageFileDataset
-from dmlkit.engine.builders import embed_dataset
 from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import DataError
 
 MiB = 2**20

@@ -106,8 +106,9 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmlkit.engine.builders import build_splits, embed_dataset, resolve_device
+    from dmlkit.engine.builders import build_splits, resolve_device
     from dmlkit.engine.loading import load_run
+    from dmlkit.evaluation.embed import embed_dataset
     from dmlkit.exceptions import ConfigError
 
     fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass

@@ -23,11 +23,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dmlkit.engine.builders import build_splits, embed_dataset, resolve_device
+    from dmlkit.engine.builders import build_splits, resolve_device
     from dmlkit.engine.checkpoint import atomic_write_json
     from dmlkit.engine.loading import load_run
     from dmlkit.engine.trainer import _floats, format_metrics_table
     from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+    from dmlkit.evaluation.embed import embed_dataset
     from dmlkit.exceptions import ConfigError
 
     bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("data.", "protocol.", "eval."))]

@@ -11,6 +11,7 @@ from torch import nn
 
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine.objective import TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError
 
 
@@ -181,27 +182,6 @@ def hold_out_samples(dataset, fraction: float, seed: int):
     return dataset.subset(train_rows, relabel=False), dataset.subset(val_rows, relabel=False)
 
 
-class TrainingObjective(nn.Module):
-    """Loss + optional miner + optional cross-batch memory, called as ``objective(emb, labels)``."""
-
-    def __init__(self, loss: nn.Module, miner: nn.Module | None = None, memory: nn.Module | None = None):
-        super().__init__()
-        self.loss = loss
-        self.miner = miner
-        self.memory = memory
-
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.memory is not None:
-            return self.memory(embeddings, labels)
-        if self.miner is not None:
-            return self.loss(embeddings, labels, pairs=self.miner(embeddings, labels))
-        return self.loss(embeddings, labels)
-
-    @property
-    def proxies(self) -> torch.Tensor | None:
-        return getattr(self.loss, "proxies", None)
-
-
 def _accepts(fn, name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -365,36 +345,3 @@ def fetch_batch(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor
     images = torch.stack([it[0] for it in items])
     labels = torch.as_tensor([int(it[1]) for it in items], dtype=torch.int64)
     return images, labels
-
-
-@torch.no_grad()
-def embed_dataset(
-    model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order, on the CPU.
-
-    Batches go to the model's device (a GPU when the model is on one); the embeddings come back
-    to the CPU once, at the end.
-    """
-    was_training = model.training
-    model.eval()
-    outs, labs = [], []
-    device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
-    on_cpu = device.type == "cpu"
-    try:
-        if hasattr(dataset, "get_batch"):
-            n = len(dataset)
-            batches = (dataset.get_batch(list(range(start, min(n, start + batch_size)))) for start in range(0, n, batch_size))
-        else:
-            batches = torch.utils.data.DataLoader(
-                dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=not on_cpu
-            )
-        for x, y in batches:
-            if not on_cpu:
-                x = x.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                outs.append(model(x).float())
-            labs.append(torch.as_tensor(y, dtype=torch.int64))
-    finally:
-        model.train(was_training)
-    return torch.cat(outs).cpu(), torch.cat(labs)

@@ -167,7 +167,7 @@ class RunDirectory:
 
     def save_embeddings(self, split: str, model, dataset, objective, cfg) -> Path:
         """Write ``embeddings/<split>.npz``: embeddings, labels, proxies and small thumbnails."""
-        from dmlkit.engine.builders import embed_dataset
+        from dmlkit.evaluation.embed import embed_dataset
 
         emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
         arrays = {"embeddings": emb.numpy().astype(np.float32), "labels": labels.numpy().astype(np.int64)}

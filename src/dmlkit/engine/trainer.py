@@ -32,6 +32,7 @@ from dmlkit.engine.checkpoint import (
 )
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 
@@ -312,7 +313,7 @@ class Trainer:
         """Embed a split and compute retrieval (and optionally clustering) metrics."""
         from dmlkit.evaluation import clustering_metrics, retrieval_metrics
 
-        emb, labels = builders.embed_dataset(
+        emb, labels = embed_dataset(
             self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
         )
         metrics = retrieval_metrics(emb, labels, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
@@ -324,10 +325,10 @@ class Trainer:
         """In-Shop style: queries retrieve from a separate gallery."""
         from dmlkit.evaluation import clustering_metrics, retrieval_metrics
 
-        q, ql = builders.embed_dataset(
+        q, ql = embed_dataset(
             self.model, query, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
         )
-        g, gl = builders.embed_dataset(
+        g, gl = embed_dataset(
             self.model, gallery, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
         )
         metrics = retrieval_metrics(

@@ -205,7 +205,7 @@ class AsapHooks(MethodHooks):
         ``"cache"`` takes the latest training-batch embeddings of cached samples (no forward
         pass), falling back to a forward pass while some class has nothing cached.
         """
-        from dmlkit.engine.builders import embed_dataset
+        from dmlkit.evaluation.embed import embed_dataset
 
         labels = trainer.label_map(trainer.splits.train.labels)
         num_classes = len(trainer.label_map)
@@ -226,7 +226,7 @@ class AsapHooks(MethodHooks):
     @torch.no_grad()
     def training_covering_radius(self, trainer: "Trainer", per_class: int = 16) -> float:
         """ASAP App. A.3.1: mean over k of the greedy k-center radius of up to ``per_class`` training embeddings per class."""
-        from dmlkit.engine.builders import embed_dataset
+        from dmlkit.evaluation.embed import embed_dataset
 
         generator = torch.Generator().manual_seed(int(trainer.cfg.seed) + 104729)
         labels = trainer.label_map(trainer.splits.train.labels)

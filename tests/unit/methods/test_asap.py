@@ -77,7 +77,7 @@ def test_projection_reinitialises_proxies_from_pool_and_resets_their_optimizer_s
     hooks.on_train_start(trainer)
     proxies = trainer.objective.loss.proxies
     # after the first projection start, every proxy is the embedding of a training sample of its class
-    from dmlkit.engine.builders import embed_dataset
+    from dmlkit.evaluation.embed import embed_dataset
 
     emb, raw = embed_dataset(trainer.model, trainer.splits.train)
     labels = trainer.label_map(raw)

@@ -1,0 +1,39 @@
+"""Embed a whole split with a model, batch by batch, in order."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def embed_dataset(
+    model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order, on the CPU.
+
+    Batches go to the model's device (a GPU when the model is on one); the embeddings come back
+    to the CPU once, at the end.
+    """
+    was_training = model.training
+    model.eval()
+    outs, labs = [], []
+    device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
+    on_cpu = device.type == "cpu"
+    try:
+        if hasattr(dataset, "get_batch"):
+            n = len(dataset)
+            batches = (dataset.get_batch(list(range(start, min(n, start + batch_size)))) for start in range(0, n, batch_size))
+        else:
+            batches = torch.utils.data.DataLoader(
+                dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=not on_cpu
+            )
+        for x, y in batches:
+            if not on_cpu:
+                x = x.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                outs.append(model(x).float())
+            labs.append(torch.as_tensor(y, dtype=torch.int64))
+    finally:
+        model.train(was_training)
+    return torch.cat(outs).cpu(), torch.cat(labs)
