@@ -90,6 +90,65 @@ class InstanceOf:
         return " or ".join(names)
 
 
+@dataclass(frozen=True)
+class Matches:
+    """A string matching ``pattern`` (a regular expression, whole string); ``description`` says it in words."""
+
+    pattern: str
+    description: str
+
+    def accepts(self, value: Any) -> bool:
+        import re
+
+        return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
+
+    def describe(self) -> str:
+        return self.description
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list of ``min_len`` to ``max_len`` items, each accepted by ``item``; ``description`` says it in words."""
+
+    item: Any
+    description: str
+    min_len: int = 0
+    max_len: int | None = None
+
+    def accepts(self, value: Any) -> bool:
+        if not isinstance(value, (list, tuple)) or len(value) < self.min_len:
+            return False
+        if self.max_len is not None and len(value) > self.max_len:
+            return False
+        return all(self.item.accepts(v) for v in value)
+
+    def describe(self) -> str:
+        return self.description
+
+
+@dataclass(frozen=True)
+class OptionsFrom:
+    """One of the options held by ``module.attr`` (a tuple, or a :class:`~dmlkit._registry.Registry`'s
+    names), looked up when checked: the list lives where the options are implemented, and importing
+    the constraint imports nothing."""
+
+    module: str
+    attr: str
+    extra: tuple = ()
+
+    def _names(self) -> list[str]:
+        import importlib
+
+        options = getattr(importlib.import_module(self.module), self.attr)
+        return [*self.extra, *(options.names() if hasattr(options, "names") else options)]
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self._names()
+
+    def describe(self) -> str:
+        return "one of {" + ", ".join(repr(v) for v in self._names()) + "}"
+
+
 NONE = InstanceOf((type(None),))
 BOOL = InstanceOf((bool,))
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom
 from dmlkit.exceptions import ConfigError
 
 
@@ -202,65 +202,59 @@ class RunConfig:
 
 # ----------------------------------------------------------------------------- value checks
 
-#: Declared value constraints per dotted field: (predicate, description).
-CONSTRAINTS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "seed": (lambda v: v >= 0, "an int >= 0"),
-    "data.num_workers": (lambda v: v >= 0, "an int >= 0"),
-    "data.image_size": (lambda v: v is None or v > 0, "None or an int > 0"),
-    "data.augment": (lambda v: v in ("auto", "none", "translate", "affine"), "one of 'auto', 'none', 'translate', 'affine'"),
-    "data.max_shift": (lambda v: v >= 0, "an int >= 0"),
-    "protocol.num_folds": (lambda v: v >= 2, "an int >= 2"),
-    "protocol.val_fraction": (lambda v: 0 <= v < 1, "a float in [0, 1)"),
-    "protocol.val_class_fraction": (lambda v: v is None or 0 <= v < 1, "None or a float in [0, 1)"),
-    "model.embedding_size": (lambda v: v > 0, "an int > 0"),
-    "model.normalization": (lambda v: v in ("l2", "bounded", "none"), "one of 'l2', 'bounded', 'none'"),
-    "model.pooling": (lambda v: v in ("avg", "max", "avg+max"), "one of 'avg', 'max', 'avg+max'"),
-    "loss.memory.memory_size": (lambda v: v >= 0, "an int >= 0"),
-    "loss.memory.warmup_steps": (lambda v: v >= 0, "an int >= 0"),
-    "optimizer.name": (lambda v: v in ("adam", "adamw", "sgd", "rmsprop"), "one of 'adam', 'adamw', 'sgd', 'rmsprop'"),
-    "optimizer.lr": (lambda v: v > 0, "a float > 0"),
-    "optimizer.weight_decay": (lambda v: v >= 0, "a float >= 0"),
-    "optimizer.eps": (lambda v: v > 0, "a float > 0"),
-    "optimizer.loss_lr_multiplier": (lambda v: v is None or v > 0, "None or a float > 0"),
-    "optimizer.scheduler": (lambda v: v in ("none", "step", "cosine"), "one of 'none', 'step', 'cosine'"),
-    "optimizer.step_size": (lambda v: v > 0, "an int > 0"),
-    "optimizer.gamma": (lambda v: 0 < v <= 1, "a float in (0, 1]"),
-    "optimizer.warmup_steps": (lambda v: v >= 0, "an int >= 0"),
-    "optimizer.grad_clip": (lambda v: v is None or v > 0, "None or a float > 0"),
-    "optimizer.betas": (
-        lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
-        "a list of two floats in [0, 1)",
-    ),
-    "sampler.name": (
-        lambda v: v in ("m_per_class", "random", "one_per_class"), "one of 'm_per_class', 'random', 'one_per_class'"
-    ),
-    "sampler.batch_size": (lambda v: v is None or v >= 2, "None or an int >= 2"),
-    "sampler.m": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "train.max_steps": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "train.eval_every": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "train.patience": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "train.log_every": (lambda v: v >= 1, "an int >= 1"),
-    "train.checkpoint_every": (lambda v: v >= 1, "an int >= 1"),
-    "train.device": (
-        lambda v: v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None,
-        "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)",
-    ),
-    "train.mixed_precision": (lambda v: v in ("none", "bf16", "fp16"), "one of 'none', 'bf16', 'fp16'"),
-    "train.on_nonfinite": (lambda v: v in ("stop", "skip"), "one of 'stop', 'skip'"),
-    "train.num_threads": (lambda v: v is None or v >= 1, "None or an int >= 1"),
-    "eval.ks": (
-        lambda v: len(v) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in v),
-        "a non-empty list of ints >= 1",
-    ),
-    "eval.backend": (lambda v: v in ("torch", "faiss"), "one of 'torch', 'faiss'"),
-    "eval.batch_size": (lambda v: v >= 1, "an int >= 1"),
-    "asap.proximal_lambda": (lambda v: v >= 0, "a float >= 0"),
-    "asap.proxies_per_class": (lambda v: v >= 1, "an int >= 1"),
-    "asap.pool_size": (lambda v: v >= 1, "an int >= 1"),
-    "asap.patience": (lambda v: v >= 1, "an int >= 1"),
-    "asap.max_projections": (lambda v: v >= 1, "an int >= 1"),
-    "asap.projections_without_improvement": (lambda v: v >= 1, "an int >= 1"),
-    "asap.pool_source": (lambda v: v in ("forward", "cache"), "one of 'forward', 'cache'"),
+#: Declared value constraints per dotted field, in the constraint language of every class's parameters
+#: (:mod:`dmlkit._validation`): a value is valid when one of its constraints accepts it. Option lists
+#: come from where the options live (registries, the modules that implement them).
+CONSTRAINTS: dict[str, list] = {
+    "seed": [Interval(int, 0, None)],
+    "data.name": [OptionsFrom("dmlkit.data", "DATASETS")],
+    "loss.name": [OptionsFrom("dmlkit.losses", "LOSSES")],
+    "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
+    "data.num_workers": [Interval(int, 0, None)],
+    "data.image_size": [NONE, Interval(int, 0, None, closed="neither")],
+    "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
+    "data.max_shift": [Interval(int, 0, None)],
+    "protocol.num_folds": [Interval(int, 2, None)],
+    "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
+    "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
+    "model.embedding_size": [Interval(int, 0, None, closed="neither")],
+    "model.normalization": [OptionsFrom("dmlkit.distances.normalization", "NORMALIZATIONS")],
+    "model.pooling": [OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
+    "loss.memory.memory_size": [Interval(int, 0, None)],
+    "loss.memory.warmup_steps": [Interval(int, 0, None)],
+    "optimizer.name": [OptionsFrom("dmlkit.engine.optim", "OPTIMIZERS")],
+    "optimizer.lr": [Interval(float, 0, None, closed="neither")],
+    "optimizer.weight_decay": [Interval(float, 0, None)],
+    "optimizer.eps": [Interval(float, 0, None, closed="neither")],
+    "optimizer.loss_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
+    "optimizer.scheduler": [OptionsFrom("dmlkit.engine.optim", "SCHEDULERS")],
+    "optimizer.step_size": [Interval(int, 0, None, closed="neither")],
+    "optimizer.gamma": [Interval(float, 0, 1, closed="right")],
+    "optimizer.warmup_steps": [Interval(int, 0, None)],
+    "optimizer.grad_clip": [NONE, Interval(float, 0, None, closed="neither")],
+    "optimizer.betas": [ListOf(Interval(float, 0, 1, closed="left"), "a list of two floats in [0, 1)", 2, 2)],
+    "sampler.name": [OptionsFrom("dmlkit.data.samplers", "SAMPLERS")],
+    "sampler.batch_size": [NONE, Interval(int, 2, None)],
+    "sampler.m": [NONE, Interval(int, 1, None)],
+    "train.max_steps": [NONE, Interval(int, 1, None)],
+    "train.eval_every": [NONE, Interval(int, 1, None)],
+    "train.patience": [NONE, Interval(int, 1, None)],
+    "train.log_every": [Interval(int, 1, None)],
+    "train.checkpoint_every": [Interval(int, 1, None)],
+    "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
+    "train.mixed_precision": [Options(("none", "bf16", "fp16"))],
+    "train.on_nonfinite": [Options(("stop", "skip"))],
+    "train.num_threads": [NONE, Interval(int, 1, None)],
+    "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
+    "eval.backend": [OptionsFrom("dmlkit.evaluation._checks", "BACKENDS")],
+    "eval.batch_size": [Interval(int, 1, None)],
+    "asap.proximal_lambda": [Interval(float, 0, None)],
+    "asap.proxies_per_class": [Interval(int, 1, None)],
+    "asap.pool_size": [Interval(int, 1, None)],
+    "asap.patience": [Interval(int, 1, None)],
+    "asap.max_projections": [Interval(int, 1, None)],
+    "asap.projections_without_improvement": [Interval(int, 1, None)],
+    "asap.pool_source": [Options(("forward", "cache"))],
 }
 
 
@@ -354,16 +348,10 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         coerced = _coerce(value, tp, path, problems)
         if coerced is dataclasses.MISSING:
             continue
-        check = CONSTRAINTS.get(path)
-        if check is not None:
-            ok = False
-            try:
-                ok = bool(check[0](coerced))
-            except TypeError:
-                ok = False
-            if not ok:
-                problems.append(f"{path} must be {check[1]}. Got {coerced!r}.")
-                continue
+        constraints = CONSTRAINTS.get(path)
+        if constraints is not None and not any(c.accepts(coerced) for c in constraints):
+            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {coerced!r}.")
+            continue
         setattr(obj, key, coerced)
     return obj
 

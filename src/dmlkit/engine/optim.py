@@ -50,6 +50,11 @@ def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> 
     raise ValueError(f"optimizer.name must be one of adam, adamw, rmsprop, sgd. Got {cfg.name!r}.")
 
 
+#: Optimiser and schedule names (``optimizer.name``, ``optimizer.scheduler``).
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+SCHEDULERS = ("none", "step", "cosine")
+
+
 def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
     """Multiplier of the base learning rate at ``step`` (step or cosine decay)."""
     if cfg.scheduler == "step":

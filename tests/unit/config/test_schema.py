@@ -47,7 +47,12 @@ def test_all_problems_collected():
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("optimizer.name=adamm", "optimizer.name must be one of"),
+        ("optimizer.name=adamm", "optimizer.name must be one of {'adam', 'adamw', 'sgd', 'rmsprop'}"),
+        ("loss.name=proxy_anchr", "loss.name must be one of {'binomial_deviance'"),  # from the LOSSES registry
+        ("loss.miner.name=hard", "loss.miner.name must be None or one of {"),
+        ("data.name=cifar", "data.name must be one of {"),
+        ("data.augment=rotate", "data.augment must be one of {'auto', 'none', 'translate', 'affine'}"),
+        ("sampler.name=balanced", "sampler.name must be one of {'m_per_class', 'one_per_class', 'random'}"),
         ("optimizer.lr=-1", "optimizer.lr must be a float > 0"),
         ("model.normalization=unit", "model.normalization must be one of"),
         ("sampler.batch_size=1", "sampler.batch_size must be None or an int >= 2"),
