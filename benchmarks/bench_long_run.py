@@ -56,7 +56,8 @@ TRAIN = r"""
 import json, sys, torch
 from pathlib import Path
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.engine.hooks import MethodHooks
+from dmlkit.engine.trainer import Trainer
 
 def rss():
     for line in Path("/proc/self/status").read_text().splitlines():

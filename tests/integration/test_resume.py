@@ -7,7 +7,8 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.engine.hooks import MethodHooks
+from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import CheckpointError
 
 OVERRIDES = [

@@ -230,8 +230,9 @@ def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
             args[key] = value
     if "pair_loss" in args:
         args["pair_loss"] = _nested_loss(args["pair_loss"])
-    if cfg.asap.enabled and "proxies_per_class" in inspect.signature(factory).parameters:
-        args.setdefault("proxies_per_class", cfg.asap.proxies_per_class)
+    from dmlkit.methods import loss_arguments  # deferred: methods build on the engine
+
+    args = loss_arguments(cfg, factory, args)
     try:
         loss = factory(**args)
     except TypeError as exc:

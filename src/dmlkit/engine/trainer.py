@@ -30,37 +30,12 @@ from dmlkit.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from dmlkit.engine.hooks import MethodHooks, overrides_hook
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
-
-
-class MethodHooks:
-    """Extension points of the loop; the default does nothing (plain training)."""
-
-    def on_train_start(self, trainer: "Trainer") -> None:
-        """Called once before the first step (also after a resume)."""
-
-    def on_batch_embeddings(self, trainer: "Trainer", indices: list[int], embeddings: torch.Tensor) -> None:
-        """Called with each training batch's dataset rows and (detached) embeddings."""
-
-    def after_backward(self, trainer: "Trainer") -> None:
-        """Called after ``loss.backward()``, before clipping and the optimiser step."""
-
-    def on_evaluation(self, trainer: "Trainer", score: float, improved: bool) -> bool:
-        """Called after each validation; return True to stop training."""
-        return trainer.evals_since_best >= (trainer.cfg.train.patience or math.inf)
-
-    def on_train_end(self, trainer: "Trainer") -> None:
-        """Called once after the last step, before the selected weights are tested."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`."""
 
 
 @dataclass
@@ -122,11 +97,11 @@ class Trainer:
         self.stopped_early = False
         self.elapsed = 0.0
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
-        if hooks is None and cfg.asap.enabled:
-            from dmlkit.methods.asap import AsapHooks
+        if hooks is None:
+            from dmlkit.methods import build_method_hooks  # methods build on the engine, not the reverse
 
-            hooks = AsapHooks(self)
-        self.hooks = hooks or MethodHooks()
+            hooks = build_method_hooks(cfg, self)
+        self.hooks = hooks
         from dmlkit.data.transforms import batch_augmentation
 
         self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=list(self.recipe.profile.background))
@@ -234,7 +209,7 @@ class Trainer:
         if self.dist.enabled:
             embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
             labels = distributed.all_gather_labels(labels)
-        if indices is not None and _overrides(self.hooks, "on_batch_embeddings"):
+        if indices is not None and overrides_hook(self.hooks, "on_batch_embeddings"):
             if self.dist.enabled:
                 indices = distributed.all_gather_labels(torch.as_tensor(indices)).tolist()
             self.hooks.on_batch_embeddings(self, indices, embeddings.detach())
@@ -460,12 +435,6 @@ class Trainer:
         return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
 
 
-def _overrides(hooks: MethodHooks, name: str) -> bool:
-    """Whether ``hooks`` replaces the do-nothing ``MethodHooks.<name>`` (else the loop skips preparing its input)."""
-    method = getattr(hooks, name)
-    return getattr(method, "__func__", method) is not getattr(MethodHooks, name)
-
-
 def _floats(metrics: dict) -> dict:
     out = {}
     for k, v in metrics.items():
@@ -489,5 +458,3 @@ def format_metrics_table(metrics: dict[str, Any], keys: list[str] | None = None)
     lines = [f"{'metric'.ljust(width)}  value", f"{'-' * width}  ------"]
     lines += [f"{k.ljust(width)}  {metrics[k]:.4f}" for k in keys if k in metrics]
     return "\n".join(lines)
-
-

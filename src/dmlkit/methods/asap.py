@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from dmlkit.engine.builders import shuffle_within_classes
-from dmlkit.engine.trainer import MethodHooks
+from dmlkit.engine.hooks import MethodHooks
 from dmlkit.exceptions import ConfigError
-from dmlkit.proxies.kcenter import average_covering_radius, gather_centers, greedy_k_center
+from dmlkit.methods import METHODS
+from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
 
 if TYPE_CHECKING:  # pragma: no cover
     from dmlkit.engine.trainer import Trainer
@@ -51,8 +52,17 @@ def proxy_spread(per_class: torch.Tensor) -> float:
     return float(d.sum() / (c * k * (k - 1)))
 
 
+@METHODS.register("asap")
 class AsapHooks(MethodHooks):
     """ASAP's outer loop (Alg. 1) driven by the engine's evaluation calls."""
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return bool(cfg.asap.enabled)
+
+    @classmethod
+    def loss_arguments(cls, cfg) -> dict:
+        return {"proxies_per_class": cfg.asap.proxies_per_class}  # K proxies per class (Eq. 4.11)
 
     def __init__(self, trainer: "Trainer"):
         cfg = trainer.cfg.asap
@@ -168,10 +178,8 @@ class AsapHooks(MethodHooks):
         self.projection_best_state = None
         self.projection_start_step = trainer.step
         pool, mask = self.pool_embeddings(trainer)
-        current = self.bank.per_class().detach().cpu()
-        existing = None if self.projection == 0 else current
-        picks = greedy_k_center(pool, int(self.bank.proxies_per_class), existing_centers=existing, pool_mask=mask)
-        self.bank.set_proxies(gather_centers(pool, picks, fallback=current))
+        # the first projection starts from scratch; later ones keep the converged proxies as centres
+        refresh_proxies_k_center(self.bank, pool, mask, keep_current=self.projection > 0)
         proxies = self.bank.proxies
         for group in trainer.optimizer.param_groups:
             for p in group["params"]:

@@ -144,15 +144,19 @@ def average_covering_radius(points: torch.Tensor, points_mask: torch.Tensor | No
 
 
 @torch.no_grad()
-def refresh_proxies_k_center(bank, pool_embeddings: torch.Tensor, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+def refresh_proxies_k_center(
+    bank, pool_embeddings: torch.Tensor, pool_mask: torch.Tensor | None = None, *, keep_current: bool = True
+) -> torch.Tensor:
     """Re-initialise every class's ``K`` proxies by greedy k-center on the pool (ASAP Alg. 1-2).
 
     ``bank`` is a :class:`~dmlkit.proxies.ProxyBank` (or a proxy loss's ``.bank``);
-    ``pool_embeddings [C, b, D]`` are fresh embeddings of ``b`` samples per class. The current
-    (converged) proxies are the existing centres. Classes without valid pool entries keep their
-    proxies. Returns the picked indices ``[C, K]``.
+    ``pool_embeddings [C, b, D]`` are fresh embeddings of ``b`` samples per class. With
+    ``keep_current`` the current (converged) proxies are the existing centres the picks must
+    cover around; without, k-center starts from scratch. Classes without valid pool entries keep
+    their proxies. Returns the picked indices ``[C, K]``.
     """
-    current = bank.per_class().detach()
-    picks = greedy_k_center(pool_embeddings, bank.proxies_per_class, existing_centers=current, pool_mask=pool_mask)
+    current = bank.per_class().detach().to(pool_embeddings.device)
+    existing = current if keep_current else None
+    picks = greedy_k_center(pool_embeddings, int(bank.proxies_per_class), existing_centers=existing, pool_mask=pool_mask)
     bank.set_proxies(gather_centers(pool_embeddings.detach(), picks, fallback=current))
     return picks

@@ -13,7 +13,8 @@ import torch
 
 from dmlkit.engine import builders
 from dmlkit.engine.builders import fetch_batch, resolve_device
-from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.engine.hooks import MethodHooks
+from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import ConfigError, NonFiniteError
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dmlkit.engine.builders import fetch_batch
-from dmlkit.engine.trainer import MethodHooks, Trainer
+from dmlkit.engine.hooks import MethodHooks
+from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import NonFiniteError
 
 
