@@ -13,12 +13,26 @@ from dmlkit.distances.normalization import l2_normalize
 
 
 class BaseDistance(torch.nn.Module):
-    """Interface: ``forward(x, y=None) -> [B, R]``; ``y`` defaults to ``x``."""
+    """Interface: ``forward(x, y=None) -> [B, R]``; ``y`` defaults to ``x``.
+
+    ``matrix(x, refs)`` is the same matrix by the fastest route this measure knows (losses call
+    it); ``analytic_form`` names the closed-form gradient the pair losses apply for this measure
+    (``"cosine"``, ``"dot"``, ``"lp"``, ``"normalised_lp"``) or is None (autograd through
+    :meth:`pairwise`, e.g. for a user subclass or a wrapped PML distance).
+    """
 
     is_inverted: bool = False
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         return self.pairwise(x, x if y is None else y)
+
+    @property
+    def analytic_form(self) -> str | None:
+        return None
+
+    def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+        """``[B, R]`` between ``x [B, D]`` and ``refs [R, D]``, equal to ``self(x, refs)``."""
+        return self(x, refs)
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -36,6 +50,15 @@ class CosineSimilarity(BaseDistance):
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return l2_normalize(x) @ l2_normalize(y).T
 
+    @property
+    def analytic_form(self) -> str | None:
+        return "cosine" if type(self) is CosineSimilarity else None  # a subclass may redefine the measure
+
+    def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+        if self.analytic_form is None:
+            return self(x, refs)
+        return normalised_product(x, refs)[0]
+
 
 class DotProductSimilarity(BaseDistance):
     """Plain inner product ``<x, y>`` (no normalisation)."""
@@ -44,6 +67,10 @@ class DotProductSimilarity(BaseDistance):
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x @ y.T
+
+    @property
+    def analytic_form(self) -> str | None:
+        return "dot" if type(self) is DotProductSimilarity else None
 
 
 class LpDistance(BaseDistance):
@@ -69,6 +96,41 @@ class LpDistance(BaseDistance):
             x, y = l2_normalize(x), l2_normalize(y)
         sq = squared_euclidean(x, y)
         return sq if self.power == 2 else sq.clamp_min(1e-12).sqrt() * (sq > 1e-12)
+
+    @property
+    def analytic_form(self) -> str | None:
+        if type(self) is not LpDistance:
+            return None
+        return "normalised_lp" if self.normalize_embeddings else "lp"
+
+    def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+        """Between normalised rows: ``|x_n|^2 + |r_n|^2 - 2 cos`` from the scaled product (no normalised copy of ``refs``)."""
+        if self.analytic_form != "normalised_lp":
+            return self(x, refs)
+        cos, x_norm, x_scale, r_norm, r_scale = normalised_product(x, refs)
+        # The squared norms are 1 (0 for a zero row) and carry no gradient; float masks instead of
+        # clamps and torch.where, which are slow on CPU. Coincident points get 0 with a zero subgradient.
+        with torch.no_grad():  # a row whose norm overflows (inf * 0) maps to the origin, as in l2_normalize
+            norms = (x_norm * x_scale).nan_to_num_(0.0).square() + (r_norm * r_scale).nan_to_num_(0.0).square()
+        raw = norms - 2.0 * cos
+        with torch.no_grad():
+            apart = torch.sign((raw - 1e-12).clamp_min(0.0))
+        if self.power == 2:
+            return raw * apart
+        return (raw * apart + (1.0 - apart)).sqrt() * apart
+
+
+def normalised_product(x: torch.Tensor, refs: torch.Tensor):
+    """``(cos [B, R], |x| [B, 1], 1/|x|, |r| [R], 1/|r|)``: ``x_n @ refs^T`` scaled by ``1/|r|``.
+
+    Scaling the product instead of normalising ``refs`` (possibly a large memory) row by row gives
+    the values of :func:`l2_normalize` (same eps; zero rows map to the origin).
+    """
+    x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    r_norm = torch.linalg.vector_norm(refs, dim=1)
+    x_scale = 1.0 / x_norm.clamp_min(1e-12)
+    r_scale = 1.0 / r_norm.clamp_min(1e-12)
+    return ((x * x_scale) @ refs.T) * r_scale, x_norm, x_scale, r_norm, r_scale
 
 
 def squared_euclidean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from dmlkit.losses.pair import (
     MultiSimilarityLoss,
     NPairsLoss,
 )
-from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES, _kind
+from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES
 from dmlkit.mining.selection import PairSelection
 
 DISTANCES = {
@@ -157,9 +157,21 @@ def test_unknown_distance_falls_back_to_autograd_with_the_same_gradient(cls):
     y = torch.randint(0, 4, (16,), generator=g)
     distance = {ContrastiveLoss: LpDistance, MultiSimilarityLoss: CosineSimilarity}[cls]
     user = type("User" + distance.__name__, (distance,), {})  # a subclass keeps autograd
-    assert _kind(user()) is None and _kind(distance()) is not None
+    assert user().analytic_form is None and distance().analytic_form is not None
     known, fallback = cls(distance=distance()), cls(distance=user())
     a, b = known(x, y), fallback(x, y)
     assert a.item() == pytest.approx(b.item(), rel=1e-12)
     (ga,), (gb,) = torch.autograd.grad(a, x), torch.autograd.grad(b, x)
     torch.testing.assert_close(ga, gb)
+
+
+def test_each_distance_owns_its_matrix_and_names_its_gradient_form():
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g, dtype=torch.float64)
+    r[2] = 0.0  # a zero row maps to the origin on both routes
+    for distance, form in [(CosineSimilarity(), "cosine"), (DotProductSimilarity(), "dot"),
+                           (LpDistance(power=1, normalize_embeddings=True), "normalised_lp"),
+                           (LpDistance(power=2, normalize_embeddings=True), "normalised_lp"),
+                           (LpDistance(power=1), "lp")]:
+        assert distance.analytic_form == form
+        torch.testing.assert_close(distance.matrix(x, r), distance(x, r))

@@ -15,7 +15,7 @@ the coefficient ``G = d(loss) / d(matrix)`` without autograd, and one autograd n
   ``G' = G / (2d)`` (squared: ``G``).
 
 Any other distance (a user subclass) keeps autograd: its matrix is computed on the graph
-and ``G`` is attached to it. Values equal those of :func:`~dmlkit.losses.pair._common.pairwise`.
+and ``G`` is attached to it. Values equal those of ``distance.matrix``.
 """
 
 from __future__ import annotations
@@ -24,23 +24,12 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
-from dmlkit.distances import BaseDistance, CosineSimilarity, DotProductSimilarity, LpDistance
+from dmlkit.distances import BaseDistance
 from dmlkit.losses._cpu_ops import exp_, matmul_nt
 from dmlkit.losses.pair._common import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
 EPS = 1e-12
-
-
-def _kind(distance: BaseDistance) -> str | None:
-    kind = type(distance)
-    if kind is CosineSimilarity:
-        return "cosine"
-    if kind is DotProductSimilarity:
-        return "dot"
-    if kind is LpDistance:
-        return "normalised_lp" if distance.normalize_embeddings else "lp"
-    return None
 
 
 class Pairwise:
@@ -60,7 +49,7 @@ class Pairwise:
         rows: torch.Tensor | None = None,
         cols: torch.Tensor | None = None,
     ):
-        self.kind = _kind(distance)
+        self.kind = distance.analytic_form
         self.rows = self.cols = None
         if rows is not None:  # the [rows, cols] block of the batch matrix (same set)
             if self.kind in ("cosine", "dot"):

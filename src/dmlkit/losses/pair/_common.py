@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dmlkit._validation import check_embeddings_labels
-from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance, as_distance
+from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
 from dmlkit.losses.reducers import get_reducer
@@ -163,36 +163,6 @@ def _combine(weight: torch.Tensor | None, extra: torch.Tensor | None) -> torch.T
     if weight is None or extra is None:
         return extra if weight is None else weight
     return weight * extra
-
-
-def pairwise(distance: BaseDistance, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
-    """``distance(x [B, D], refs [R, D]) -> [B, R]``, with a faster route for normalised measures.
-
-    Cosine and Lp-between-normalised-embeddings scale the product ``x_n @ refs^T`` by
-    ``1 / |refs|`` instead of normalising ``refs`` (a large memory) row by row; the values are
-    those of the distance object itself (same eps, zero rows map to the origin).
-    """
-    normalised_lp = isinstance(distance, LpDistance) and distance.normalize_embeddings
-    if type(distance) is not CosineSimilarity and not (type(distance) is LpDistance and normalised_lp):
-        return distance(x, refs)
-    x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    r_norm = torch.linalg.vector_norm(refs, dim=1)
-    x_scale = 1.0 / x_norm.clamp_min(1e-12)
-    r_scale = 1.0 / r_norm.clamp_min(1e-12)
-    cos = ((x * x_scale) @ refs.T) * r_scale
-    if type(distance) is CosineSimilarity:
-        return cos
-    # |x_n|^2 + |r_n|^2 - 2 cos, as squared_euclidean on the normalised rows. The squared
-    # norms are 1 (0 for a zero row) and carry no gradient; float masks instead of clamps
-    # and torch.where, which are slow on CPU. Coincident points get 0 with a zero subgradient.
-    with torch.no_grad():  # a row whose norm overflows (inf * 0) maps to the origin, as in l2_normalize
-        norms = (x_norm * x_scale).nan_to_num_(0.0).square() + (r_norm * r_scale).nan_to_num_(0.0).square()
-    raw = norms - 2.0 * cos
-    with torch.no_grad():
-        apart = torch.sign((raw - 1e-12).clamp_min(0.0))
-    if distance.power == 2:
-        return raw * apart
-    return (raw * apart + (1.0 - apart)).sqrt() * apart
 
 
 def dissimilarity(mat: torch.Tensor, distance: BaseDistance) -> torch.Tensor:

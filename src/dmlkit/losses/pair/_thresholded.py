@@ -6,7 +6,7 @@ import torch
 
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented, pairwise
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented
 
 
 class ThresholdedPairLoss(PairLoss):
@@ -55,5 +55,5 @@ class ThresholdedPairLoss(PairLoss):
 
     def excess(self, batch: PairBatch) -> torch.Tensor:
         """``[B, R]``: how far each pair lies beyond ``base`` in the "farther" direction."""
-        measure = pairwise(self.distance, batch.embeddings, batch.references)
+        measure = self.distance.matrix(batch.embeddings, batch.references)
         return dissimilarity(measure, self.distance) - oriented(self.base, self.distance)

@@ -19,7 +19,7 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._analytic import Pairwise, softmax_rows
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented, pairwise
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented
 
 
 class _LiftedBase(PairLoss):
@@ -46,7 +46,7 @@ class _LiftedBase(PairLoss):
 
     def _margins(self, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(d - pos_margin, neg_margin - d)`` oriented so that larger is worse, both ``[B, R]``."""
-        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
+        dis = dissimilarity(self.distance.matrix(batch.embeddings, batch.references), self.distance)
         return dis - oriented(self.pos_margin, self.distance), oriented(self.neg_margin, self.distance) - dis
 
 

@@ -25,7 +25,7 @@ from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented, pairwise
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, sample_triplets
 from dmlkit.mining.selection import PairSelection, TripletSelection
 
@@ -116,7 +116,7 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
         return beta[batch.labels]
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
+        dis = dissimilarity(self.distance.matrix(batch.embeddings, batch.references), self.distance)
         beta = self._anchor_beta(batch)
         boundary = oriented(beta, self.distance).unsqueeze(1)
         sel = batch.selection

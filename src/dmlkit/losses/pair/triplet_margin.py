@@ -17,7 +17,7 @@ import torch
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, log1p_exp, pairwise
+from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, log1p_exp
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets_margin, sample_triplets
 from dmlkit.mining.selection import TripletSelection
 
@@ -91,7 +91,7 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
         return dis_pn, rows
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        dis = dissimilarity(pairwise(self.distance, batch.embeddings, batch.references), self.distance)
+        dis = dissimilarity(self.distance.matrix(batch.embeddings, batch.references), self.distance)
         sel = batch.selection
         if isinstance(sel, TripletSelection):
             a, p, n = sel.anchor, sel.positive, sel.negative
