@@ -19,7 +19,8 @@ the paper's choice as an option; each module's docstring lists its differences:
   loss skips anchors without positives (PML keeps their negative half).
 """
 
-from dmlkit.losses.pair._common import PairBatch, PairLoss, PairMasks
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch, PairMasks
 from dmlkit.losses.pair.binomial_deviance import BinomialDevianceLoss
 from dmlkit.losses.pair.contrastive import ContrastiveLoss
 from dmlkit.losses.pair.lifted_structure import GeneralizedLiftedStructureLoss, LiftedStructureLoss

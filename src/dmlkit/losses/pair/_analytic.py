@@ -25,8 +25,8 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
 from dmlkit.distances import BaseDistance
-from dmlkit.losses._cpu_ops import exp_, matmul_nt
-from dmlkit.losses.pair._common import attach_gradient
+from dmlkit.losses._cpu_ops import matmul_nt
+from dmlkit.losses.pair.terms import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
 EPS = 1e-12
@@ -267,26 +267,3 @@ class _Attach(torch.autograd.Function):
         return None, None, gx, gr, None, None
 
 
-def softmax_with_one(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log(1 + sum_j exp(z_j))`` per row and its gradient ``exp(z_j - lse)`` (``-inf`` = not selected).
-
-    The implicit ``1`` is a logit 0 (MS Eq. (13)'s ``log(1 + ...)``), so the shift
-    ``max(0, max_j z_j)`` is finite and the sum is at least 1: rows with nothing selected give
-    0 and a zero gradient. ``logits`` is overwritten.
-    """
-    shift = logits.amax(1, keepdim=True).clamp_min_(0.0)
-    exps = exp_(logits.sub_(shift))
-    total = exps.sum(1, keepdim=True).add_(shift.neg().exp_())
-    return shift.add_(total.log()).squeeze(1), exps.div_(total)
-
-
-def softmax_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log(sum_j exp(z_j))`` per row (``-inf`` for an empty row) and the row softmax (0 there).
-
-    One max, exp and sum (``torch.logsumexp`` plus a softmax would repeat them). ``logits``
-    is overwritten.
-    """
-    shift = logits.amax(1, keepdim=True).nan_to_num_(0.0, None, 0.0)
-    exps = exp_(logits.sub_(shift))
-    total = exps.sum(1, keepdim=True)
-    return shift.add_(total.log()).squeeze(1), exps.mul_(total.reciprocal().nan_to_num_(0.0, 0.0, 0.0))

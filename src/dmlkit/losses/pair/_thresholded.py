@@ -6,7 +6,9 @@ import torch
 
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import dissimilarity, oriented
 
 
 class ThresholdedPairLoss(PairLoss):

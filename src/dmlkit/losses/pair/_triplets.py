@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit.losses.pair._common import CHUNK_ELEMENTS, attach_gradient, log1p_exp
+from dmlkit.losses.logsumexp import log1p_exp
+from dmlkit.losses.pair.terms import CHUNK_ELEMENTS, attach_gradient
 
 
 def all_triplets_margin(

@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, log1p_exp, weighted_sum
+from dmlkit.losses.logsumexp import log1p_exp
 from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
+from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import weighted_sum
 
 
 @LOSSES.register("binomial_deviance")

@@ -22,7 +22,8 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._analytic import Pairwise
-from dmlkit.losses.pair._common import PairBatch, PairLoss
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
 
 
 @LOSSES.register("contrastive")

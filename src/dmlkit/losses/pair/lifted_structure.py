@@ -18,8 +18,11 @@ import torch
 from dmlkit._validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._analytic import Pairwise, softmax_rows
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, masked_logsumexp, oriented
+from dmlkit.losses.logsumexp import masked_logsumexp, softmax_rows
+from dmlkit.losses.pair._analytic import Pairwise
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import dissimilarity, oriented
 
 
 class _LiftedBase(PairLoss):

@@ -25,8 +25,10 @@ from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, oriented
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, sample_triplets
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import dissimilarity, oriented
 from dmlkit.mining.selection import PairSelection, TripletSelection
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._analytic import Pairwise, softmax_with_one
-from dmlkit.losses.pair._common import PairBatch
+from dmlkit.losses.logsumexp import softmax_with_one
+from dmlkit.losses.pair._analytic import Pairwise
 from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
+from dmlkit.losses.pair.batch import PairBatch
 
 
 @LOSSES.register("multi_similarity")

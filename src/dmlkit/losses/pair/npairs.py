@@ -15,7 +15,8 @@ from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._analytic import Pairwise
-from dmlkit.losses.pair._common import PairBatch, PairLoss
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
 
 
 @LOSSES.register("npairs")

@@ -17,8 +17,11 @@ import torch
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._common import PairBatch, PairLoss, dissimilarity, log1p_exp
+from dmlkit.losses.logsumexp import log1p_exp
 from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets_margin, sample_triplets
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import dissimilarity
 from dmlkit.mining.selection import TripletSelection
 
 

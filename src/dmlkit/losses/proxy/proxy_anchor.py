@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.losses.base import LOSSES
+from dmlkit.losses.logsumexp import exp_sum_, log1p_sum_exp
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, exp_sum_, log1p_sum_exp
+from dmlkit.losses.proxy._math import common_dtype
 
 
 def proxy_anchor_terms(

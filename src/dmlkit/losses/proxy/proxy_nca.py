@@ -9,8 +9,9 @@ import torch
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
+from dmlkit.losses.logsumexp import exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, exp_sum_
+from dmlkit.losses.proxy._math import common_dtype
 
 
 def proxy_nca_kernel(

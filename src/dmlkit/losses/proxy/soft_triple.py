@@ -12,8 +12,9 @@ from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.exceptions import DataError
 from dmlkit.losses._cpu_ops import exp
 from dmlkit.losses.base import LOSSES
+from dmlkit.losses.logsumexp import exp_is_safe, exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype, exp_is_safe, exp_sum_
+from dmlkit.losses.proxy._math import common_dtype
 
 
 def soft_triple_kernel(

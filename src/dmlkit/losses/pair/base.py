@@ -1,28 +1,13 @@
-"""Shared machinery of the pair-based losses: inputs, pair masks, reductions, safe log-sum-exp.
-
-Every pair loss sees its batch as ``B`` anchors against ``R`` references. When no reference
-set is given the references are the batch itself and self-pairs are excluded; otherwise the
-references are a memory or a proxy set (ASAP applies a pair loss between batch and proxies).
-
-Pairs come from, in order of precedence: ``pairs=`` (a :class:`PairSelection` or
-:class:`TripletSelection`), the loss's ``miner``, an explicit ``pos_mask [B, R]``, or the
-labels (class ids ``[B]`` or multi-label targets ``[B, C]``).
-
-Reductions are named the same way for every loss:
-
-* ``"mean_nonzero"`` — average over the terms that are > 0 (PML's ``AvgNonZeroReducer``);
-* ``"mean"`` — average over every selected term;
-* ``"sum"`` — plain sum.
+"""The base class of the pair losses: PML's call, input checks, pair sources, reducer and regularizer.
 
 Per-pair losses reduce the positive and the negative pairs separately and add the two (as
-PML's sub-losses do). When weights are present (``PairSelection.positive_weight`` /
-``negative_weight`` or ``weights=[B, R]``) the loss is ``sum(weight * term)`` over the
-selected pairs with no further normalisation: the weighter has already normalised.
+PML's sub-losses do), with the loss's reducer (:mod:`dmlkit.losses.reducers`: ``reduction=`` or
+PML's ``reducer=``). When weights are present (``PairSelection.positive_weight`` /
+``negative_weight`` or ``weights=[B, R]``) the loss is ``sum(weight * term)`` over the selected
+pairs with no further normalisation: the weighter has already normalised.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -30,201 +15,9 @@ from dmlkit._validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
+from dmlkit.losses.pair.batch import PairBatch, Selection
 from dmlkit.losses.reducers import get_reducer
-from dmlkit.mining.selection import (
-    PairSelection,
-    TripletSelection,
-    label_equality,
-    label_masks,
-    selection_from_indices_tuple,
-)
-
-Selection = PairSelection | TripletSelection
-
-#: Largest number of elements one chunk of a [chunk, R] working tensor may hold.
-CHUNK_ELEMENTS = 1 << 22
-
-
-@dataclass(frozen=True)
-class PairMasks:
-    """Positive and negative pairs ``[B, R]`` with optional per-pair weights ``[B, R]``."""
-
-    positive: torch.Tensor
-    negative: torch.Tensor
-    positive_weight: torch.Tensor | None = None
-    negative_weight: torch.Tensor | None = None
-
-    @property
-    def weighted(self) -> bool:
-        return self.positive_weight is not None or self.negative_weight is not None
-
-
-@dataclass(frozen=True)
-class PairBatch:
-    """One call's validated inputs: anchors ``[B, D]``, references ``[R, D]`` and pair sources."""
-
-    embeddings: torch.Tensor
-    labels: torch.Tensor | None
-    references: torch.Tensor
-    ref_labels: torch.Tensor | None
-    same_set: bool
-    selection: Selection | None
-    weights: torch.Tensor | None
-    pos_mask: torch.Tensor | None
-
-    def label_pair_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(positive, negative)`` ``[B, R]`` from ``pos_mask`` or the labels."""
-        return label_masks(
-            self.labels,
-            None if self.same_set else self.ref_labels,
-            pos_mask=self.pos_mask,
-            same_set=self.same_set,
-        )
-
-    def pair_masks(self) -> PairMasks:
-        """The selected pairs as dense masks; a triplet selection becomes its (a, p) and (a, n) pairs.
-
-        Duplicated pairs (a pair in several mined triplets) count once, unlike PML, which
-        repeats them.
-        """
-        sel = self.selection
-        if isinstance(sel, PairSelection):
-            pos, neg = sel.positive.bool(), sel.negative.bool()
-            pw, nw = sel.positive_weight, sel.negative_weight
-        elif isinstance(sel, TripletSelection):
-            pos = torch.zeros(self.num_anchors, self.num_references, dtype=torch.bool, device=self.device)
-            neg = torch.zeros_like(pos)
-            pos[sel.anchor, sel.positive] = True
-            neg[sel.anchor, sel.negative] = True
-            pw = nw = None
-        else:
-            pos, neg = self.label_pair_masks()
-            pw = nw = None
-        pw, nw = _combine(pw, self.weights), _combine(nw, self.weights)
-        if pw is not None or nw is not None:
-            pw = pos.to(self.embeddings.dtype) if pw is None else pw.to(self.embeddings.dtype)
-            nw = neg.to(self.embeddings.dtype) if nw is None else nw.to(self.embeddings.dtype)
-        return PairMasks(pos, neg, pw, nw)
-
-    def label_equal(self) -> torch.Tensor:
-        """``[B, R]`` bool, a fresh tensor: ``pos_mask``, or same class / a shared label; diagonal kept."""
-        return label_equality(self.labels, None if self.same_set else self.ref_labels, pos_mask=self.pos_mask)
-
-    def float_masks(self) -> PairMasks:
-        """:meth:`pair_masks` as 0/1 masks in the embeddings' dtype; weights (if any) are zero off their mask."""
-        dtype = self.embeddings.dtype
-        if self.selection is None:
-            pos = self.label_equal().to(dtype)
-            neg = 1.0 - pos
-            if self.same_set:
-                pos.fill_diagonal_(0.0)
-                neg.fill_diagonal_(0.0)
-            pos_w = neg_w = self.weights
-        elif isinstance(self.selection, PairSelection):  # bool or 0/1 masks, used as they are
-            sel = self.selection
-            pos, neg = sel.positive.to(dtype), sel.negative.to(dtype)
-            pos_w, neg_w = _combine(sel.positive_weight, self.weights), _combine(sel.negative_weight, self.weights)
-        else:
-            masks = self.pair_masks()
-            pos, neg = masks.positive.to(dtype), masks.negative.to(dtype)
-            pos_w, neg_w = masks.positive_weight, masks.negative_weight
-        if pos_w is not None or neg_w is not None:
-            pos_w = pos if pos_w is None else pos_w.to(dtype) * pos
-            neg_w = neg if neg_w is None else neg_w.to(dtype) * neg
-        return PairMasks(pos, neg, pos_w, neg_w)
-
-    def excluded_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(not positive, not negative)`` bool ``[B, R]``: the fill masks of masked log-sum-exps."""
-        if self.selection is None:
-            equal = self.label_equal()
-            not_pos = ~equal
-            if self.same_set:
-                not_pos.fill_diagonal_(True)
-                equal.fill_diagonal_(True)
-            return not_pos, equal
-        masks = self.pair_masks()
-        return ~masks.positive, ~masks.negative
-
-    @property
-    def num_anchors(self) -> int:
-        return self.embeddings.shape[0]
-
-    @property
-    def num_references(self) -> int:
-        return self.references.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.embeddings.device
-
-
-def _combine(weight: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
-    """The product of two optional per-pair weights."""
-    if weight is None or extra is None:
-        return extra if weight is None else weight
-    return weight * extra
-
-
-def dissimilarity(mat: torch.Tensor, distance: BaseDistance) -> torch.Tensor:
-    """The matrix oriented so that larger means farther: ``-S`` for similarities, ``D`` for distances."""
-    return -mat if distance.is_inverted else mat
-
-
-def oriented(value: float | torch.Tensor, distance: BaseDistance) -> float | torch.Tensor:
-    """A threshold given in the distance's own units, oriented like :func:`dissimilarity`."""
-    return -value if distance.is_inverted else value
-
-
-def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, dim: int = -1, add_one: bool = False) -> torch.Tensor:
-    """``log(sum_{mask} exp(x))`` along ``dim`` (``log(1 + ...)`` when ``add_one``).
-
-    Rows with nothing selected give ``-inf`` (``0`` with ``add_one``) and zero, never NaN,
-    gradients.
-    """
-    empty = ~mask.any(dim, keepdim=True)
-    x = x.masked_fill(~mask | empty, float("-inf")).masked_fill(empty, 0.0)
-    out = torch.logsumexp(x, dim, keepdim=True).masked_fill(empty, float("-inf")).squeeze(dim)
-    if add_one:
-        # log(1 + e^out) with out = -inf mapped to 0 and a zero gradient there.
-        out = log1p_exp(out)
-    return out
-
-
-def log1p_exp(x: torch.Tensor) -> torch.Tensor:
-    """``log(1 + exp(x))`` exactly (no threshold), finite gradient at ``x = -inf``."""
-    return torch.clamp_min(x, 0.0) + torch.log1p(torch.exp(-x.abs()))
-
-
-def weighted_sum(terms: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``sum(weight * term)`` over the selected pairs, no normalisation (DRO weights rule)."""
-    return torch.where(mask, weight * terms, terms.new_zeros(())).sum()
-
-
-class _AttachGradient(torch.autograd.Function):
-    """Identity on ``value``; routes ``grad * coefficient`` to ``tensor`` in backward."""
-
-    @staticmethod
-    def forward(ctx, value, tensor, coefficient):  # noqa: D102 - autograd protocol
-        ctx.save_for_backward(coefficient)
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: D102 - autograd protocol
-        (coefficient,) = ctx.saved_tensors
-        return grad, grad * coefficient, None
-
-
-def attach_gradient(value: torch.Tensor, *tensor_and_coefficient: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """A scalar equal to ``value`` whose gradient w.r.t. each tensor is its ``coefficient``.
-
-    Used by losses that compute their value and the analytic derivative w.r.t. the distance
-    matrix under ``no_grad`` (chunk by chunk for all-triplet losses, so memory stays
-    ``O(B R)`` instead of ``O(B R^2)``); the backward pass is one multiplication.
-    """
-    out = value.detach()
-    for tensor, coefficient in tensor_and_coefficient:
-        out = _AttachGradient.apply(out, tensor, coefficient.detach())
-    return out
+from dmlkit.mining.selection import PairSelection, TripletSelection, selection_from_indices_tuple
 
 
 def _check_label_tensor(labels: torch.Tensor, rows: int, name: str, rows_name: str) -> None:
