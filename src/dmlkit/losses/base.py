@@ -8,11 +8,14 @@ connected to the autograd graph.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import nn
 
 from dmlkit._registry import Registry
-from dmlkit._validation import check_embeddings_labels
+from dmlkit._validation import check_embeddings_labels, validate_params
 from dmlkit.losses.regularizers import check_reg_weight, check_regularizer
 
 LOSSES: Registry[nn.Module] = Registry("loss")
@@ -37,7 +40,29 @@ def as_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 class MetricLoss(nn.Module):
-    """Base of every loss: ``forward(embeddings [B, D], labels [B], **kwargs) -> scalar``."""
+    """Base of every loss: ``forward(embeddings [B, D], labels [B], **kwargs) -> scalar``.
+
+    Each loss declares ``_parameter_constraints`` (scikit-learn style: parameter name -> list of
+    :mod:`dmlkit._validation` constraints, merged along the class hierarchy); the constructor's
+    arguments are checked against them here, once, before the loss's own ``__init__`` runs, with
+    one message template (``The 'margin' parameter of ProxyAnchorLoss must be a float > 0. Got -1
+    instead.``).
+    """
+
+    _parameter_constraints: dict = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _validating_init(cls.__init__)
+
+    @classmethod
+    def parameter_constraints(cls) -> dict:
+        """``_parameter_constraints`` of this class and its bases (the subclass wins on a shared name)."""
+        merged: dict = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(klass.__dict__.get("_parameter_constraints", {}))
+        return merged
 
     #: False for losses that accept ``labels=None`` with an explicit ``pos_mask``.
     requires_labels: bool = True
@@ -103,3 +128,29 @@ class MetricLoss(nn.Module):
     def extra_repr(self) -> str:
         keys = getattr(self, "_repr_keys", ())
         return ", ".join(f"{k}={getattr(self, k)!r}" for k in keys)
+
+
+def _validating_init(init):
+    """Wrap a loss's ``__init__`` so its arguments meet the class's constraints before it runs (outermost call only)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        if self.__dict__.get("_checking_parameters"):
+            return init(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return init(self, *args, **kwargs)  # let Python report the wrong call as usual
+        bound.apply_defaults()
+        constraints = type(self).parameter_constraints()
+        params = {k: v for k, v in bound.arguments.items() if k in constraints}
+        validate_params(type(self).__name__, params, {k: constraints[k] for k in params})
+        object.__setattr__(self, "_checking_parameters", True)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop("_checking_parameters", None)
+
+    return wrapper
+

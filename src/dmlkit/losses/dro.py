@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Options, validate_params
+from dmlkit._validation import InstanceOf, Options
 from dmlkit.distances import CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES, MetricLoss, zero_loss
@@ -26,12 +26,12 @@ class DROLoss(MetricLoss):
     ``gamma=0.1``, ``margin=0.2``, ``threshold=0.5``).
     """
 
+    _parameter_constraints = {"weighting": [Options(tuple(DRO_WEIGHTINGS)), InstanceOf((DROPairWeighting,))],
+     "base": [Options(BASE_LOSSES), InstanceOf((type(None),))]}
+
     def __init__(self, weighting: str | DROPairWeighting = "top_k", base: str | None = None, **weighting_params):
         super().__init__()
         owner = type(self).__name__
-        validate_params(owner, {"weighting": weighting, "base": base},
-                        {"weighting": [Options(tuple(DRO_WEIGHTINGS)), InstanceOf((DROPairWeighting,))],
-                         "base": [Options(BASE_LOSSES), InstanceOf((type(None),))]})
         if isinstance(weighting, DROPairWeighting):
             if weighting_params:
                 raise InvalidParameterError(

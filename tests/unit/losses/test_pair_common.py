@@ -186,3 +186,31 @@ def test_degenerate_reference_sets_give_finite_loss(batch, name, rows):
     loss = LOSSES.create(name)(x, y, ref_emb=ref, ref_labels=torch.zeros(rows, dtype=torch.long))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+
+
+def test_parameter_constraints_are_declared_per_class_and_checked_once_before_init():
+    from dmlkit.losses import ProxyAnchorLoss, ProxyNCAPlusPlusLoss, TripletMarginLoss
+    from dmlkit.losses.base import MetricLoss
+
+    assert set(ProxyAnchorLoss.parameter_constraints()) >= {"margin", "alpha", "assignment", "matmul_precision"}
+    # a subclass inherits its bases' constraints and adds its own
+    assert {"temperature", "softmax_scale", "matmul_precision"} <= set(ProxyNCAPlusPlusLoss.parameter_constraints())
+    with pytest.raises(InvalidParameterError, match="The 'margin' parameter of TripletMarginLoss must be a float. Got 'x'"):
+        TripletMarginLoss(margin="x")
+    with pytest.raises(InvalidParameterError, match="The 'temperature' parameter of ProxyNCAPlusPlusLoss must be a float > 0"):
+        ProxyNCAPlusPlusLoss(4, 8, temperature=0)
+    calls = []
+
+    from dmlkit._validation import Interval
+
+    class Probe(MetricLoss):
+        _parameter_constraints = {"width": [Interval(int, 1, None)]}
+
+        def __init__(self, width: int = 2):
+            calls.append(width)
+            super().__init__()
+
+    Probe(3)
+    with pytest.raises(InvalidParameterError, match="'width' parameter of Probe must be an int >= 1. Got 0"):
+        Probe(0)
+    assert calls == [3]  # the bad call never reached __init__

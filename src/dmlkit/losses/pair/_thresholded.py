@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
@@ -19,6 +19,12 @@ class ThresholdedPairLoss(PairLoss):
     """
 
     _repr_keys = ("alpha", "beta", "base", "reduction")
+
+    _parameter_constraints = {
+        "alpha": [Interval(float, 0, None, closed="neither")],
+        "beta": [Interval(float, 0, None, closed="neither")],
+        "base": [Interval(float)],
+    }
 
     def __init__(
         self,
@@ -38,15 +44,6 @@ class ThresholdedPairLoss(PairLoss):
             reducer=reducer,
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
-        )
-        validate_params(
-            type(self).__name__,
-            {"alpha": alpha, "beta": beta, "base": base},
-            {
-                "alpha": [Interval(float, 0, None, closed="neither")],
-                "beta": [Interval(float, 0, None, closed="neither")],
-                "base": [Interval(float)],
-            },
         )
         self.alpha = float(alpha)
         self.beta = float(beta)

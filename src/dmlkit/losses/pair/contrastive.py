@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair._analytic import Pairwise
@@ -38,6 +38,8 @@ class ContrastiveLoss(PairLoss):
     supports_weights = True
     _repr_keys = ("pos_margin", "neg_margin", "reduction")
 
+    _parameter_constraints = {"pos_margin": [Interval(float)], "neg_margin": [Interval(float)]}
+
     def __init__(
         self,
         pos_margin: float = 0.0,
@@ -55,11 +57,6 @@ class ContrastiveLoss(PairLoss):
             reducer=reducer,
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
-        )
-        validate_params(
-            type(self).__name__,
-            {"pos_margin": pos_margin, "neg_margin": neg_margin},
-            {"pos_margin": [Interval(float)], "neg_margin": [Interval(float)]},
         )
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import masked_logsumexp, softmax_rows
@@ -28,6 +28,8 @@ from dmlkit.losses.pair.terms import dissimilarity, oriented
 class _LiftedBase(PairLoss):
     _repr_keys = ("neg_margin", "pos_margin", "reduction")
 
+    _parameter_constraints = {"neg_margin": [Interval(float)], "pos_margin": [Interval(float)]}
+
     def __init__(self, neg_margin, pos_margin, *, distance, miner, reduction, reducer, embedding_regularizer,
                  embedding_reg_weight):
         super().__init__(
@@ -35,11 +37,6 @@ class _LiftedBase(PairLoss):
             reducer=reducer,
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
-        )
-        validate_params(
-            type(self).__name__,
-            {"neg_margin": neg_margin, "pos_margin": pos_margin},
-            {"neg_margin": [Interval(float)], "pos_margin": [Interval(float)]},
         )
         self.neg_margin = float(neg_margin)
         self.pos_margin = float(pos_margin)

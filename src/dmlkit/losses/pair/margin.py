@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
+from dmlkit._validation import BOOL, NONE, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
@@ -42,6 +42,17 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
 
     supports_weights = True
     _repr_keys = ("margin", "nu", "triplets_per_anchor", "learn_beta", "num_classes", "form", "reduction")
+
+    _parameter_constraints = {
+        "margin": [Interval(float)],
+        "nu": [Interval(float, 0, None)],
+        "beta": [Interval(float)],
+        "triplets_per_anchor": [Options(("all",)), Interval(int, 1, None)],
+        "learn_beta": [BOOL],
+        "num_classes": [NONE, Interval(int, 1, None)],
+        "form": [Options(("triplet", "pair"))],
+        "seed": [Interval(int, 0, None)],
+    }
 
     def __init__(
         self,
@@ -66,29 +77,6 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
             reducer=reducer,
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
-        )
-        validate_params(
-            type(self).__name__,
-            {
-                "margin": margin,
-                "nu": nu,
-                "beta": beta,
-                "triplets_per_anchor": triplets_per_anchor,
-                "learn_beta": learn_beta,
-                "num_classes": num_classes,
-                "form": form,
-                "seed": seed,
-            },
-            {
-                "margin": [Interval(float)],
-                "nu": [Interval(float, 0, None)],
-                "beta": [Interval(float)],
-                "triplets_per_anchor": [Options(("all",)), Interval(int, 1, None)],
-                "learn_beta": [BOOL],
-                "num_classes": [NONE, Interval(int, 1, None)],
-                "form": [Options(("triplet", "pair"))],
-                "seed": [Interval(int, 0, None)],
-            },
         )
         self.margin = float(margin)
         self.nu = float(nu)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit._validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import log1p_exp
@@ -36,6 +36,14 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
 
     _repr_keys = ("margin", "swap", "smooth_loss", "triplets_per_anchor", "reduction")
 
+    _parameter_constraints = {
+        "margin": [Interval(float)],
+        "swap": [BOOL],
+        "smooth_loss": [BOOL],
+        "triplets_per_anchor": [Options(("all",)), Interval(int, 1, None)],
+        "seed": [Interval(int, 0, None)],
+    }
+
     def __init__(
         self,
         margin: float = 0.05,
@@ -56,23 +64,6 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
             reducer=reducer,
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
-        )
-        validate_params(
-            type(self).__name__,
-            {
-                "margin": margin,
-                "swap": swap,
-                "smooth_loss": smooth_loss,
-                "triplets_per_anchor": triplets_per_anchor,
-                "seed": seed,
-            },
-            {
-                "margin": [Interval(float)],
-                "swap": [BOOL],
-                "smooth_loss": [BOOL],
-                "triplets_per_anchor": [Options(("all",)), Interval(int, 1, None)],
-                "seed": [Interval(int, 0, None)],
-            },
         )
         self.margin = float(margin)
         self.swap = swap

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Options, validate_params
+from dmlkit._validation import Options
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
@@ -31,6 +31,8 @@ class ProxyLoss(MetricLoss):
     #: Reductions this loss implements (its equation's own averaging; ``reducer=`` may only name it).
     reductions: tuple[str, ...] = ("mean",)
 
+    _parameter_constraints = {"matmul_precision": [Options(MATMUL_PRECISIONS)]}
+
     def default_distance(self) -> BaseDistance | None:
         """The measure between embeddings and proxies that this loss's equation uses (None: set elsewhere)."""
         return None
@@ -56,9 +58,6 @@ class ProxyLoss(MetricLoss):
         self.distance = self._check_distance(distance, owner)
         self.reducer = get_reducer(self.reductions[0] if reducer is None else reducer, owner, self.reductions)
         self.set_regularizers(embedding_regularizer, embedding_reg_weight, weight_regularizer, weight_reg_weight)
-        validate_params(
-            owner, {"matmul_precision": matmul_precision}, {"matmul_precision": [Options(MATMUL_PRECISIONS)]}
-        )
         self.matmul_precision = matmul_precision
         self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
         self._workspace = Workspace()

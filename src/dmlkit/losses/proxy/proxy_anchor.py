@@ -8,7 +8,7 @@ from typing import Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit._validation import Interval, Options
 from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import exp_sum_, log1p_sum_exp
@@ -83,6 +83,12 @@ class ProxyAnchorLoss(ProxyLoss):
         "num_classes", "embedding_size", "proxies_per_class", "margin", "alpha", "assignment", "matmul_precision"
     )
 
+    _parameter_constraints = {
+        "margin": [Interval(float, 0, None, closed="neither")],
+        "alpha": [Interval(float, 0, None, closed="neither")],
+        "assignment": [Options(("static", "nearest"))],
+    }
+
     def __init__(
         self,
         num_classes: int,
@@ -102,15 +108,6 @@ class ProxyAnchorLoss(ProxyLoss):
         weight_regularizer: object | None = None,
         weight_reg_weight: float = 1.0,
     ):
-        validate_params(
-            "ProxyAnchorLoss",
-            {"margin": margin, "alpha": alpha, "assignment": assignment},
-            {
-                "margin": [Interval(float, 0, None, closed="neither")],
-                "alpha": [Interval(float, 0, None, closed="neither")],
-                "assignment": [Options(("static", "nearest"))],
-            },
-        )
         super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision,
             distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,

@@ -6,7 +6,7 @@ from functools import partial
 
 import torch
 
-from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit._validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import exp_sum_
@@ -81,6 +81,12 @@ class ProxyNCALoss(ProxyLoss):
         "matmul_precision",
     )
 
+    _parameter_constraints = {
+        "softmax_scale": [Interval(float, 0, None, closed="neither")],
+        "assignment": [Options(("static", "nearest", "dynamic"))],
+        "exclude_positive": [BOOL],
+    }
+
     def __init__(
         self,
         num_classes: int,
@@ -100,15 +106,6 @@ class ProxyNCALoss(ProxyLoss):
         weight_regularizer: object | None = None,
         weight_reg_weight: float = 1.0,
     ):
-        validate_params(
-            type(self).__name__,
-            {"softmax_scale": softmax_scale, "assignment": assignment, "exclude_positive": exclude_positive},
-            {
-                "softmax_scale": [Interval(float, 0, None, closed="neither")],
-                "assignment": [Options(("static", "nearest", "dynamic"))],
-                "exclude_positive": [BOOL],
-            },
-        )
         super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, matmul_precision,
             distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
@@ -148,6 +145,8 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
 
     _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "temperature", "assignment", "matmul_precision")
 
+    _parameter_constraints = {"temperature": [Interval(float, 0, None, closed="neither")]}
+
     def __init__(
         self,
         num_classes: int,
@@ -166,11 +165,6 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
         weight_regularizer: object | None = None,
         weight_reg_weight: float = 1.0,
     ):
-        validate_params(
-            "ProxyNCAPlusPlusLoss",
-            {"temperature": temperature},
-            {"temperature": [Interval(float, 0, None, closed="neither")]},
-        )
         super().__init__(
             num_classes, embedding_size, 1.0 / temperature, proxies_per_class, assignment, False, proxy_init, seed,
             matmul_precision,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit._validation import Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize, squared_euclidean
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
@@ -26,6 +26,8 @@ class ProxyTripletLoss(ProxyLoss):
     reductions = ("mean_nonzero", "mean", "sum", "threshold")
     _repr_keys = ("num_classes", "embedding_size", "proxies_per_class", "margin", "assignment", "reduction")
 
+    _parameter_constraints = {"margin": [Interval(float, 0, None)], "assignment": [Options(("static", "nearest", "dynamic"))]}
+
     def __init__(
         self,
         num_classes: int,
@@ -37,11 +39,6 @@ class ProxyTripletLoss(ProxyLoss):
         proxy_init: str = "normal",
         seed: int = 0,
     ):
-        validate_params(
-            "ProxyTripletLoss",
-            {"margin": margin, "assignment": assignment},
-            {"margin": [Interval(float, 0, None)], "assignment": [Options(("static", "nearest", "dynamic"))]},
-        )
         super().__init__(num_classes, embedding_size, proxies_per_class, proxy_init, seed, reducer=reduction)
         self.margin = float(margin)
         self.assignment = assignment

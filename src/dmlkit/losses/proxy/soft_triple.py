@@ -7,7 +7,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.exceptions import DataError
 from dmlkit.losses._cpu_ops import exp
@@ -68,6 +68,14 @@ class SoftTripleLoss(ProxyLoss):
         "num_classes", "embedding_size", "proxies_per_class", "la", "gamma", "margin", "tau", "matmul_precision"
     )
 
+    _parameter_constraints = {
+        "centers_per_class": [Interval(int, 1, None)],
+        "la": [Interval(float, 0, None, closed="neither")],
+        "gamma": [Interval(float, 0, None, closed="neither")],
+        "margin": [Interval(float, None, None)],
+        "tau": [Interval(float, 0, None)],
+    }
+
     def __init__(
         self,
         num_classes: int,
@@ -88,17 +96,6 @@ class SoftTripleLoss(ProxyLoss):
         weight_regularizer: object | None = None,
         weight_reg_weight: float = 1.0,
     ):
-        validate_params(
-            "SoftTripleLoss",
-            {"centers_per_class": centers_per_class, "la": la, "gamma": gamma, "margin": margin, "tau": tau},
-            {
-                "centers_per_class": [Interval(int, 1, None)],
-                "la": [Interval(float, 0, None, closed="neither")],
-                "gamma": [Interval(float, 0, None, closed="neither")],
-                "margin": [Interval(float, None, None)],
-                "tau": [Interval(float, 0, None)],
-            },
-        )
         super().__init__(num_classes, embedding_size, centers_per_class, proxy_init, seed, matmul_precision,
             distance=distance, reducer=reducer, embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight, weight_regularizer=weight_regularizer,
