@@ -38,6 +38,10 @@ class BaseReducer:
     def count(self, terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def divisor(self, num_selected, num_nonzero):
+        """What the sum of the terms is divided by, from counts a loss already has (its analytic paths)."""
+        raise TypeError(f"{type(self).__name__} needs the terms themselves; this loss reduces from counts.")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -56,6 +60,9 @@ class MeanReducer(BaseReducer):
     def count(self, terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return mask.sum()
 
+    def divisor(self, num_selected, num_nonzero):
+        return num_selected
+
 
 class AvgNonZeroReducer(BaseReducer):
     """Average over the selected terms that are > 0 (PML's ``AvgNonZeroReducer``)."""
@@ -64,6 +71,9 @@ class AvgNonZeroReducer(BaseReducer):
 
     def count(self, terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return (mask & (terms > 0)).sum()
+
+    def divisor(self, num_selected, num_nonzero):
+        return num_nonzero
 
 
 class SumReducer(BaseReducer):
@@ -75,6 +85,9 @@ class SumReducer(BaseReducer):
         if mask is None:
             return terms.sum()
         return torch.where(mask, terms, terms.new_zeros(())).sum()
+
+    def divisor(self, num_selected, num_nonzero):
+        return num_selected * 0 + 1  # 1, as the counts' type (int or tensor)
 
 
 class ThresholdReducer(BaseReducer):

@@ -212,6 +212,10 @@ def test_reducer_objects_and_names_are_one_spelling():
     assert AvgNonZeroReducer()(terms, mask) == 1.5
     assert SumReducer()(terms, mask) == 3.0
     assert ThresholdReducer(low=0.5, high=2.5)(terms, mask) == 1.5
+    # the same rules from counts (the analytic losses' route): selected 3, non-zero 2
+    assert (MeanReducer().divisor(3, 2), AvgNonZeroReducer().divisor(3, 2), SumReducer().divisor(3, 2)) == (3, 2, 1)
+    with pytest.raises(TypeError, match="ThresholdReducer needs the terms"):
+        ThresholdReducer(low=0.5).divisor(3, 2)
     assert dml_losses.ContrastiveLoss(reducer=pml_reducers.MeanReducer()).reduction == "mean"
     assert dml_losses.ContrastiveLoss(reduction="sum").reducer == SumReducer()
     with pytest.raises(InvalidParameterError, match="'reduction' parameter of MultiSimilarityLoss must be one of"):

@@ -7,6 +7,7 @@ import torch
 
 from dmlkit.losses.logsumexp import log1p_exp
 from dmlkit.losses.pair.terms import CHUNK_ELEMENTS, attach_gradient
+from dmlkit.losses.reducers import BaseReducer
 
 
 def all_triplets_margin(
@@ -16,7 +17,7 @@ def all_triplets_margin(
     margin: float,
     *,
     smooth: bool,
-    reduction: str,
+    reducer: BaseReducer,
     dis_pn: torch.Tensor | None = None,
     pn_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -66,10 +67,7 @@ def all_triplets_margin(
                 coeff_pn.index_put_((pn_rows[p],), -torch.where(use_pn, slope, 0.0), accumulate=True)
             else:
                 coeff.index_put_((a,), -slope, accumulate=True)
-        if reduction == "sum":
-            denom = d.new_ones(())
-        else:
-            denom = (num_nonzero if reduction == "mean_nonzero" else num_all).clamp_min(1).to(d.dtype)
+        denom = torch.as_tensor(reducer.divisor(num_all, num_nonzero)).clamp_min(1).to(d.dtype)
     parts = [(dis, coeff / denom)]
     if dis_pn is not None:
         parts.append((dis_pn, coeff_pn / denom))

@@ -87,13 +87,8 @@ class ContrastiveLoss(PairLoss):
             return pairs.attach(value, coefficient.mul_(sign) if sign < 0 else coefficient)
         pos_sum, neg_sum = pos_terms.sum(), neg_terms.sum()
         pos_active, neg_active = pos_terms.sign_(), neg_terms.sign_()
-        if self.reduction == "sum":
-            pos_count = neg_count = mat.new_ones(())
-        elif self.reduction == "mean":
-            pos_count, neg_count = masks.positive.sum(), masks.negative.sum()
-        else:  # mean_nonzero: the terms > 0
-            pos_count, neg_count = pos_active.sum(), neg_active.sum()
-        pos_count, neg_count = pos_count.clamp_min(1.0), neg_count.clamp_min(1.0)
+        pos_count = self.reducer.divisor(masks.positive.sum(), pos_active.sum()).clamp_min(1.0)
+        neg_count = self.reducer.divisor(masks.negative.sum(), neg_active.sum()).clamp_min(1.0)
         value = pos_sum / pos_count + neg_sum / neg_count
         # d(loss)/d(mat) = sign * ([active positive] / n_pos - [active negative] / n_neg)
         #                = (sign / n_pos) * ([active positive] - (n_pos / n_neg) [active negative]).

@@ -138,7 +138,7 @@ class GeneralizedLiftedStructureLoss(_LiftedBase):
         # An empty half (no positive or no negative) has a -inf log-sum: it counts 0 (PML's rule).
         empty = float("-inf")
         per_anchor = (pos_lse.masked_fill_(pos_lse == empty, 0.0) + neg_lse.masked_fill_(neg_lse == empty, 0.0)).clamp_min_(0.0)
-        scale = 1.0 if self.reduction == "sum" else 1.0 / per_anchor.shape[0]
+        scale = 1.0 / self.reducer.divisor(per_anchor.shape[0], per_anchor.shape[0])  # mean over anchors, or sum
         value = per_anchor.sum() * scale
         # d(loss)/d(mat) = sign [hinge active] (softmax_P - softmax_N) * scale.
         active = torch.sign(per_anchor).mul_(sign * scale).unsqueeze(1)

@@ -160,7 +160,7 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
 
         ``unit_beta`` sums each unit's (triplet's or pair's) beta, as PML's per-class penalty.
         """
-        divisor = {"sum": total.new_ones(()), "mean": count, "mean_nonzero": nonzero}[self.reduction]
+        divisor = self.reducer.divisor(count, nonzero)
         safe = divisor.clamp_min(1)
         loss = total / safe
         if self.learn_beta and self.nu != 0:

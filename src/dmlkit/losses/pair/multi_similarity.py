@@ -36,7 +36,7 @@ class MultiSimilarityLoss(ThresholdedPairLoss):
         neg_logits = (pairs.mat - self.base).mul_(-sign * self.beta).masked_fill_(not_neg, float("-inf"))
         pos_lse, pos_soft = softmax_with_one(pos_logits)
         neg_lse, neg_soft = softmax_with_one(neg_logits)
-        scale = 1.0 if self.reduction == "sum" else 1.0 / pos_lse.shape[0]
+        scale = 1.0 / self.reducer.divisor(pos_lse.shape[0], pos_lse.shape[0])  # mean over anchors, or sum
         value = (pos_lse.sum() / self.alpha + neg_lse.sum() / self.beta) * scale
         # d(pos_lse / alpha)/d(excess) = pos_soft; d(neg_lse / beta)/d(excess) = -neg_soft.
         return pairs.attach(value, pos_soft.sub_(neg_soft).mul_(sign * scale))

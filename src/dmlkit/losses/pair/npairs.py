@@ -57,7 +57,7 @@ class NPairsLoss(PairLoss):
         # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
         sign = 1.0 if self.distance.is_inverted else -1.0
         log_soft = torch.log_softmax(pairs.mat if sign > 0 else -pairs.mat, 1)
-        scale = 1.0 / max(anchors.numel(), 1) if self.reduction == "mean" else 1.0
+        scale = 1.0 / max(self.reducer.divisor(anchors.numel(), anchors.numel()), 1)
         value = torch.trace(log_soft) * -scale
         soft = log_soft.exp_()
         soft.diagonal().sub_(1.0)

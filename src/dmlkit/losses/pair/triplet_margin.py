@@ -101,7 +101,7 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
                     masks.negative,
                     self.margin,
                     smooth=self.smooth_loss,
-                    reduction=self.reduction,
+                    reducer=self.reducer,
                     dis_pn=dis_pn,
                     pn_rows=pn_rows,
                 )
