@@ -8,12 +8,41 @@ points below. Hook state is part of every checkpoint (``state_dict``), so resume
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from dmlkit.engine.trainer import Trainer
+    from torch import nn
+
+    from dmlkit.config.schema import RunConfig
+    from dmlkit.data.base import DataSplits
+    from dmlkit.engine.builders import LabelMap
+    from dmlkit.engine.run_dir import RunDirectory
+
+
+class TrainingState(Protocol):
+    """Everything a method's hooks may read or change on the trainer: the whole interface.
+
+    A method reads the run's ``cfg``, ``splits`` (``train``/``val``), ``label_map`` (dataset
+    labels -> 0..C-1) and ``device``; it may change ``model`` and ``objective`` weights (the
+    proxies are ``objective.loss.bank``) and ``optimizer`` state; it reads the loop's position
+    (``step``, ``elapsed``) and selection (``best_score``, ``evals_since_best``); it logs through
+    ``run.log(record)``. Nothing else of the trainer is part of the contract.
+    """
+
+    cfg: "RunConfig"
+    splits: "DataSplits"
+    label_map: "LabelMap"
+    device: torch.device
+    model: "nn.Module"
+    objective: "nn.Module"
+    optimizer: torch.optim.Optimizer
+    run: "RunDirectory"
+    step: int
+    elapsed: float
+    best_score: float
+    evals_since_best: int
 
 
 class MethodHooks:
@@ -29,20 +58,20 @@ class MethodHooks:
         """Loss constructor arguments the method sets (only used where the loss takes them)."""
         return {}
 
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: TrainingState) -> None:
         """Called once before the first step (also after a resume)."""
 
-    def on_batch_embeddings(self, trainer: "Trainer", indices: list[int], embeddings: torch.Tensor) -> None:
+    def on_batch_embeddings(self, trainer: TrainingState, indices: list[int], embeddings: torch.Tensor) -> None:
         """Called with each training batch's dataset rows and (detached) embeddings."""
 
-    def after_backward(self, trainer: "Trainer") -> None:
+    def after_backward(self, trainer: TrainingState) -> None:
         """Called after ``loss.backward()``, before clipping and the optimiser step."""
 
-    def on_evaluation(self, trainer: "Trainer", score: float, improved: bool) -> bool:
+    def on_evaluation(self, trainer: TrainingState, score: float, improved: bool) -> bool:
         """Called after each validation; return True to stop training."""
         return trainer.evals_since_best >= (trainer.cfg.train.patience or math.inf)
 
-    def on_train_end(self, trainer: "Trainer") -> None:
+    def on_train_end(self, trainer: TrainingState) -> None:
         """Called once after the last step, before the selected weights are tested."""
 
     def state_dict(self) -> dict:

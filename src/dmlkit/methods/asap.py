@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from dmlkit.engine.builders import shuffle_within_classes
-from dmlkit.engine.hooks import MethodHooks
+from dmlkit.engine.hooks import MethodHooks, TrainingState
 from dmlkit.exceptions import ConfigError
 from dmlkit.methods import METHODS
 from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dmlkit.engine.trainer import Trainer
 
 
 def proximal_gradient_(params: list[torch.nn.Parameter], anchors: list[torch.Tensor], lam: float) -> None:
@@ -64,7 +60,7 @@ class AsapHooks(MethodHooks):
     def loss_arguments(cls, cfg) -> dict:
         return {"proxies_per_class": cfg.asap.proxies_per_class}  # K proxies per class (Eq. 4.11)
 
-    def __init__(self, trainer: "Trainer"):
+    def __init__(self, trainer: TrainingState):
         cfg = trainer.cfg.asap
         self.cfg = cfg
         loss = trainer.objective.loss
@@ -100,25 +96,25 @@ class AsapHooks(MethodHooks):
 
     # ------------------------------------------------------------------ engine hooks
 
-    def _params(self, trainer: "Trainer") -> list[torch.nn.Parameter]:
+    def _params(self, trainer: TrainingState) -> list[torch.nn.Parameter]:
         return [p for p in trainer.model.parameters() if p.requires_grad]
 
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: TrainingState) -> None:
         if not self.started:
             self.start_projection(trainer)
         elif not self.anchors:  # resumed: anchors come from state_dict
             raise RuntimeError("ASAP state restored without its anchor parameters")
 
-    def on_batch_embeddings(self, trainer: "Trainer", indices: list[int], embeddings: torch.Tensor) -> None:
+    def on_batch_embeddings(self, trainer: TrainingState, indices: list[int], embeddings: torch.Tensor) -> None:
         if self.cache is not None:
             idx = torch.as_tensor(indices, dtype=torch.int64, device=self.device)
             self.cache[idx] = embeddings.detach().float()
             self.cache_filled[idx] = True
 
-    def after_backward(self, trainer: "Trainer") -> None:
+    def after_backward(self, trainer: TrainingState) -> None:
         proximal_gradient_(self._params(trainer), self.anchors, self.cfg.proximal_lambda)
 
-    def on_evaluation(self, trainer: "Trainer", score: float, improved: bool) -> bool:
+    def on_evaluation(self, trainer: TrainingState, score: float, improved: bool) -> bool:
         if score > self.projection_best:
             self.projection_best = score
             self.projection_evals_since_best = 0
@@ -129,14 +125,14 @@ class AsapHooks(MethodHooks):
             return False
         return self.end_projection(trainer)
 
-    def on_train_end(self, trainer: "Trainer") -> None:
+    def on_train_end(self, trainer: TrainingState) -> None:
         """Log the projection the step budget interrupted (``complete: false``)."""
         if self.projection_start_step < trainer.step and self.projection_best > -math.inf:
             self.log_projection(trainer, complete=False)
 
     # ------------------------------------------------------------------ projections
 
-    def log_projection(self, trainer: "Trainer", complete: bool) -> None:
+    def log_projection(self, trainer: TrainingState, complete: bool) -> None:
         """One ``kind: projection`` record: steps, best MAP@R, covering radius before/after, proxy spread."""
         trainer.run.log(
             {
@@ -153,7 +149,7 @@ class AsapHooks(MethodHooks):
             }
         )
 
-    def end_projection(self, trainer: "Trainer") -> bool:
+    def end_projection(self, trainer: TrainingState) -> bool:
         """theta* <- best theta of this projection; log it; decide whether to start another."""
         if self.projection_best_state is not None:
             trainer.model.load_state_dict(self.projection_best_state)
@@ -168,7 +164,7 @@ class AsapHooks(MethodHooks):
         self.start_projection(trainer)
         return False
 
-    def start_projection(self, trainer: "Trainer") -> None:
+    def start_projection(self, trainer: TrainingState) -> None:
         """Re-initialise proxies by greedy k-center, anchor theta*, reset proxy optimiser state."""
         self.started = True
         self.anchors = [p.detach().clone() for p in self._params(trainer)]
@@ -206,7 +202,7 @@ class AsapHooks(MethodHooks):
         return rows, rows >= 0
 
     @torch.no_grad()
-    def pool_embeddings(self, trainer: "Trainer") -> tuple[torch.Tensor, torch.Tensor]:
+    def pool_embeddings(self, trainer: TrainingState) -> tuple[torch.Tensor, torch.Tensor]:
         """``[C, b, D]`` embeddings of ``b`` random samples per class and the ``[C, b]`` validity mask.
 
         ``pool_source="forward"`` embeds them with the current model (the paper's way);
@@ -232,7 +228,7 @@ class AsapHooks(MethodHooks):
         return out, mask
 
     @torch.no_grad()
-    def training_covering_radius(self, trainer: "Trainer", per_class: int = 16) -> float:
+    def training_covering_radius(self, trainer: TrainingState, per_class: int = 16) -> float:
         """ASAP App. A.3.1: mean over k of the greedy k-center radius of up to ``per_class`` training embeddings per class."""
         from dmlkit.evaluation.embed import embed_dataset
 

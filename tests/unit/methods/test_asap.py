@@ -150,3 +150,14 @@ def test_resume_in_the_middle_of_a_projection_is_exact(tmp_path, asap_run):
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     assert result_a.test_metrics == result_b.test_metrics
+
+
+def test_asap_reads_the_trainer_only_through_the_documented_training_state():
+    import re
+    from pathlib import Path
+
+    from dmlkit.engine.hooks import TrainingState
+
+    source = (Path(__file__).resolve().parents[3] / "src" / "dmlkit" / "methods" / "asap.py").read_text()
+    used = set(re.findall(r"trainer\.([a-z_]+)", source))
+    assert used and used <= set(TrainingState.__annotations__), used - set(TrainingState.__annotations__)
