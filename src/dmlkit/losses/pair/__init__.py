@@ -1,8 +1,10 @@
 """Pair-based losses (contrastive, triplet, margin, multi-similarity, lifted, N-pairs, binomial).
 
-Each loss is a :class:`~dmlkit.losses.base.MetricLoss` called as ``loss(embeddings [B, D],
-labels [B], *, pairs=None, weights=None, ref_emb=None, ref_labels=None, pos_mask=None)``,
-with PML's class names, argument names and defaults, and is registered in ``LOSSES``.
+Each loss is a :class:`~dmlkit.losses.base.MetricLoss` called as PML's are, ``loss(embeddings
+[B, D], labels [B], indices_tuple=None, ref_emb=None, ref_labels=None)``, plus dmlkit's keyword
+pair sources (``pairs=``, ``weights=``, ``pos_mask=``), with PML's class names, argument names
+and defaults (``distance=``, ``reducer=``, ``embedding_regularizer=`` included), and is
+registered in ``LOSSES``.
 
 Where the papers and PML differ, dmlkit follows PML by default (drop-in values) and offers
 the paper's choice as an option; each module's docstring lists its differences:
@@ -16,7 +18,7 @@ the paper's choice as an option; each module's docstring lists its differences:
   positive-to-negative distance and lifted structure uses the anchor's negatives only,
   where PML indexes anchor rows with reference indices;
 * empty sets — terms over an empty set of pairs are 0, never NaN; the generalized lifted
-  loss skips anchors without positives (PML keeps their negative half).
+  loss keeps the non-empty half of an anchor without positives (or negatives), as PML does.
 """
 
 from dmlkit.losses.pair.base import PairLoss
