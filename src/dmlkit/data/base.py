@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dmlkit.exceptions import DataError
+from dmlkit.seeds import derive_seed
 
 Transform = Callable[[Any], torch.Tensor]
 
@@ -32,11 +33,8 @@ def load_image(path: str) -> Any:
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
-    """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (numpy SeedSequence mixing)."""
-    import numpy as np
-
-    state = np.random.SeedSequence([int(seed), int(epoch), int(index)]).generate_state(1, dtype=np.uint64)[0]
-    return int(state) & ((1 << 63) - 1)
+    """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (:func:`dmlkit.seeds.derive_seed`)."""
+    return derive_seed(seed, epoch, index)
 
 
 class SeededAugmentation:

@@ -17,14 +17,14 @@ from torch.utils.data import Sampler
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, validate_params
 from dmlkit.exceptions import CheckpointError, DataError, InvalidParameterError
+from dmlkit.seeds import derive_generator
 
 SAMPLERS: Registry = Registry("sampler")
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    """A CPU generator seeded from ``(seed, epoch)`` via numpy's SeedSequence (independent streams)."""
-    state = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+    """A CPU generator for the batches of ``epoch`` (:func:`dmlkit.seeds.derive_generator`)."""
+    return derive_generator(seed, epoch)
 
 
 def _as_labels(labels: torch.Tensor | Sequence[int] | np.ndarray, owner: str) -> torch.Tensor:
