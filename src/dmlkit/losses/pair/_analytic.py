@@ -24,8 +24,8 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import threshold
 
+from dmlkit._cpu_ops import matmul_nt
 from dmlkit.distances import BaseDistance
-from dmlkit.losses._cpu_ops import matmul_nt
 from dmlkit.losses.pair.terms import attach_gradient
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.

@@ -7,10 +7,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from dmlkit._cpu_ops import exp
 from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
 from dmlkit.exceptions import DataError
-from dmlkit.losses._cpu_ops import exp
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import exp_is_safe, exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss

@@ -1,5 +1,5 @@
-"""CPU fast paths of the fused losses: ``exp`` for the large exponential passes, and the skinny
-``[N, D] x [D, B]`` products (``N >> B``) through oneDNN.
+"""CPU fast paths of the fused losses and the distances: ``exp`` for the large exponential passes,
+and the skinny ``[N, D] x [D, B]`` products (``N >> B``) through oneDNN.
 
 **exp.** On CPU, ``torch.exp2`` of fp32 runs several times faster than ``torch.exp``, so
 ``exp(x) = 2^(x log2 e)`` with one extra multiply is faster overall (timings in
