@@ -1,6 +1,7 @@
 """Distances, similarities and embedding normalisations."""
 
 from dmlkit._registry import Registry
+from dmlkit.distances._closed_form import MatrixContext
 from dmlkit.distances.normalization import (
     NORMALIZATIONS,
     bounded_normalize,
@@ -30,6 +31,7 @@ __all__ = [
     "CosineSimilarity",
     "DotProductSimilarity",
     "LpDistance",
+    "MatrixContext",
     "DISTANCES",
     "NORMALIZATIONS",
     "as_distance",

@@ -7,8 +7,10 @@ for similarities (larger means closer), as in pytorch-metric-learning.
 from __future__ import annotations
 
 import torch
+from torch.nn.functional import threshold
 
 from dmlkit._validation import Options, validate_params
+from dmlkit.distances._closed_form import EPS, MatrixContext
 from dmlkit.distances.normalization import l2_normalize
 
 
@@ -16,23 +18,67 @@ class BaseDistance(torch.nn.Module):
     """Interface: ``forward(x, y=None) -> [B, R]``; ``y`` defaults to ``x``.
 
     ``matrix(x, refs)`` is the same matrix by the fastest route this measure knows (losses call
-    it); ``analytic_form`` names the closed-form gradient the pair losses apply for this measure
-    (``"cosine"``, ``"dot"``, ``"lp"``, ``"normalised_lp"``) or is None (autograd through
-    :meth:`pairwise`, e.g. for a user subclass or a wrapped PML distance).
+    it). A measure with a closed-form gradient (``has_closed_form``) also computes the matrix
+    without autograd (:meth:`matrix_forward`) and maps ``d(loss)/d(matrix)`` to the embeddings
+    (:meth:`matrix_backward`): the pair losses that know ``d(loss)/d(matrix)`` then need no
+    autograd graph. Any other measure (a user subclass, a wrapped PML distance) keeps autograd
+    through :meth:`pairwise`.
     """
 
     is_inverted: bool = False
+
+    #: Whether :meth:`matrix_forward` computes a ``[rows, cols]`` block of the same-set matrix
+    #: itself; otherwise the losses pass the selected rows and columns as two sets.
+    supports_blocks: bool = False
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         return self.pairwise(x, x if y is None else y)
 
     @property
-    def analytic_form(self) -> str | None:
-        return None
+    def has_closed_form(self) -> bool:
+        """Whether :meth:`matrix_forward` / :meth:`matrix_backward` (and the fast :meth:`matrix`) apply.
+
+        Only on the class that defines ``matrix_backward``: a subclass may redefine the measure,
+        so it keeps autograd until it writes its own.
+        """
+        cls = type(self)
+        return cls is not BaseDistance and "matrix_backward" in vars(cls)
+
+    @property
+    def is_nonnegative(self) -> bool:
+        """Whether every value is known to be ``>= 0`` (a hinge at 0 is then the value itself)."""
+        return False
 
     def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
         """``[B, R]`` between ``x [B, D]`` and ``refs [R, D]``, equal to ``self(x, refs)``."""
         return self(x, refs)
+
+    def matrix_forward(
+        self,
+        x: torch.Tensor,
+        refs: torch.Tensor,
+        same_set: bool = False,
+        rows: torch.Tensor | None = None,
+        cols: torch.Tensor | None = None,
+    ) -> MatrixContext:
+        """The matrix between detached ``x [B, D]`` and ``refs [R, D]`` without autograd, as ``ctx.mat``.
+
+        ``same_set`` means ``refs is x``; ``rows`` and ``cols`` (with ``supports_blocks``) ask
+        for the ``[rows, cols]`` block of the same-set matrix. The context keeps what
+        :meth:`matrix_backward` reads. Values equal :meth:`matrix`'s up to rounding. Call it under
+        ``torch.no_grad()``, and only when ``has_closed_form``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form gradient; use autograd")
+
+    def matrix_backward(
+        self, ctx: MatrixContext, grad: torch.Tensor, need_x: bool = True, need_refs: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(dx, drefs)``: the gradients of ``sum(grad * ctx.mat)`` w.r.t. ``x`` and ``refs``.
+
+        ``grad [B, R]`` is ``d(loss)/d(matrix)``; ``drefs`` is None for the same set (``dx``
+        then sums both roles) and may be None when ``need_refs`` is False (``dx`` likewise).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form gradient; use autograd")
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -46,31 +92,52 @@ class CosineSimilarity(BaseDistance):
     """Cosine similarity ``<x/|x|, y/|y|>``; computes the normalisation itself."""
 
     is_inverted = True
+    supports_blocks = True
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return l2_normalize(x) @ l2_normalize(y).T
 
-    @property
-    def analytic_form(self) -> str | None:
-        return "cosine" if type(self) is CosineSimilarity else None  # a subclass may redefine the measure
-
     def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
-        if self.analytic_form is None:
+        if not self.has_closed_form:
             return self(x, refs)
         return normalised_product(x, refs)[0]
+
+    def matrix_forward(self, x, refs, same_set=False, rows=None, cols=None) -> MatrixContext:
+        """``x_n r_n^T`` as the product ``x_n r^T`` scaled by ``1 / |r|`` (no normalised copy of ``refs``)."""
+        ctx = MatrixContext(x, refs, same_set, rows, cols)
+        product = ctx.normalised_product()
+        ctx.mat = product if same_set else product.mul_(ctx.r_scale)
+        return ctx
+
+    def matrix_backward(self, ctx, grad, need_x=True, need_refs=True):
+        """``s = x_n r_n^T`` with ``x_n = x / max(|x|, eps)``: ``dx_n = G r_n``, then
+        ``dx = (dx_n - x_n <dx_n, x_n>) / |x|`` (``dx_n / eps`` below ``eps``); ``dr`` likewise."""
+        return ctx.normalised_backward(grad, need_x, need_refs, self._grad_of_cosine)
+
+    @staticmethod
+    def _grad_of_cosine(grad: torch.Tensor, scale: torch.Tensor | None, mat: torch.Tensor) -> torch.Tensor:
+        """``d(loss)/d(cos)`` (times ``scale``): the matrix is the cosine."""
+        return grad if scale is None else grad * scale
 
 
 class DotProductSimilarity(BaseDistance):
     """Plain inner product ``<x, y>`` (no normalisation)."""
 
     is_inverted = True
+    supports_blocks = True
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x @ y.T
 
-    @property
-    def analytic_form(self) -> str | None:
-        return "dot" if type(self) is DotProductSimilarity else None
+    def matrix_forward(self, x, refs, same_set=False, rows=None, cols=None) -> MatrixContext:
+        """``x r^T``, one product."""
+        ctx = MatrixContext(x, refs, same_set, rows, cols)
+        ctx.mat = ctx.product(x)
+        return ctx
+
+    def matrix_backward(self, ctx, grad, need_x=True, need_refs=True):
+        """``s = x r^T``: ``dx = G r``, ``dr = G^T x`` (same set: ``dx = (G + G^T) x``)."""
+        return ctx.product_backward(grad, need_x, need_refs)
 
 
 class LpDistance(BaseDistance):
@@ -98,14 +165,12 @@ class LpDistance(BaseDistance):
         return sq if self.power == 2 else sq.clamp_min(1e-12).sqrt() * (sq > 1e-12)
 
     @property
-    def analytic_form(self) -> str | None:
-        if type(self) is not LpDistance:
-            return None
-        return "normalised_lp" if self.normalize_embeddings else "lp"
+    def is_nonnegative(self) -> bool:
+        return self.has_closed_form  # a subclass may redefine the measure
 
     def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
         """Between normalised rows: ``|x_n|^2 + |r_n|^2 - 2 cos`` from the scaled product (no normalised copy of ``refs``)."""
-        if self.analytic_form != "normalised_lp":
+        if not (self.normalize_embeddings and self.has_closed_form):
             return self(x, refs)
         cos, x_norm, x_scale, r_norm, r_scale = normalised_product(x, refs)
         # The squared norms are 1 (0 for a zero row) and carry no gradient; float masks instead of
@@ -118,6 +183,68 @@ class LpDistance(BaseDistance):
         if self.power == 2:
             return raw * apart
         return (raw * apart + (1.0 - apart)).sqrt() * apart
+
+    def matrix_forward(self, x, refs, same_set=False, rows=None, cols=None) -> MatrixContext:
+        """``d^2 = |x|^2 + |r|^2 - 2 x r^T`` (one product; between normalised rows from the scaled
+        cosine product, the squared norms being 1, or 0 for a zero or overflowing row)."""
+        ctx = MatrixContext(x, refs, same_set)
+        if self.normalize_embeddings:
+            product = ctx.normalised_product()
+            x_sq = (ctx.x_norm * ctx.x_scale).nan_to_num_(0.0).square_()
+            r_sq = x_sq.T if same_set else (ctx.r_norm * ctx.r_scale).nan_to_num_(0.0).square_()
+            if same_set:
+                raw = torch.add(x_sq, product, alpha=-2.0)
+            else:
+                raw = torch.addcmul(x_sq, product, ctx.r_scale, value=-2.0)
+            ctx.mat = self._root(raw.add_(r_sq))
+            return ctx
+        xx = (x * x).sum(1, keepdim=True)
+        rr = xx.T if same_set else (refs * refs).sum(1)
+        raw = ctx.product(x).mul_(-2.0).add_(xx).add_(rr)
+        ctx.nonneg = raw >= 0
+        ctx.mat = self._root(raw.clamp_min_(0.0))
+        return ctx
+
+    def matrix_backward(self, ctx, grad, need_x=True, need_refs=True):
+        """Between normalised rows, ``d(d)/d(cos) = -1/d`` (squared: ``-2``), then as the cosine.
+
+        Otherwise ``G' = G / (2d)`` (squared: ``G``), zero at coincident points as in the
+        forward, and ``d|x - r|^2 = 2 (x - r)``: ``dx = 2 (x rowsum(G') - G' r)``,
+        ``dr = 2 (r colsum(G') - G'^T x)``.
+        """
+        if self.normalize_embeddings:
+            return ctx.normalised_backward(grad, need_x, need_refs, self._grad_of_cosine)
+        x, r = ctx.x, ctx.refs
+        g = self._through_root(grad, 1.0, ctx.mat) * ctx.nonneg
+        gx, gr = ctx.product_backward(g, need_x, need_refs)
+        if ctx.same_set:
+            gx = (x * (g.sum(1, keepdim=True) + g.sum(0).unsqueeze(1))).sub_(gx).mul_(2.0)
+            return gx, None
+        if gx is not None:
+            gx = (x * g.sum(1, keepdim=True)).sub_(gx).mul_(2.0)
+        if gr is not None:
+            gr = (r * g.sum(0).unsqueeze(1)).sub_(gr).mul_(2.0)
+        return gx, gr
+
+    def _root(self, sq: torch.Tensor) -> torch.Tensor:
+        """The root for ``power=1``, exact zeros below ``EPS`` (always so between normalised rows)."""
+        if self.power == 2 and not self.normalize_embeddings:
+            return sq
+        sq = threshold(sq, EPS, 0.0, inplace=True)
+        return sq if self.power == 2 else sq.sqrt_()
+
+    def _through_root(self, grad: torch.Tensor, factor: float | torch.Tensor, mat: torch.Tensor) -> torch.Tensor:
+        """``factor`` d(loss)/d(squared distance) from ``grad`` = d(loss)/d(mat); zero at coincident points."""
+        if self.power == 2:
+            if not self.normalize_embeddings:
+                return grad
+            return grad * (mat > 0) * factor
+        # G / (2 d): d = 0 gives inf or nan, mapped to 0 (the forward's zero subgradient).
+        return torch.div(grad, mat).nan_to_num_(0.0, 0.0, 0.0).mul_(factor * 0.5)
+
+    def _grad_of_cosine(self, grad: torch.Tensor, scale: torch.Tensor | None, mat: torch.Tensor) -> torch.Tensor:
+        """``d(loss)/d(cos)`` (times ``scale``) between normalised rows: ``d(d^2)/d(cos) = -2``."""
+        return self._through_root(grad, -2.0 if scale is None else scale * -2.0, mat)
 
 
 def normalised_product(x: torch.Tensor, refs: torch.Tensor):

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
+from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
-from dmlkit.losses.pair._analytic import reference_major
 from dmlkit.mining.selection import PairSelection, TripletSelection
 
 

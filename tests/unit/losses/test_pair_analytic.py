@@ -1,16 +1,16 @@
-"""The analytic backward of the pair losses (``losses/pair/_analytic.py``) against finite differences."""
+"""The analytic backward of the pair losses (the distances' ``matrix_backward``) against finite differences."""
 
 import pytest
 import torch
 
 from dmlkit.distances import CosineSimilarity, DotProductSimilarity, LpDistance
+from dmlkit.distances._closed_form import REFERENCE_MAJOR_MIN_REFERENCES, SPARSE_MIN_REFERENCES
 from dmlkit.losses.pair import (
     ContrastiveLoss,
     GeneralizedLiftedStructureLoss,
     MultiSimilarityLoss,
     NPairsLoss,
 )
-from dmlkit.losses.pair._analytic import SPARSE_MIN_REFERENCES
 from dmlkit.mining.selection import PairSelection
 
 DISTANCES = {
@@ -113,7 +113,7 @@ def test_npairs_label_path_equals_the_selection_path():
 @pytest.mark.parametrize("distance", sorted(DISTANCES))
 def test_reference_major_product_equals_the_distance(distance):
     """Against a large reference set the matrix is built reference-major ([R, B] in memory)."""
-    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES, Pairwise
+    from dmlkit.losses.pair.terms import Pairwise
 
     x, _ = _batch(5, d=16)
     refs = torch.randn(REFERENCE_MAJOR_MIN_REFERENCES + 3, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
@@ -126,8 +126,6 @@ def test_reference_major_product_equals_the_distance(distance):
 @pytest.mark.parametrize("distance", sorted(DISTANCES))
 def test_reference_major_backward_equals_autograd(distance):
     """Every measure's gradient through a large (reference-major, column-sparse) reference set."""
-    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES
-
     x, y = _batch(4, d=3)  # in 3 dimensions many pairs are within the margin: a dense backward too
     g = torch.Generator().manual_seed(8)
     refs = torch.randn(REFERENCE_MAJOR_MIN_REFERENCES + 1, 3, generator=g, dtype=torch.float64)
@@ -157,7 +155,7 @@ def test_unknown_distance_falls_back_to_autograd_with_the_same_gradient(cls):
     y = torch.randint(0, 4, (16,), generator=g)
     distance = {ContrastiveLoss: LpDistance, MultiSimilarityLoss: CosineSimilarity}[cls]
     user = type("User" + distance.__name__, (distance,), {})  # a subclass keeps autograd
-    assert user().analytic_form is None and distance().analytic_form is not None
+    assert not user().has_closed_form and distance().has_closed_form
     known, fallback = cls(distance=distance()), cls(distance=user())
     a, b = known(x, y), fallback(x, y)
     assert a.item() == pytest.approx(b.item(), rel=1e-12)
@@ -165,13 +163,12 @@ def test_unknown_distance_falls_back_to_autograd_with_the_same_gradient(cls):
     torch.testing.assert_close(ga, gb)
 
 
-def test_each_distance_owns_its_matrix_and_names_its_gradient_form():
+def test_each_distance_owns_its_matrix_and_its_closed_form_gradient():
     g = torch.Generator().manual_seed(3)
     x, r = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g, dtype=torch.float64)
     r[2] = 0.0  # a zero row maps to the origin on both routes
-    for distance, form in [(CosineSimilarity(), "cosine"), (DotProductSimilarity(), "dot"),
-                           (LpDistance(power=1, normalize_embeddings=True), "normalised_lp"),
-                           (LpDistance(power=2, normalize_embeddings=True), "normalised_lp"),
-                           (LpDistance(power=1), "lp")]:
-        assert distance.analytic_form == form
+    for distance in [CosineSimilarity(), DotProductSimilarity(), LpDistance(power=1, normalize_embeddings=True),
+                     LpDistance(power=2, normalize_embeddings=True), LpDistance(power=1)]:
+        assert distance.has_closed_form
         torch.testing.assert_close(distance.matrix(x, r), distance(x, r))
+        torch.testing.assert_close(distance.matrix_forward(x, r).mat, distance(x, r))

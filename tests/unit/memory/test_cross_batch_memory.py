@@ -140,7 +140,7 @@ def test_class_ids_beyond_int32_give_the_same_loss():
 
 def test_large_memory_gradient_matches_the_dense_reference(monkeypatch):
     """A memory past the column-sparse threshold gives the gradient of the full pair set."""
-    import dmlkit.losses.pair._analytic as analytic
+    import dmlkit.distances._closed_form as closed_form
 
     g = torch.Generator().manual_seed(6)
     memory = CrossBatchMemory(ContrastiveLoss(), 64, memory_size=5000)
@@ -155,14 +155,14 @@ def test_large_memory_gradient_matches_the_dense_reference(monkeypatch):
     own[torch.arange(6), torch.arange(6)] = True  # the batch went to slots 0..5
     pos = (y[:, None] == mem_y[None, :]) & ~own
     b = x.clone().requires_grad_(True)
-    monkeypatch.setattr(analytic, "SPARSE_MIN_REFERENCES", 10**9)  # the dense backward
+    monkeypatch.setattr(closed_form, "SPARSE_MIN_REFERENCES", 10**9)  # the dense backward
     ContrastiveLoss()(b, y, pairs=PairSelection(pos, ~pos & ~own), ref_emb=mem_x.clone(), ref_labels=mem_y).backward()
     torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_large_memory_masks_are_reference_major_with_the_same_pairs():
     """Past the reference-major threshold the label masks share the distance matrix's layout."""
-    from dmlkit.losses.pair._analytic import REFERENCE_MAJOR_MIN_REFERENCES
+    from dmlkit.distances._closed_form import REFERENCE_MAJOR_MIN_REFERENCES
     from dmlkit.memory.cross_batch import _same_label
 
     g = torch.Generator().manual_seed(9)

@@ -21,9 +21,9 @@ import torch
 from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.pair._analytic import Pairwise
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import Pairwise
 
 
 @LOSSES.register("contrastive")
@@ -71,7 +71,7 @@ class ContrastiveLoss(PairLoss):
         # Hinges in the measure's own orientation: [d - pos_margin]_+ and [neg_margin - d]_+
         # for a distance, [pos_margin - s]_+ and [s - neg_margin]_+ for a similarity.
         sign = -1.0 if self.distance.is_inverted else 1.0
-        if sign > 0 and pairs.kind in ("lp", "normalised_lp") and self.pos_margin <= 0:
+        if sign > 0 and self.pos_margin <= 0 and self.distance.is_nonnegative:
             # d >= 0, so d - pos_margin needs no hinge.
             pos_terms = mat * masks.positive if self.pos_margin == 0 else (mat - self.pos_margin).mul_(masks.positive)
         else:

@@ -19,10 +19,9 @@ from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import masked_logsumexp, softmax_rows
-from dmlkit.losses.pair._analytic import Pairwise
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import dissimilarity, oriented
+from dmlkit.losses.pair.terms import Pairwise, dissimilarity, oriented
 
 
 class _LiftedBase(PairLoss):

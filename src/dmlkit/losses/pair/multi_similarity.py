@@ -13,9 +13,9 @@ import torch
 
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import softmax_with_one
-from dmlkit.losses.pair._analytic import Pairwise
 from dmlkit.losses.pair._thresholded import ThresholdedPairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import Pairwise
 
 
 @LOSSES.register("multi_similarity")

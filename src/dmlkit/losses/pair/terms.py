@@ -1,12 +1,17 @@
-"""Pair terms: the matrix oriented as larger-is-farther, weighted sums, and the analytic-gradient node.
+"""Pair terms: the matrix oriented as larger-is-farther, weighted sums, and the analytic-gradient nodes.
 
-Losses that know ``d(loss)/d(matrix)`` compute their value without autograd and attach the
-gradient with :func:`attach_gradient` (one multiplication in backward).
+At typical batch sizes a pair loss costs per-operation overhead, not arithmetic: autograd
+records every elementwise step of the distance and the loss and replays each backwards. Losses
+that know ``G = d(loss)/d(matrix)`` instead compute the matrix (:class:`Pairwise`), their value
+and ``G`` without autograd, and one autograd node maps ``G`` to the embeddings with the
+distance's own chain rule (:meth:`~dmlkit.distances.BaseDistance.matrix_backward`), or to the
+matrix itself (:func:`attach_gradient`, one multiplication in backward).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from dmlkit.distances import BaseDistance
 
@@ -54,3 +59,68 @@ def attach_gradient(value: torch.Tensor, *tensor_and_coefficient: tuple[torch.Te
     for tensor, coefficient in tensor_and_coefficient:
         out = _AttachGradient.apply(out, tensor, coefficient.detach())
     return out
+
+
+class Pairwise:
+    """``distance(x [B, D], refs [R, D]) -> mat [B, R]`` (no autograd) and the node of its gradient.
+
+    ``same_set`` means ``refs is x`` (one gradient, both roles summed); ``rows`` and ``cols``
+    ask for the ``[rows, cols]`` block of the same-set matrix. A distance with a closed-form
+    gradient computes ``mat`` and later its backward itself; any other (a user subclass, a
+    wrapped PML distance) is computed on the autograd graph and the coefficient is attached to
+    it. :meth:`attach` returns a scalar equal to ``value`` whose gradient w.r.t. ``x`` and
+    ``refs`` is that of ``sum(coefficient * mat)``.
+    """
+
+    def __init__(
+        self,
+        distance: BaseDistance,
+        x: torch.Tensor,
+        refs: torch.Tensor,
+        same_set: bool,
+        rows: torch.Tensor | None = None,
+        cols: torch.Tensor | None = None,
+    ):
+        self.distance = distance
+        closed_form = distance.has_closed_form
+        if rows is not None and not (closed_form and distance.supports_blocks):
+            x, refs, same_set, rows, cols = x.index_select(0, rows), x.index_select(0, cols), False, None, None
+        self.x, self.refs, self.same_set = x, refs, same_set
+        self.graph = self.context = None
+        if not closed_form:  # autograd through the distance itself
+            self.graph = distance(x, x if same_set else refs)
+            self.mat = self.graph.detach()
+            return
+        with torch.no_grad():
+            xd = x.detach()
+            self.context = distance.matrix_forward(xd, xd if same_set else refs.detach(), same_set, rows, cols)
+        self.mat = self.context.mat
+
+    def attach(self, value: torch.Tensor, coefficient: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``value`` (no graph) as a scalar whose gradient is that of ``sum(scale * coefficient * mat)``."""
+        if self.graph is not None:  # autograd graph of the measure: route the coefficient to it
+            return attach_gradient(value, (self.graph, coefficient if scale is None else coefficient * scale))
+        refs = None if self.same_set else self.refs
+        return _AttachPairwise.apply(value, self, self.x, refs, coefficient, scale)
+
+
+class _AttachPairwise(torch.autograd.Function):
+    """Identity on the loss value; backward maps ``grad * coefficient`` through the distance."""
+
+    @staticmethod
+    def forward(ctx, value, pairwise, x, refs, coefficient, scale):  # noqa: D102 - autograd protocol
+        ctx.pairwise, ctx.coefficient, ctx.scale = pairwise, coefficient, scale
+        return value.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # noqa: D102 - autograd protocol
+        if ctx.scale is not None:
+            grad = grad * ctx.scale
+        pairwise = ctx.pairwise
+        gx, gr = pairwise.distance.matrix_backward(
+            pairwise.context, ctx.coefficient, ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        )
+        gx = None if gx is None or not ctx.needs_input_grad[2] else gx * grad
+        gr = None if gr is None or not ctx.needs_input_grad[3] else gr * grad
+        return None, None, gx, gr, None, None
