@@ -33,11 +33,10 @@ ASAP = ["asap.enabled=true", "asap.proxies_per_class=4", "asap.pool_size=8"]
 def step_times(trainer, steps: int) -> list[float]:
     from dmlkit.engine import builders
 
-    batches = builders.iterate_batches(trainer.sampler, trainer.position)
+    batches = builders.iterate_training_batches(trainer.splits.train, trainer.sampler, trainer.position)
     out = []
     for _ in range(steps):
-        idx, _pos = next(batches)
-        images, raw = builders.fetch_batch(trainer.splits.train, idx)
+        idx, images, raw, _pos = next(batches)
         labels = trainer.label_map(raw)
         t0 = time.perf_counter()
         trainer.training_step(images, labels, idx)

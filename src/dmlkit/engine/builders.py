@@ -299,18 +299,6 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
     return create_sampler("random", num_samples=len(labels), **common)
 
 
-def iterate_batches(sampler, position: BatchPosition) -> Iterator[tuple[list[int], BatchPosition]]:
-    """Endless stream of index batches from ``position`` on; epoch ``e`` depends only on (seed, e)."""
-    while True:
-        batches = sampler.batches(position.epoch)
-        if len(batches) == 0:
-            raise DataError("The batch sampler produced no batch: the training split is too small for the sampler settings.")
-        for b in range(position.batch_in_epoch, len(batches)):
-            position = BatchPosition(position.epoch, b + 1)
-            yield batches[b].tolist(), position
-        position = BatchPosition(position.epoch + 1, 0)
-
-
 def iterate_training_batches(
     dataset, sampler, position: BatchPosition, num_workers: int = 0
 ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, BatchPosition]]:
