@@ -13,6 +13,7 @@ from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError
+from dmlkit.seeds import derive_generator
 
 
 def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
@@ -170,7 +171,7 @@ def hold_out_samples(dataset, fraction: float, seed: int):
     Classes with a single image stay in training.
     """
     labels = dataset.labels
-    generator = torch.Generator().manual_seed(int(seed) + 15485863)
+    generator = derive_generator(seed, "val_hold_out")
     order, rank = shuffle_within_classes(labels, generator)
     count_of = torch.bincount(labels)
     n_val = torch.where(count_of > 1, (count_of.double() * fraction).round().long().clamp(1), 0)

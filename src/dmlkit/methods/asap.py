@@ -26,6 +26,7 @@ from dmlkit.engine.hooks import MethodHooks, TrainingState
 from dmlkit.exceptions import ConfigError
 from dmlkit.methods import METHODS
 from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
+from dmlkit.seeds import derive_generator
 
 
 def proximal_gradient_(params: list[torch.nn.Parameter], anchors: list[torch.Tensor], lam: float) -> None:
@@ -84,7 +85,7 @@ class AsapHooks(MethodHooks):
         self.projections_without_improvement = 0
         self.best_at_projection_start = -math.inf
         self.radius_before = float("nan")
-        self.generator = torch.Generator().manual_seed(int(trainer.cfg.seed) + 7919)
+        self.generator = derive_generator(trainer.cfg.seed, "asap_pools")
         self.anchors: list[torch.Tensor] = []
         self.projection_best_state: dict | None = None
         n = len(trainer.splits.train)
@@ -232,7 +233,7 @@ class AsapHooks(MethodHooks):
         """ASAP App. A.3.1: mean over k of the greedy k-center radius of up to ``per_class`` training embeddings per class."""
         from dmlkit.evaluation.embed import embed_dataset
 
-        generator = torch.Generator().manual_seed(int(trainer.cfg.seed) + 104729)
+        generator = derive_generator(trainer.cfg.seed, "asap_covering_radius")
         labels = trainer.label_map(trainer.splits.train.labels)
         rows, mask = self.per_class_rows(labels, len(trainer.label_map), per_class, generator)
         subset = trainer.splits.train.subset(rows[mask], relabel=False)
