@@ -1,10 +1,17 @@
-"""A small registry of named components with did-you-mean errors (timm-style factories)."""
+"""A small registry of named components with did-you-mean errors (timm-style factories).
+
+A package of components imports its modules with :func:`import_submodules` (each registers its
+components on import) and exports :meth:`Registry.classes_in` itself, so a new module needs no
+line anywhere else.
+"""
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-from typing import Any, Callable, Generic, TypeVar
+import importlib
+import pkgutil
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from dmlkit.exceptions import InvalidParameterError
 
@@ -51,8 +58,26 @@ class Registry(Generic[T]):
         """Sorted registered names matching a shell-style ``pattern``."""
         return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
 
+    def classes_in(self, package: str) -> dict[str, type]:
+        """The registered classes defined in the modules of ``package``, by class name (sorted)."""
+        prefix = package + "."
+        found = {obj.__name__: obj for obj in self._entries.values()
+                 if isinstance(obj, type) and obj.__module__.startswith(prefix)}
+        return dict(sorted(found.items()))
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def import_submodules(package: str, path: Iterable[str]) -> None:
+    """Import every public module (name without a leading ``_``) of ``package``, in name order.
+
+    Called from a package's ``__init__`` as ``import_submodules(__name__, __path__)``: the modules
+    register their components on import, so adding a module is enough to add a component.
+    """
+    for module in sorted(pkgutil.iter_modules(list(path)), key=lambda m: m.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")

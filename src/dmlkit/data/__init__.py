@@ -1,6 +1,10 @@
-"""dmlkit.data: benchmark datasets, class-disjoint splits and k-fold, samplers, transforms."""
+"""dmlkit.data: benchmark datasets, class-disjoint splits and k-fold, samplers, transforms.
 
-from dmlkit.data import cars, cub, folder, inshop, mnist, omniglot, sop  # noqa: F401  (register data sets)
+Every public module here is imported, so a reader module's ``register_dataset`` call is all it
+takes to add a data set.
+"""
+
+from dmlkit._registry import import_submodules
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
 from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
@@ -15,6 +19,8 @@ from dmlkit.data.samplers import (
 )
 from dmlkit.data.splits import build_splits, class_disjoint_folds, write_manifest
 from dmlkit.data.transforms import BackboneNormalize, Preprocessing, build_transforms, eval_transform, train_transform
+
+import_submodules(__name__, __path__)  # the reader modules register their data sets
 
 __all__ = [
     "DATASETS",

@@ -4,7 +4,8 @@ Each loss is a :class:`~dmlkit.losses.base.MetricLoss` called as PML's are, ``lo
 [B, D], labels [B], indices_tuple=None, ref_emb=None, ref_labels=None)``, plus dmlkit's keyword
 pair sources (``pairs=``, ``weights=``, ``pos_mask=``), with PML's class names, argument names
 and defaults (``distance=``, ``reducer=``, ``embedding_regularizer=`` included), and is
-registered in ``LOSSES``.
+registered in ``LOSSES``. Every public module here is imported and every class it registers is
+exported: a new loss needs only its module.
 
 Where the papers and PML differ, dmlkit follows PML by default (drop-in values) and offers
 the paper's choice as an option; each module's docstring lists its differences:
@@ -21,26 +22,13 @@ the paper's choice as an option; each module's docstring lists its differences:
   loss keeps the non-empty half of an anchor without positives (or negatives), as PML does.
 """
 
+from dmlkit._registry import import_submodules
+from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch, PairMasks
-from dmlkit.losses.pair.binomial_deviance import BinomialDevianceLoss
-from dmlkit.losses.pair.contrastive import ContrastiveLoss
-from dmlkit.losses.pair.lifted_structure import GeneralizedLiftedStructureLoss, LiftedStructureLoss
-from dmlkit.losses.pair.margin import MarginLoss
-from dmlkit.losses.pair.multi_similarity import MultiSimilarityLoss
-from dmlkit.losses.pair.npairs import NPairsLoss
-from dmlkit.losses.pair.triplet_margin import TripletMarginLoss
 
-__all__ = [
-    "BinomialDevianceLoss",
-    "ContrastiveLoss",
-    "GeneralizedLiftedStructureLoss",
-    "LiftedStructureLoss",
-    "MarginLoss",
-    "MultiSimilarityLoss",
-    "NPairsLoss",
-    "PairBatch",
-    "PairLoss",
-    "PairMasks",
-    "TripletMarginLoss",
-]
+import_submodules(__name__, __path__)  # every loss module registers its classes in LOSSES
+_losses = LOSSES.classes_in(__name__)
+globals().update(_losses)
+
+__all__ = ["PairBatch", "PairLoss", "PairMasks", *_losses]

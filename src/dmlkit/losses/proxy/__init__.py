@@ -1,21 +1,16 @@
 """Proxy-based losses; each keeps its proxies in ``loss.proxies`` (class-major ``[C*K, D]``).
 
-Every class here is registered in :data:`dmlkit.losses.base.LOSSES`.
+Every public module here is imported and every class it registers in
+:data:`dmlkit.losses.base.LOSSES` is exported (and so re-exported by :mod:`dmlkit.losses`): a new
+loss needs only its module.
 """
 
+from dmlkit._registry import import_submodules
+from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy.proxy_anchor import ProxyAnchorLoss
-from dmlkit.losses.proxy.proxy_nca import ProxyNCALoss, ProxyNCAPlusPlusLoss
-from dmlkit.losses.proxy.proxy_pair import ProxyPairLoss
-from dmlkit.losses.proxy.proxy_triplet import ProxyTripletLoss
-from dmlkit.losses.proxy.soft_triple import SoftTripleLoss
 
-__all__ = [
-    "ProxyLoss",
-    "ProxyAnchorLoss",
-    "ProxyNCALoss",
-    "ProxyNCAPlusPlusLoss",
-    "ProxyPairLoss",
-    "ProxyTripletLoss",
-    "SoftTripleLoss",
-]
+import_submodules(__name__, __path__)
+_losses = LOSSES.classes_in(__name__)
+globals().update(_losses)
+
+__all__ = ["ProxyLoss", *_losses]
