@@ -83,8 +83,9 @@ _TRIPLET_SH = (
     "loss.miner.args={margin: 0.2, type_of_triplets: semihard}", "optimizer.loss_lr_multiplier=1",
 )
 _DRO = ("loss.name=dro",)
-_ASAP_2D = ("model.name=small_cnn", "asap.patience=2")
-_ASAP_64D = ("model.name=small_cnn", "model.embedding_size=64", "model.normalization=l2", "asap.patience=2")
+_ASAP_2D = ("model.name=small_cnn", "model.args.downsample=stride", "asap.patience=2")
+_ASAP_64D = ("model.name=small_cnn", "model.args.downsample=stride", "model.embedding_size=64", "model.normalization=l2",
+             "asap.patience=2")
 
 
 def _dro(**args) -> tuple[str, ...]:

@@ -20,8 +20,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "split (digits 0-4 train, 5-9 test), a small CNN, Proxy-Anchor loss, m-per-class batches\n"
         "(timings in docs/results.md). --set overrides apply on top; --set data.name=... with\n"
         "data.root=... trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
-        "evaluation schedule, proxy learning rate, augmentation, validation classes) the recipe\n"
-        "chooses from the training split, prints, and saves in config.yaml (docs/recipes.md).\n"
+        "evaluation schedule, proxy learning rate, augmentation, validation classes, shift-averaged\n"
+        "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split,\n"
+        "prints, and saves in config.yaml (docs/recipes.md).\n"
         "The run directory gets config.yaml, metrics.json, log.jsonl, checkpoints/, embeddings/\n"
         "and report.html."
     )

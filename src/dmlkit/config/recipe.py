@@ -21,6 +21,12 @@ field                              rule
                                    background) with fewer than 100 images per class, else
                                    ``translate``; photos on disk: none (their per-item
                                    transform is random resized crop + flip)
+``model.shift_average``            small images (16 to 64 px a side): embeddings averaged over
+                                   shifts of up to 2 px; else 0
+``model.ensemble``                 small images with fewer than 100 images per class: 3 members
+                                   (one model's embedding varies much with its initialisation
+                                   there, and small images make members cheap); else 1
+``train.mixed_precision``          ``auto``: bf16 where the device computes it natively, else none
 =================================  ============================================================
 """
 
@@ -40,6 +46,9 @@ RECIPE_FIELDS = (
     "train.eval_every",
     "optimizer.loss_lr_multiplier",
     "data.augment",
+    "model.shift_average",
+    "model.ensemble",
+    "train.mixed_precision",
 )
 
 
@@ -101,18 +110,30 @@ def epochs_for(num_images: int) -> int:
 #: Images per batch the recipe aims for (fewer when the data has too few classes).
 DEFAULT_BATCH = 64
 
-#: Below this many images per class the recipe warps glyphs (affine); above it a shift is enough.
+#: Below this many images per class the recipe warps glyphs (affine) and trains an ensemble;
+#: above it a shift is enough and one model is stable.
 FEW_PER_CLASS = 100
+
+#: Images at most this many pixels a side are "small": shift-averaged embeddings, cheap ensemble members.
+SMALL_SIDE = 64
+
+#: Small images at least this many pixels a side get shift-averaged embeddings (an 8x8 digit shifted
+#: by a pixel loses an eighth of itself: measured worse).
+MIN_SIDE_TO_SHIFT = 16
+
+#: Members of the recipe's ensemble for small images with few images per class.
+ENSEMBLE_MEMBERS = 3
 
 
 def val_class_fraction_for(profile: DataProfile) -> float:
     return 0.2 if profile.num_classes >= 20 else 0.0
 
 
-def resolve(cfg: Any, profile: DataProfile, batch_classes: int | None = None) -> dict[str, tuple[Any, str]]:
+def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dict[str, tuple[Any, str]]:
     """``{field: (value, reason)}`` for the recipe fields ``cfg`` leaves unset (``None`` / ``"auto"``).
 
-    ``profile`` describes the split the model trains on (after any validation classes are held out).
+    ``profile`` describes the split the model trains on (after any validation classes are held out);
+    ``bf16_native`` says whether the training device computes bf16 natively.
     """
     out: dict[str, tuple[Any, str]] = {}
     batch = cfg.sampler.batch_size
@@ -153,6 +174,30 @@ def resolve(cfg: Any, profile: DataProfile, batch_classes: int | None = None) ->
                                                 f"per class: +-{cfg.data.max_shift} px shifts")
         else:
             out["data.augment"] = ("none", "photos on disk: random resized crop + flip per item")
+    side = min(profile.height, profile.width)
+    small = profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+    if cfg.model.shift_average is None:
+        if small and side >= MIN_SIDE_TO_SHIFT:
+            out["model.shift_average"] = (2, f"{profile.height}x{profile.width} images: embeddings averaged over "
+                                             "shifts of up to 2 px")
+        elif small:
+            out["model.shift_average"] = (0, f"{profile.height}x{profile.width} images: a shift would move a large "
+                                             "part of the image out")
+        else:
+            out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
+    if cfg.model.ensemble is None:
+        if cfg.asap.enabled:
+            out["model.ensemble"] = (1, "ASAP re-initialises one model's proxies")
+        elif small and profile.median_per_class < FEW_PER_CLASS:
+            out["model.ensemble"] = (ENSEMBLE_MEMBERS, f"{profile.median_per_class} < {FEW_PER_CLASS} images per class "
+                                                       f"of small images: {ENSEMBLE_MEMBERS} members side by side")
+        else:
+            out["model.ensemble"] = (1, "one model" + ("" if small else f" (images larger than {SMALL_SIDE} px or on disk)")
+                                        + ("" if profile.median_per_class < FEW_PER_CLASS else
+                                           f" ({profile.median_per_class} images per class)"))
+    if cfg.train.mixed_precision == "auto":
+        out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
+                                        else ("none", "no native bf16 on this device"))
     return out
 
 

@@ -63,7 +63,14 @@ class ProtocolConfig:
 
 @dataclass
 class ModelConfig:
-    """Backbone and embedding head (``dmlkit.models.create_model`` arguments)."""
+    """Backbone and embedding head (``dmlkit.models.create_model`` arguments).
+
+    ``ensemble=N > 1`` trains N members of this model side by side (each from its own
+    initialisation, with its own loss) and embeds with their concatenation
+    (``dmlkit.models.EmbedderEnsemble``). ``shift_average=r`` averages eval-mode embeddings over
+    input shifts of up to ``r`` pixels (:class:`dmlkit.models.Embedder`). ``None`` lets the recipe
+    decide both from the data.
+    """
 
     name: str = "small_cnn"
     embedding_size: int = 64
@@ -72,6 +79,8 @@ class ModelConfig:
     pretrained: bool = False
     weights: Optional[str] = None
     freeze_bn: bool = False
+    ensemble: Optional[int] = None
+    shift_average: Optional[int] = None
     args: dict = field(default_factory=dict)
 
 
@@ -138,7 +147,9 @@ class TrainConfig:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
     with CUDA each rank uses ``cuda:LOCAL_RANK``. ``mixed_precision`` runs the model under autocast
     (``bf16`` on CPU; ``fp16``/``bf16`` on GPU; ``fp16`` adds a gradient scaler); losses always
-    turn autocast off and accumulate in fp32. ``compile`` wraps the model in ``torch.compile``.
+    turn autocast off and accumulate in fp32; evaluation embeds in fp32. ``auto`` lets the recipe
+    pick ``bf16`` where the device computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
+    bf16) and ``none`` elsewhere. ``compile`` wraps the model in ``torch.compile``.
     Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
     ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
     (needs the ``tensorboard`` package).
@@ -220,6 +231,8 @@ CONSTRAINTS: dict[str, list] = {
     "model.embedding_size": [Interval(int, 0, None, closed="neither")],
     "model.normalization": [OptionsFrom("dmlkit.distances.normalization", "NORMALIZATIONS")],
     "model.pooling": [OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
+    "model.ensemble": [NONE, Interval(int, 1, None)],
+    "model.shift_average": [NONE, Interval(int, 0, None)],
     "loss.memory.memory_size": [Interval(int, 0, None)],
     "loss.memory.warmup_steps": [Interval(int, 0, None)],
     "optimizer.name": [OptionsFrom("dmlkit.engine.optim", "OPTIMIZERS")],
@@ -242,7 +255,7 @@ CONSTRAINTS: dict[str, list] = {
     "train.log_every": [Interval(int, 1, None)],
     "train.checkpoint_every": [Interval(int, 1, None)],
     "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
-    "train.mixed_precision": [Options(("none", "bf16", "fp16"))],
+    "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
     "train.num_threads": [NONE, Interval(int, 1, None)],
     "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
@@ -282,6 +295,8 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("protocol.fold and protocol.val_fraction are alternatives: set one of them.")
     if cfg.asap.enabled and p.fold is None and p.val_fraction == 0:
         problems.append("asap.enabled needs a validation split: set protocol.fold (or protocol.val_fraction).")
+    if cfg.asap.enabled and (cfg.model.ensemble or 1) > 1:
+        problems.append("asap.enabled trains one model's proxies: set model.ensemble=1 (or leave ASAP off).")
     if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0:
         problems.append("train.patience needs a validation split: set protocol.fold (or protocol.val_fraction).")
     return problems

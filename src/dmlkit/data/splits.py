@@ -68,7 +68,7 @@ def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor
     """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear), so items need no per-item work."""
     if image_size is None or tuple(images.shape[-2:]) == (image_size, image_size):
         return images
-    x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False)
+    x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False, antialias=True)
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
-from dmlkit.engine.objective import TrainingObjective
+from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError
 from dmlkit.seeds import derive_generator
 
@@ -53,20 +53,40 @@ def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
-    """The embedding model named by ``cfg.model`` (``dmlkit.models.create_model``)."""
-    from dmlkit.models import create_model
+    """The embedding model named by ``cfg.model`` (``dmlkit.models.create_model``).
+
+    With ``model.ensemble=N > 1`` an :class:`~dmlkit.models.EmbedderEnsemble`: the first member is
+    built from the global RNG as a single model would be, member ``i`` from the stream
+    ``derive_seed(seed, "ensemble member", i)``.
+    """
+    from dmlkit.models import EmbedderEnsemble, create_model
+    from dmlkit.seeds import derive_seed
 
     m = cfg.model
-    return create_model(
-        m.name,
-        embedding_size=m.embedding_size,
-        normalization=m.normalization,
-        pooling=m.pooling,
-        pretrained=m.pretrained,
-        weights=m.weights,
-        freeze_bn=m.freeze_bn,
-        **m.args,
-    )
+
+    def member() -> nn.Module:
+        return create_model(
+            m.name,
+            embedding_size=m.embedding_size,
+            normalization=m.normalization,
+            pooling=m.pooling,
+            pretrained=m.pretrained,
+            weights=m.weights,
+            freeze_bn=m.freeze_bn,
+            shift_average=m.shift_average or 0,
+            **m.args,
+        )
+
+    size = m.ensemble or 1
+    if size == 1:
+        return member()
+    members = [member()]
+    state = torch.random.get_rng_state()
+    for i in range(1, size):
+        torch.manual_seed(derive_seed(cfg.seed, "ensemble member", i))
+        members.append(member())
+    torch.random.set_rng_state(state)  # what comes after the model draws as it would after one member
+    return EmbedderEnsemble(members)
 
 
 def build_splits(cfg: RunConfig, model: nn.Module):
@@ -101,11 +121,21 @@ class ResolvedRecipe:
     choices: dict
 
 
-def apply_recipe(cfg: RunConfig, splits, echo=print) -> ResolvedRecipe:
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively (a GPU with bf16; a CPU with AVX512-BF16 or AMX via oneDNN)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False) -> ResolvedRecipe:
     """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
 
     First the validation classes (``protocol.val_class_fraction``), then the rest from the split
-    the model actually trains on. Values the user set are kept.
+    the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
+    device computes bf16 natively) resolves ``train.mixed_precision=auto``.
     """
     full = recipe.profile_split(splits.train)
     p = cfg.protocol
@@ -122,7 +152,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=print) -> ResolvedRecipe:
         splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
         splits.info["val_classes"] = list(splits.val.class_names)
     profile = recipe.profile_split(splits.train)
-    choices = recipe.resolve(cfg, profile)
+    choices = recipe.resolve(cfg, profile, bf16_native=bf16_native)
     recipe.apply(cfg, choices)
     chosen.update(choices)
     if chosen:
@@ -218,8 +248,19 @@ def _nested_loss(spec):
     )
 
 
-def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
-    """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory."""
+def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective | EnsembleObjective:
+    """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory.
+
+    With ``model.ensemble=N > 1``: N such objectives, one per member (:class:`EnsembleObjective`).
+    """
+    size = cfg.model.ensemble or 1
+    if size > 1:
+        return EnsembleObjective([_member_objective(cfg, num_classes) for _ in range(size)],
+                                 [cfg.model.embedding_size] * size)
+    return _member_objective(cfg, num_classes)
+
+
+def _member_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
     from dmlkit.losses import LOSSES
     from dmlkit.mining import MINERS
 

@@ -25,3 +25,26 @@ class TrainingObjective(nn.Module):
     @property
     def proxies(self) -> torch.Tensor | None:
         return getattr(self.loss, "proxies", None)
+
+
+class EnsembleObjective(nn.Module):
+    """One :class:`TrainingObjective` per member of an ``EmbedderEnsemble``; their losses add up.
+
+    ``objective(ensemble_embeddings, labels)`` splits the ensemble's embedding into the members'
+    own (``sizes`` columns each, rescaled by ``sqrt(N)`` back to the member's norm) and applies
+    member ``i``'s loss, miner and memory to part ``i`` alone: each member learns as if it were
+    trained by itself, with its own proxies.
+    """
+
+    def __init__(self, objectives: list[TrainingObjective], sizes: list[int]):
+        super().__init__()
+        if len(objectives) != len(sizes):
+            raise ValueError(f"EnsembleObjective got {len(objectives)} objectives for {len(sizes)} members.")
+        self.objectives = nn.ModuleList(objectives)
+        self.sizes = list(sizes)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from dmlkit.models.ensemble import split_embeddings
+
+        parts = split_embeddings(embeddings, self.sizes)
+        return torch.stack([objective(part, labels) for objective, part in zip(self.objectives, parts)]).sum()

@@ -165,11 +165,8 @@ class RunDirectory:
         kept = [r for r in self.read_log() if int(r.get("step", 0)) <= step]
         atomic_write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in kept))
 
-    def save_embeddings(self, split: str, model, dataset, objective, cfg) -> Path:
-        """Write ``embeddings/<split>.npz``: embeddings, labels, proxies and small thumbnails."""
-        from dmlkit.evaluation.embed import embed_dataset
-
-        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
+    def save_embeddings(self, split: str, emb: torch.Tensor, labels: torch.Tensor, dataset, objective, cfg) -> Path:
+        """Write ``embeddings/<split>.npz``: the split's embeddings, labels, proxies and small thumbnails."""
         arrays = {"embeddings": emb.numpy().astype(np.float32), "labels": labels.numpy().astype(np.int64)}
         proxies = getattr(objective, "proxies", None)
         if isinstance(proxies, torch.Tensor):

@@ -36,6 +36,7 @@ from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
+from dmlkit.seeds import derive_generator
 
 
 @dataclass
@@ -77,9 +78,13 @@ class Trainer:
         if cfg.train.tensorboard and self.dist.is_main:
             require_tensorboard()  # a missing package fails here, before anything heavy
         seed_everything(cfg.seed)
-        self.model = builders.build_model(cfg).to(self.device)  # built (seeded) on the CPU: same weights on any device
-        self.splits = builders.build_splits(cfg, self.model)
-        self.recipe = builders.apply_recipe(cfg, self.splits, self.echo)
+        model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
+        self.splits = builders.build_splits(cfg, model)  # transforms follow the model's preprocessing
+        self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device))
+        if (cfg.model.ensemble or 1) > 1 or cfg.model.shift_average:  # the recipe (or the user) asked for more
+            seed_everything(cfg.seed)
+            model = builders.build_model(cfg)
+        self.model = model.to(self.device)
         train_labels = self.splits.train.labels
         self.label_map = builders.LabelMap(train_labels)
         self.objective = builders.build_objective(cfg, num_classes=len(self.label_map)).to(self.device)
@@ -104,7 +109,11 @@ class Trainer:
         self.hooks = hooks
         from dmlkit.data.transforms import batch_augmentation
 
-        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=list(self.recipe.profile.background))
+        # the warp fills with the background as the model sees it: after the split's normalisation
+        background = torch.tensor(self.recipe.profile.background).view(1, -1, 1, 1)
+        transform = self.splits.train.transform
+        fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
+        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=fill)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
         self.autocast_device = self.device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
@@ -284,34 +293,32 @@ class Trainer:
             "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
         )
 
-    def evaluate_split(self, dataset, *, clustering: bool) -> dict:
-        """Embed a split and compute retrieval (and optionally clustering) metrics."""
+    def embed(self, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and labels of a whole split with the current weights, in fp32 (whatever the training
+        autocast), so ``dmlkit evaluate``, ``embed``, exports and ``dmlkit.load`` reproduce them."""
+        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers)
+
+    def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
+              reference: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+        """Retrieval (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop)."""
         from dmlkit.evaluation import clustering_metrics, retrieval_metrics
 
-        emb, labels = embed_dataset(
-            self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
-        )
-        metrics = retrieval_metrics(emb, labels, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
+        gallery, gallery_labels = reference if reference is not None else (None, None)
+        metrics = retrieval_metrics(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
+                                    ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
         if clustering:
-            metrics.update(clustering_metrics(emb, labels, seed=self.cfg.seed))
+            everything = embeddings if gallery is None else torch.cat([embeddings, gallery])
+            everything_labels = labels if gallery is None else torch.cat([labels, gallery_labels])
+            metrics.update(clustering_metrics(everything, everything_labels, seed=self.cfg.seed))
         return metrics
+
+    def evaluate_split(self, dataset, *, clustering: bool) -> dict:
+        """Embed a split and compute retrieval (and optionally clustering) metrics."""
+        return self.score(*self.embed(dataset), clustering=clustering)
 
     def evaluate_query_gallery(self, query, gallery, *, clustering: bool) -> dict:
         """In-Shop style: queries retrieve from a separate gallery."""
-        from dmlkit.evaluation import clustering_metrics, retrieval_metrics
-
-        q, ql = embed_dataset(
-            self.model, query, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
-        )
-        g, gl = embed_dataset(
-            self.model, gallery, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype
-        )
-        metrics = retrieval_metrics(
-            q, ql, reference=g, reference_labels=gl, ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend
-        )
-        if clustering:
-            metrics.update(clustering_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=self.cfg.seed))
-        return metrics
+        return self.score(*self.embed(query), clustering=clustering, reference=self.embed(gallery))
 
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
@@ -368,7 +375,7 @@ class Trainer:
             indices, images, raw_labels, position = next(batches)
             labels = self.label_map(raw_labels)
             if self.augment is not None:  # seeded by (seed, epoch, batch): resumes replay it exactly
-                g = torch.Generator().manual_seed(hash((self.cfg.seed, position.epoch, position.batch_in_epoch)) & (2**62 - 1))
+                g = derive_generator(self.cfg.seed, "batch augmentation", position.epoch, position.batch_in_epoch)
                 images = self.augment(images, g)
             value = self.training_step(images, labels, indices)
             self.step += 1
@@ -417,21 +424,21 @@ class Trainer:
             selected_on = "last"
         clustering = self.cfg.eval.clustering
         if getattr(self.splits, "eval_mode", "leave_one_out") == "query_gallery":
-            metrics = self.evaluate_query_gallery(self.splits.query, self.splits.gallery, clustering=clustering)
-            test_set = self.splits.query
+            embedded = {"test": (self.splits.query, *self.embed(self.splits.query)),
+                        "gallery": (self.splits.gallery, *self.embed(self.splits.gallery))}
+            metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=embedded["gallery"][1:])
         else:
-            metrics = self.evaluate_split(self.splits.test, clustering=clustering)
-            test_set = self.splits.test
+            embedded = {"test": (self.splits.test, *self.embed(self.splits.test))}
+            metrics = self.score(*embedded["test"][1:], clustering=clustering)
         metrics = _floats(metrics)
         result = dict(metrics)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
                       train_seconds=round(self.elapsed, 3))
         self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
         atomic_write_json(self.run.path / "metrics.json", result)
-        if self.cfg.eval.save_embeddings:
-            self.run.save_embeddings("test", self.model, test_set, self.objective, self.cfg)
-            if test_set is self.splits.query:
-                self.run.save_embeddings("gallery", self.model, self.splits.gallery, self.objective, self.cfg)
+        if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
+            for split, (dataset, embeddings, labels) in embedded.items():
+                self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
         return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
 
 

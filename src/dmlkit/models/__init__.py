@@ -16,6 +16,7 @@ from dmlkit.models._factory import (
 from dmlkit.models.bn_inception import BN_INCEPTION_CFG, BNInception
 from dmlkit.models.efficientnet_lite import LITE0_PRETRAINED_CFG, lite0_imagenet_state_dict, rename_lite0_keys
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head
+from dmlkit.models.ensemble import EmbedderEnsemble
 from dmlkit.models.eps_mnist import EPSMnistNet
 from dmlkit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess, make_cfg, preprocess
 from dmlkit.models.resnetv2 import PreActResNet
@@ -34,6 +35,7 @@ __all__ = [
     "BNInception",
     "EPSMnistNet",
     "Embedder",
+    "EmbedderEnsemble",
     "GlobalPool",
     "PreActResNet",
     "Preprocess",

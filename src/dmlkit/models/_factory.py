@@ -99,6 +99,7 @@ def create_model(
     pooling: str = "avg",
     freeze_bn: bool = False,
     in_chans: int | None = None,
+    shift_average: int = 0,
     **kwargs: Any,
 ) -> Embedder:
     """Build an :class:`Embedder`: backbone ``name`` + global pooling + linear head + normalisation.
@@ -106,7 +107,8 @@ def create_model(
     ``pretrained=True`` uses weights shipped offline (e.g. ``efficientnet_lite0``) or, for any
     backbone, the local file ``weights=PATH`` (a trunk-only or full-embedder state_dict, read
     with ``weights_only=True``; what matched is in ``model.weights_report``). Nothing is ever
-    downloaded. Extra ``kwargs`` go to the backbone builder (timm's ``create_model`` for timm names).
+    downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
+    to ``r`` pixels (see :class:`Embedder`). Extra ``kwargs`` go to the backbone builder (timm's ``create_model`` for timm names).
     """
     validate_params(
         "create_model",
@@ -137,6 +139,7 @@ def create_model(
         make_linear_head(trunk.num_features, embedding_size),
         normalization,
         freeze_bn=freeze_bn,
+        shift_average=shift_average,
     )
     embedder.weights_report = getattr(trunk, "offline_weights_report", None)
     if weights is not None:

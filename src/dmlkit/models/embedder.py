@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from dmlkit._validation import Options, validate_params
+from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import normalize
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.models.preprocessing import check_cfg, preprocess
@@ -54,6 +54,11 @@ class Embedder(nn.Module):
     ``trunk`` returns a feature map ``[B, F, h, w]`` (or features ``[B, F]``), ``pool`` reduces it
     to ``[B, F]``, ``head`` maps it to ``[B, E]`` and the result is L2-normalised, projected onto
     the unit ball (ASAP Sec. 4.4, ``"bounded"``) or left as is (``"none"``).
+    With ``shift_average=r > 0`` an embedder in eval mode embeds the input shifted by every offset
+    in ``[-r, r]`` pixels on both axes (border pixels repeated) and returns the normalised mean of
+    those ``(2r+1)^2`` embeddings; training is unchanged. Small images (digits, glyphs) then get
+    embeddings that do not jump with a one-pixel shift (Omniglot test MAP@R +0.05 to +0.10,
+    docs/recipes.md).
     With ``freeze_bn=True`` the trunk's batch-norm layers stay in eval mode (running statistics
     frozen) even when the embedder is in training mode.
     """
@@ -67,13 +72,16 @@ class Embedder(nn.Module):
         *,
         pretrained_cfg: Mapping[str, Any] | None = None,
         freeze_bn: bool = False,
+        shift_average: int = 0,
     ):
         super().__init__()
         validate_params(
             "Embedder",
-            {"normalization": normalization, "freeze_bn": freeze_bn},
-            {"normalization": [Options(NORMALIZATIONS)], "freeze_bn": [Options((True, False))]},
+            {"normalization": normalization, "freeze_bn": freeze_bn, "shift_average": shift_average},
+            {"normalization": [Options(NORMALIZATIONS)], "freeze_bn": [Options((True, False))],
+             "shift_average": [Interval(int, 0, None)]},
         )
+        self.shift_average = shift_average
         self.trunk = trunk
         self.pool = pool
         self.head = head
@@ -95,7 +103,21 @@ class Embedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed a batch of preprocessed images: ``[B, C, H, W] -> [B, E]``."""
+        if self.shift_average and not self.training and x.dim() == 4:
+            return self._shift_averaged(x, self.shift_average)
         return normalize(self.head(self.pool(self.trunk(x))), self.normalization)
+
+    def _shift_averaged(self, x: torch.Tensor, r: int) -> torch.Tensor:
+        """Normalised mean embedding of ``x`` shifted by every offset in ``[-r, r]^2`` (a batched pass per offset)."""
+        h, w = x.shape[-2:]
+        padded = torch.nn.functional.pad(x, (r, r, r, r), mode="replicate")
+        total = None
+        for dy in range(-r, r + 1):
+            for dx in range(-r, r + 1):
+                view = padded[:, :, r + dy:r + dy + h, r + dx:r + dx + w]
+                embedding = normalize(self.head(self.pool(self.trunk(view))), self.normalization)
+                total = embedding if total is None else total + embedding
+        return normalize(total / (2 * r + 1) ** 2, self.normalization)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled trunk features ``[B, F]`` before the head."""
@@ -127,4 +149,4 @@ class Embedder(nn.Module):
         yield from self.head.parameters()
 
     def extra_repr(self) -> str:
-        return f"normalization={self.normalization!r}, freeze_bn={self.freeze_bn}"
+        return f"normalization={self.normalization!r}, freeze_bn={self.freeze_bn}, shift_average={self.shift_average}"

@@ -20,16 +20,16 @@ def glyphs(num_classes: int, per_class: int, size: int = 28, background: int = 2
     return TensorImageDataset(images, labels, [f"c{i}" for i in range(num_classes)])
 
 
-def photos(num_classes: int, per_class: int) -> TensorImageDataset:
+def photos(num_classes: int, per_class: int, size: int = 32) -> TensorImageDataset:
     g = torch.Generator().manual_seed(1)
     n = num_classes * per_class
-    images = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.int64).to(torch.uint8)
+    images = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.int64).to(torch.uint8)
     return TensorImageDataset(images, torch.arange(num_classes).repeat_interleave(per_class), list(range(num_classes)))
 
 
-def choices_for(dataset, **overrides):
+def choices_for(dataset, bf16_native: bool = False, **overrides):
     cfg = load_config(overrides=[f"{k}={v}" for k, v in overrides.items()])
-    return {k: v for k, (v, _) in resolve(cfg, profile_split(dataset)).items()}
+    return {k: v for k, (v, _) in resolve(cfg, profile_split(dataset), bf16_native=bf16_native).items()}
 
 
 def test_profile_reads_counts_shape_background_and_kind():
@@ -44,20 +44,27 @@ def test_profile_reads_counts_shape_background_and_kind():
 @pytest.mark.parametrize(
     "dataset, expected",
     [
-        # few classes, many images each (MNIST-like): m=16, translate, ~80k images seen
+        # few classes, many images each (MNIST-like): m=16, translate, ~80k images seen, one model
         (glyphs(5, 500), {"sampler.m": 16, "sampler.batch_size": 64, "data.augment": "translate",
-                          "train.max_steps": 1250}),
-        # many classes, 20 each (Omniglot-like): m=4, affine; 4,000 images -> 20 epochs
-        (glyphs(200, 20), {"sampler.m": 4, "data.augment": "affine", "train.max_steps": 1250}),
+                          "train.max_steps": 1250, "model.ensemble": 1, "model.shift_average": 2}),
+        # many classes, 20 each (Omniglot-like): m=4, affine; 4,000 images -> 20 epochs; 3 members
+        (glyphs(200, 20), {"sampler.m": 4, "data.augment": "affine", "train.max_steps": 1250,
+                           "model.ensemble": 3, "model.shift_average": 2}),
         # two images per class: m=2 (pairs), affine, 80 epochs of a small set
-        (glyphs(50, 2), {"sampler.m": 2, "sampler.batch_size": 64, "data.augment": "affine", "train.max_steps": 125}),
+        (glyphs(50, 2), {"sampler.m": 2, "sampler.batch_size": 64, "data.augment": "affine", "train.max_steps": 125,
+                         "model.ensemble": 3}),
         # 500 images per class, three classes: batches of all 3 classes x 16; 1,500 images -> 53 epochs
         (glyphs(3, 500), {"sampler.m": 16, "sampler.batch_size": 48, "data.augment": "translate",
-                          "train.max_steps": 1656}),
+                          "train.max_steps": 1656, "model.ensemble": 1}),
         # small photos in memory: shifts, not glyph warps
-        (photos(10, 40), {"sampler.m": 8, "data.augment": "translate", "train.max_steps": 500}),
+        (photos(10, 40), {"sampler.m": 8, "data.augment": "translate", "train.max_steps": 500,
+                          "model.ensemble": 3, "model.shift_average": 2}),
+        # tiny 8x8 glyphs (digits-like): no shift averaging
+        (glyphs(5, 180, size=8), {"sampler.m": 16, "model.shift_average": 0, "model.ensemble": 1}),
+        # larger photos: one model, no shift averaging
+        (photos(10, 40, size=96), {"model.ensemble": 1, "model.shift_average": 0}),
     ],
-    ids=["few-classes", "many-classes", "two-per-class", "500-per-class", "photos"],
+    ids=["few-classes", "many-classes", "two-per-class", "500-per-class", "photos", "8x8", "96px-photos"],
 )
 def test_resolved_recipe_for_synthetic_shapes(dataset, expected):
     got = choices_for(dataset)
@@ -65,6 +72,14 @@ def test_resolved_recipe_for_synthetic_shapes(dataset, expected):
         assert got[key] == value, key
     assert got["optimizer.loss_lr_multiplier"] == 100.0
     assert got["train.eval_every"] == got["train.max_steps"]  # no validation split configured here
+
+
+def test_mixed_precision_auto_follows_the_device_and_asap_keeps_one_model():
+    assert choices_for(glyphs(5, 500), bf16_native=True, **{"train.mixed_precision": "auto"})["train.mixed_precision"] == "bf16"
+    assert choices_for(glyphs(5, 500), bf16_native=False, **{"train.mixed_precision": "auto"})["train.mixed_precision"] == "none"
+    assert "train.mixed_precision" not in choices_for(glyphs(5, 500), bf16_native=True, **{"train.mixed_precision": "none"})
+    asap = choices_for(glyphs(200, 20), **{"asap.enabled": True, "protocol.fold": 0})
+    assert asap["model.ensemble"] == 1
 
 
 def test_user_values_are_never_overridden_and_m_divides_the_batch():

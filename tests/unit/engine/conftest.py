@@ -7,7 +7,7 @@ from dmlkit.config import load_config
 TINY = [
     "train.max_steps=4", "train.log_every=1", "train.progress=false", "train.eval_every=1000",
     "train.checkpoint_every=1000", "eval.clustering=false", "eval.save_embeddings=false",
-    "model.args={width: 8}", "sampler.batch_size=32", "sampler.m=8",
+    "model.args={width: 8}", "sampler.batch_size=32", "sampler.m=8", "train.mixed_precision=none", "model.shift_average=0",
 ]
 
 

@@ -46,12 +46,12 @@ def test_trunk_only_weights_leave_head_alone_and_report_extras(tmp_path):
 
 def test_missing_keys_warn_and_are_listed(tmp_path):
     state = dict(create_model("small_cnn").trunk.state_dict())
-    dropped = [k for k in state if k.startswith("features.2.")]
+    dropped = [k for k in state if k.startswith("blocks.2.")]
     for key in dropped:
         del state[key]
     path = tmp_path / "partial.pth"
     torch.save(state, path)
-    with pytest.warns(UserWarning, match=r"missing \(kept their initial values\): features\.2\.0\.weight"):
+    with pytest.warns(UserWarning, match=r"missing \(kept their initial values\): blocks\.2\.conv\.weight"):
         model = create_model("small_cnn", weights=path)
     assert sorted(model.weights_report.missing_keys) == sorted(dropped)
     assert not model.weights_report.complete
@@ -69,7 +69,7 @@ def test_data_parallel_prefix_is_stripped(tmp_path):
 def test_shape_mismatch_names_the_tensor(tmp_path):
     path = tmp_path / "wide.pth"
     torch.save(create_model("small_cnn", width=8).trunk.state_dict(), path)
-    with pytest.raises(CheckpointError, match=r"features\.0\.0\.weight: file \(8, 1, 3, 3\) vs model \(16, 1, 3, 3\)"):
+    with pytest.raises(CheckpointError, match=r"blocks\.0\.conv\.weight: file \(8, 1, 3, 3\) vs model \(16, 1, 3, 3\)"):
         create_model("small_cnn", weights=path)
 
 

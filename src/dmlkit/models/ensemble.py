@@ -1,0 +1,58 @@
+"""Several embedders side by side: the concatenation of their embeddings is the ensemble's embedding.
+
+The same construction as the 512-D ensemble of ASAP Table 1 (after Musgrave et al. 2020): each
+member's normalised embedding is concatenated and the result re-normalised. Here the members are
+trained together in one run (``model.ensemble=N``), each from its own initialisation and with its
+own loss (``dmlkit.engine.objective.EnsembleObjective``), on the same batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from dmlkit.models.embedder import Embedder
+
+
+class EmbedderEnsemble(nn.Module):
+    """``N`` :class:`Embedder` members: ``[B, C, H, W] -> [B, sum of member sizes]``.
+
+    The output is ``cat(member_1(x), ..., member_N(x)) / sqrt(N)``: with L2-normalised members it
+    has unit norm, and its cosine similarity is the mean of the members' similarities.
+    :func:`split_embeddings` undoes the concatenation for the per-member losses.
+    ``pretrained_cfg`` and :meth:`preprocess` are the first member's (all members share one
+    backbone name, so one preprocessing).
+    """
+
+    def __init__(self, members: Sequence[Embedder]):
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError(f"EmbedderEnsemble needs at least 2 members. Got {len(members)}.")
+        self.members = nn.ModuleList(members)
+        self.pretrained_cfg: dict[str, Any] = dict(members[0].pretrained_cfg)
+        self.weights_report = members[0].weights_report
+
+    @property
+    def embedding_size(self) -> int:
+        return sum(m.embedding_size for m in self.members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([member(x) for member in self.members], dim=1) * len(self.members) ** -0.5
+
+    @property
+    def member_sizes(self) -> list[int]:
+        return [m.embedding_size for m in self.members]
+
+    def preprocess(self, images: torch.Tensor, *, resize: bool = False) -> torch.Tensor:
+        return self.members[0].preprocess(images, resize=resize)
+
+    def extra_repr(self) -> str:
+        return f"members={len(self.members)}"
+
+
+def split_embeddings(embeddings: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    """The members' own embeddings ``[B, E_i]`` from an ensemble's ``[B, sum E_i]`` (rescaled by ``sqrt(N)``)."""
+    scale = len(sizes) ** 0.5
+    return [part * scale for part in embeddings.split(list(sizes), dim=1)]
