@@ -108,7 +108,7 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.builders import build_splits, resolve_device
     from dmlkit.engine.loading import load_run
-    from dmlkit.evaluation.embed import embed_dataset
+    from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
     from dmlkit.exceptions import ConfigError
 
     fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass
@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     dataset = getattr(splits, args.split, None)
     if dataset is None:
         raise ConfigError(f"split {args.split!r} does not exist for data set {cfg.data.name!r} with this protocol.")
-    emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
+    emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
+                                autocast_dtype(cfg.train.mixed_precision))
     paths = getattr(dataset, "paths", None)
     for path in write_embeddings(Path(args.out), emb.numpy(), labels.numpy(), paths, fmt):
         print(path)

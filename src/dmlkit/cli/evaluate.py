@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.loading import load_run
     from dmlkit.engine.trainer import _floats, format_metrics_table
     from dmlkit.evaluation import clustering_metrics, retrieval_metrics
-    from dmlkit.evaluation.embed import embed_dataset
+    from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
     from dmlkit.exceptions import ConfigError
 
     bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("data.", "protocol.", "eval."))]
@@ -40,14 +40,17 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or cfg.eval.backend
     ks = tuple(cfg.eval.ks)
     if args.split == "test" and splits.eval_mode == "query_gallery":
-        q, ql = embed_dataset(model, splits.query, cfg.eval.batch_size, cfg.data.num_workers)
-        g, gl = embed_dataset(model, splits.gallery, cfg.eval.batch_size, cfg.data.num_workers)
+        q, ql = embed_dataset(model, splits.query, cfg.eval.batch_size, cfg.data.num_workers,
+                              autocast_dtype(cfg.train.mixed_precision))
+        g, gl = embed_dataset(model, splits.gallery, cfg.eval.batch_size, cfg.data.num_workers,
+                              autocast_dtype(cfg.train.mixed_precision))
         metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
     else:
         dataset = getattr(splits, args.split)
         if dataset is None:
             raise ConfigError(f"split {args.split!r} does not exist for this config (val needs protocol.fold).")
-        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers)
+        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
+                                    autocast_dtype(cfg.train.mixed_precision))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         if cfg.eval.clustering:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))

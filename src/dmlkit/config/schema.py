@@ -147,7 +147,8 @@ class TrainConfig:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
     with CUDA each rank uses ``cuda:LOCAL_RANK``. ``mixed_precision`` runs the model under autocast
     (``bf16`` on CPU; ``fp16``/``bf16`` on GPU; ``fp16`` adds a gradient scaler); losses always
-    turn autocast off and accumulate in fp32; evaluation embeds in fp32. ``auto`` lets the recipe
+    turn autocast off and accumulate in fp32; a run's splits are embedded under the same autocast
+    (in training, ``dmlkit evaluate`` and ``dmlkit embed``). ``auto`` lets the recipe
     pick ``bf16`` where the device computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
     bf16) and ``none`` elsewhere. ``compile`` wraps the model in ``torch.compile``.
     Every ``log_every`` steps a record goes to ``log.jsonl`` and, with

@@ -1,9 +1,11 @@
-"""What the engine minimises: a loss with its optional miner and cross-batch memory."""
+"""What the engine minimises: a loss with its optional miner and cross-batch memory (one per ensemble member)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from dmlkit.models.ensemble import split_embeddings
 
 
 class TrainingObjective(nn.Module):
@@ -44,7 +46,5 @@ class EnsembleObjective(nn.Module):
         self.sizes = list(sizes)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from dmlkit.models.ensemble import split_embeddings
-
         parts = split_embeddings(embeddings, self.sizes)
         return torch.stack([objective(part, labels) for objective, part in zip(self.objectives, parts)]).sum()

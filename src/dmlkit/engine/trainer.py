@@ -33,7 +33,7 @@ from dmlkit.engine.checkpoint import (
 from dmlkit.engine.hooks import MethodHooks, overrides_hook
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
-from dmlkit.evaluation.embed import embed_dataset
+from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 from dmlkit.seeds import derive_generator
@@ -114,7 +114,7 @@ class Trainer:
         transform = self.splits.train.transform
         fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
         self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=fill)
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision)
+        self.autocast_dtype = autocast_dtype(cfg.train.mixed_precision)
         self.autocast_device = self.device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.train.mixed_precision == "fp16" else None
@@ -294,9 +294,9 @@ class Trainer:
         )
 
     def embed(self, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings and labels of a whole split with the current weights, in fp32 (whatever the training
-        autocast), so ``dmlkit evaluate``, ``embed``, exports and ``dmlkit.load`` reproduce them."""
-        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers)
+        """Embeddings and labels of a whole split with the current weights, under the training autocast
+        (as ``dmlkit evaluate`` and ``dmlkit embed`` embed a run's splits, so they reproduce the metrics)."""
+        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype)
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:

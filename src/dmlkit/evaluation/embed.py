@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+#: Autocast dtype of each ``train.mixed_precision`` value: a run embeds in the precision it trained in.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    """The autocast dtype for ``train.mixed_precision`` (None: fp32)."""
+    return AUTOCAST_DTYPES.get(mixed_precision)
+
 
 @torch.no_grad()
 def embed_dataset(
