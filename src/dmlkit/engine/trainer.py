@@ -81,7 +81,8 @@ class Trainer:
         model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
         self.splits = builders.build_splits(cfg, model)  # transforms follow the model's preprocessing
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device))
-        if (cfg.model.ensemble or 1) > 1 or cfg.model.shift_average:  # the recipe (or the user) asked for more
+        chose = {key: value for key, (value, _) in self.recipe.choices.items()}
+        if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):  # the recipe asked for more
             seed_everything(cfg.seed)
             model = builders.build_model(cfg)
         self.model = model.to(self.device)
