@@ -39,18 +39,20 @@ def run(args: argparse.Namespace) -> int:
     model.to(resolve_device("auto"))  # embed on a GPU when there is one (embeddings come back on the CPU)
     backend = args.backend or cfg.eval.backend
     ks = tuple(cfg.eval.ks)
+
+    def embed(dataset):  # under the run's training autocast, as the run embedded its own splits
+        return embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
+                             autocast_dtype(cfg.train.mixed_precision))
+
     if args.split == "test" and splits.eval_mode == "query_gallery":
-        q, ql = embed_dataset(model, splits.query, cfg.eval.batch_size, cfg.data.num_workers,
-                              autocast_dtype(cfg.train.mixed_precision))
-        g, gl = embed_dataset(model, splits.gallery, cfg.eval.batch_size, cfg.data.num_workers,
-                              autocast_dtype(cfg.train.mixed_precision))
+        q, ql = embed(splits.query)
+        g, gl = embed(splits.gallery)
         metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
     else:
         dataset = getattr(splits, args.split)
         if dataset is None:
             raise ConfigError(f"split {args.split!r} does not exist for this config (val needs protocol.fold).")
-        emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
-                                    autocast_dtype(cfg.train.mixed_precision))
+        emb, labels = embed(dataset)
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         if cfg.eval.clustering:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))

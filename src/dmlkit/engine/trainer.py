@@ -317,10 +317,6 @@ class Trainer:
         """Embed a split and compute retrieval (and optionally clustering) metrics."""
         return self.score(*self.embed(dataset), clustering=clustering)
 
-    def evaluate_query_gallery(self, query, gallery, *, clustering: bool) -> dict:
-        """In-Shop style: queries retrieve from a separate gallery."""
-        return self.score(*self.embed(query), clustering=clustering, reference=self.embed(gallery))
-
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
@@ -424,13 +420,14 @@ class Trainer:
             self.best_step = self.step
             selected_on = "last"
         clustering = self.cfg.eval.clustering
+        # In-Shop style (query_gallery): queries retrieve from a separate gallery, saved as "gallery"
         if getattr(self.splits, "eval_mode", "leave_one_out") == "query_gallery":
-            embedded = {"test": (self.splits.query, *self.embed(self.splits.query)),
-                        "gallery": (self.splits.gallery, *self.embed(self.splits.gallery))}
-            metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=embedded["gallery"][1:])
+            embedded = {"test": self.splits.query, "gallery": self.splits.gallery}
         else:
-            embedded = {"test": (self.splits.test, *self.embed(self.splits.test))}
-            metrics = self.score(*embedded["test"][1:], clustering=clustering)
+            embedded = {"test": self.splits.test}
+        embedded = {split: (dataset, *self.embed(dataset)) for split, dataset in embedded.items()}
+        reference = embedded["gallery"][1:] if "gallery" in embedded else None
+        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference)
         metrics = _floats(metrics)
         result = dict(metrics)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
