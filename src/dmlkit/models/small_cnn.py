@@ -10,7 +10,7 @@ from dmlkit.models.preprocessing import MNIST_MEAN, MNIST_STD, adapt_cfg_channel
 
 #: With ``downsample="auto"``, inputs at least this many pixels a side are downsampled by max
 #: pooling; smaller ones (8x8 digits) by strided convolutions (docs/recipes.md: on 8x8 digits
-#: pooling blocks measured MAP@R 0.26-0.29 against 0.41 for strided ones).
+#: pooling blocks measured MAP@R 0.25 against 0.41 for strided ones).
 POOL_FROM_SIDE = 16
 
 DOWNSAMPLING = ("auto", "max", "stride")
