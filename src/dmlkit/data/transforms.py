@@ -210,6 +210,35 @@ def default_transforms(spec, image_size: int | None, preprocessing=None):
     return train_transform("musgrave", preprocessing, image_size), eval_transform("musgrave", preprocessing, image_size)
 
 
+def photo_view(image_size: int, interpolation: str = "bilinear"):
+    """The evaluation view of a photo (PIL in, PIL out): shorter side to ``image_size * 256 / 224``, centre crop.
+
+    The standard ImageNet evaluation crop (crop fraction 0.875). Photos are decoded into memory as
+    this view, and the evaluation transform of photos on disk applies the same two steps, so a run
+    embeds an image file identically wherever it comes from.
+    """
+    from torchvision import transforms as T
+
+    mode = {"bicubic": T.InterpolationMode.BICUBIC, "nearest": T.InterpolationMode.NEAREST}.get(
+        interpolation, T.InterpolationMode.BILINEAR)
+    return T.Compose([T.Resize(int(round(image_size * 256 / 224)), interpolation=mode), T.CenterCrop(image_size)])
+
+
+def photo_transforms(preprocessing, image_size: int, crop_size: int) -> tuple[nn.Module, nn.Module]:
+    """(train, eval) per-item transforms of photos on disk, matching the in-memory photo path.
+
+    Train: random resized crop to ``crop_size`` (area 16-100 %, aspect 3/4-4/3) and a flip, taken from
+    the image's evaluation view as the in-memory path does; eval: :func:`photo_view`
+    (shorter side ``image_size * 256 / 224``, centre crop ``image_size``), then the backbone's normalisation.
+    """
+    from torchvision import transforms as T
+
+    view = photo_view(image_size, str((preprocessing or {}).get("interpolation", "bilinear")))
+    tail = [T.PILToTensor(), T.ConvertImageDtype(torch.float32), BackboneNormalize(preprocessing)]
+    train = T.Compose([view, T.RandomResizedCrop(crop_size, scale=(0.16, 1.0)), T.RandomHorizontalFlip(0.5), *tail])
+    return train, T.Compose([view, *tail])
+
+
 def build_transforms(
     preset: str = "musgrave",
     preprocessing: Mapping[str, Any] | Preprocessing | None = None,
@@ -304,14 +333,61 @@ class RandomAffine(nn.Module):
         return f"degrees={self.degrees}, scale={self.scale}, shear={self.shear}, shift={self.shift}, fill={self.fill}"
 
 
-BATCH_AUGMENTATIONS = ("none", "translate", "affine")
+class RandomResizedCropFlip(nn.Module):
+    """Batched random resized crop to ``size x size`` plus a horizontal flip of half the images.
+
+    Per image: an area fraction in ``scale`` and an aspect ratio (log-uniform) in ``ratio`` give the
+    crop's width and height (as fractions of the image side, at most 1), its centre is uniform over
+    the positions that keep it inside the image, and it is resampled bilinearly (one
+    ``affine_grid`` / ``grid_sample`` for the whole batch). For photos held in memory as their
+    evaluation view (data.augment ``crop``); randomness comes only from ``generator``.
+    """
+
+    batched = True
+
+    def __init__(self, size: int, scale: Sequence[float] = (0.16, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3)):
+        super().__init__()
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidParameterError(f"The 'size' parameter of RandomResizedCropFlip must be an int >= 1. Got {size!r}.")
+        if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise InvalidParameterError(f"The 'scale' parameter must be (low, high) with 0 < low <= high <= 1. Got {scale!r}.")
+        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
+            raise InvalidParameterError(f"The 'ratio' parameter must be (low, high) with 0 < low <= high. Got {ratio!r}.")
+        self.size, self.scale, self.ratio = size, tuple(float(v) for v in scale), tuple(float(v) for v in ratio)
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        import math
+
+        b = images.shape[0]
+        u = torch.rand(b, 5, generator=generator, dtype=torch.float32)
+        area = self.scale[0] + u[:, 0] * (self.scale[1] - self.scale[0])
+        log_low, log_high = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = torch.exp(log_low + u[:, 1] * (log_high - log_low))
+        width = torch.sqrt(area * aspect).clamp(max=1.0)  # fractions of the image side
+        height = torch.sqrt(area / aspect).clamp(max=1.0)
+        cx = (u[:, 2] * 2 - 1) * (1 - width)  # centre in [-1, 1] coordinates, crop inside the image
+        cy = (u[:, 3] * 2 - 1) * (1 - height)
+        flip = torch.where(u[:, 4] < 0.5, -1.0, 1.0)
+        zero = torch.zeros_like(width)
+        theta = torch.stack([torch.stack([width * flip, zero, cx], 1), torch.stack([zero, height, cy], 1)], 1)
+        grid = torch.nn.functional.affine_grid(theta.to(images.dtype), [b, images.shape[1], self.size, self.size],
+                                               align_corners=False)
+        return torch.nn.functional.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, scale={self.scale}, ratio={tuple(round(r, 4) for r in self.ratio)}"
 
 
-def batch_augmentation(name: str, max_shift: int = 2, fill: float | list[float] = 0.0) -> nn.Module | None:
-    """The batched augmentation named by ``data.augment``: ``none``, ``translate`` or ``affine``.
+BATCH_AUGMENTATIONS = ("none", "translate", "affine", "crop")
+
+
+def batch_augmentation(name: str, max_shift: int = 2, fill: float | list[float] = 0.0,
+                       crop_size: int | None = None) -> nn.Module | None:
+    """The batched augmentation named by ``data.augment``: ``none``, ``translate``, ``affine`` or ``crop``.
 
     ``affine`` uses the glyph/digit ranges the recipe measured (docs/recipes.md): rotation +-15 deg,
-    scale +-10 %, shear +-10 deg, shift +-10 %; ``fill`` is the data's background value.
+    scale +-10 %, shear +-10 deg, shift +-10 %; ``fill`` is the data's background value. ``crop`` is
+    :class:`RandomResizedCropFlip` to ``crop_size`` (photos; area 16-100 %, as Musgrave et al.).
     """
     if name == "none":
         return None
@@ -319,4 +395,8 @@ def batch_augmentation(name: str, max_shift: int = 2, fill: float | list[float] 
         return RandomTranslate(max_shift)
     if name == "affine":
         return RandomAffine(fill=fill)
+    if name == "crop":
+        if crop_size is None:
+            raise InvalidParameterError("data.augment=crop needs data.crop_size (the training crop in pixels).")
+        return RandomResizedCropFlip(crop_size)
     raise InvalidParameterError(f"data.augment must be one of {BATCH_AUGMENTATIONS}. Got {name!r}.")

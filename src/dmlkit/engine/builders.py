@@ -89,28 +89,56 @@ def build_model(cfg: RunConfig) -> nn.Module:
     return EmbedderEnsemble(members)
 
 
-def build_splits(cfg: RunConfig, model: nn.Module):
-    """Train/val/test splits with the transforms the model's preprocessing asks for."""
+def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
+    """``data.build_splits`` with the config's data and protocol options (photos as their centre-crop view)."""
     from dmlkit import data as dm
 
     d = cfg.data
-    preprocessing = getattr(model, "pretrained_cfg", None)
-    kwargs = dict(
-        root=d.root,
-        label=d.label,
-        eval_label=d.eval_label,
-        image_size=d.image_size,
-        fold=cfg.protocol.fold,
-        num_folds=cfg.protocol.num_folds,
-        seed=cfg.protocol.seed,
-        skip_bad_images=d.skip_bad_images,
+    photos = decode and d.crop_size is not None and d.image_size is not None
+    return dm.build_splits(
+        d.name, root=d.root, label=d.label, eval_label=d.eval_label, image_size=d.image_size,
+        fold=cfg.protocol.fold, num_folds=cfg.protocol.num_folds, seed=cfg.protocol.seed,
+        skip_bad_images=d.skip_bad_images, preprocessing=preprocessing, cache_in_memory=decode,
+        center_crop=photos, crop_size=d.crop_size if photos else None,
     )
-    if "preprocessing" in inspect.signature(dm.build_splits).parameters:
-        kwargs["preprocessing"] = preprocessing
-    splits = dm.build_splits(d.name, cache_in_memory=True, **kwargs)
+
+
+def survey_data(cfg: RunConfig):
+    """The splits as read before any model exists (image files not decoded), for the recipe's first look."""
+    return _read_splits(cfg, decode=False)
+
+
+def build_splits(cfg: RunConfig, model: nn.Module, survey=None):
+    """Train/val/test splits with the transforms the model's preprocessing asks for.
+
+    ``survey`` (from :func:`survey_data`) is reused when it already holds every split in memory
+    (MNIST, digits, zipped glyphs): only its transforms change to the model's normalisation.
+    """
+    from dmlkit.data.transforms import tensor_transform
+
+    preprocessing = getattr(model, "pretrained_cfg", None)
+    if survey is not None and all(getattr(ds, "images", None) is not None for _, ds in survey.items()) \
+            and cfg.data.crop_size is None:
+        splits = survey
+        for _, dataset in splits.items():
+            dataset.transform = tensor_transform(preprocessing)
+    else:
+        splits = _read_splits(cfg, preprocessing)
     if cfg.protocol.val_fraction > 0 and splits.val is None:
         splits.train, splits.val = hold_out_samples(splits.train, cfg.protocol.val_fraction, cfg.protocol.seed)
+        evaluation = splits.test if splits.test is not None else splits.query
+        splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
     return splits
+
+
+def apply_model_recipe(cfg: RunConfig, survey, echo=print) -> dict:
+    """Fill the model and image-size fields left to the recipe from a first look at the training split.
+
+    Returns the choices (``{field: (value, reason)}``), printed later with the rest of the recipe.
+    """
+    choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train))
+    recipe.apply(cfg, choices)
+    return choices
 
 
 @dataclass
@@ -130,20 +158,30 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False) -> ResolvedRecipe:
+def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False, model: nn.Module | None = None,
+                 model_choices: dict | None = None) -> ResolvedRecipe:
     """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
 
     First the validation classes (``protocol.val_class_fraction``), then the rest from the split
     the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
-    device computes bf16 natively) resolves ``train.mixed_precision=auto``.
+    device computes bf16 natively) resolves ``train.mixed_precision=auto``. ``model`` (the built
+    model) gives the embedding size of a pretrained backbone that keeps its features;
+    ``model_choices`` (:func:`apply_model_recipe`) are printed with the rest.
     """
     full = recipe.profile_split(splits.train)
     p = cfg.protocol
-    chosen: dict = {}
+    chosen: dict = dict(model_choices or {})
+    if cfg.model.embedding_size is None and model is not None:
+        size = int(model.embedding_size)
+        cfg.model.embedding_size = size
+        chosen["model.embedding_size"] = (size, "the backbone's own feature size")
     if p.val_class_fraction is None:
-        fraction = recipe.val_class_fraction_for(full) if (p.fold is None and p.val_fraction == 0) else 0.0
-        reason = f"{full.num_classes} training classes" + (": hold out a fifth for checkpoint choice" if fraction
-                                                           else ": too few for class-disjoint validation")
+        warm = recipe.uses_pretrained_weights(cfg)
+        fraction = recipe.val_class_fraction_for(full, warm) if (p.fold is None and p.val_fraction == 0) else 0.0
+        reason = f"{full.num_classes} training classes" + (
+            ": hold out a fifth for checkpoint choice" if fraction == 0.2
+            else ": hold out a third, so held-out classes can tell whether training beats the pretrained embedding"
+            if fraction else ": too few for class-disjoint validation")
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:

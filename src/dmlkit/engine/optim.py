@@ -1,7 +1,9 @@
 """Optimisers with parameter groups, learning-rate schedules and warm-up (issue 6).
 
-Groups: the trunk, the embedding head, and the loss's own parameters (proxies, learnable
-margins) at ``lr * loss_lr_multiplier`` (x100 in Proxy-Anchor and the ASAP comparisons).
+Groups: the trunk at ``lr``, the embedding head at ``lr * head_lr_multiplier`` (1 unless a
+pretrained backbone fine-tunes under a new head), and the loss's own parameters (proxies,
+learnable margins) at the head's rate ``* loss_lr_multiplier`` (x100 in Proxy-Anchor and the ASAP
+comparisons).
 During ``warmup_steps`` the trunk's learning rate is 0: only the head and the loss train.
 """
 
@@ -27,10 +29,11 @@ def parameter_groups(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) ->
         head = _params(model.head_parameters())
     else:
         trunk, head = [], _params(model.parameters())
+    head_lr = cfg.lr * (cfg.head_lr_multiplier or 1.0)
     groups = [
         {"name": "trunk", "params": trunk, "lr": cfg.lr},
-        {"name": "head", "params": head, "lr": cfg.lr},
-        {"name": "loss", "params": _params(loss.parameters()), "lr": cfg.lr * cfg.loss_lr_multiplier},
+        {"name": "head", "params": head, "lr": head_lr},
+        {"name": "loss", "params": _params(loss.parameters()), "lr": head_lr * cfg.loss_lr_multiplier},
     ]
     return [g for g in groups if g["params"]]
 

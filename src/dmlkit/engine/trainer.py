@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dmlkit.config.recipe import uses_pretrained_weights
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.checkpoint import (
@@ -34,6 +35,7 @@ from dmlkit.engine.hooks import MethodHooks, overrides_hook
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
+from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 from dmlkit.seeds import derive_generator
@@ -78,9 +80,12 @@ class Trainer:
         if cfg.train.tensorboard and self.dist.is_main:
             require_tensorboard()  # a missing package fails here, before anything heavy
         seed_everything(cfg.seed)
+        survey = builders.survey_data(cfg)  # a first look at the data: which model, which image size
+        model_choices = builders.apply_model_recipe(cfg, survey, self.echo)
         model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
-        self.splits = builders.build_splits(cfg, model)  # transforms follow the model's preprocessing
-        self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device))
+        self.splits = builders.build_splits(cfg, model, survey)  # transforms follow the model's preprocessing
+        self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),
+                                            model=model, model_choices=model_choices)
         chose = {key: value for key, (value, _) in self.recipe.choices.items()}
         if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):  # the recipe asked for more
             seed_everything(cfg.seed)
@@ -114,7 +119,7 @@ class Trainer:
         background = torch.tensor(self.recipe.profile.background).view(1, -1, 1, 1)
         transform = self.splits.train.transform
         fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
-        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=fill)
+        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=fill, crop_size=cfg.data.crop_size)
         self.autocast_dtype = autocast_dtype(cfg.train.mixed_precision)
         self.autocast_device = self.device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
@@ -122,6 +127,7 @@ class Trainer:
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
+        self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
         self._best_state: dict | None = None
 
     # ------------------------------------------------------------------ state
@@ -146,6 +152,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "hooks": self.hooks.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            "pretrained_val_ap": self.pretrained_val_ap,
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -172,6 +179,7 @@ class Trainer:
         self.hooks.load_state_dict(state["hooks"])
         if self.scaler is not None and state.get("scaler"):  # the loss scale and its growth counter
             self.scaler.load_state_dict(state["scaler"])
+        self.pretrained_val_ap = state.get("pretrained_val_ap")
 
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
@@ -320,11 +328,21 @@ class Trainer:
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
-        metrics = distributed.broadcast_object(
-            self.evaluate_split(self.splits.val, clustering=False) if self.dist.is_main else None
-        )
+        compare = uses_pretrained_weights(self.cfg)
+        result = None
+        if self.dist.is_main:
+            embeddings, labels = self.embed(self.splits.val)
+            per_query = map_at_r_per_query(embeddings, labels, backend=self.cfg.eval.backend) if compare else None
+            result = (self.score(embeddings, labels, clustering=False), per_query)
+        metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])
         improved = score > self.best_score
+        if compare and self.step == 0:
+            self.pretrained_val_ap = per_query  # the untrained embedding: what training must beat
+        elif compare and self.pretrained_val_ap is not None:
+            gain, error = paired_gain(per_query, self.pretrained_val_ap)
+            metrics = {**metrics, "gain_over_pretrained": gain, "gain_standard_error": error}
+            improved = improved and gain > SIGNIFICANT_ERRORS * error
         if improved:
             self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
             if self.dist.is_main:
@@ -334,6 +352,11 @@ class Trainer:
         self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
         stop = self.hooks.on_evaluation(self, score, improved)
         return stop
+
+    def val_history(self) -> list[tuple[int, float]]:
+        """``(step, validation MAP@R)`` of every validation evaluation logged so far."""
+        return [(int(r["step"]), float(r[SELECTION_METRIC])) for r in self.run.read_log()
+                if r.get("kind") == "eval" and r.get("split") == "val" and SELECTION_METRIC in r]
 
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
@@ -364,8 +387,11 @@ class Trainer:
         batches = builders.iterate_training_batches(
             self.splits.train, self.sampler, self.position, cfg.data.num_workers
         )
-        bar = _progress(cfg, initial=self.step) if self.dist.is_main else None
         stop = self.step >= cfg.train.max_steps
+        if has_val and self.step == 0 and uses_pretrained_weights(cfg):
+            # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
+            stop = self.validate() or stop
+        bar = _progress(cfg, initial=self.step) if self.dist.is_main else None
         t_last = self.clock()
         running = None
         while not stop:
@@ -410,11 +436,15 @@ class Trainer:
 
     def finish(self, has_val: bool) -> TrainResult:
         """Load the selected weights, evaluate the test split once, write the results."""
+        kept_pretrained = None
         if has_val and self.run.best_checkpoint.exists():
             best = load_checkpoint(self.run.best_checkpoint)
             self.model.load_state_dict(best["model"])
             self.objective.load_state_dict(best["objective"])
             selected_on = "val"
+            if uses_pretrained_weights(self.cfg):
+                kept_pretrained = self.best_step == 0
+                self.echo(_selection_message(self.val_history(), self.best_step))
         else:
             save_checkpoint(self.run.best_checkpoint, self.weights_state())
             self.best_step = self.step
@@ -432,12 +462,42 @@ class Trainer:
         result = dict(metrics)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
                       train_seconds=round(self.elapsed, 3))
+        if kept_pretrained is not None:
+            result["kept_pretrained"] = kept_pretrained
         self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
         atomic_write_json(self.run.path / "metrics.json", result)
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():
                 self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
         return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
+
+
+#: A fine-tuned checkpoint replaces the pretrained embedding only when its validation MAP@R gain, paired
+#: per query, exceeds this many standard errors (a one-sided test at about 2 %): with few validation
+#: classes a gain of a few thousandths is noise, and keeping it would make the run worse than the backbone.
+SIGNIFICANT_ERRORS = 2.0
+
+
+def paired_gain(per_query: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
+    """Mean per-query AP@R gain over ``baseline`` and its standard error (queries scored by both)."""
+    both = ~(per_query.isnan() | baseline.isnan())
+    diff = (per_query - baseline)[both].double()
+    if diff.numel() < 2:
+        return float(diff.sum()), float("inf")
+    return float(diff.mean()), float(diff.std() / diff.numel() ** 0.5)
+
+
+def _selection_message(history: list[tuple[int, float]], best_step: int) -> str:
+    """What the run kept: the pretrained embedding (best at step 0) or a fine-tuned checkpoint."""
+    scores = dict(history)
+    start, best = scores.get(0), scores.get(best_step)
+    if best_step == 0:
+        last_step, last = max(history) if history else (0, start)
+        return (f"kept the pretrained embedding: no fine-tuned checkpoint beat its validation MAP@R {start:.4f} "
+                f"by more than {SIGNIFICANT_ERRORS:g} standard errors (step {last_step}: {last:.4f}); training did "
+                "not help on the held-out classes")
+    gain = "" if start is None else f", against {start:.4f} for the pretrained embedding at step 0"
+    return f"kept the fine-tuned checkpoint of step {best_step}: validation MAP@R {best:.4f}{gain}"
 
 
 def _floats(metrics: dict) -> dict:

@@ -15,7 +15,7 @@ from dmlkit.evaluation.geometry import (
     interclass_distance,
 )
 from dmlkit.evaluation.knn import iter_knn_blocks, knn
-from dmlkit.evaluation.retrieval import retrieval_metrics, true_reference_counts
+from dmlkit.evaluation.retrieval import map_at_r_per_query, retrieval_metrics, true_reference_counts
 
 __all__ = [
     "AccuracyCalculator",
@@ -25,6 +25,7 @@ __all__ = [
     "concatenate_embeddings",
     "covering_radius",
     "ensemble_retrieval_metrics",
+    "map_at_r_per_query",
     "evaluate",
     "geometry_metrics",
     "interclass_distance",

@@ -37,6 +37,47 @@ def true_reference_counts(
     return r - int(leave_one_out)
 
 
+def _within_r(hits: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``[b, k]`` bool: rank ``j`` (1-based) is at most the query's ``R``."""
+    rank = torch.arange(1, hits.shape[1] + 1)
+    return rank.unsqueeze(0) <= r.unsqueeze(1)
+
+
+def _average_precision_at_r(hits: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Per-query AP@R ``[b]`` float64: ``(1 / R) * sum_{j <= R} P@j * [j-th neighbour is true]`` (``R > 0``)."""
+    hits_r = hits & _within_r(hits, r)
+    rank = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
+    precision_at_rank = hits_r.cumsum(1).double() / rank
+    return (precision_at_rank * hits_r).sum(1) / r.double()
+
+
+def map_at_r_per_query(
+    embeddings: torch.Tensor, labels: torch.Tensor, *, metric: str = "euclidean", backend: str = "torch"
+) -> torch.Tensor:
+    """Leave-one-out AP@R of every query ``[N]`` float64 (NaN where the query has no true reference).
+
+    Their mean over the non-NaN entries is :func:`retrieval_metrics`' ``map_at_r``; per query they
+    allow paired comparisons of two embeddings of the same images (model selection).
+    """
+    validate_params(
+        "map_at_r_per_query",
+        {"metric": metric, "backend": backend},
+        {"metric": [Options(METRICS)], "backend": [Options(BACKENDS)]},
+    )
+    check_evaluation_inputs(embeddings, labels, None, None)
+    labels = labels.cpu().long()
+    r = true_reference_counts(labels, labels, True)
+    k = max(1, min(embeddings.shape[0] - 1, int(r.max()) if len(r) else 1))
+    out = torch.full((len(labels),), float("nan"), dtype=torch.float64)
+    for start, end, _, idx in iter_knn_blocks(embeddings, embeddings, k, exclude_self=True, metric=metric,
+                                              backend=backend):
+        block_r = r[start:end]
+        valid = block_r > 0
+        hits = labels[idx] == labels[start:end].unsqueeze(1)
+        out[start:end][valid] = _average_precision_at_r(hits[valid], block_r[valid])
+    return out
+
+
 class _RetrievalSums:
     """Accumulates per-query scores (float64 sums over queries with R > 0)."""
 
@@ -57,16 +98,12 @@ class _RetrievalSums:
         self.count += len(r)
         if len(r) == 0:
             return
-        rank = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
-        within_r = rank.unsqueeze(0) <= r.unsqueeze(1)
-        hits_r = hits & within_r
-        r64 = r.double()
-        precision_at_rank = hits_r.cumsum(1).double() / rank
+        hits_r = hits & _within_r(hits, r)
         self.sums["precision_at_1"] += float(hits[:, 0].double().sum())
         for k in self.ks:
             self.sums[f"recall_at_{k}"] += float(hits[:, :k].any(1).double().sum())
-        self.sums["r_precision"] += float((hits_r.sum(1).double() / r64).sum())
-        self.sums["map_at_r"] += float(((precision_at_rank * hits_r).sum(1) / r64).sum())
+        self.sums["r_precision"] += float((hits_r.sum(1).double() / r.double()).sum())
+        self.sums["map_at_r"] += float(_average_precision_at_r(hits, r).sum())
 
     def result(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {

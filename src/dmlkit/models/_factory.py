@@ -92,7 +92,7 @@ def _no_offline_message(name: str) -> str:
 def create_model(
     name: str,
     *,
-    embedding_size: int = 128,
+    embedding_size: int | None = 128,
     pretrained: bool = False,
     weights: str | os.PathLike | None = None,
     normalization: str = "l2",
@@ -100,6 +100,7 @@ def create_model(
     freeze_bn: bool = False,
     in_chans: int | None = None,
     shift_average: int = 0,
+    head_init: str = "kaiming",
     **kwargs: Any,
 ) -> Embedder:
     """Build an :class:`Embedder`: backbone ``name`` + global pooling + linear head + normalisation.
@@ -108,7 +109,9 @@ def create_model(
     backbone, the local file ``weights=PATH`` (a trunk-only or full-embedder state_dict, read
     with ``weights_only=True``; what matched is in ``model.weights_report``). Nothing is ever
     downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
-    to ``r`` pixels (see :class:`Embedder`). Extra ``kwargs`` go to the backbone builder (timm's ``create_model`` for timm names).
+    to ``r`` pixels (see :class:`Embedder`). ``embedding_size=None`` keeps the backbone's feature
+    size; ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
+    embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder (timm's ``create_model`` for timm names).
     """
     validate_params(
         "create_model",
@@ -118,7 +121,7 @@ def create_model(
         ),
         dict(
             name=[InstanceOf((str,))],
-            embedding_size=[Interval(int, 1, None)],
+            embedding_size=[NONE, Interval(int, 1, None)],
             pretrained=[Options((True, False))],
             weights=[NONE, InstanceOf((str, os.PathLike))],
             normalization=[Options(NORMALIZATIONS)],
@@ -136,7 +139,7 @@ def create_model(
     embedder = Embedder(
         trunk,
         GlobalPool(pooling),
-        make_linear_head(trunk.num_features, embedding_size),
+        make_linear_head(trunk.num_features, embedding_size or trunk.num_features, head_init),
         normalization,
         freeze_bn=freeze_bn,
         shift_average=shift_average,

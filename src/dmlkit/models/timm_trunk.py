@@ -72,6 +72,11 @@ class TimmTrunk(nn.Module):
             state = offline.load_state_dict(chans)
             report = load_state_dict_with_report(self.model, state, source=offline.source)
             self.offline_weights_report = report
+        # CNNs run in channels-last layout: oneDNN's convolutions are faster so on a CPU (and tensor
+        # cores want it on a GPU); benchmarks/bench_photos.py measures it
+        self.channels_last = not self._is_token_model
+        if self.channels_last:
+            self.model.to(memory_format=torch.channels_last)
 
     def _probe_token_output(self) -> bool:
         """Whether ``forward_features`` returns tokens ``[B, N, D]`` rather than a feature map.
@@ -86,6 +91,8 @@ class TimmTrunk(nn.Module):
         return self.model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         features = self.model.forward_features(x)
         if features.dim() == 4:
             return features.permute(0, 3, 1, 2) if self.output_fmt == "NHWC" else features
