@@ -35,8 +35,8 @@ from dmlkit.engine.hooks import MethodHooks, overrides_hook
 from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
-from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.evaluation.metrics import SELECTION_METRIC
+from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 from dmlkit.seeds import derive_generator
 

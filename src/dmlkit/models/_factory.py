@@ -111,7 +111,8 @@ def create_model(
     downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
     to ``r`` pixels (see :class:`Embedder`). ``embedding_size=None`` keeps the backbone's feature
     size; ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
-    embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder (timm's ``create_model`` for timm names).
+    embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder
+    (timm's ``create_model`` for timm names).
     """
     validate_params(
         "create_model",
