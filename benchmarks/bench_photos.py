@@ -388,7 +388,8 @@ def make_scale_folder(split_root: Path, dest: Path, replicas: int, side: int = 2
     return data
 
 
-PROGRESS = re.compile(r"(\d+)/(\d+) \[(\d+(?::\d+)+)<(\d+(?::\d+)+)")
+#: A tqdm update: ``desc: 12%|...| 5/40 [00:10<01:10, ...]`` (the remaining time is ``?`` at first).
+BAR = re.compile(r"^(?:(.*?):)?.*?(\d+)/(\d+) \[(\d+(?::\d+)+)<(\?|\d+(?::\d+)+)")
 
 
 def _seconds(clock: str) -> int:
@@ -398,19 +399,38 @@ def _seconds(clock: str) -> int:
     return value
 
 
-def progress_eta(segments: list[tuple[float, str]]) -> list[str]:
-    """What the progress bar promised (at its first update with an ETA, and at 10 %) against the end."""
-    updates = [(t, int(m[1]), int(m[2]), _seconds(m[4])) for t, text in segments if (m := PROGRESS.search(text))]
-    if not updates:
-        return ["  no progress-bar updates with an ETA in the output"]
-    last = updates[-1][0]
-    lines = [f"  progress bar: first update at +{updates[0][0]:.0f} s, last at +{last:.0f} s "
-             f"({updates[-1][1]}/{updates[-1][2]})"]
-    first = next((u for u in updates if u[1] >= 1), updates[0])
-    tenth = next((u for u in updates if u[1] >= max(1, u[2] // 10)), updates[-1])
-    for label, (t, n, total, remaining) in (("first ETA", first), ("ETA at 10 %", tenth)):
-        lines.append(f"  {label} (+{t:.0f} s, {n}/{total}): bar ends at +{t + remaining:.0f} s; "
-                     f"it ended at +{last:.0f} s (error {t + remaining - last:+.0f} s)")
+def phase_times(segments: list[tuple[float, str]], wall: float) -> list[str]:
+    """Per progress bar (by its description): when it ran, and what its ETA promised (at the first
+    update with an ETA and at 10 %) against when it really ended; plus the time outside the bars."""
+    bars: dict[str, list[tuple[float, int, int, int | None]]] = {}
+    for t, text in segments:
+        if m := BAR.search(text):
+            remaining = None if m[5] == "?" else _seconds(m[5])
+            bars.setdefault((m[1] or "bar").strip(), []).append((t, int(m[2]), int(m[3]), remaining))
+    if not bars:
+        return ["  no progress bar in the output"]
+    lines = []
+    for desc, updates in bars.items():
+        begin, end = updates[0][0], updates[-1][0]
+        lines.append(f"  bar {desc!r}: +{begin:.0f} s to +{end:.0f} s ({end - begin:.0f} s, "
+                     f"{updates[-1][1]}/{updates[-1][2]})")
+        timed = [u for u in updates if u[3] is not None and u[1] >= 1]
+        if not timed:
+            continue
+        tenth = next((u for u in timed if u[1] >= max(1, u[2] // 10)), timed[-1])
+        for label, (t, n, total, remaining) in (("first ETA", timed[0]), ("ETA at 10 %", tenth)):
+            lines.append(f"    {label} (+{t:.0f} s, {n}/{total}): ends at +{t + remaining:.0f} s; "
+                         f"ended at +{end:.0f} s (error {t + remaining - end:+.0f} s)")
+    promised = [(u[0], u[0] + u[3]) for updates in bars.values() for u in updates if u[3] is not None and u[1] >= 1]
+    if promised:
+        t, ends = min(promised)
+        lines.append(f"  the first ETA shown (+{t:.0f} s) promised the end at +{ends:.0f} s; the whole run ended at "
+                     f"+{wall:.0f} s")
+    first = min(u[0][0] for u in bars.values())
+    last = max(u[-1][0] for u in bars.values())
+    lines.append(f"  before the first bar (start-up, reading, recipe): {first:.0f} s; after the last bar "
+                 f"(selection, test embedding, writing): {wall - last:.0f} s; whole run {fmt_wall(wall)} "
+                 f"(goal <= 15 min)")
     return lines
 
 
@@ -423,11 +443,11 @@ def scale_run(root: Path, replicas: int, seed: int, threads: int, extra: list[st
         echo(f"  scale folder: {classes} classes, {len(split['train'][0])} train / {len(split['test'][0])} test "
              f"photos, made in {time.perf_counter() - t0:.0f} s")
         result = dmlkit_train(data, seed, threads, extra, quiet=False)
-    echo(f"  wall {result['seconds']:.0f} s (training clock {result['train_seconds']} s); the run's output lines:")
+    echo(f"  wall {fmt_wall(result['seconds'])} (training clock {result['train_seconds']} s); the run's output:")
     for t, text in result["segments"]:
-        if not PROGRESS.search(text):
+        if not BAR.search(text):
             echo(f"    +{t:6.1f} s  {text[:150]}")
-    for line in progress_eta(result["segments"]):
+    for line in phase_times(result["segments"], result["seconds"]):
         echo(line)
     return result
 
