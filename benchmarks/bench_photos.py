@@ -491,17 +491,21 @@ def main() -> None:
     print(f"{args.root}; {args.threads} threads; dmlkit overrides: {args.dmlkit_set or 'none'}", flush=True)
     split = read_split(args.root) if wanted & {"backbone", "pml"} else None
     rows: list[tuple[str, float, float, str]] = []
+    marks: list[tuple[str, float]] = []  # (part, start): how long each part took
+    marks.append(("backbone", time.perf_counter()))
     if "backbone" in wanted:
         for size in (224, 160):
             r = backbone_alone(split["test"], size)
             rows.append((f"EfficientNet-Lite0 ImageNet features, no training, {size} px", r["map_at_r"],
                          r["precision_at_1"], f"{r['seconds']:.1f} s (embedding)"))
             print(f"  backbone alone, {size} px: MAP@R {r['map_at_r']:.4f}, P@1 {r['precision_at_1']:.4f}", flush=True)
+    marks.append(("pml", time.perf_counter()))
     if "pml" in wanted:
         r = pml_loop(split, args.size, args.pml_epochs, seed=0, echo=lambda s: print(s, flush=True))
         per_epoch = ", ".join(f"{m:.3f}" for m in r["history"])
         rows.append((f"PML loop, {args.size} px, {args.pml_epochs} epochs (MAP@R per epoch {per_epoch})",
                      r["map_at_r"], r["precision_at_1"], fmt_wall(r["seconds"])))
+    marks.append(("dmlkit", time.perf_counter()))
     if "dmlkit" in wanted:
         runs = []
         for seed in args.seeds:
@@ -515,15 +519,20 @@ def main() -> None:
                      statistics.mean(r["precision_at_1"] for r in runs),
                      f"{fmt_wall(statistics.mean(secs))} mean, {fmt_wall(max(secs))} max"))
     rates = None
+    marks.append(("throughput", time.perf_counter()))
     if "throughput" in wanted:
         print(f"throughput: {BACKBONE}, batch {args.batch} at {args.tp_size} px, {args.threads} threads, "
               f"{args.rounds} rounds", flush=True)
         rates = throughput(args.root, args.tp_size, args.batch, args.threads, args.rounds, args.round_steps,
                            args.dmlkit_set, echo=lambda s: print(s, flush=True))
+    marks.append(("scale", time.perf_counter()))
     if "scale" in wanted:
         print(f"scale: {args.scale_replicas} class names per breed", flush=True)
         scale_run(args.root, args.scale_replicas, args.seeds[0], args.threads, args.dmlkit_set,
                   echo=lambda s: print(s, flush=True))
+    marks.append(("end", time.perf_counter()))
+    took = [f"{part} {fmt_wall(end - start)}" for (part, start), (_, end) in zip(marks, marks[1:]) if part in wanted]
+    print("\npart times: " + ", ".join(took))
     if rows:
         print("\n| what | MAP@R | P@1 | wall |\n| --- | --- | --- | --- |")
         for what, map_r, p1, wall in rows:
