@@ -276,17 +276,18 @@ class InMemorySplit:
 def dmlkit_trainer(root: Path, size: int, threads: int, run_dir: Path, extra: list[str]):
     """A ``Trainer`` configured as ``dmlkit train --set data.name=folder --set data.root=ROOT`` with the
     pretrained EfficientNet-Lite0 at ``size`` px. Returns ``(trainer, note)``."""
-    from dmlkit.cli.train import DEFAULT_PRESET
+    from dmlkit.cli import train as train_cli
     from dmlkit.config import load_config
     from dmlkit.engine.trainer import Trainer
 
+    preset = getattr(train_cli, "DEFAULT_PRESET", None)  # what `dmlkit train` starts from without --preset
     overrides = ["data.name=folder", f"data.root={root}", f"data.image_size={size}", f"model.name={BACKBONE}",
                  "model.pretrained=true", "train.progress=false", f"train.num_threads={threads}", *extra]
     try:
-        cfg = load_config(preset=DEFAULT_PRESET, overrides=overrides)
+        cfg = load_config(preset=preset, overrides=overrides)
         return Trainer(cfg, run_dir, echo=lambda _: None), ""
     except TypeError as err:  # before issue 25: the small CNN's model.args reach timm
-        cfg = load_config(preset=DEFAULT_PRESET, overrides=[*overrides, "model.args={}"])
+        cfg = load_config(preset=preset, overrides=[*overrides, "model.args={}"])
         return Trainer(cfg, run_dir, echo=lambda _: None), f"model.args={{}} added ({err})"
 
 
