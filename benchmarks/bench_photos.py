@@ -461,7 +461,7 @@ def fmt_wall(seconds: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="root/<class>/*.jpg (default: the Pets sample)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="dmlkit train seeds")
     ap.add_argument("--pml-epochs", type=int, default=10)
