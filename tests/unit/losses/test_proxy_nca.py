@@ -59,7 +59,7 @@ def test_fractional_assignment_matches_reference_and_is_seeded():
     assert ProxyNCALoss(10, 4, proxies_per_class=0.25).proxies.shape[0] == math.ceil(10 * 0.25)
 
 
-def test_gradient_matches_equation_3():
+def test_gradient_of_equation_4_with_proxies():
     """Paper form (exclude_positive): dl/ds = -1 for p+, softmax over negatives otherwise (per sample)."""
     from dmlkit.losses.proxy.proxy_nca import proxy_nca_kernel
 

@@ -23,7 +23,7 @@ def proxy_nca_kernel(
     exclude_positive: bool,
     bound: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Mean over samples of ``LSE_{denominator} z - LSE_{positives} z`` and its gradient (Eq. (3)).
+    """Mean over samples of ``LSE_{denominator} z - LSE_{positives} z`` and its gradient (Eq. (4) with proxies).
 
     Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
     softmax over positives and negatives (``False``, PML/ProxyNCA++). ``z [P, B]`` are the
