@@ -78,6 +78,8 @@ class Claim:
 
 _MARGIN = ("loss.name=margin", "loss.args={margin: 0.2, beta: 1.2, learn_beta: true}")
 _MS = ("loss.name=multi_similarity", "loss.args={alpha: 2, beta: 40, base: 0.5}")
+#: EPS Sec. 5.2.2: MS with "the same hyper-parameters as in (Wang et al., 2019) alpha = 2, lambda = 1, beta = 50".
+_MS_EPS = ("loss.name=multi_similarity", "loss.args={alpha: 2, beta: 50, base: 1.0}")
 _TRIPLET_SH = (
     "loss.name=triplet_margin", "loss.args={margin: 0.2}", "loss.miner.name=triplet_margin",
     "loss.miner.args={margin: 0.2, type_of_triplets: semihard}", "optimizer.loss_lr_multiplier=1",
@@ -93,13 +95,20 @@ def _dro(**args) -> tuple[str, ...]:
     return (*_DRO, f"loss.args={{{inner}}}")
 
 
-def _proxy_pair(pair: str, pair_args: str, k: int | None = None) -> tuple[str, ...]:
-    """``pair`` against learnt proxies; ``k=None`` leaves the proxy count to ``asap.proxies_per_class``."""
+def _proxy_pair(pair: str, pair_args: str, k: int | None = None, reduction: str | None = None) -> tuple[str, ...]:
+    """``pair`` against learnt proxies; ``k=None`` leaves the proxy count to ``asap.proxies_per_class``;
+    ``reduction="mean"`` is ASAP Eq. (4.11)'s average over batch x proxies (``pair_args`` must sum)."""
     per_class = "" if k is None else f", proxies_per_class: {k}"
+    per_class += "" if reduction is None else f", reduction: {reduction}"
     return ("loss.name=proxy_pair", f"loss.args={{pair_loss: {{name: {pair}, args: {pair_args}}}{per_class}}}")
 
 
 _C2_ARGS = "{pos_margin: 0.0, neg_margin: 0.3841}"
+#: ASAP's C1 (App. A.2: XBM's cosine contrastive, margin 0.5; the asap-c1-* presets); dot = cosine on the L2 output.
+_C1_ARGS = "{distance: dot, margin: 0.5}"
+_C1_PAIR_ARGS = "{distance: dot, margin: 0.5, reduction: sum}"
+#: The asap-c1-* presets' C1 before issue 23: a Euclidean contrastive loss with negative margin 0.5.
+_C1_EUCLIDEAN_ARGS = "{distance: euclidean, pos_margin: 0.0, neg_margin: 0.5}"
 _MS_ARGS = "{alpha: 2, beta: 40, base: 0.5}"
 #: ASAP's triplet setting (asap-triplet-* presets): Euclidean distance, margin 0.0961, all triplets.
 _TRIPLET_ARGS = "{distance: euclidean, margin: 0.0961}"
@@ -154,9 +163,9 @@ register(Claim(
         Method("margin+eps", "cpu-eps-mnist-parity-triplet",
                (*_MARGIN, "loss.miner.name=easy_positive", "loss.miner.args={negative: distance_weighted}"), core=False),
         Method("ms", "cpu-eps-mnist-parity-triplet",
-               (*_MS, "loss.miner.name=multi_similarity", "loss.miner.args={epsilon: 0.1}")),
+               (*_MS_EPS, "loss.miner.name=multi_similarity", "loss.miner.args={epsilon: 0.1}")),
         Method("ms+eps", "cpu-eps-mnist-parity-triplet",
-               (*_MS, "loss.miner.name=easy_positive", "loss.miner.args={negative: multi_similarity, epsilon: 0.1}")),
+               (*_MS_EPS, "loss.miner.name=easy_positive", "loss.miner.args={negative: multi_similarity, epsilon: 0.1}")),
     ),
     steps=800, quick_steps=300,
     metrics=("recall_at_1", "recall_at_2", "recall_at_4", "nmi", "nmi_plus"),
@@ -184,6 +193,18 @@ register(Claim(
     methods=(
         *_C2_ARMS_64D,
         Method("c2-xbm", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, "loss.memory.memory_size=320"), core=False),
+        Method("c1", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, "loss.name=cosine_contrastive", f"loss.args={_C1_ARGS}"),
+               core=False),
+        Method("c1-proxy", "cpu-asap-mnist-2d-c2-proxy",
+               (*_ASAP_64D, *_proxy_pair("cosine_contrastive", _C1_PAIR_ARGS, 4, "mean")), core=False),
+        Method("c1-asap", "cpu-asap-mnist-2d-c2", (*_ASAP_64D, *_proxy_pair("cosine_contrastive", _C1_PAIR_ARGS, None, "mean")),
+               core=False),
+        Method("c1-euclidean", "cpu-asap-mnist-2d-c2-baseline",
+               (*_ASAP_64D, "loss.name=contrastive", f"loss.args={_C1_EUCLIDEAN_ARGS}"), core=False),
+        Method("c1-euclidean-proxy", "cpu-asap-mnist-2d-c2-proxy",
+               (*_ASAP_64D, *_proxy_pair("contrastive", _C1_EUCLIDEAN_ARGS, 4)), core=False),
+        Method("c1-euclidean-asap", "cpu-asap-mnist-2d-c2",
+               (*_ASAP_64D, *_proxy_pair("contrastive", _C1_EUCLIDEAN_ARGS)), core=False),
         Method("ms", "cpu-asap-mnist-2d-c2-baseline", (*_ASAP_64D, *_MS), core=False),
         Method("ms-proxy", "cpu-asap-mnist-2d-c2-proxy", (*_ASAP_64D, *_proxy_pair("multi_similarity", _MS_ARGS, 4)),
                core=False),

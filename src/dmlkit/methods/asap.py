@@ -9,7 +9,8 @@ triplet, Proxy-Anchor, Proxy-NCA):
 * during the projection the trunk and head get the proximal gradient ``lambda (theta - theta*)``
   of Eq. (4.11), independent of the optimiser's weight decay;
 * a projection ends when validation MAP@R has not improved for ``patience`` evaluations;
-  then ``theta* <- best theta of the projection`` and the next projection starts;
+  then ``theta* <- theta, rho* <- rho`` of the projection's best validation (Alg. 1: the model's
+  weights and the proxies are both restored) and the next projection starts from them;
 * training stops after ``projections_without_improvement`` projections that did not improve
   the best MAP@R, after ``max_projections``, or at the step budget.
 """
@@ -88,6 +89,7 @@ class AsapHooks(MethodHooks):
         self.generator = derive_generator(trainer.cfg.seed, "asap_pools")
         self.anchors: list[torch.Tensor] = []
         self.projection_best_state: dict | None = None
+        self.projection_best_proxies: torch.Tensor | None = None
         n = len(trainer.splits.train)
         d = trainer.cfg.model.embedding_size
         # anchors and the cache live with the model (no host copy per step); pools and k-center run on the CPU
@@ -120,6 +122,7 @@ class AsapHooks(MethodHooks):
             self.projection_best = score
             self.projection_evals_since_best = 0
             self.projection_best_state = copy.deepcopy(trainer.model.state_dict())
+            self.projection_best_proxies = self.bank.proxies.detach().clone()
         else:
             self.projection_evals_since_best += 1
         if self.projection_evals_since_best < self.cfg.patience:
@@ -151,9 +154,12 @@ class AsapHooks(MethodHooks):
         )
 
     def end_projection(self, trainer: TrainingState) -> bool:
-        """theta* <- best theta of this projection; log it; decide whether to start another."""
+        """theta* <- theta, rho* <- rho at this projection's best validation; log it; decide whether to start another."""
         if self.projection_best_state is not None:
             trainer.model.load_state_dict(self.projection_best_state)
+        if self.projection_best_proxies is not None:
+            with torch.no_grad():
+                self.bank.proxies.copy_(self.projection_best_proxies)
         improved = self.projection_best > self.best_at_projection_start
         self.projections_without_improvement = 0 if improved else self.projections_without_improvement + 1
         self.log_projection(trainer, complete=True)
@@ -173,6 +179,7 @@ class AsapHooks(MethodHooks):
         self.projection_best = -math.inf
         self.projection_evals_since_best = 0
         self.projection_best_state = None
+        self.projection_best_proxies = None
         self.projection_start_step = trainer.step
         pool, mask = self.pool_embeddings(trainer)
         # the first projection starts from scratch; later ones keep the converged proxies as centres
@@ -257,6 +264,9 @@ class AsapHooks(MethodHooks):
             "generator": self.generator.get_state(),
             "anchors": list(self.anchors),
             "projection_best_state": self.projection_best_state or {},
+            "projection_best_proxies": (
+                self.projection_best_proxies if self.projection_best_proxies is not None else torch.zeros(0)
+            ),
             "cache": self.cache if self.cache is not None else torch.zeros(0),
             "cache_filled": self.cache_filled if self.cache_filled is not None else torch.zeros(0, dtype=torch.bool),
         }
@@ -273,6 +283,8 @@ class AsapHooks(MethodHooks):
         self.generator.set_state(state["generator"])
         self.anchors = [a.to(self.device, copy=True) for a in state["anchors"]]
         self.projection_best_state = dict(state["projection_best_state"]) or None
+        best_proxies = state.get("projection_best_proxies", torch.zeros(0))  # absent in older checkpoints
+        self.projection_best_proxies = best_proxies.to(self.bank.proxies.device, copy=True) if best_proxies.numel() else None
         if self.cache is not None:
             self.cache = state["cache"].to(self.device, copy=True)
             self.cache_filled = state["cache_filled"].to(self.device, copy=True)

@@ -1,6 +1,6 @@
 """Proxies: class-major storage and assignment (ProxyBank), initialisers, greedy k-center (ASAP)."""
 
-from dmlkit.proxies.bank import ASSIGNMENTS, ProxyBank, num_proxies_for
+from dmlkit.proxies.bank import ASSIGNMENTS, DynamicTriplets, ProxyBank, dynamic_triplets, num_proxies_for
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
 from dmlkit.proxies.kcenter import (
     average_covering_radius,
@@ -12,10 +12,12 @@ from dmlkit.proxies.kcenter import (
 
 __all__ = [
     "ASSIGNMENTS",
+    "DynamicTriplets",
     "PROXY_INITS",
     "ProxyBank",
     "average_covering_radius",
     "covering_radius",
+    "dynamic_triplets",
     "fractional_class_to_proxy",
     "gather_centers",
     "greedy_k_center",

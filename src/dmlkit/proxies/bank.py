@@ -10,6 +10,7 @@ seeded random pre-assignment ``class_to_proxy [C]``; then ``proxy_labels`` holds
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,6 +20,42 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
 
 ASSIGNMENTS = ("static", "nearest", "dynamic")
+
+
+@dataclass(frozen=True)
+class DynamicTriplets:
+    """Proxy triplets ``(x_a, p(y), p(Z_a))`` of a batch under dynamic assignment (Proxy-NCA Sec. 4.1).
+
+    ``anchors [T]`` and ``positive_proxies [T]``: one row per triplet; ``negative_proxies [B, P]``
+    (bool): for each anchor, the proxies nearest to at least one of its negatives.
+    """
+
+    anchors: torch.Tensor
+    positive_proxies: torch.Tensor
+    negative_proxies: torch.Tensor
+
+
+def dynamic_triplets(similarity: torch.Tensor, labels: torch.Tensor) -> DynamicTriplets:
+    """The proxy triplets of a batch with dynamic proxy assignment (Proxy-NCA Eq. (5), Sec. 4.1, 6.6, 7).
+
+    ``similarity [B, P]`` (larger is closer) between the batch and every proxy; ``labels [B]``
+    only say which samples are similar. Each sample ``v`` gets its nearest proxy
+    ``p(v) = argmax_p similarity[v, p]`` (Eq. (5); no gradient through the argmax). The sample
+    triplets are every ordered pair ``(a, y)`` with ``y != a`` of the same label, with
+    ``Z_a`` = every sample of another label; the proxy triplet is ``(x_a, p(y), p(Z_a))`` where
+    ``p(Z_a) = {p(z) : z in Z_a}`` is a set (a proxy nearest to several negatives counts once;
+    it may contain ``p(y)``). Anchors without a negative in the batch form no triplet.
+    """
+    nearest = similarity.detach().argmax(dim=1)  # [B], Eq. (5)
+    different = labels[:, None] != labels[None, :]  # [B, B]: z is a negative of a
+    nearest_of = torch.zeros_like(similarity, dtype=torch.bool)
+    nearest_of[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True  # [B, P]
+    negative_proxies = (different.float() @ nearest_of.float()) > 0
+    same = ~different
+    same.fill_diagonal_(False)
+    same &= different.any(dim=1, keepdim=True)
+    anchors, positives = same.nonzero(as_tuple=True)
+    return DynamicTriplets(anchors, nearest[positives], negative_proxies)
 
 
 def num_proxies_for(num_classes: int, proxies_per_class: float) -> int:
@@ -148,14 +185,14 @@ class ProxyBank(nn.Module):
           pre-assigned proxy when fractional); negatives are all other proxies.
         * ``"nearest"``: the single most similar proxy of the sample's class is positive; the
           class's other proxies are neither; negatives as in static (equals static when K=1).
-        * ``"dynamic"``: labels are ignored; the most similar proxy overall is positive and every
-          other proxy is negative (Eq. (5), Sec. 6.6, "no semantic concepts").
+
+        ``"dynamic"`` is not a per-sample rule: its positive depends on the triplet's positive
+        sample, see :func:`dynamic_triplets`.
         """
         if assignment == "dynamic":
-            nearest = similarity.detach().argmax(dim=1)
-            positive = torch.zeros_like(similarity, dtype=torch.bool)
-            positive[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True
-            return positive, ~positive
+            raise InvalidParameterError(
+                "assignment='dynamic' forms proxy triplets from sample triplets; use dynamic_triplets(), not assign()."
+            )
         candidates = self.candidate_mask(labels, columns)
         if assignment == "static" or (assignment == "nearest" and self.proxies_per_class == 1):
             return candidates, ~candidates

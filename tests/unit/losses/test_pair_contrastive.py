@@ -126,3 +126,89 @@ def test_c1_and_c2_are_registry_settings():
     assert c2.pos_margin == 0.2652
     x, y = batch()
     assert not torch.equal(c1(x, y), c2(x, y))
+
+
+# ----------------------------------------------------------------------------- XBM's cosine form (ASAP's C1)
+
+
+def xbm_reference(x, y, margin, ref=None, ref_y=None, reduction="mean", epsilon=1e-5):
+    """XBM's contrastive loss (ASAP App. A.2 C1), float64 loops over anchors and references.
+
+    s = cosine similarity; anchor i adds 1 - s for each positive with s < 1 - epsilon and s for each
+    negative with s > margin; the sum is divided by the number of anchors (reduction "mean") or not ("sum").
+    """
+    same = ref is None
+    ref, ref_y = (x, y) if same else (ref, ref_y)
+    xs, rs = x.tolist(), ref.tolist()
+
+    def cos(u, v):
+        dot = sum(a * b for a, b in zip(u, v))
+        return dot / (sum(a * a for a in u) ** 0.5 * sum(b * b for b in v) ** 0.5)
+
+    total = 0.0
+    for i in range(len(xs)):
+        for j in range(len(rs)):
+            if same and i == j:
+                continue
+            s = cos(xs[i], rs[j])
+            if y[i] == ref_y[j] and s < 1 - epsilon:
+                total += 1 - s
+            elif y[i] != ref_y[j] and s > margin:
+                total += s
+    return total / len(xs) if reduction == "mean" else total
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cosine_contrastive_matches_the_xbm_loop(reduction):
+    from dmlkit.losses.pair import CosineContrastiveLoss
+
+    x, y = batch(n=12, d=3, classes=3, seed=4)  # d=3: many negatives above the margin
+    loss = CosineContrastiveLoss(0.5, reduction=reduction)
+    assert loss(x, y).item() == pytest.approx(xbm_reference(x, y, 0.5, reduction=reduction), rel=1e-10)
+    g = torch.Generator().manual_seed(5)
+    ref, ref_y = torch.randn(9, 3, generator=g, dtype=torch.float64), torch.randint(0, 3, (9,), generator=g)
+    ref[0] = x[0]  # a copy of an anchor among the references (XBM's memory holds the batch): cut by epsilon
+    ref_y[0] = y[0]
+    value = loss(x, y, ref_emb=ref, ref_labels=ref_y)
+    assert value.item() == pytest.approx(xbm_reference(x, y, 0.5, ref, ref_y, reduction), rel=1e-10)
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
+
+
+def test_cosine_contrastive_against_pml_contrastive_with_cosine():
+    """PML's ContrastiveLoss(pos_margin=1, neg_margin=0.5, CosineSimilarity) is not XBM's loss: summed, it
+    counts s - 0.5 per active negative where XBM counts s (same gradient); its default averages differ."""
+    from pytorch_metric_learning.reducers import SumReducer
+
+    from dmlkit.losses.pair import CosineContrastiveLoss
+
+    x, y = batch(n=12, d=3, classes=3, seed=6)
+    x = x.float().requires_grad_(True)
+    ours = CosineContrastiveLoss(0.5, reduction="sum")(x, y)
+    pml = pml_losses.ContrastiveLoss(pos_margin=1, neg_margin=0.5, distance=PmlCosine(), reducer=SumReducer())(x, y)
+    xn = torch.nn.functional.normalize(x.detach(), dim=1)
+    sim = xn @ xn.T
+    active_negatives = ((y[:, None] != y[None, :]) & (sim > 0.5)).sum().item()
+    assert active_negatives > 0
+    assert ours.item() == pytest.approx(pml.item() + 0.5 * active_negatives, rel=1e-5)
+    torch.testing.assert_close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(pml, x)[0], rtol=1e-4, atol=1e-6)
+    pml_default = pml_losses.ContrastiveLoss(pos_margin=1, neg_margin=0.5, distance=PmlCosine())(x, y)
+    assert pml_default.item() != pytest.approx(CosineContrastiveLoss(0.5)(x, y).item(), rel=1e-3)
+
+
+def test_cosine_contrastive_needs_a_similarity():
+    from dmlkit.exceptions import InvalidParameterError
+    from dmlkit.losses.pair import CosineContrastiveLoss
+
+    with pytest.raises(InvalidParameterError, match="similarity"):
+        CosineContrastiveLoss(distance=LpDistance())
+    from dmlkit.distances import DotProductSimilarity
+
+    x, y = batch(n=8, d=3, seed=7)
+    x = 0.5 * x / x.norm(dim=1, keepdim=True)  # inside the unit ball (ASAP's bounded normalisation leaves it)
+    dot = LOSSES.create("cosine_contrastive", margin=0.1, distance=DotProductSimilarity())
+    s = x @ x.T
+    same = y[:, None] == y[None, :]
+    off = ~torch.eye(8, dtype=torch.bool)
+    expected = ((1 - s)[same & off].sum() + s[~same & (s > 0.1)].sum()) / 8
+    assert dot(x, y).item() == pytest.approx(expected.item(), rel=1e-10)

@@ -170,7 +170,7 @@ def test_proxy_layout_is_class_major():
 def test_parameter_validation_message():
     with pytest.raises(InvalidParameterError, match=r"The 'alpha' parameter of ProxyAnchorLoss must be a float > 0. Got -1 instead."):
         ProxyAnchorLoss(3, 4, alpha=-1)
-    with pytest.raises(InvalidParameterError, match=r"The 'margin' parameter of ProxyAnchorLoss must be a float > 0. Got -1 instead."):
+    with pytest.raises(InvalidParameterError, match=r"The 'margin' parameter of ProxyAnchorLoss must be a float >= 0. Got -1 instead."):
         ProxyAnchorLoss(3, 4, margin=-1)
     with pytest.raises(InvalidParameterError, match="proxies_per_class"):
         ProxyAnchorLoss(3, 4, proxies_per_class=1.5)
@@ -185,3 +185,11 @@ def test_float32_large_alpha_uses_a_safe_shift(alpha):
     loss = ProxyAnchorLoss(50, 6, alpha=alpha)
     ref = reference_loss(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), alpha, 0.1)
     assert loss(x.float(), y).item() == pytest.approx(ref, rel=1e-4)
+
+
+def test_zero_margin_of_figure_6_matches_equation_4():
+    """Proxy-Anchor Fig. 6 studies delta = 0; Eq. (4) is defined there."""
+    x, y = batch(4)
+    loss = ProxyAnchorLoss(5, 6, margin=0.0, alpha=32).double()
+    ref = reference_loss(x, y, loss.proxies.detach(), loss.proxy_labels.tolist(), 32.0, 0.0, False)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)

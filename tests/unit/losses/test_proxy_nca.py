@@ -26,10 +26,7 @@ def reference(x, y, proxies, groups_of_proxy, group_of_sample, scale, exclude_po
     for i in range(len(d)):
         P = range(len(d[i]))
         own = [p for p in P if groups_of_proxy[p] == group_of_sample[i]]
-        if rule == "dynamic":
-            best = min(P, key=lambda p: d[i][p])
-            pos, neg = [best], [p for p in P if p != best]
-        elif rule == "nearest":
+        if rule == "nearest":
             pos, neg = [min(own, key=lambda p: d[i][p])], [p for p in P if p not in own]
         else:
             pos, neg = own, [p for p in P if p not in own]
@@ -40,7 +37,7 @@ def reference(x, y, proxies, groups_of_proxy, group_of_sample, scale, exclude_po
 
 
 @pytest.mark.parametrize("exclude_positive", [False, True])
-@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "static"), (3, "nearest"), (2, "dynamic")])
+@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "static"), (3, "nearest")])
 def test_matches_equation_4(exclude_positive, K, rule):
     x, y = batch(0)
     loss = ProxyNCALoss(5, 6, softmax_scale=3, proxies_per_class=K, assignment=rule,
@@ -62,7 +59,7 @@ def test_fractional_assignment_matches_reference_and_is_seeded():
     assert ProxyNCALoss(10, 4, proxies_per_class=0.25).proxies.shape[0] == math.ceil(10 * 0.25)
 
 
-def test_gradient_matches_equation_3():
+def test_gradient_of_equation_4_with_proxies():
     """Paper form (exclude_positive): dl/ds = -1 for p+, softmax over negatives otherwise (per sample)."""
     from dmlkit.losses.proxy.proxy_nca import proxy_nca_kernel
 
@@ -81,7 +78,7 @@ def test_gradient_matches_equation_3():
 
 
 @pytest.mark.parametrize("rule,exclude,scale", [("static", False, 2.0), ("nearest", False, 2.0), ("nearest", True, 2.0),
-                                                ("dynamic", True, 2.0), ("static", False, 400.0)])
+                                                ("static", True, 2.0), ("static", False, 400.0)])
 def test_fused_function_gradcheck(rule, exclude, scale):
     """gradcheck of the fused kernel w.r.t. normalised embeddings and raw proxies (scale 400: max-shift path)."""
     from functools import partial
@@ -98,7 +95,7 @@ def test_fused_function_gradcheck(rule, exclude, scale):
     assert torch.autograd.gradcheck(lambda e, p: fused_proxy_loss(e, p, kernel, 2 * scale), (xn, proxies))
 
 
-@pytest.mark.parametrize("rule,exclude", [("static", False), ("nearest", False), ("nearest", True), ("dynamic", True)])
+@pytest.mark.parametrize("rule,exclude", [("static", False), ("nearest", False), ("nearest", True)])
 def test_gradcheck_through_proxies_and_embeddings(rule, exclude):
     """gradcheck of the module w.r.t. embeddings, and its proxy gradient against the distance form."""
     x, y = batch(3, B=5, C=3, D=4)
@@ -114,10 +111,7 @@ def test_gradcheck_through_proxies_and_embeddings(rule, exclude):
         total = 0
         for i in range(len(y)):
             own = [k for k in range(6) if k // 2 == y[i]]
-            if rule == "dynamic":
-                pos = [int(logits[i].argmax())]
-                excl = pos if exclude else []
-            elif rule == "nearest":
+            if rule == "nearest":
                 pos = [max(own, key=lambda k: logits[i, k].item())]
                 excl = own if exclude else [k for k in own if k not in pos]
             else:
@@ -185,7 +179,7 @@ def test_many_absent_classes_match_reference():
     assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
 
 
-@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "nearest"), (2, "dynamic"), (0.4, "static")])
+@pytest.mark.parametrize("K,rule", [(1, "static"), (3, "nearest"), (0.4, "static")])
 def test_batch_much_larger_than_the_proxy_set(K, rule):
     """The MNIST presets' shape (64 samples, 5 classes): fewer proxy rows than samples."""
     x, y = batch(5, B=64, C=5)
@@ -199,3 +193,72 @@ def test_batch_much_larger_than_the_proxy_set(K, rule):
     gx, gp = torch.autograd.grad(value, (x, loss.proxies))
     assert gx.shape == x.shape and gp.shape == loss.proxies.shape
     assert torch.isfinite(gx).all() and torch.isfinite(gp).all()
+
+
+# ----------------------------------------------------------------------------- dynamic assignment
+
+
+def dynamic_reference(x, y, proxies, scale, exclude_positive):
+    """Proxy-NCA Sec. 4.1 / Eq. (4)-(5) with dynamic assignment, plain float64 loops.
+
+    Triplets (x, y, Z) of the batch: x an anchor, y another sample of x's label, Z every sample
+    of another label. p(v) = argmin_p d(v, p) over all proxies (Eq. (5)); the loss of a triplet is
+    L_NCA(x, p(y), p(Z)) (Eq. (4)) with p(Z) the set of the negatives' proxies (plus p(y) in the
+    softmax form); mean over triplets.
+    """
+    d = sq_dists(x, proxies)
+    num_proxies = len(d[0])
+    proxy_of = [min(range(num_proxies), key=lambda p: d[v][p]) for v in range(len(d))]
+    total, count = 0.0, 0
+    for a in range(len(d)):
+        negatives = [z for z in range(len(d)) if y[z] != y[a]]
+        if not negatives:
+            continue
+        pz = {proxy_of[z] for z in negatives}
+        for pos in range(len(d)):
+            if pos == a or y[pos] != y[a]:
+                continue
+            py = proxy_of[pos]
+            denominator = pz if exclude_positive else pz | {py}
+            num = math.exp(-scale * d[a][py])
+            den = sum(math.exp(-scale * d[a][p]) for p in denominator)
+            total += -math.log(num / den)
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("exclude_positive", [False, True])
+@pytest.mark.parametrize("K", [2, 0.5])
+def test_dynamic_matches_the_triplet_reference(exclude_positive, K):
+    x, y = batch(11, B=12, C=4)
+    loss = ProxyNCALoss(4, 6, softmax_scale=3, proxies_per_class=K, assignment="dynamic",
+                        exclude_positive=exclude_positive, seed=2).double()
+    ref = dynamic_reference(x, y, loss.proxies.detach(), 3.0, exclude_positive)
+    assert loss(x, y).item() == pytest.approx(ref, rel=1e-10)
+
+
+def test_dynamic_depends_on_the_labels():
+    """Sec. 7: dynamic assignment is supervised by the similar/dissimilar triplets, so labels matter."""
+    x, _ = batch(12, B=12)
+    loss = ProxyNCALoss(4, 6, proxies_per_class=2, assignment="dynamic").double()
+    y1 = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    y2 = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3])
+    a, b = loss(x, y1).item(), loss(x, y2).item()
+    assert a != pytest.approx(b, rel=1e-6)
+    assert a == pytest.approx(dynamic_reference(x, y1, loss.proxies.detach(), 1.0, False), rel=1e-10)
+    assert b == pytest.approx(dynamic_reference(x, y2, loss.proxies.detach(), 1.0, False), rel=1e-10)
+
+
+def test_dynamic_gradients_and_batches_without_triplets():
+    x, y = batch(13, B=6, C=3, D=4)
+    loss = ProxyNCALoss(3, 4, softmax_scale=2, proxies_per_class=2, assignment="dynamic").double()
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
+    value = loss(x, y)
+    gx, gp = torch.autograd.grad(value, (x, loss.proxies))
+    assert torch.isfinite(gx).all() and torch.isfinite(gp).all() and gp.abs().sum() > 0
+    value = loss(x[:3], torch.tensor([0, 1, 2]))  # every label once: no positive pair
+    value.backward()
+    assert value.item() == 0.0
+    value = loss(x, torch.zeros(6, dtype=torch.int64))  # no negatives: no triplet
+    assert value.item() == 0.0

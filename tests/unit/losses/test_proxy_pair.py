@@ -69,3 +69,72 @@ def test_rejects_non_callable_and_fractions():
         ProxyPairLoss("contrastive", 3, 4)
     with pytest.raises(InvalidParameterError, match="proxies_per_class"):
         ProxyPairLoss(LocalContrastive(), 3, 4, proxies_per_class=0.5)
+
+
+def _preset_loss(preset, num_classes):
+    from dmlkit.config import load_config
+    from dmlkit.engine.builders import build_objective
+
+    cfg = load_config(preset=preset, overrides=["model.embedding_size=5"])
+    return build_objective(cfg, num_classes).loss.double()
+
+
+def _bounded_batch(seed, n, d=5, classes=3):
+    """Vectors inside the unit ball around a shared direction, so that many dot products exceed 0.5."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.4 + torch.ones(d, dtype=torch.float64) * 0.35
+    v = v / v.norm(dim=1, keepdim=True).clamp_min(1.0)  # ASAP Sec. 4.4's bounded normalisation
+    return v, torch.randint(0, classes, (n,), generator=g)
+
+
+@pytest.mark.parametrize("preset", ["asap-c1-cub", "asap-proxy-c1-cars"])
+def test_asap_c1_preset_loss_is_the_eq_4_11_average_of_xbm_pair_terms(preset):
+    """ASAP Alg. 1: 1/(m |rho|) sum over rho x [m] of l(rho_i, z_j); C1 = XBM's term (App. A.2):
+    1 - s for a positive pair, s for a negative pair with s > 0.5, s = <rho_i, z_j>."""
+    loss = _preset_loss(preset, num_classes=3)
+    x, y = _bounded_batch(0, 7)
+    proxies, _ = _bounded_batch(1, loss.proxies.shape[0])
+    loss.proxies.data.copy_(proxies)
+    rho, rho_labels = proxies.tolist(), loss.proxy_labels.tolist()
+    total, active_negatives = 0.0, 0
+    for i in range(len(rho)):
+        for j in range(len(x)):
+            s = sum(a * b for a, b in zip(rho[i], x[j].tolist()))
+            if rho_labels[i] == y[j]:
+                total += 1 - s
+            elif s > 0.5:
+                total += s
+                active_negatives += 1
+    assert active_negatives > 0
+    assert loss(x, y).item() == pytest.approx(total / (len(x) * len(rho)), rel=1e-10)
+
+
+@pytest.mark.parametrize("preset", ["asap-c2-cub", "cpu-asap-mnist-2d-c2"])
+def test_asap_c2_preset_loss_is_the_eq_4_11_average_of_wu_pair_terms(preset):
+    """ASAP Eq. (4.11) with C2 (Lemma 4.1: (iota (d - beta) + alpha)_+), d = Euclidean on the bounded
+    output: d - m+ (hinged) for a positive pair, m- - d (hinged) for a negative, averaged over m |rho|."""
+    loss = _preset_loss(preset, num_classes=3)
+    pair = loss.pair_loss
+    x, y = _bounded_batch(2, 6)
+    proxies, _ = _bounded_batch(3, loss.proxies.shape[0])
+    proxies = proxies * 0.6  # inside the ball: a re-normalising distance would give other values
+    loss.proxies.data.copy_(proxies)
+    rho, rho_labels = proxies.tolist(), loss.proxy_labels.tolist()
+    total = 0.0
+    for i in range(len(rho)):
+        for j in range(len(x)):
+            d = sum((a - b) ** 2 for a, b in zip(rho[i], x[j].tolist())) ** 0.5
+            total += max(0.0, d - pair.pos_margin) if rho_labels[i] == y[j] else max(0.0, pair.neg_margin - d)
+    assert loss(x, y).item() == pytest.approx(total / (len(x) * len(rho)), rel=1e-10)
+
+
+def test_mean_reduction_needs_a_summing_pair_loss():
+    from dmlkit.losses.pair import ContrastiveLoss
+
+    with pytest.raises(InvalidParameterError, match="reduction='sum'"):
+        ProxyPairLoss(ContrastiveLoss(), 3, 4, reduction="mean")
+    summed = ProxyPairLoss(ContrastiveLoss(reduction="sum"), 3, 4, proxies_per_class=2, reduction="mean").double()
+    own = ProxyPairLoss(ContrastiveLoss(reduction="sum"), 3, 4, proxies_per_class=2).double()
+    own.proxies.data.copy_(summed.proxies.data)
+    x, y = _bounded_batch(4, 5, d=4)
+    assert summed(x, y).item() == pytest.approx(own(x, y).item() / (5 * 6), rel=1e-12)

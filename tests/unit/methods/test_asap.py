@@ -161,3 +161,63 @@ def test_asap_reads_the_trainer_only_through_the_documented_training_state():
     source = (Path(__file__).resolve().parents[3] / "src" / "dmlkit" / "methods" / "asap.py").read_text()
     used = set(re.findall(r"trainer\.([a-z_]+)", source))
     assert used and used <= set(TrainingState.__annotations__), used - set(TrainingState.__annotations__)
+
+
+def test_end_of_projection_restores_the_best_weights_and_proxies(tmp_path, monkeypatch):
+    """Alg. 1: theta* <- theta and rho* <- rho of the projection's best validation; the next
+    GreedyKCenterProxy(rho*, b, f(.; theta*)) starts from both."""
+    import dmlkit.methods.asap as asap_module
+
+    trainer = Trainer(load_config(overrides=ASAP + ["asap.projections_without_improvement=5"]), tmp_path)
+    trainer.run.prepare(trainer.cfg, trainer.splits)
+    hooks = trainer.hooks
+    hooks.on_train_start(trainer)
+    proxies = trainer.objective.loss.proxies
+    assert hooks.on_evaluation(trainer, 0.5, True) is False  # the projection's best: theta, rho saved here
+    best_weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    best_proxies = proxies.detach().clone()
+    with torch.no_grad():  # training moves on past the best state
+        for p in trainer.model.parameters():
+            p.add_(0.1)
+        proxies.add_(0.1)
+    seen = {}
+    refresh = asap_module.refresh_proxies_k_center
+
+    def recording_refresh(bank, pool, mask, keep_current):
+        seen["proxies"] = bank.proxies.detach().clone()
+        seen["weights"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        return refresh(bank, pool, mask, keep_current=keep_current)
+
+    monkeypatch.setattr(asap_module, "refresh_proxies_k_center", recording_refresh)
+    assert hooks.on_evaluation(trainer, 0.4, False) is False  # patience reached: next projection
+    assert hooks.projection == 1
+    assert torch.equal(seen["proxies"], best_proxies)
+    for k, v in best_weights.items():
+        assert torch.equal(seen["weights"][k], v), k
+
+
+def test_training_step_applies_the_proximal_gradient(tmp_path):
+    """One SGD step with lambda > 0 moves theta by -lr * lambda * (theta - theta*) more than with lambda = 0."""
+    lam, lr = 0.5, 0.1
+    base = ASAP + ["optimizer.name=sgd", f"optimizer.lr={lr}", "optimizer.momentum=0", "optimizer.weight_decay=0"]
+    from dmlkit.engine.builders import fetch_batch
+
+    after, anchors = {}, None
+    for value in (0.0, lam):
+        trainer = Trainer(load_config(overrides=base + [f"asap.proximal_lambda={value}"]), tmp_path / str(value))
+        trainer.hooks.on_train_start(trainer)
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        g = torch.Generator().manual_seed(0)
+        # theta* away from theta, the same in both runs
+        trainer.hooks.anchors = [p.detach() + 0.05 * torch.randn(p.shape, generator=g) for p in params]
+        anchors = trainer.hooks.anchors
+        start = [p.detach().clone() for p in params]
+        images, raw = fetch_batch(trainer.splits.train, list(range(32)))
+        trainer.training_step(images, trainer.label_map(raw))
+        after[value] = [p.detach().clone() for p in params]
+    moved = 0
+    for a, b, theta, anchor in zip(after[0.0], after[lam], start, anchors):
+        expected = -lr * lam * (theta - anchor)
+        torch.testing.assert_close(b - a, expected, rtol=1e-4, atol=1e-6)
+        moved += int((b - a).abs().max() > 0)
+    assert moved == len(start)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dmlkit.exceptions import DataError, InvalidParameterError
-from dmlkit.proxies import ProxyBank, sample_rows_per_class
+from dmlkit.proxies import ProxyBank, dynamic_triplets, sample_rows_per_class
 
 
 def test_layout_labels_and_per_class_view():
@@ -52,11 +52,27 @@ def test_assignment_rules():
     pos, neg = bank.assign(sim, labels, "nearest")
     assert pos.tolist() == [[False, True, False, False], [False, False, False, True]]
     assert neg.tolist() == [[False, False, True, True], [True, True, False, False]]
-    pos, neg = bank.assign(sim, labels, "dynamic")
-    assert pos.tolist() == [[False, False, True, False], [True, False, False, False]]
-    assert torch.equal(neg, ~pos)
+    with pytest.raises(InvalidParameterError, match="dynamic_triplets"):
+        bank.assign(sim, labels, "dynamic")
     with pytest.raises(InvalidParameterError):
         bank.assign(sim, labels, "random")
+
+
+def test_dynamic_triplets_use_the_positive_and_negative_samples_nearest_proxies():
+    """Proxy-NCA Sec. 4.1: (x, p(y), p(Z)) with p = nearest proxy of that sample (Eq. (5))."""
+    sim = torch.tensor([[0.9, 0.1, 0.0],   # sample 0 (label 0): nearest proxy 0
+                        [0.0, 0.2, 0.8],   # sample 1 (label 0): nearest proxy 2
+                        [0.1, 0.7, 0.3],   # sample 2 (label 1): nearest proxy 1
+                        [0.0, 0.6, 0.5]])  # sample 3 (label 2): nearest proxy 1
+    triplets = dynamic_triplets(sim, torch.tensor([0, 0, 1, 2]))
+    # the only same-label pairs are (0, 1) and (1, 0): positives' proxies 2 and 0
+    assert triplets.anchors.tolist() == [0, 1] and triplets.positive_proxies.tolist() == [2, 0]
+    # negatives of samples 0 and 1 are samples 2 and 3 (both nearest to proxy 1); samples 2 and 3
+    # have the other three as negatives (proxies 0, 2, 1)
+    assert triplets.negative_proxies.tolist() == [[False, True, False], [False, True, False],
+                                                  [True, True, True], [True, True, True]]
+    none = dynamic_triplets(sim, torch.tensor([0, 1, 2, 3]))
+    assert none.anchors.numel() == 0
 
 
 def test_init_from_samples_and_set_proxies():

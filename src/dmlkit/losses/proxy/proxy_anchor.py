@@ -84,7 +84,7 @@ class ProxyAnchorLoss(ProxyLoss):
     )
 
     _parameter_constraints = {
-        "margin": [Interval(float, 0, None, closed="neither")],
+        "margin": [Interval(float, 0, None, closed="left")],  # delta = 0 is studied in Fig. 6
         "alpha": [Interval(float, 0, None, closed="neither")],
         "assignment": [Options(("static", "nearest"))],
     }

@@ -11,7 +11,8 @@ from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
+from dmlkit.proxies import dynamic_triplets
 
 
 def proxy_nca_kernel(
@@ -22,7 +23,7 @@ def proxy_nca_kernel(
     exclude_positive: bool,
     bound: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Mean over samples of ``LSE_{denominator} z - LSE_{positives} z`` and its gradient (Eq. (3)).
+    """Mean over samples of ``LSE_{denominator} z - LSE_{positives} z`` and its gradient (Eq. (4) with proxies).
 
     Proxy-NCA Eq. (4) with ``Z`` the negative proxies (``exclude_positive=True``), or the
     softmax over positives and negatives (``False``, PML/ProxyNCA++). ``z [P, B]`` are the
@@ -34,10 +35,7 @@ def proxy_nca_kernel(
     per-sample factor ``1 / (B S_i)``.
     """
     candidates = candidates.T  # [Kc, B]
-    if assignment == "dynamic":
-        positive_rows = z.argmax(dim=0, keepdim=True)
-        excluded = positive_rows if exclude_positive else None
-    elif assignment == "nearest" and candidates.shape[0] > 1:
+    if assignment == "nearest" and candidates.shape[0] > 1:
         nearest = z.gather(0, candidates).argmax(dim=0, keepdim=True)
         positive_rows = candidates.gather(0, nearest)
         excluded = candidates
@@ -71,7 +69,13 @@ class ProxyNCALoss(ProxyLoss):
     * ``assignment`` (Sec. 4.1): ``"static"`` = the class's proxy; with ``K > 1`` the class's
       ``K`` proxies enter the numerator as a log-sum-exp (soft nearest); ``"nearest"`` = the
       nearest proxy of the class (Eq. (5) within the class; the other class proxies are left
-      out of the denominator); ``"dynamic"`` = nearest proxy overall, labels ignored (Sec. 6.6).
+      out of the denominator); ``"dynamic"`` (Sec. 4.1, 6.6, 7): the supervision is the triplets
+      ``(x, y, Z)`` of the batch (every ordered same-label pair ``(x, y)``, ``Z`` = the samples
+      of other labels) and each triplet's loss is Eq. (4) on ``(x, p(y), p(Z))``, with ``p(.)``
+      the proxy nearest to that sample (Eq. (5)) and ``p(Z)`` the set of the negatives' nearest
+      proxies (plus ``p(y)`` when ``exclude_positive=False``); mean over triplets (see
+      :func:`dmlkit.proxies.dynamic_triplets`). Proxies are not tied to classes; this path
+      uses autograd and ignores ``matmul_precision``.
     * ``proxies_per_class`` may be a fraction ``f < 1`` (Sec. 6.5): ``ceil(C f)`` proxies and a
       seeded random pre-assignment of classes to them.
     """
@@ -122,14 +126,33 @@ class ProxyNCALoss(ProxyLoss):
         self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         candidates = self.bank.candidate_columns(labels)
-        num_excluded = 1 if self.assignment == "dynamic" else candidates.shape[1]
-        if self.exclude_positive and self.bank.num_proxies == num_excluded:
+        if self.assignment == "dynamic":
+            return self.dynamic_loss(embeddings, proxies, labels)
+        if self.exclude_positive and self.bank.num_proxies == candidates.shape[1]:
             return zero_loss(embeddings, proxies)  # no negative proxy at all: Eq. (4) is undefined
         # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
         scale = 2.0 * self.softmax_scale
         kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
                          exclude_positive=self.exclude_positive, bound=scale)
         return self.fused(l2_normalize(embeddings), proxies, kernel, scale, labels)
+
+    def dynamic_loss(self, embeddings: torch.Tensor, proxies: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Eq. (4) on the proxy triplets ``(x_a, p(y), p(Z_a))`` of :func:`dynamic_triplets`, mean over triplets."""
+        # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
+        logits = (2.0 * self.softmax_scale) * (l2_normalize(embeddings) @ normalize_rows(proxies).T)  # [B, P]
+        triplets = dynamic_triplets(logits, labels)
+        if triplets.anchors.numel() == 0:
+            return zero_loss(embeddings, proxies)  # no (anchor, positive, negatives) triplet in the batch
+        negatives = triplets.negative_proxies
+        # rows without negatives form no triplet; zeros keep their (unused) log-sum-exp finite
+        masked = logits.masked_fill(~negatives, float("-inf")).masked_fill(~negatives.any(1, keepdim=True), 0.0)
+        anchors, positive_rows = triplets.anchors, triplets.positive_proxies
+        positive = logits[anchors, positive_rows]  # [T]
+        denominator = masked.logsumexp(dim=1)[anchors]  # log sum over p(Z_a)
+        if not self.exclude_positive:  # the softmax form also counts p(y) once when p(Z_a) lacks it
+            missing = ~negatives[anchors, positive_rows]
+            denominator = torch.where(missing, torch.logaddexp(denominator, positive), denominator)
+        return (denominator - positive).mean()
 
 
 @LOSSES.register("proxy_nca_plus_plus")

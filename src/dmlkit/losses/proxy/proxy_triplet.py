@@ -6,9 +6,10 @@ import torch
 
 from dmlkit._validation import Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize, squared_euclidean
-from dmlkit.losses.base import LOSSES
+from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._math import common_dtype, normalize_rows
+from dmlkit.proxies import dynamic_triplets
 
 
 @LOSSES.register("proxy_triplet")
@@ -18,7 +19,9 @@ class ProxyTripletLoss(ProxyLoss):
     ``l(x, z) = [d(x, p(y)) + margin - d(x, p(z))]_+`` with ``d`` the squared Euclidean distance
     between L2-normalised embeddings and proxies (Sec. 3.1, 4). ``p(y)`` is the sample's positive
     proxy (``assignment`` as in :class:`ProxyNCALoss`; with several positive proxies, the
-    nearest one, Eq. (5)); every negative proxy gives one triplet. ``reduction="mean_nonzero"``
+    nearest one, Eq. (5)); every negative proxy gives one triplet. ``"dynamic"``: one term per
+    sample triplet ``(x_a, y)`` and proxy ``p(z)`` nearest to a negative of ``a``, with ``p(y)``
+    the proxy nearest to ``y`` (:func:`dmlkit.proxies.dynamic_triplets`). ``reduction="mean_nonzero"``
     (default, as PML's triplet reducer) averages over triplets with a positive loss, ``"mean"``
     over all triplets, ``"sum"`` adds them (see :mod:`dmlkit.losses.reducers`).
     """
@@ -51,7 +54,15 @@ class ProxyTripletLoss(ProxyLoss):
         self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         dist = squared_euclidean(l2_normalize(embeddings), normalize_rows(proxies))
-        positive, negative = self.bank.assign(-dist, labels, self.assignment)
-        positive_dist = dist.masked_fill(~positive, float("inf")).amin(dim=1, keepdim=True)
+        if self.assignment == "dynamic":
+            self.bank.check_labels(labels)
+            triplets = dynamic_triplets(-dist, labels)
+            if triplets.anchors.numel() == 0:
+                return zero_loss(embeddings, proxies)
+            positive_dist = dist[triplets.anchors, triplets.positive_proxies][:, None]  # d(x_a, p(y)) [T, 1]
+            dist, negative = dist[triplets.anchors], triplets.negative_proxies[triplets.anchors]  # [T, P]
+        else:
+            positive, negative = self.bank.assign(-dist, labels, self.assignment)
+            positive_dist = dist.masked_fill(~positive, float("inf")).amin(dim=1, keepdim=True)
         terms = torch.relu(positive_dist + self.margin - dist).masked_fill(~negative, 0.0)
         return self.reducer(terms, negative)
