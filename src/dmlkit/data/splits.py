@@ -60,6 +60,25 @@ def split_classes(class_names: Sequence[str], train_fraction: float, seed: int) 
     return sorted(shuffled[:n_train]), sorted(shuffled[n_train:])
 
 
+def shuffle_within_classes(
+    labels: torch.Tensor, generator: torch.Generator, eligible: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows sorted by class in a seeded random order within each class, and each row's rank there.
+
+    Returns ``(order [N], rank [N])``: ``order`` lists dataset rows class by class (random within
+    a class; rows where ``eligible`` is False come after the eligible ones of their class) and
+    ``rank[i]`` is the position of ``order[i]`` inside its class. One sort, no loop over classes.
+    """
+    keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
+    if eligible is not None:
+        keys = keys + (~eligible).double() * 2.0
+    order = torch.argsort(labels.double() * 4.0 + keys)
+    sorted_labels = labels[order]
+    counts = torch.bincount(labels)
+    starts = torch.cumsum(counts, 0) - counts
+    return order, torch.arange(len(labels)) - starts[sorted_labels]
+
+
 def _rows_in(names: Sequence[str], keep: set[str]) -> torch.Tensor:
     return torch.tensor([i for i, n in enumerate(names) if n in keep], dtype=torch.int64)
 

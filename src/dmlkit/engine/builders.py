@@ -176,30 +176,13 @@ def hold_out_classes(dataset, fraction: float, seed: int):
     return dataset.subset(rows[~is_val]), dataset.subset(rows[is_val])
 
 
-def shuffle_within_classes(
-    labels: torch.Tensor, generator: torch.Generator, eligible: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows sorted by class in a seeded random order within each class, and each row's rank there.
-
-    Returns ``(order [N], rank [N])``: ``order`` lists dataset rows class by class (random within
-    a class; rows where ``eligible`` is False come after the eligible ones of their class) and
-    ``rank[i]`` is the position of ``order[i]`` inside its class. One sort, no loop over classes.
-    """
-    keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
-    if eligible is not None:
-        keys = keys + (~eligible).double() * 2.0
-    order = torch.argsort(labels.double() * 4.0 + keys)
-    sorted_labels = labels[order]
-    counts = torch.bincount(labels)
-    starts = torch.cumsum(counts, 0) - counts
-    return order, torch.arange(len(labels)) - starts[sorted_labels]
-
-
 def hold_out_samples(dataset, fraction: float, seed: int):
     """Split every class's images into train and validation parts (``fraction`` to validation, >= 1 each).
 
     Classes with a single image stay in training.
     """
+    from dmlkit.data.splits import shuffle_within_classes
+
     labels = dataset.labels
     generator = derive_generator(seed, "val_hold_out")
     order, rank = shuffle_within_classes(labels, generator)
