@@ -108,9 +108,25 @@ def build_splits(cfg: RunConfig, model: nn.Module):
     if "preprocessing" in inspect.signature(dm.build_splits).parameters:
         kwargs["preprocessing"] = preprocessing
     splits = dm.build_splits(d.name, cache_in_memory=True, **kwargs)
-    if cfg.protocol.val_fraction > 0 and splits.val is None:
-        splits.train, splits.val = hold_out_samples(splits.train, cfg.protocol.val_fraction, cfg.protocol.seed)
+    p = cfg.protocol
+    if p.val_fraction > 0 and splits.val is None:
+        splits.train, splits.val = hold_out_samples(splits.train, p.val_fraction, p.seed)
+        _evaluate_like_test(splits)
+    if p.val_class_fraction and splits.val is None:  # set by the user, or by the recipe in a saved config.yaml
+        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     return splits
+
+
+def _hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
+    splits.train, splits.val = hold_out_classes(splits.train, fraction, seed)
+    _evaluate_like_test(splits)
+    splits.info["val_classes"] = list(splits.val.class_names)
+
+
+def _evaluate_like_test(splits) -> None:
+    """A validation split cut from the training split gets the evaluation transform (no random crops or flips)."""
+    evaluation = splits.test if splits.test is not None else splits.query
+    splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
 @dataclass
@@ -147,10 +163,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:
-        splits.train, splits.val = hold_out_classes(splits.train, p.val_class_fraction, p.seed)
-        evaluation = splits.test if splits.test is not None else splits.query
-        splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
-        splits.info["val_classes"] = list(splits.val.class_names)
+        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     profile = recipe.profile_split(splits.train)
     choices = recipe.resolve(cfg, profile, bf16_native=bf16_native)
     recipe.apply(cfg, choices)
@@ -194,14 +207,6 @@ def hold_out_samples(dataset, fraction: float, seed: int):
     if len(val_rows) == 0:
         raise DataError(f"protocol.val_fraction={fraction} leaves no validation images (every class has one image).")
     return dataset.subset(train_rows, relabel=False), dataset.subset(val_rows, relabel=False)
-
-
-def _accepts(fn, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _resolve_distance(args: dict) -> dict:
@@ -316,6 +321,12 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
     from dmlkit.data.samplers import create_sampler
 
     s = cfg.sampler
+    if len(labels) < s.batch_size * world_size:
+        raise DataError(
+            f"The training split has {len(labels)} images, fewer than one batch of sampler.batch_size={s.batch_size}"
+            + (f" x {world_size} processes" if world_size > 1 else "")
+            + ": set a smaller sampler.batch_size or add images."
+        )
     common = dict(batch_size=s.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":
         return create_sampler("m_per_class", labels=labels, m=s.m, **common)
