@@ -26,7 +26,7 @@ EXAMPLES = {
         "dmlkit search --gallery gallery.npz --run runs/ms query1.png query2.png",
     ],
     "presets": ["dmlkit presets", "dmlkit presets show mnist-proxy-anchor"],
-    "datasets": ["dmlkit datasets list", "dmlkit datasets info cub --root /data/CUB_200_2011"],
+    "datasets": ["dmlkit datasets list", "dmlkit datasets info cub200 --root /data/CUB_200_2011"],
     "report": ["dmlkit report runs/ms"],
     "sweep": [
         "dmlkit sweep --set protocol.val_fraction=0.2 --param loss.args.margin=float:0.01:0.5:log --trials 20 --out runs/sweep",

@@ -65,17 +65,22 @@ def build_model(cfg: RunConfig) -> nn.Module:
     m = cfg.model
 
     def member() -> nn.Module:
-        return create_model(
-            m.name,
-            embedding_size=m.embedding_size,
-            normalization=m.normalization,
-            pooling=m.pooling,
-            pretrained=m.pretrained,
-            weights=m.weights,
-            freeze_bn=m.freeze_bn,
-            shift_average=m.shift_average or 0,
-            **m.args,
-        )
+        try:
+            return create_model(
+                m.name,
+                embedding_size=m.embedding_size,
+                normalization=m.normalization,
+                pooling=m.pooling,
+                pretrained=m.pretrained,
+                weights=m.weights,
+                freeze_bn=m.freeze_bn,
+                shift_average=m.shift_average or 0,
+                **m.args,
+            )
+        except TypeError as exc:  # a timm model's keyword arguments are known only to timm
+            if not m.args:
+                raise
+            raise ConfigError(f"model.args {m.args} do not fit model {m.name!r} (passed on to timm): {exc}") from None
 
     size = m.ensemble or 1
     if size == 1:
