@@ -12,7 +12,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "examples:\n"
         "  dmlkit embed runs/ms --out test.parquet          # label, path, embedding per row\n"
-        "  dmlkit embed runs/ms --out gallery.bin --format parquet --split gallery\n"
+        "  dmlkit embed runs/ms --out train.bin --format parquet --split train   # --format wins over the suffix\n"
         "  # read back: pyarrow.parquet.read_table('test.parquet') or pandas.read_parquet('test.parquet')"
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
