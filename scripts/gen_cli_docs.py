@@ -58,7 +58,8 @@ def page(verb: str, help_text: str) -> str:
         lines += ["## Examples", "", "```bash", *EXAMPLES[verb], "```", ""]
     if verb in EXAMPLES_NOT_RUN:
         reason, commands = EXAMPLES_NOT_RUN[verb]
-        lines += [f"Not run by the docs test (it {reason}):", "", NOT_RUN_MARKER.format(reason=reason), "```bash", *commands, "```", ""]
+        marker = NOT_RUN_MARKER.format(reason=reason)
+        lines += [f"Not run by the docs test (it {reason}):", "", marker, "```bash", *commands, "```", ""]
     return "\n".join(lines)
 
 
