@@ -4,7 +4,8 @@ Two rules, applied when a config is loaded:
 
 * a layer (preset, YAML file, the ``--set`` overrides) that names another component at
   ``loss.name``, ``loss.miner.name`` or ``model.name`` drops the ``args`` the lower layers gave
-  the previous one, unless the same layer also gives ``args`` (:func:`drop_stale_args`);
+  the previous one; the new component gets only the ``args`` that same layer gives it
+  (:func:`drop_stale_args`);
 * every key of ``*.args`` must be a constructor argument of the component it configures (its
   signature), and values with a declared constraint (``_parameter_constraints``) must satisfy it
   (:func:`args_problems`), with a did-you-mean. Models from timm take keyword arguments this
@@ -13,6 +14,7 @@ Two rules, applied when a config is loaded:
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from typing import Any, Callable
@@ -37,13 +39,13 @@ def drop_stale_args(merged: dict, lower: dict, layer: dict) -> dict:
     """``merged`` (``lower`` with ``layer`` applied) without the args of components ``layer`` replaced."""
     for path, default in COMPONENT_SECTIONS.items():
         section = _section(layer, path)
-        if not isinstance(section, dict) or "name" not in section or "args" in section:
+        if not isinstance(section, dict) or "name" not in section:
             continue
         before = _section(lower, path)
         old = before.get("name", default) if isinstance(before, dict) else default
         target = _section(merged, path)
-        if section["name"] != old and isinstance(target, dict) and target.get("args"):
-            target["args"] = {}
+        if section["name"] != old and isinstance(target, dict):
+            target["args"] = copy.deepcopy(section.get("args") or {})  # only what this layer gives the new one
     return merged
 
 
