@@ -212,14 +212,15 @@ def display_class_names(class_names, cfg) -> list[str]:
 
 
 def split_manifest(splits) -> dict:
-    """Paths (when the data set has files) and labels of each split."""
+    """Paths (when the data set has files), labels and class names of each split (label ``i`` is ``class_names[i]``)."""
     out = {}
     for name in ("train", "val", "test", "query", "gallery"):
         ds = getattr(splits, name, None)
         if ds is None:
             continue
         labels = ds.labels.tolist() if hasattr(ds.labels, "tolist") else list(ds.labels)
-        entry = {"size": len(labels), "classes": len(set(labels)), "labels": labels}
+        entry = {"size": len(labels), "classes": len(set(labels)), "labels": labels,
+                 "class_names": [str(c) for c in getattr(ds, "class_names", [])]}
         paths = getattr(ds, "paths", None)
         if paths:
             entry["paths"] = [str(p) for p in paths]
