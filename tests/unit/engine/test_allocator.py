@@ -9,7 +9,6 @@ import sys
 from dmlkit.cli import main as cli_main
 from dmlkit.engine.allocator import tune_cpu_allocator
 
-
 #: Run in a fresh interpreter: malloc 16 MiB and print how many bytes glibc served with mmap (mallinfo2().hblkhd).
 PROBE = """
 import ctypes, ctypes.util, sys
