@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,11 +154,14 @@ def run_example(argv: list[str], workdir: Path) -> tuple[int, str]:
         if token in FIXTURES and not (workdir / token).exists():
             FIXTURES[token][1](workdir, token)
     out = io.StringIO()
+    threads = torch.get_num_threads()  # a preset may set train.num_threads for the whole process
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse
             code = exc.code
+        finally:
+            torch.set_num_threads(threads)
     return int(code or 0), out.getvalue()
 
 
