@@ -209,6 +209,19 @@ def check_embeddings_labels(
         )
 
 
+def as_class_ids(labels: Any, owner: str) -> torch.Tensor:
+    """``labels`` as a CPU int64 ``[N]`` tensor of class ids; float, complex or bool labels are a :class:`DataError`.
+
+    Never truncates: ``[0.2, 0.9]`` is refused, not read as ``[0, 0]``.
+    """
+    labels = torch.as_tensor(labels)
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise DataError(f"labels given to {owner} must hold integer class ids (int64). Got dtype {labels.dtype}.")
+    if labels.dim() != 1:
+        raise DataError(f"labels given to {owner} must be a 1-D [N] tensor. Got shape {tuple(labels.shape)}.")
+    return labels.to(torch.int64).cpu()
+
+
 def require_module(module: str, package: str, feature: str, extra: str):
     """Import ``module`` for an optional ``feature``, or raise a ConfigError naming ``package`` to install."""
     import importlib

@@ -61,6 +61,31 @@ def good_csv_rows(root: Path) -> list[str]:
     return rows
 
 
+def folder_with(root: Path, bad: dict[str, str], classes: int = 8, per_class: int = 6) -> Path:
+    """A small uniform folder (decoded into memory) where ``bad`` maps ``<class>/<file>`` to "truncated" or "text"."""
+    image_folder(root, [f"c{i}" for i in range(classes)], per_class)
+    for rel, kind in bad.items():
+        if kind == "truncated":
+            data = (root / rel).read_bytes()
+            (root / rel).write_bytes(data[: len(data) // 2])
+        else:
+            (root / rel).write_text("not an image")
+    return root
+
+
+def no_run_left(out: Path):
+    """An ``also`` check: a failed ``train --out`` leaves nothing that looks like a finished run."""
+    def check(ctx) -> None:
+        target = ctx.tmp / out
+        if (target / "metrics.json").exists() or (target / "checkpoints" / "last.pt").exists():
+            pytest.fail(f"a failed run left {sorted(p.name for p in target.rglob('*'))} in {target}")
+    return check
+
+
+TRAIN_QUICK = ["--quiet", "--no-report", "--set", "train.max_steps=4", "--set", "model.ensemble=1",
+               "--set", "model.shift_average=0", "--set", "eval.clustering=false"]
+
+
 def emb_labels(n: int = 8, d: int = 4):
     g = torch.Generator().manual_seed(0)
     return torch.randn(n, d, generator=g), torch.arange(n, dtype=torch.int64) // 2
@@ -99,6 +124,7 @@ class Cli:
     protect: Callable[[Ctx], Path] = lambda ctx: ctx.tmp
     setup: Callable[[Ctx], None] = lambda ctx: None
     also: Callable[[Ctx], None] = field(default=lambda ctx: None)
+    code: int = 2
 
 
 def _set(*pairs: str) -> list[str]:
@@ -269,6 +295,68 @@ CASES: dict[str, Api | Cli] = {
     "cli-search-missing-gallery": Cli(
         lambda c: ["search", "--gallery", str(c.tmp / "gallery.npz"), "--query-embeddings", str(c.tmp / "q.npz")],
         r"'.*gallery\.npz' does not exist"),
+    # --- issue 24: what a new user types or feeds in ---------------------------------------------
+    "cli-truncated-image-in-a-folder-decoded-into-memory": Cli(
+        lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
+            "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {'c1/2.png': 'truncated'})}")],
+        r"Cannot read image '.*c1/2\.png' \(item \d+ of the train split\): image file is truncated",
+        also=no_run_left(Path("run"))),
+    "cli-text-file-named-png-in-a-folder": Cli(
+        lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
+            "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {'c6/0.png': 'text'})}")],
+        r"Cannot read image '.*c6/0\.png' \(item \d+ of the test split\): cannot identify image file",
+        also=no_run_left(Path("run"))),
+    "cli-validate-loss-args-typo": Cli(lambda c: ["validate", *_set("loss.args.marign=0.2")],
+                                       r"'loss\.args\.marign' is not an argument of loss 'proxy_anchor'\. "
+                                       r"Did you mean 'loss\.args\.margin'\?"),
+    "cli-validate-model-args-typo": Cli(lambda c: ["validate", *_set("model.args.widht=8")],
+                                        r"'model\.args\.widht' is not an argument of model 'small_cnn'\. "
+                                        r"Did you mean 'model\.args\.width'\?"),
+    "cli-validate-miner-args-typo": Cli(
+        lambda c: ["validate", *_set("loss.miner.name=multi_similarity", "loss.miner.args.epsilonn=0.1")],
+        r"'loss\.miner\.args\.epsilonn' is not an argument of miner 'multi_similarity'\. "
+        r"Did you mean 'loss\.miner\.args\.epsilon'\?"),
+    "cli-validate-loss-args-bad-value": Cli(lambda c: ["validate", *_set("loss.args.margin=-1")],
+                                            r"loss\.args\.margin: The 'margin' parameter of ProxyAnchorLoss must be"),
+    "cli-validate-data-root-missing": Cli(
+        lambda c: ["validate", *_set("data.name=folder", f"data.root={c.tmp / 'nowhere'}")],
+        r"data\.root '.*nowhere' does not exist \(data set 'folder'\)\. Expected layout"),
+    "cli-validate-timm-model-args": Cli(
+        lambda c: ["validate", *_set("model.name=resnet18", "model.args.widht=8")],
+        r"model\.args \{'widht': 8\} do not fit model 'resnet18' \(passed on to timm\): .*unexpected keyword"),
+    "cli-train-model-args-typo": Cli(
+        lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set("model.args.widht=8")],
+        r"Did you mean 'model\.args\.width'\?", also=no_run_left(Path("run"))),
+    "cli-train-timm-model-args": Cli(
+        lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set("model.name=resnet18", "model.args.widht=8")],
+        r"do not fit model 'resnet18' \(passed on to timm\)", also=no_run_left(Path("run"))),
+    "cli-train-batch-larger-than-the-split": Cli(
+        lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
+            "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {}, classes=8, per_class=2)}",
+            "sampler.batch_size=16", "sampler.m=2")],
+        r"The training split has 8 images, fewer than one batch of sampler\.batch_size=16",
+        also=no_run_left(Path("run"))),
+    "cli-evaluate-val-of-a-run-without-one": Cli(
+        lambda c: ["evaluate", str(c.run), "--split", "val", *_set("protocol.val_fraction=0")],
+        r"this run has no validation split .*Use --split test or --split train", protect=lambda c: c.run),
+    "data-float-labels-in-an-image-file-split": Api(
+        lambda c: __import__("dmlkit.data", fromlist=["x"]).ImageFileDataset(["a.png"] * 4,
+                                                                               torch.tensor([0.2, 0.9, 1.5, 1.99]),
+                                                                               ["a", "b"]),
+        DataError, r"labels given to ImageFileDataset 'dataset' must hold integer class ids \(int64\)\. "
+                   r"Got dtype torch\.float32"),
+    "data-float-labels-in-memory": Api(
+        lambda c: __import__("dmlkit.data", fromlist=["x"]).TensorImageDataset(torch.zeros(4, 1, 2, 2),
+                                                                                 [0.2, 0.9, 1.5, 1.99], ["a", "b"]),
+        DataError, r"labels given to TensorImageDataset 'dataset' must hold integer class ids"),
+    "eval-interclass-distance-non-finite": Api(
+        lambda c: __import__("dmlkit.evaluation.geometry", fromlist=["x"]).interclass_distance(
+            torch.cat([E[:7], torch.full((1, 4), float("nan"))]), L),
+        DataError, r"embeddings contains 4 NaN or infinite value\(s\)"),
+    "eval-class-collapse-non-finite": Api(
+        lambda c: __import__("dmlkit.evaluation.geometry", fromlist=["x"]).class_collapse(
+            torch.cat([E[:7], torch.full((1, 4), float("inf"))]), L),
+        DataError, r"embeddings contains 4 NaN or infinite value\(s\)"),
     # --- data sets and manifests -----------------------------------------------------------
     "data-empty-dataset": Api(
         lambda c: _build_splits("folder", root=(c.tmp / "empty" / "cls").mkdir(parents=True) or c.tmp / "empty"),
@@ -379,7 +467,7 @@ def test_bad_input_gives_a_clear_error(case_id, tmp_path, request, dmlkit_cli, s
     protected = case.protect(ctx)
     before = snap(protected)
     proc = dmlkit_cli(*args, cwd=scratch)
-    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert proc.returncode == case.code, proc.stdout + proc.stderr
     assert re.search(case.match, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     after = snap(protected)

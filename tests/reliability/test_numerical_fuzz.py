@@ -1,5 +1,7 @@
 """Fuzz every registered loss and miner: extreme scales, duplicate and zero embeddings, extreme
-margins/temperatures, fp16/bf16/fp32/fp64 inputs. Outputs are finite (or a clear DmlkitError).
+margins/temperatures, fp16/bf16/fp32/fp64 inputs. These inputs are valid: outputs are finite and
+nothing raises. Invalid inputs, one class at a time (:data:`INVALID_INPUTS`), raise the one exception
+type documented for that class, for every loss and miner.
 
 fp16 gradients are the one exception the hardware imposes: the loss is computed in fp32, and a
 gradient larger than fp16's maximum (65504) becomes inf when cast back to the fp16 input; the test
@@ -17,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmlkit.exceptions import DmlkitError
+from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses import LOSSES, create_loss
 from dmlkit.mining import MINERS, PairSelection, TripletSelection, create_miner
 
@@ -133,10 +135,7 @@ def test_loss_is_finite_on_extreme_inputs(name, kwargs, batch):
     x, labels = batch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            value, grads = _loss_and_grads(build_loss(name, kwargs), x, labels)
-        except DmlkitError:
-            return  # a clear, typed error is an accepted outcome
+        value, grads = _loss_and_grads(build_loss(name, kwargs), x, labels)  # valid input: no error expected
     assert value.dim() == 0 and torch.isfinite(value), f"{name}: loss {value}"
     assert value.dtype in (torch.float32, torch.float64)
     if x.dtype != torch.float16:
@@ -158,10 +157,7 @@ def test_miner_returns_valid_selection_on_extreme_inputs(name, kwargs, batch):
     x, labels = batch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            selection = create_miner(name, **kwargs)(x, labels)
-        except DmlkitError:
-            return
+        selection = create_miner(name, **kwargs)(x, labels)  # valid input: no error expected
     same = labels[:, None] == labels[None, :]
     if isinstance(selection, PairSelection):
         assert selection.positive.dtype == torch.bool and selection.positive.shape == (BATCH, BATCH)
@@ -177,3 +173,28 @@ def test_miner_returns_valid_selection_on_extreme_inputs(name, kwargs, batch):
         assert a.dtype == p.dtype == n.dtype == torch.int64
         assert ((a >= 0) & (a < BATCH)).all() and ((p >= 0) & (p < BATCH)).all() and ((n >= 0) & (n < BATCH)).all()
         assert (labels[a] == labels[p]).all() and (labels[a] != labels[n]).all() and (a != p).all()
+
+
+_X = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0))
+_LABELS = torch.arange(BATCH, dtype=torch.int64) // PER_CLASS
+
+#: Invalid input classes: ``{class: (embeddings, labels, exception type, message pattern)}``.
+INVALID_INPUTS = {
+    "float-labels": (_X, _LABELS.float(), DataError, r"labels must hold integer class ids"),
+    "rows-mismatch": (_X, _LABELS[:-1], DataError, r"embeddings has 8 rows but labels has 7|labels has 7"),
+    "integer-embeddings": (_LABELS.view(BATCH, 1).expand(BATCH, DIM).contiguous(), _LABELS, DataError,
+                           r"embeddings must be a floating-point tensor"),
+    "1-d-embeddings": (_X.flatten(), _LABELS, DataError, r"embeddings must be 2-D"),
+    "labels-as-a-list": (_X, _LABELS.tolist(), InvalidParameterError, r"labels must be a torch\.Tensor"),
+}
+
+
+@pytest.mark.parametrize("input_class", list(INVALID_INPUTS))
+@pytest.mark.parametrize("kind,name", [("loss", n) for n in LOSSES.names()] + [("miner", n) for n in MINERS.names()])
+def test_each_invalid_input_class_raises_its_exception_type(kind, name, input_class):
+    x, labels, error, message = INVALID_INPUTS[input_class]
+    kwargs = dict(LOSS_VARIANTS.get(name, [{}])[0]) if kind == "loss" else dict(MINER_VARIANTS.get(name, [{}])[0])
+    component = build_loss(name, kwargs) if kind == "loss" else create_miner(name, **kwargs)
+    with pytest.raises(error, match=message) as info:
+        component(x, labels)
+    assert type(info.value) is error  # the documented type itself, not merely some DmlkitError

@@ -1,4 +1,8 @@
-"""No import cycle among dmlkit's modules (module-level imports; imports inside functions are deferred)."""
+"""No import cycle among dmlkit's modules, counting imports inside functions (deferred) too.
+
+A deferred import only postpones a cycle to the first call; the modules still depend on each
+other, so the graph holds every ``import`` in a module (except under ``if TYPE_CHECKING:``).
+"""
 
 from __future__ import annotations
 
@@ -13,44 +17,43 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """dmlkit modules imported at module level (not under ``if TYPE_CHECKING:``, not inside functions)."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    return skipped
+
+
+def imports_of(source: str, name: str, modules: set[str], *, is_package: bool = False) -> set[str]:
+    """dmlkit modules imported anywhere in ``source`` (module level or inside functions; not type-checking only)."""
+    tree = ast.parse(source)
+    package = name if is_package else name.rsplit(".", 1)[0]
+    skipped = _type_checking_nodes(tree)
     found: set[str] = set()
-
-    def visit(nodes):
-        for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("dmlkit"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if not base.startswith("dmlkit"):
                 continue
-            if isinstance(node, (ast.If, ast.Try)):
-                visit(node.body)
-                visit(node.orelse)
-                if isinstance(node, ast.Try):
-                    for handler in node.handlers:
-                        visit(handler.body)
-                continue
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("dmlkit"))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                if not base.startswith("dmlkit"):
-                    continue
-                for alias in node.names:
-                    target = f"{base}.{alias.name}"
-                    found.add(target if target in modules else base)
-
-    visit(tree.body)
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                found.add(target if target in modules else base)
     return {m for m in found if m in modules and m != name}
 
 
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(p): p for p in SRC.joinpath("dmlkit").rglob("*.py")}
     modules = set(files)
-    return {name: module_level_imports(path, name, modules) for name, path in files.items()}
+    return {name: imports_of(path.read_text(), name, modules, is_package=path.name == "__init__.py")
+            for name, path in files.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -89,3 +92,19 @@ def test_no_import_cycle_in_dmlkit():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_deferred_and_type_checking_imports():
+    modules = {"dmlkit.a", "dmlkit.b", "dmlkit.c"}
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from dmlkit.c import X\n"
+        "def f():\n    from dmlkit.b import g\n    return g\n"
+    )
+    assert imports_of(source, "dmlkit.a", modules) == {"dmlkit.b"}
+
+
+def test_the_engine_and_methods_do_not_import_each_other_in_a_circle():
+    graph = import_graph()
+    assert "dmlkit.methods" in graph["dmlkit.engine.builders"]  # the engine asks the method registry (deferred)
+    assert "dmlkit.engine.builders" not in graph["dmlkit.methods.asap"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dmlkit.config import RunConfig, load_config
+from dmlkit.exceptions import ConfigError
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
@@ -29,3 +30,18 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "seed", None) is not None:
         overrides.append(f"seed={args.seed}")
     return load_config(preset=args.preset, path=args.config, overrides=overrides)
+
+
+def require_split(splits, name: str, cfg: RunConfig):
+    """The split ``name`` of ``splits``, or a ConfigError saying why this run has none."""
+    dataset = getattr(splits, name, None)
+    if dataset is not None:
+        return dataset
+    if name == "val":
+        raise ConfigError(
+            f"this run has no validation split (data set {cfg.data.name!r}: protocol.fold is unset and "
+            "protocol.val_fraction and protocol.val_class_fraction are not set). Use --split test or --split train, "
+            "or --set protocol.fold=N (or protocol.val_fraction / protocol.val_class_fraction) to cut one."
+        )
+    raise ConfigError(f"split {name!r} does not exist for data set {cfg.data.name!r} "
+                      f"(it has {', '.join(n for n, _ in splits.items())}).")

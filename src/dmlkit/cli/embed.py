@@ -12,7 +12,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "examples:\n"
         "  dmlkit embed runs/ms --out test.parquet          # label, path, embedding per row\n"
-        "  dmlkit embed runs/ms --out gallery.bin --format parquet --split gallery\n"
+        "  dmlkit embed runs/ms --out train.bin --format parquet --split train   # --format wins over the suffix\n"
         "  # read back: pyarrow.parquet.read_table('test.parquet') or pandas.read_parquet('test.parquet')"
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
@@ -106,18 +106,16 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 
 
 def run(args: argparse.Namespace) -> int:
+    from dmlkit.cli.common import require_split
     from dmlkit.engine.builders import build_splits, resolve_device
     from dmlkit.engine.loading import load_run
     from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
-    from dmlkit.exceptions import ConfigError
 
     fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass
     cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
     splits = build_splits(cfg, model)
     model.to(resolve_device("auto"))  # embed on a GPU when there is one (embeddings come back on the CPU)
-    dataset = getattr(splits, args.split, None)
-    if dataset is None:
-        raise ConfigError(f"split {args.split!r} does not exist for data set {cfg.data.name!r} with this protocol.")
+    dataset = require_split(splits, args.split, cfg)
     emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
                                 autocast_dtype(cfg.train.mixed_precision))
     paths = getattr(dataset, "paths", None)

@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 
+from dmlkit.cli.common import require_split
 from dmlkit.cli.train import TABLE_KEYS
 
 
@@ -49,10 +50,7 @@ def run(args: argparse.Namespace) -> int:
         g, gl = embed(splits.gallery)
         metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
     else:
-        dataset = getattr(splits, args.split)
-        if dataset is None:
-            raise ConfigError(f"split {args.split!r} does not exist for this config (val needs protocol.fold).")
-        emb, labels = embed(dataset)
+        emb, labels = embed(require_split(splits, args.split, cfg))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         if cfg.eval.clustering:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from dmlkit.config.components import drop_stale_args
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.exceptions import ConfigError
 
@@ -119,16 +120,25 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
 def load_config(
     *, preset: str | None = None, path: str | Path | None = None, overrides: Iterable[str] = ()
 ) -> RunConfig:
-    """Defaults, then the preset, then a YAML file, then overrides; validated all at once."""
+    """Defaults, then the preset, then a YAML file, then overrides; validated all at once.
+
+    Each of the three is a layer: a layer that names another loss, miner or model drops the ``args``
+    the layers below gave the previous one (:func:`dmlkit.config.components.drop_stale_args`).
+    """
     data: dict = {}
     if preset is not None:
         info = preset_info(preset)
-        preset_data = yaml.safe_load(info.text) or {}
-        data = deep_merge(data, preset_data)
+        data = merge_layer(data, yaml.safe_load(info.text) or {})
     if path is not None:
-        data = deep_merge(data, read_yaml(path))
-    data = apply_overrides(data, overrides)
+        data = merge_layer(data, read_yaml(path))
+    overrides = list(overrides)
+    data = drop_stale_args(apply_overrides(data, overrides), data, apply_overrides({}, overrides))
     return config_from_dict(data)
+
+
+def merge_layer(base: dict, layer: dict) -> dict:
+    """``layer`` merged onto ``base``; a component ``layer`` renames loses the ``args`` ``base`` gave it."""
+    return drop_stale_args(deep_merge(base, layer), base, layer)
 
 
 def dump_config(cfg: RunConfig) -> str:
@@ -144,6 +154,7 @@ __all__ = [
     "dump_config",
     "list_presets",
     "load_config",
+    "merge_layer",
     "parse_override",
     "preset_info",
     "read_yaml",

@@ -311,7 +311,11 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
     """
     out: dict[str, tuple[Any, str]] = {}
     batch = cfg.sampler.batch_size
-    if cfg.sampler.m is None:
+    if cfg.sampler.m is None and profile.median_per_class < 2:
+        m = 1  # two images of a class would be one image twice
+        out["sampler.m"] = (m, f"{profile.median_per_class} image per class: batches of distinct classes "
+                               "(no positive pairs: only proxy losses learn from them)")
+    elif cfg.sampler.m is None:
         target = max(2, min(16, profile.median_per_class // 5))
         if batch is None:
             m = target

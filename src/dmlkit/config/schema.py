@@ -396,6 +396,10 @@ def config_from_dict(data: dict | None) -> RunConfig:
     problems: list[str] = []
     cfg = _build(RunConfig, data or {}, "", problems)
     problems.extend(_cross_checks(cfg))
+    from dmlkit.config.components import args_problems  # deferred: reads the loss, miner and model registries
+
+    refused = tuple(s for s in ("loss.miner", "loss", "model") if any(p.startswith(f"{s}.name ") for p in problems))
+    problems.extend(args_problems(cfg, skip=refused))
     if problems:
         raise ConfigError(problems)
     if cfg.name is None:

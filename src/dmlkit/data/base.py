@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from dmlkit._validation import as_class_ids
 from dmlkit.exceptions import DataError
 from dmlkit.seeds import derive_seed
 
@@ -30,6 +31,19 @@ def load_image(path: str) -> Any:
     with Image.open(path) as img:
         img.load()
         return img.copy()
+
+
+def decode_image(path: str, mode: str | None, where: str) -> Any:
+    """Decode ``path`` in PIL ``mode``; any failure is a :class:`DataError` naming the file, ``where`` and the cause.
+
+    The one decoding path of image files, per item (:class:`ImageFileDataset`) or once into
+    memory (:func:`dmlkit.data.splits.build_splits` with ``cache_in_memory=True``).
+    """
+    try:
+        img = load_image(path)
+        return img.convert(mode) if mode else img
+    except Exception as err:  # PIL raises many types (OSError, UnidentifiedImageError, SyntaxError, ValueError, ...)
+        raise DataError(f"Cannot read image {path!r} ({where}): {err}") from err
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
@@ -92,7 +106,7 @@ class ImageFileDataset(SeededAugmentation, Dataset):
         if len(paths) != len(labels):
             raise DataError(f"paths has {len(paths)} entries but labels has {len(labels)}.")
         self.paths = list(paths)
-        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.labels = as_class_ids(labels, f"ImageFileDataset {name!r}")
         self.class_names = list(class_names)
         self.transform = transform
         self.mode = mode
@@ -105,12 +119,7 @@ class ImageFileDataset(SeededAugmentation, Dataset):
         return len(self.paths)
 
     def _decode(self, index: int) -> Any:
-        path = self.paths[index]
-        try:
-            img = load_image(path)
-        except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
-            raise DataError(f"Cannot read image {path!r} (item {index} of {self.name}): {err}") from err
-        return img.convert(self.mode) if self.mode else img
+        return decode_image(self.paths[index], self.mode, f"item {index} of {self.name}")
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         label = int(self.labels[index])
@@ -154,10 +163,10 @@ class ImageFileDataset(SeededAugmentation, Dataset):
 class TensorImageDataset(SeededAugmentation, Dataset):
     """A split held in memory: ``images`` ``[N, C, H, W]`` (uint8 0..255 or float), ``labels`` ``[N]`` int64.
 
-    Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding; ``paths`` is None.
+    Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding. ``paths`` names the
+    file each image was decoded from (image files decoded once into memory), or is None (data that
+    has no files, e.g. MNIST).
     """
-
-    paths = None
 
     def __init__(
         self,
@@ -168,13 +177,17 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         *,
         name: str = "dataset",
         augmentation_seed: int | None = None,
+        paths: Sequence[str] | None = None,
     ):
         if images.dim() != 4:
             raise DataError(f"images must be [N, C, H, W]. Got shape {tuple(images.shape)}.")
         if images.shape[0] != len(labels):
             raise DataError(f"images has {images.shape[0]} rows but labels has {len(labels)}.")
+        if paths is not None and len(paths) != len(labels):
+            raise DataError(f"paths has {len(paths)} entries but labels has {len(labels)}.")
+        self.paths = None if paths is None else list(paths)
         self.images = images
-        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.labels = as_class_ids(labels, f"TensorImageDataset {name!r}")
         self.class_names = list(class_names)
         self.transform = transform
         self.name = name
@@ -225,8 +238,9 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)
         labels, names = _relabel(self.labels[indices], self.class_names, relabel)
+        paths = None if self.paths is None else [self.paths[i] for i in indices.tolist()]
         return TensorImageDataset(self.images[indices], labels, names, self.transform, name=self.name,
-                                  augmentation_seed=self.augmentation_seed)
+                                  augmentation_seed=self.augmentation_seed, paths=paths)
 
 
 def _relabel(labels: torch.Tensor, class_names: Sequence[str], relabel: bool) -> tuple[torch.Tensor, list[str]]:

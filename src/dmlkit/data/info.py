@@ -1,4 +1,4 @@
-"""``dmlkit datasets info``: image and class counts per split, checked against the published ones."""
+"""``dmlkit datasets info``: image and class counts per split, checked against the published ones; root checks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from dmlkit.data.registry import get_dataset_spec, list_datasets
-from dmlkit.exceptions import DataError
+from dmlkit.exceptions import DataError, InvalidParameterError
 
 HINTS = {
     "cub200": "CUB-200 (2010) has 6,033 images; CUB-200-2011 has 11,788.",
@@ -15,6 +15,26 @@ HINTS = {
     "inshop": "In-Shop's list_eval_partition.txt lists 52,712 images.",
     "omniglot": "Omniglot has 32,460 images of 1,623 characters (both sets).",
 }
+
+
+def root_problems(name: str, root: str | os.PathLike | None, label: str = "class") -> list[str]:
+    """Why data set ``name`` cannot be read from ``root`` (empty when it can): no root, a missing path, a bad layout.
+
+    Reads the annotation files or the folder listing, not the images.
+    """
+    spec = get_dataset_spec(name)
+    if spec.in_memory:
+        return []
+    if root is None:
+        return [f"data.root is not set: data set {name!r} is read from disk. Expected layout: {spec.layout}"]
+    if not os.path.exists(root):
+        return [f"data.root {str(root)!r} does not exist (data set {name!r}). Expected layout: {spec.layout}"]
+    try:
+        label = spec.resolve_label(label, "label")
+        spec(root=str(root), label=label, eval_label=label)
+    except (DataError, InvalidParameterError) as err:
+        return [f"data.root {str(root)!r}: {err}"]
+    return []
 
 
 def dataset_info(name: str, root: str | os.PathLike | None = None, *, check_files: bool = True) -> dict[str, Any]:

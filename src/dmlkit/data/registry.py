@@ -16,13 +16,15 @@ class SplitSource:
     """One official split before any protocol is applied.
 
     ``names[kind]`` holds, for every sample, its class name under the label ``kind``
-    (e.g. ``{"character": [...], "alphabet": [...]}``). Exactly one of ``paths`` (image files)
-    or ``images`` (``[N, C, H, W]`` uint8 in memory) is set.
+    (e.g. ``{"character": [...], "alphabet": [...]}``). ``paths`` (image files), ``images``
+    (``[N, C, H, W]`` uint8 in memory) or both (files decoded into memory, the paths kept to name
+    them) are set; ``skipped`` lists unreadable files left out (``skip_bad_images``).
     """
 
     names: dict[str, list[str]]
     paths: list[str] | None = None
     images: torch.Tensor | None = None
+    skipped: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(next(iter(self.names.values())))

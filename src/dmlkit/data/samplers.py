@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Sampler
 
 from dmlkit._registry import Registry
-from dmlkit._validation import NONE, InstanceOf, Interval, validate_params
+from dmlkit._validation import NONE, InstanceOf, Interval, as_class_ids, validate_params
 from dmlkit.exceptions import CheckpointError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
 
@@ -28,12 +28,10 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 
 
 def _as_labels(labels: torch.Tensor | Sequence[int] | np.ndarray, owner: str) -> torch.Tensor:
-    labels = torch.as_tensor(labels)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise DataError(f"labels given to {owner} must hold integer class ids (int64). Got dtype {labels.dtype}.")
-    if labels.dim() != 1 or labels.numel() == 0:
+    labels = as_class_ids(labels, owner)
+    if labels.numel() == 0:
         raise DataError(f"labels given to {owner} must be a non-empty 1-D [N] tensor. Got shape {tuple(labels.shape)}.")
-    return labels.to(torch.int64).cpu()
+    return labels
 
 
 class EpochSampler(Sampler[int]):

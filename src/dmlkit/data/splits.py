@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from dmlkit._validation import BOOL, NONE, InstanceOf, Interval, validate_params
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels
 from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
-from dmlkit.exceptions import InvalidParameterError
+from dmlkit.exceptions import DataError, InvalidParameterError
 
 
 def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) -> list[list[str]]:
@@ -60,6 +60,25 @@ def split_classes(class_names: Sequence[str], train_fraction: float, seed: int) 
     return sorted(shuffled[:n_train]), sorted(shuffled[n_train:])
 
 
+def shuffle_within_classes(
+    labels: torch.Tensor, generator: torch.Generator, eligible: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows sorted by class in a seeded random order within each class, and each row's rank there.
+
+    Returns ``(order [N], rank [N])``: ``order`` lists dataset rows class by class (random within
+    a class; rows where ``eligible`` is False come after the eligible ones of their class) and
+    ``rank[i]`` is the position of ``order[i]`` inside its class. One sort, no loop over classes.
+    """
+    keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
+    if eligible is not None:
+        keys = keys + (~eligible).double() * 2.0
+    order = torch.argsort(labels.double() * 4.0 + keys)
+    sorted_labels = labels[order]
+    counts = torch.bincount(labels)
+    starts = torch.cumsum(counts, 0) - counts
+    return order, torch.arange(len(labels)) - starts[sorted_labels]
+
+
 def _rows_in(names: Sequence[str], keep: set[str]) -> torch.Tensor:
     return torch.tensor([i for i, n in enumerate(names) if n in keep], dtype=torch.int64)
 
@@ -76,8 +95,10 @@ def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor
 MEMORY_CACHE_BYTES = 2 * 2**30
 
 
-def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None,
-                        center_crop: bool = False, interpolation: str = "bilinear") -> SplitSource | None:
+def _decode_into_memory(
+    source: SplitSource, mode: str, image_size: int | None, *, split: str, skip_bad_images: bool = False,
+    center_crop: bool = False, interpolation: str = "bilinear",
+) -> SplitSource | None:
     """``source`` with its image files decoded (and resized to ``image_size``) into a uint8 tensor.
 
     Returns None when the decoded split would exceed :data:`MEMORY_CACHE_BYTES` or when the images
@@ -86,37 +107,52 @@ def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None,
     same batched augmentation as MNIST, without decoding a PNG per item per epoch. Glyphs are resized
     whole to ``image_size`` squares; with ``center_crop`` (photos) every image is stored as its
     :func:`~dmlkit.data.transforms.photo_view` (with the backbone's ``interpolation``), whatever its
-    size and aspect.
+    size and aspect. Files are decoded by :func:`~dmlkit.data.base.decode_image`, as per item: an
+    unreadable file is a ``DataError`` naming it, or, with ``skip_bad_images``, left out and listed
+    in ``skipped``. The paths are kept.
     """
     import numpy as np
     from PIL import Image
 
-    from dmlkit.data.base import load_image
+    from dmlkit.data.base import decode_image
+    from dmlkit.data.transforms import photo_view
 
     if source.paths is None or not source.paths:
         return None
     if center_crop and not image_size:
         raise InvalidParameterError("Decoding photos as centre crops needs an image_size.")
     channels = 1 if mode == "L" else 3
-    with Image.open(source.paths[0]) as first:
-        size = (image_size, image_size) if image_size else first.size[::-1]
-    if len(source.paths) * channels * size[0] * size[1] > MEMORY_CACHE_BYTES:
+    if image_size and len(source.paths) * channels * image_size * image_size > MEMORY_CACHE_BYTES:
         return None
-    from dmlkit.data.transforms import photo_view
-
     view = photo_view(image_size, interpolation) if center_crop else None
-    arrays = []
-    for path in source.paths:
-        img = load_image(path).convert(mode)
+    arrays, kept, skipped, size = [], [], [], None
+    for index, path in enumerate(source.paths):
+        try:
+            img = decode_image(path, mode, f"item {index} of the {split} split")
+        except DataError as err:
+            if not skip_bad_images:
+                raise
+            warnings.warn(f"Skipping unreadable image: {err}", RuntimeWarning, stacklevel=3)
+            skipped.append(path)
+            continue
         if view is not None:
             img = view(img)
         elif image_size:
             img = img.resize((image_size, image_size), Image.BILINEAR)
+        if size is None:
+            size = img.size[::-1]
+            if len(source.paths) * channels * size[0] * size[1] > MEMORY_CACHE_BYTES:
+                return None
         elif img.size[::-1] != size:
             return None
         arr = np.asarray(img, dtype=np.uint8)
         arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
-    return SplitSource(names=source.names, images=torch.from_numpy(np.stack(arrays)))
+        kept.append(index)
+    if not arrays:
+        raise DataError(f"Every image of the {split} split is unreadable ({len(skipped)} files; first: {skipped[0]!r}).")
+    names = {kind: [values[i] for i in kept] for kind, values in source.names.items()}
+    return SplitSource(names=names, paths=[source.paths[i] for i in kept], images=torch.from_numpy(np.stack(arrays)),
+                       skipped=skipped)
 
 
 def _make_split(
@@ -137,8 +173,9 @@ def _make_split(
     tag = f"{spec.name}/{split_name}"
     if source.images is not None:
         images = source.images if rows is None else source.images[rows]
+        paths = source.paths if rows is None or source.paths is None else [source.paths[i] for i in rows.tolist()]
         return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag,
-                                  augmentation_seed=augmentation_seed)
+                                  augmentation_seed=augmentation_seed, paths=paths)
     paths = source.paths if rows is None else [source.paths[i] for i in rows.tolist()]
     return ImageFileDataset(
         paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag,
@@ -223,7 +260,8 @@ def build_splits(
 
     if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
         interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
-        cached = {k: _decode_into_memory(v, spec.image_mode, image_size, center_crop, interpolation)
+        cached = {k: _decode_into_memory(v, spec.image_mode, image_size, split=k, skip_bad_images=skip_bad_images,
+                                         center_crop=center_crop, interpolation=interpolation)
                   for k, v in sources.items()}
         if all(c is not None for c in cached.values()):
             sources = cached
@@ -246,6 +284,9 @@ def build_splits(
     groups = train_source.names[group]
     train_rows = val_rows = None
     info: dict[str, Any] = {"label": label, "eval_label": eval_label, "group": group, "seed": seed}
+    skipped = [path for src in sources.values() for path in src.skipped]
+    if skipped:
+        info["skipped_images"] = skipped
     if fold is not None:
         folds = class_disjoint_folds(groups, num_folds, seed)
         held_out = set(folds[fold])
@@ -276,14 +317,13 @@ def build_splits(
             stacklevel=2,
         )
     if spec.eval_mode == "query_gallery":
-        splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, tensor_size,
-                                                      skip_bad_images)
+        splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, skip_bad_images)
     else:
         splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
     return splits
 
 
-def _query_gallery(spec, sources, eval_label, transform, tensor_size, skip_bad_images):
+def _query_gallery(spec, sources, eval_label, transform, skip_bad_images):
     """Query and gallery splits re-indexed jointly so equal ids mean the same item."""
     query, gallery = sources["query"], sources["gallery"]
     labels, class_names = contiguous_labels(query.names[eval_label] + gallery.names[eval_label])

@@ -1,6 +1,5 @@
 """Distances, similarities and embedding normalisations."""
 
-from dmlkit._registry import Registry
 from dmlkit.distances._closed_form import MatrixContext
 from dmlkit.distances.normalization import (
     NORMALIZATIONS,
@@ -9,6 +8,7 @@ from dmlkit.distances.normalization import (
     normalize,
 )
 from dmlkit.distances.pairwise import (
+    DISTANCES,
     BaseDistance,
     CallableDistance,
     CosineSimilarity,
@@ -18,12 +18,6 @@ from dmlkit.distances.pairwise import (
     create_distance,
     squared_euclidean,
 )
-
-DISTANCES: Registry[BaseDistance] = Registry("distance")
-DISTANCES.register("cosine")(CosineSimilarity)
-DISTANCES.register("dot")(DotProductSimilarity)
-DISTANCES.register("euclidean")(lambda **kw: LpDistance(power=1, **kw))
-DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(power=2, **kw))
 
 __all__ = [
     "BaseDistance",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import threshold
 
+from dmlkit._registry import Registry
 from dmlkit._validation import Options, validate_params
 from dmlkit.distances._closed_form import EPS, MatrixContext
 from dmlkit.distances.normalization import l2_normalize
@@ -318,10 +319,15 @@ def as_distance(distance: object, owner: str = "distance") -> BaseDistance:
     )
 
 
+DISTANCES: Registry[BaseDistance] = Registry("distance")
+DISTANCES.register("cosine")(CosineSimilarity)
+DISTANCES.register("dot")(DotProductSimilarity)
+DISTANCES.register("euclidean")(lambda **kw: LpDistance(power=1, **kw))
+DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(power=2, **kw))
+
+
 def create_distance(name: str, **kwargs) -> BaseDistance:
     """Build a distance by name: ``cosine``, ``dot``, ``euclidean`` or ``squared_euclidean``."""
-    from dmlkit.distances import DISTANCES
-
     return DISTANCES.create(name, **kwargs)
 
 

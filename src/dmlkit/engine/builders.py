@@ -65,17 +65,22 @@ def build_model(cfg: RunConfig) -> nn.Module:
     m = cfg.model
 
     def member() -> nn.Module:
-        return create_model(
-            m.name,
-            embedding_size=m.embedding_size,
-            normalization=m.normalization,
-            pooling=m.pooling,
-            pretrained=m.pretrained,
-            weights=m.weights,
-            freeze_bn=m.freeze_bn,
-            shift_average=m.shift_average or 0,
-            **m.args,
-        )
+        try:
+            return create_model(
+                m.name,
+                embedding_size=m.embedding_size,
+                normalization=m.normalization,
+                pooling=m.pooling,
+                pretrained=m.pretrained,
+                weights=m.weights,
+                freeze_bn=m.freeze_bn,
+                shift_average=m.shift_average or 0,
+                **m.args,
+            )
+        except TypeError as exc:  # a timm model's keyword arguments are known only to timm
+            if not m.args:
+                raise
+            raise ConfigError(f"model.args {m.args} do not fit model {m.name!r} (passed on to timm): {exc}") from None
 
     size = m.ensemble or 1
     if size == 1:
@@ -124,11 +129,25 @@ def build_splits(cfg: RunConfig, model: nn.Module, survey=None):
             dataset.transform = tensor_transform(preprocessing)
     else:
         splits = _read_splits(cfg, preprocessing)
-    if cfg.protocol.val_fraction > 0 and splits.val is None:
-        splits.train, splits.val = hold_out_samples(splits.train, cfg.protocol.val_fraction, cfg.protocol.seed)
-        evaluation = splits.test if splits.test is not None else splits.query
-        splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
+    p = cfg.protocol
+    if p.val_fraction > 0 and splits.val is None:
+        splits.train, splits.val = hold_out_samples(splits.train, p.val_fraction, p.seed)
+        _evaluate_like_test(splits)
+    if p.val_class_fraction and splits.val is None:  # set by the user, or by the recipe in a saved config.yaml
+        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     return splits
+
+
+def _hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
+    splits.train, splits.val = hold_out_classes(splits.train, fraction, seed)
+    _evaluate_like_test(splits)
+    splits.info["val_classes"] = list(splits.val.class_names)
+
+
+def _evaluate_like_test(splits) -> None:
+    """A validation split cut from the training split gets the evaluation transform (no random crops or flips)."""
+    evaluation = splits.test if splits.test is not None else splits.query
+    splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
 def apply_model_recipe(cfg: RunConfig, survey, echo=print) -> dict:
@@ -185,10 +204,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:
-        splits.train, splits.val = hold_out_classes(splits.train, p.val_class_fraction, p.seed)
-        evaluation = splits.test if splits.test is not None else splits.query
-        splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None  # no random crops
-        splits.info["val_classes"] = list(splits.val.class_names)
+        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     profile = recipe.profile_split(splits.train)
     choices = recipe.resolve(cfg, profile, bf16_native=bf16_native)
     recipe.apply(cfg, choices)
@@ -214,30 +230,13 @@ def hold_out_classes(dataset, fraction: float, seed: int):
     return dataset.subset(rows[~is_val]), dataset.subset(rows[is_val])
 
 
-def shuffle_within_classes(
-    labels: torch.Tensor, generator: torch.Generator, eligible: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows sorted by class in a seeded random order within each class, and each row's rank there.
-
-    Returns ``(order [N], rank [N])``: ``order`` lists dataset rows class by class (random within
-    a class; rows where ``eligible`` is False come after the eligible ones of their class) and
-    ``rank[i]`` is the position of ``order[i]`` inside its class. One sort, no loop over classes.
-    """
-    keys = torch.rand(len(labels), generator=generator, dtype=torch.float64)
-    if eligible is not None:
-        keys = keys + (~eligible).double() * 2.0
-    order = torch.argsort(labels.double() * 4.0 + keys)
-    sorted_labels = labels[order]
-    counts = torch.bincount(labels)
-    starts = torch.cumsum(counts, 0) - counts
-    return order, torch.arange(len(labels)) - starts[sorted_labels]
-
-
 def hold_out_samples(dataset, fraction: float, seed: int):
     """Split every class's images into train and validation parts (``fraction`` to validation, >= 1 each).
 
     Classes with a single image stay in training.
     """
+    from dmlkit.data.splits import shuffle_within_classes
+
     labels = dataset.labels
     generator = derive_generator(seed, "val_hold_out")
     order, rank = shuffle_within_classes(labels, generator)
@@ -249,14 +248,6 @@ def hold_out_samples(dataset, fraction: float, seed: int):
     if len(val_rows) == 0:
         raise DataError(f"protocol.val_fraction={fraction} leaves no validation images (every class has one image).")
     return dataset.subset(train_rows, relabel=False), dataset.subset(val_rows, relabel=False)
-
-
-def _accepts(fn, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _resolve_distance(args: dict) -> dict:
@@ -371,6 +362,12 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
     from dmlkit.data.samplers import create_sampler
 
     s = cfg.sampler
+    if len(labels) < s.batch_size * world_size:
+        raise DataError(
+            f"The training split has {len(labels)} images, fewer than one batch of sampler.batch_size={s.batch_size}"
+            + (f" x {world_size} processes" if world_size > 1 else "")
+            + ": set a smaller sampler.batch_size or add images."
+        )
     common = dict(batch_size=s.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":
         return create_sampler("m_per_class", labels=labels, m=s.m, **common)

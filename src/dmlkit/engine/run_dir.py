@@ -4,7 +4,7 @@ Layout::
 
     RUN_DIR/config.yaml            resolved config
     RUN_DIR/env.json               versions, git commit, seed, command line
-    RUN_DIR/manifest.json          paths and labels per split (audit which data was used)
+    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files skipped
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
@@ -139,6 +139,9 @@ class RunDirectory:
         atomic_write_json(self.path / "env.json", environment_record(cfg.seed))
         atomic_write_json(self.path / "manifest.json", split_manifest(splits))
         atomic_write_text(self.log_path, "")
+        skipped = getattr(splits, "info", {}).get("skipped_images", [])
+        if skipped:  # data.skip_bad_images left these files out
+            self.log({"kind": "data", "step": 0, "skipped_images": len(skipped), "paths": list(skipped)})
 
     def log(self, record: dict) -> None:
         """Append one JSON line (flushed) to ``log.jsonl``."""
@@ -209,18 +212,22 @@ def display_class_names(class_names, cfg) -> list[str]:
 
 
 def split_manifest(splits) -> dict:
-    """Paths (when the data set has files) and labels of each split."""
+    """Paths (when the data set has files), labels and class names of each split (label ``i`` is ``class_names[i]``)."""
     out = {}
     for name in ("train", "val", "test", "query", "gallery"):
         ds = getattr(splits, name, None)
         if ds is None:
             continue
         labels = ds.labels.tolist() if hasattr(ds.labels, "tolist") else list(ds.labels)
-        entry = {"size": len(labels), "classes": len(set(labels)), "labels": labels}
+        entry = {"size": len(labels), "classes": len(set(labels)), "labels": labels,
+                 "class_names": [str(c) for c in getattr(ds, "class_names", [])]}
         paths = getattr(ds, "paths", None)
         if paths:
             entry["paths"] = [str(p) for p in paths]
         out[name] = entry
+    skipped = getattr(splits, "info", {}).get("skipped_images", [])
+    if skipped:
+        out["skipped_images"] = {"count": len(skipped), "paths": [str(p) for p in skipped]}
     return out
 
 

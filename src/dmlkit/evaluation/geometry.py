@@ -97,6 +97,7 @@ def _blocked_centroid_stats(centroids: torch.Tensor) -> tuple[float, torch.Tenso
 def interclass_distance(embeddings: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean Euclidean distance between the centroids of distinct classes (ASAP Fig. 7)."""
     check_embeddings_labels(embeddings, labels)
+    check_finite(embeddings, "embeddings")
     mean_dist, _ = _blocked_centroid_stats(class_centroids(embeddings, labels))
     return mean_dist
 
@@ -108,6 +109,7 @@ def class_collapse(embeddings: torch.Tensor, labels: torch.Tensor) -> float:
     that centroid to the nearest other class centroid. 0 means every class collapsed to a point.
     """
     check_embeddings_labels(embeddings, labels)
+    check_finite(embeddings, "embeddings")
     x = embeddings.detach().cpu().double()
     _, inverse = torch.unique(labels.cpu(), return_inverse=True)
     centroids = class_centroids(embeddings, labels)

@@ -22,10 +22,10 @@ import math
 
 import torch
 
-from dmlkit.engine.builders import shuffle_within_classes
+from dmlkit.data.splits import shuffle_within_classes
 from dmlkit.engine.hooks import MethodHooks, TrainingState
 from dmlkit.exceptions import ConfigError
-from dmlkit.methods import METHODS
+from dmlkit.methods.registry import METHODS
 from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
 from dmlkit.seeds import derive_generator
 
@@ -199,7 +199,7 @@ class AsapHooks(MethodHooks):
         """``[C, per_class]`` random dataset rows of each class (``-1`` padding) and their mask.
 
         Rows where ``eligible`` is False are never chosen: the first ``per_class`` rows of
-        each class in :func:`~dmlkit.engine.builders.shuffle_within_classes` order.
+        each class in :func:`~dmlkit.data.splits.shuffle_within_classes` order.
         """
         order, rank = shuffle_within_classes(labels, generator, eligible)
         sorted_labels = labels[order]

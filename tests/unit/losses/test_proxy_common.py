@@ -102,12 +102,24 @@ def test_finite_nonnegative_and_invariant_to_batch_order_and_relabelling(name, K
 
 @pytest.mark.parametrize("name", ["proxy_anchor", "proxy_nca", "proxy_triplet"])
 def test_fractional_proxies(name):
-    loss = LOSSES.create(name, num_classes=10, embedding_size=4, proxies_per_class=0.5)
+    """Half a proxy per class (Proxy-NCA Sec. 6.5): every class is pre-assigned one of 5 shared proxies, and the
+    loss is the same loss over the 5 proxy groups as classes (labels mapped through the assignment)."""
+    loss = LOSSES.create(name, num_classes=10, embedding_size=4, proxies_per_class=0.5).double()
     assert loss.proxies.shape == (5, 4)
-    x = torch.randn(6, 4, requires_grad=True)
-    value = loss(x, torch.tensor([0, 1, 2, 7, 8, 9]))
-    value.backward()
-    assert torch.isfinite(value) and torch.isfinite(x.grad).all()
+    mapping = loss.bank.class_to_proxy
+    assert torch.bincount(mapping, minlength=5).tolist() == [2] * 5  # two classes share each proxy
+    groups = LOSSES.create(name, num_classes=5, embedding_size=4, proxies_per_class=1).double()
+    with torch.no_grad():
+        groups.proxies.copy_(loss.proxies)
+    g = torch.Generator().manual_seed(3)
+    labels = torch.tensor([0, 1, 2, 7, 8, 9, 0, 7])
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    value, expected = loss(x, labels), groups(x_ref, mapping[labels])
+    (value + expected).backward()
+    assert value.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert torch.allclose(x.grad, x_ref.grad, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(loss.proxies.grad, groups.proxies.grad, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "proxy_pair"])

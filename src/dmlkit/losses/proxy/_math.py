@@ -4,13 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit.distances import l2_normalize
-
-
-def cosine_to_proxies(embeddings: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
-    """``[B, P]`` cosine similarities between raw ``embeddings [B, D]`` and ``proxies [P, D]``."""
-    return l2_normalize(embeddings) @ normalize_rows(proxies).T
-
 
 def common_dtype(embeddings: torch.Tensor, proxies: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast both to their promoted dtype (the cast is differentiable, the Parameter keeps its dtype)."""

@@ -1,0 +1,195 @@
+"""Every ``dmlkit ...`` command in a fenced code block of README.md and docs/**/*.md runs, shortened.
+
+Pages are found by glob, so a new page's examples run without touching this file. Commands are
+the lines of fenced blocks (any language, the ``--help`` text of docs/cli included) that start
+with ``dmlkit `` (after an optional ``$ `` prompt or ``.venv/bin/``); a trailing ``\\`` joins the
+next line and ``#`` starts a comment. They run in one temporary directory, in page order except
+that a command runs after the commands whose ``--out`` it names (``runs/ms`` is trained before the
+pages that evaluate, embed, export or report it), in-process through ``dmlkit.cli.main.main``.
+
+Shortened form: ``train`` (except ``--resume``: its saved config is capped already), ``crossval``
+and ``sweep`` get :data:`CAP` appended (2 steps, one model, no clustering) and, unless they name
+their own data, :data:`SMALL_DATA`; ``--seeds`` keeps its
+first seed, ``--trials`` becomes 2 and ``crossval`` runs fold 0 only. Files the examples read but no
+example writes are made by :data:`FIXTURES`.
+
+Opting out: a block whose fence is preceded by the line ``<!-- not run in CI: REASON -->`` is
+skipped. Only for what cannot run on a CI machine (benchmark images, a GPU); every marker must
+give a reason and the list of markers is checked below (:data:`KNOWN_OPT_OUTS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCE = re.compile(r"^(?P<marker><!-- not run in CI: (?P<reason>[^>]*?) -->\n)?```[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
+COMMAND = re.compile(r"^\s*(?:\$ )?(?:\.venv/bin/)?dmlkit\s")
+
+#: Appended to every training command: two steps, one model, no clustering (the examples' shortened form).
+CAP = ["--set", "train.max_steps=2", "--set", "train.eval_every=1", "--set", "model.ensemble=1",
+       "--set", "model.shift_average=0", "--set", "eval.clustering=false"]
+
+#: Appended unless the command names its own data: sklearn's digits (1,797 8x8 images, embedded) for the
+#: embedded MNIST-5k, whose 500-image test classes make exact MAP@R the slowest part of a 2-step run.
+SMALL_DATA = ["--set", "data.name=digits"]
+
+#: Why each opted-out block cannot run here (the test fails when a marker is added without a row).
+KNOWN_OPT_OUTS = {
+    "needs a CUDA GPU",
+    "continues the GPU run above",
+    "needs the CUB-200-2011 images",
+    "needs the Stanford Online Products images",
+}
+
+
+@dataclass
+class Example:
+    page: str
+    line: str
+    argv: list[str]
+    skipped: str | None = None
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def examples() -> list[Example]:
+    """Every ``dmlkit`` command of every fenced block, in page order."""
+    found = []
+    for page in pages():
+        for block in FENCE.finditer(page.read_text()):
+            lines = block["body"].replace("\\\n", " ").splitlines()
+            for line in lines:
+                if COMMAND.match(line):
+                    argv = shlex.split(line, comments=True)
+                    argv = argv[argv.index("dmlkit") + 1 if "dmlkit" in argv else 1:]
+                    found.append(Example(str(page.relative_to(ROOT)), line.strip(), argv, block["reason"]))
+    return found
+
+
+def _outputs(argv: list[str]) -> set[str]:
+    return {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"}
+
+
+def in_dependency_order(items: list[Example]) -> list[Example]:
+    """Page order, except that a command follows every command whose ``--out`` (or fixture source) it names."""
+    producers = {out: i for i, ex in enumerate(items) for out in _outputs(ex.argv)}
+    for name, (source, _) in FIXTURES.items():
+        if source in producers:
+            producers.setdefault(name, producers[source])
+    done: list[int] = []
+
+    def visit(i: int, stack: tuple[int, ...] = ()) -> None:
+        if i in done or i in stack:
+            return
+        for token in items[i].argv:
+            j = producers.get(token)
+            if j is not None and j != i:
+                visit(j, stack + (i,))
+        done.append(i)
+
+    for i in range(len(items)):
+        visit(i)
+    return [items[i] for i in done]
+
+
+def shorten(argv: list[str]) -> list[str]:
+    """The CI form of a command (see the module docstring)."""
+    out = list(argv)
+    if "--seeds" in out:
+        i = out.index("--seeds") + 1
+        j = i + 1
+        while j < len(out) and not out[j].startswith("-"):
+            j += 1
+        out[i:j] = out[i:i + 1]
+    if "--trials" in out:
+        out[out.index("--trials") + 1] = "2"
+    if out[0] == "crossval" and "--folds" not in out:
+        out += ["--folds", "0"]
+    if out[0] in ("train", "crossval", "sweep") and "--resume" not in out:
+        own_data = any(a.startswith(("data.name=", "data.root=")) for a in out)
+        out += CAP + ([] if own_data else SMALL_DATA) + (["--quiet"] if out[0] in ("train", "crossval") else [])
+    return out
+
+
+def _copy(source: str):
+    def make(workdir: Path, name: str) -> None:
+        src = workdir / source
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
+    return make
+
+
+def _digit_png(workdir: Path, name: str) -> None:
+    pixels = np.zeros((28, 28), dtype=np.uint8)
+    pixels[6:22, 12:16] = 255  # a "1"
+    Image.fromarray(pixels, mode="L").save(workdir / name)
+
+
+#: Inputs the examples read but no example writes: ``{file: (what it is made from, maker)}``.
+FIXTURES = {
+    "queries.npz": ("test.npz", _copy("test.npz")),
+    "gallery.npz": ("test.npz", _copy("test.npz")),
+    "runs/pa": ("runs/ms", _copy("runs/ms")),
+    "query1.png": ("", _digit_png),
+    "query2.png": ("", _digit_png),
+}
+
+
+def run_example(argv: list[str], workdir: Path) -> tuple[int, str]:
+    from dmlkit.cli.main import main
+
+    for token in argv:
+        if token in FIXTURES and not (workdir / token).exists():
+            FIXTURES[token][1](workdir, token)
+    out = io.StringIO()
+    threads = torch.get_num_threads()  # a preset may set train.num_threads for the whole process
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse
+            code = exc.code
+        finally:
+            torch.set_num_threads(threads)
+    return int(code or 0), out.getvalue()
+
+
+def test_the_examples_are_found():
+    found = examples()
+    lines = [ex.line for ex in found]
+    assert any("--out runs/ms" in line and line.startswith("dmlkit train") for line in lines)
+    assert any(line.startswith("dmlkit evaluate runs/ms") for line in lines)
+    assert sum(ex.skipped is None for ex in found) >= 15
+    reasons = {ex.skipped for ex in found if ex.skipped}
+    assert reasons <= KNOWN_OPT_OUTS, f"opt-outs without a known reason: {reasons - KNOWN_OPT_OUTS}"
+    assert sum(ex.skipped is not None for ex in found) <= 8, "opt-outs are for what cannot run here only"
+
+
+def test_dependency_order_and_shortening():
+    items = [Example("b", "", ["evaluate", "runs/x"]), Example("a", "", ["train", "--out", "runs/x"])]
+    assert [ex.page for ex in in_dependency_order(items)] == ["a", "b"]
+    assert shorten(["crossval", "--seeds", "0", "1", "2", "--out", "d"])[:5] == ["crossval", "--seeds", "0", "--out", "d"]
+    assert shorten(["train", "--resume", "runs/x"]) == ["train", "--resume", "runs/x"]
+    assert "train.max_steps=2" in shorten(["train"])
+
+
+def test_every_documented_command_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    failures = []
+    for ex in in_dependency_order([ex for ex in examples() if ex.skipped is None]):
+        argv = shorten(ex.argv)
+        code, output = run_example(argv, tmp_path)
+        if code != 0:
+            failures.append(f"{ex.page}: {ex.line}\n  ran: dmlkit {' '.join(argv)}\n  exit {code}: {output[-600:]}")
+    assert not failures, "documented commands that fail:\n" + "\n".join(failures)
