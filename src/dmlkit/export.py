@@ -105,7 +105,7 @@ def export_model(
     difference above ``atol`` raises :class:`ExportError`. ONNX files are checked with
     onnxruntime when it is installed (``max_abs_difference`` is None otherwise).
     """
-    from dmlkit.engine.loading import load_run
+    from dmlkit.inference import RunEmbedder
 
     if fmt not in FORMATS:
         raise InvalidParameterError(f"The 'fmt' parameter of export_model must be one of {FORMATS}. Got {fmt!r} instead.")
@@ -117,11 +117,12 @@ def export_model(
         raise InvalidParameterError(f"The 'atol' parameter of export_model must be a float > 0. Got {atol!r} instead.")
     run_dir = Path(run_dir)
     out_path = Path(out_path) if out_path is not None else default_export_path(run_dir, fmt)
-    cfg, model = load_run(run_dir, checkpoint)
-    pretrained_cfg = dict(model.pretrained_cfg)
+    embedder = RunEmbedder.from_run(run_dir, checkpoint, device="cpu")
+    cfg, model = embedder.cfg, embedder.model
+    input_size = embedder.input_size  # the size the run evaluated at, not the model's nominal one
+    pretrained_cfg = dict(model.pretrained_cfg, input_size=input_size)
     graph = PreprocessAndEmbed(model, pretrained_cfg) if include_preprocessing else model
     graph.eval()
-    input_size = tuple(int(v) for v in pretrained_cfg["input_size"])
     example = probe_images(input_size, batch_size=2, seed=1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     metadata = export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretrained_cfg, model)

@@ -154,10 +154,9 @@ class ImageFileDataset(SeededAugmentation, Dataset):
 class TensorImageDataset(SeededAugmentation, Dataset):
     """A split held in memory: ``images`` ``[N, C, H, W]`` (uint8 0..255 or float), ``labels`` ``[N]`` int64.
 
-    Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding; ``paths`` is None.
+    Item ``i`` is ``(transform(image_float01), label)`` with no PIL decoding; ``paths`` names the
+    image files the pixels were decoded from (None for data sets that live in memory, e.g. MNIST).
     """
-
-    paths = None
 
     def __init__(
         self,
@@ -168,12 +167,16 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         *,
         name: str = "dataset",
         augmentation_seed: int | None = None,
+        paths: Sequence[str] | None = None,
     ):
         if images.dim() != 4:
             raise DataError(f"images must be [N, C, H, W]. Got shape {tuple(images.shape)}.")
         if images.shape[0] != len(labels):
             raise DataError(f"images has {images.shape[0]} rows but labels has {len(labels)}.")
+        if paths is not None and len(paths) != images.shape[0]:
+            raise DataError(f"images has {images.shape[0]} rows but paths has {len(paths)}.")
         self.images = images
+        self.paths = None if paths is None else list(paths)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.class_names = list(class_names)
         self.transform = transform
@@ -225,8 +228,9 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)
         labels, names = _relabel(self.labels[indices], self.class_names, relabel)
+        paths = None if self.paths is None else [self.paths[i] for i in indices.tolist()]
         return TensorImageDataset(self.images[indices], labels, names, self.transform, name=self.name,
-                                  augmentation_seed=self.augmentation_seed)
+                                  augmentation_seed=self.augmentation_seed, paths=paths)
 
 
 def _relabel(labels: torch.Tensor, class_names: Sequence[str], relabel: bool) -> tuple[torch.Tensor, list[str]]:

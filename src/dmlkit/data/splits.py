@@ -64,11 +64,15 @@ def _rows_in(names: Sequence[str], keep: set[str]) -> torch.Tensor:
     return torch.tensor([i for i, n in enumerate(names) if n in keep], dtype=torch.int64)
 
 
-def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor:
-    """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear), so items need no per-item work."""
-    if image_size is None or tuple(images.shape[-2:]) == (image_size, image_size):
+def _resize_images(images: torch.Tensor, image_size: int | Sequence[int] | None) -> torch.Tensor:
+    """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear) to ``image_size`` (side or
+    ``(H, W)``), so items need no per-item work."""
+    if image_size is None:
         return images
-    x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False, antialias=True)
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(int(v) for v in image_size)
+    if tuple(images.shape[-2:]) == size:
+        return images
+    x = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False, antialias=True)
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -98,14 +102,24 @@ def _decode_into_memory(source: SplitSource, mode: str, image_size: int | None) 
         return None
     arrays = []
     for path in source.paths:
-        img = load_image(path).convert(mode)
-        if image_size:
-            img = img.resize((image_size, image_size), Image.BILINEAR)
-        elif img.size[::-1] != size:
+        img = load_image(path)
+        if not image_size and img.size[::-1] != size:
             return None
-        arr = np.asarray(img, dtype=np.uint8)
-        arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
-    return SplitSource(names=source.names, images=torch.from_numpy(np.stack(arrays)))
+        arrays.append(decode_resized(img, mode, size))
+    return SplitSource(names=source.names, images=torch.from_numpy(np.stack(arrays)), paths=source.paths)
+
+
+def decode_resized(image, mode: str, size: Sequence[int] | None):
+    """A PIL image as uint8 ``[C, H, W]`` in colour ``mode`` (``"L"``/``"RGB"``), resized (bilinear) to
+    ``size = (H, W)`` when it differs: how image files become the pixels of an in-memory split."""
+    import numpy as np
+    from PIL import Image
+
+    img = image.convert(mode)
+    if size is not None and img.size[::-1] != tuple(size):
+        img = img.resize((int(size[1]), int(size[0])), Image.BILINEAR)
+    arr = np.array(img, dtype=np.uint8)  # a writable copy
+    return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
 def _make_split(
@@ -124,11 +138,11 @@ def _make_split(
         names = [names[i] for i in rows.tolist()]
     labels, class_names = contiguous_labels(names)
     tag = f"{spec.name}/{split_name}"
+    paths = source.paths if rows is None or source.paths is None else [source.paths[i] for i in rows.tolist()]
     if source.images is not None:
         images = source.images if rows is None else source.images[rows]
         return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag,
-                                  augmentation_seed=augmentation_seed)
-    paths = source.paths if rows is None else [source.paths[i] for i in rows.tolist()]
+                                  augmentation_seed=augmentation_seed, paths=paths)
     return ImageFileDataset(
         paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag,
         augmentation_seed=augmentation_seed,
@@ -205,11 +219,13 @@ def build_splits(
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
+    decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
     if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
         cached = {k: _decode_into_memory(v, spec.image_mode, image_size) for k, v in sources.items()}
         if all(c is not None for c in cached.values()):
-            sources = cached
+            sources, decoded_here = cached, True
     in_memory = all(src.images is not None for src in sources.values())
+    default_eval = eval_transform is None
     if train_transform is None or eval_transform is None:
         from dmlkit.data.transforms import default_transforms, tensor_transform
 
@@ -260,7 +276,84 @@ def build_splits(
                                                       skip_bad_images)
     else:
         splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
+    if default_eval:
+        splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
     return splits
+
+
+def _eval_input(splits: DataSplits, spec: DatasetSpec, in_memory: bool, decoded_here: bool,
+                image_size: int | None, tensor_size: int | None) -> dict[str, Any]:
+    """How the evaluation splits turn an image into the model's input (saved in the run's manifest,
+    read back by :func:`query_split` so new images are prepared exactly as the test split was).
+
+    ``in_memory``: a uint8 tensor of ``size = [H, W]``, resized by PIL while decoding the files
+    (``resize="pil"``) or as a tensor after the reader decoded them (``"tensor"``), then the
+    in-memory normalisation; otherwise per-file with the default evaluation transform at
+    ``image_size``. ``input_size`` is the ``[C, H, W]`` the model saw.
+    """
+    evaluated = splits.test if splits.test is not None else splits.query
+    size = list(evaluated.images.shape[-2:]) if in_memory else None
+    if size is not None and tensor_size is not None:
+        size = [tensor_size, tensor_size]
+    return {
+        "in_memory": in_memory,
+        "resize": "pil" if decoded_here else "tensor",
+        "mode": ("L" if evaluated.images.shape[1] == 1 else "RGB") if in_memory else spec.image_mode,
+        "size": size,
+        "image_size": image_size,
+        "input_size": list(evaluated[0][0].shape),
+    }
+
+
+def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any], preprocessing=None):
+    """New images (paths or PIL images) as a split prepared exactly as a run's evaluation splits:
+    ``eval_input`` is what :func:`build_splits` recorded (``splits.info["eval_input"]``); labels are -1.
+
+    In-memory runs decode and resize the images into a uint8 tensor and normalise it as the
+    test split's tensor was; image-file runs apply the data set's default evaluation transform.
+    """
+    spec = get_dataset_spec(name)
+    n = len(images)
+    labels = torch.full((n,), -1, dtype=torch.int64)
+    if eval_input["in_memory"]:
+        from dmlkit.data.transforms import tensor_transform
+
+        size = eval_input["size"]
+        pixels = []
+        for x in images:
+            img = _read_query_image(x)
+            if eval_input["resize"] == "tensor":  # decoded at native size, resized as _resize_images does
+                pixels.append(_resize_images(torch.from_numpy(decode_resized(img, eval_input["mode"], None))[None],
+                                             size)[0])
+            else:
+                pixels.append(torch.from_numpy(decode_resized(img, eval_input["mode"], size)))
+        return TensorImageDataset(torch.stack(pixels), labels, ["?"], tensor_transform(preprocessing),
+                                  name=f"{name}/query")
+    from dmlkit.data.transforms import default_transforms
+
+    transform = default_transforms(spec, eval_input["image_size"], preprocessing)[1]
+    return _QueryImages(list(images), labels, ["?"], transform, mode=spec.image_mode, name=f"{name}/query")
+
+
+def _read_query_image(image):
+    """A path decoded with PIL (a DataError naming an unreadable file), or a PIL image as given."""
+    from dmlkit.data.base import load_image
+    from dmlkit.exceptions import DataError
+
+    if not isinstance(image, (str, os.PathLike)):
+        return image
+    try:
+        return load_image(image)
+    except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
+        raise DataError(f"Cannot read query image {str(image)!r}: {err}") from err
+
+
+class _QueryImages(ImageFileDataset):
+    """Query images given as paths or PIL images, transformed like an image-file split."""
+
+    def _decode(self, index: int):
+        img = _read_query_image(self.paths[index])
+        return img.convert(self.mode) if self.mode else img
 
 
 def _query_gallery(spec, sources, eval_label, transform, tensor_size, skip_bad_images):

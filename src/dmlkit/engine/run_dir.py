@@ -4,7 +4,7 @@ Layout::
 
     RUN_DIR/config.yaml            resolved config
     RUN_DIR/env.json               versions, git commit, seed, command line
-    RUN_DIR/manifest.json          paths and labels per split (audit which data was used)
+    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), eval_input
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
@@ -209,7 +209,8 @@ def display_class_names(class_names, cfg) -> list[str]:
 
 
 def split_manifest(splits) -> dict:
-    """Paths (when the data set has files) and labels of each split."""
+    """Paths (when the data set has files) and labels of each split, and under ``eval_input`` how the
+    evaluation splits read images (:func:`dmlkit.data.splits.query_split` prepares new images so)."""
     out = {}
     for name in ("train", "val", "test", "query", "gallery"):
         ds = getattr(splits, name, None)
@@ -221,6 +222,9 @@ def split_manifest(splits) -> dict:
         if paths:
             entry["paths"] = [str(p) for p in paths]
         out[name] = entry
+    info = getattr(splits, "info", None) or {}
+    if "eval_input" in info:
+        out["eval_input"] = info["eval_input"]
     return out
 
 
