@@ -23,10 +23,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import torch
+
     from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
     from dmlkit.engine.trainer import _floats, format_metrics_table
-    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
 
@@ -44,12 +46,14 @@ def run(args: argparse.Namespace) -> int:
         q, ql = embed(splits.query)
         g, gl = embed(splits.gallery)
         metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
+        metrics.update(verification_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=cfg.seed))
     else:
         dataset = getattr(splits, args.split)
         if dataset is None:
             raise ConfigError(f"split {args.split!r} does not exist for this config (val needs protocol.fold).")
         emb, labels = embed(dataset)
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
+        metrics.update(verification_metrics(emb, labels, seed=cfg.seed))
         if cfg.eval.clustering:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))
     metrics = _floats(metrics)
