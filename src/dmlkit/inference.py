@@ -40,6 +40,7 @@ class RunEmbedder:
         from dmlkit.evaluation.embed import autocast_dtype
 
         self.model = model.eval()
+        self.run_dir: Path | None = None  # set by from_run
         self.cfg = cfg
         self.eval_input = dict(eval_input)
         self.fingerprint = dict(fingerprint)
@@ -57,8 +58,10 @@ class RunEmbedder:
         run_dir = Path(run_dir)
         cfg, model = load_run(run_dir, checkpoint, overrides)
         model.to(resolve_device(device))
-        return cls(model, cfg, read_eval_input(run_dir), fingerprint=run_fingerprint(run_dir, checkpoint),
-                   progress=progress, batch_size=batch_size)
+        embedder = cls(model, cfg, read_eval_input(run_dir), fingerprint=run_fingerprint(run_dir, checkpoint),
+                       progress=progress, batch_size=batch_size)
+        embedder.run_dir = run_dir.resolve()
+        return embedder
 
     @property
     def input_size(self) -> tuple[int, int, int]:
