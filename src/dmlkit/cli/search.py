@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -16,18 +15,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _load_npz(path: str) -> dict:
-    import numpy as np
-
+    from dmlkit.data._files import read_npz
     from dmlkit.exceptions import DataError
 
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{path!r} does not exist.")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (ValueError, OSError) as exc:
-        raise DataError(f"{path!r} is not a readable .npz file: {exc}") from None
+    data = read_npz(path, "gallery/query file")
     if "embeddings" not in data:
         raise DataError(f"{path!r} has no 'embeddings' array (write it with `dmlkit embed --out FILE.npz`).")
     return data

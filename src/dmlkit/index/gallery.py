@@ -339,15 +339,13 @@ class Index:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Index":
         """Read an index written by :meth:`save` (a DataError names a missing or unreadable file)."""
+        from dmlkit.data._files import read_npz
+
         faiss = _faiss()
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"index file {str(path)!r} does not exist.")
+        data = read_npz(path, "index file")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
             header = json.loads(str(data["header"]))
-        except (OSError, ValueError, KeyError) as exc:
+        except (ValueError, KeyError) as exc:
             raise DataError(f"{str(path)!r} is not a dmlkit index file: {exc}") from None
         if header.get("format") != FORMAT:
             raise DataError(f"{str(path)!r} is not a dmlkit index file (format {header.get('format')!r}, expected {FORMAT!r}).")
