@@ -27,7 +27,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                             "(default: flat)")
     build.add_argument("--threshold-fmr", type=float, metavar="FMR",
                        help="store the cosine threshold at this false match rate on the labelled gallery's pairs "
-                            "(e.g. 1e-3); queries then print match=true/false")
+                            "(e.g. 1e-3); queries then print match=yes/no")
     build.add_argument("--checkpoint", choices=["best", "last"], default="best")
     add = sub.add_parser("add", help="embed more images and add them to an index (new ids)",
                          description="Embed more images with the index's run and add them (new ids, never reused).")
@@ -51,13 +51,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     remove = sub.add_parser("remove", help="remove items by id", description="Remove items from an index by id.")
     remove.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
     remove.add_argument("ids", nargs="+", type=int, metavar="ID", help="ids to remove (as printed by query)")
-    p.epilog = (
-        "examples:\n"
-        "  dmlkit index build runs/ms --images gallery/ --out gallery.index --threshold-fmr 1e-3\n"
-        "  dmlkit index add gallery.index --images new_items/\n"
-        "  dmlkit index query gallery.index query.png -k 5 --json\n"
-        "  dmlkit index remove gallery.index 17 42"
-    )
 
 
 def _embedder(index, run_dir: str | None):

@@ -301,8 +301,19 @@ def _eval_input(splits: DataSplits, spec: DatasetSpec, in_memory: bool, decoded_
         "mode": ("L" if evaluated.images.shape[1] == 1 else "RGB") if in_memory else spec.image_mode,
         "size": size,
         "image_size": image_size,
-        "input_size": list(evaluated[0][0].shape),
+        "input_size": _input_size(evaluated, in_memory, spec.image_mode, image_size),
     }
+
+
+def _input_size(evaluated, in_memory: bool, mode: str, image_size: int | None) -> list[int]:
+    """``[C, H, W]`` of the model's input for this split, without reading an image file: an in-memory
+    item, or the evaluation transform applied to a blank image (resize/crop pipelines give a fixed size)."""
+    if in_memory:
+        return list(evaluated.get_batch([0])[0].shape[1:])
+    from PIL import Image
+
+    side = image_size or 256
+    return list(evaluated.transform(Image.new(mode, (side, side))).shape)
 
 
 def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any], preprocessing=None):
