@@ -3,7 +3,8 @@
 Run:  .venv/bin/python benchmarks/bench_index.py [--part files|vectors|all] [--repeats 3] [--n 1000000]
 
 ``files``: MNIST-5k written as 5,000 PNG files (28 x 28, class folders) into a temporary folder; a
-small CNN trained on them for a few steps (`dmlkit train`, data.name=folder, fp32). End to end,
+small CNN trained on them for a few steps (`dmlkit train`, data.name=folder, fp32, one model
+without shift averaging). End to end,
 side by side in one process, interleaved, median over ``--repeats``: "index the 5,000 image files,
 then query 500 of them, k=10".
 - dmlkit: ``RunEmbedder.from_run`` (the run's evaluation preprocessing, its eval batch size) ->
@@ -83,6 +84,7 @@ def write_mnist_pngs(root: Path) -> list[str]:
 def train_run(data: Path, run_dir: Path) -> None:
     subprocess.run([sys.executable, "-m", "dmlkit", "train", "--quiet", "--no-report", "--set", "data.name=folder",
                     "--set", f"data.root={data}", "--set", "train.max_steps=20", "--set", "train.mixed_precision=none",
+                    "--set", "model.shift_average=0", "--set", "model.ensemble=1",
                     "--set", "eval.clustering=false", "--out", str(run_dir)], check=True)
 
 

@@ -35,14 +35,14 @@ class RunEmbedder:
     :class:`dmlkit.index.Index` checks before it answers queries.
     """
 
-    def __init__(self, model: nn.Module, cfg, eval_input: dict[str, Any], *, fingerprint: dict[str, str],
+    def __init__(self, model: nn.Module, cfg, eval_input: dict[str, Any] | None, *, fingerprint: dict[str, str],
                  progress: bool = False, batch_size: int | None = None):
         from dmlkit.evaluation.embed import autocast_dtype
 
         self.model = model.eval()
         self.run_dir: Path | None = None  # set by from_run
         self.cfg = cfg
-        self.eval_input = dict(eval_input)
+        self.eval_input = None if eval_input is None else dict(eval_input)
         self.fingerprint = dict(fingerprint)
         self.progress = progress
         self.batch_size = int(batch_size or cfg.eval.batch_size)
@@ -65,7 +65,10 @@ class RunEmbedder:
 
     @property
     def input_size(self) -> tuple[int, int, int]:
-        """``(C, H, W)`` of the model's input as the run evaluated it (not the model's nominal size)."""
+        """``(C, H, W)`` of the model's input as the run evaluated it (not the model's nominal size;
+        that only for runs that did not record it)."""
+        if self.eval_input is None:
+            return tuple(int(v) for v in self.model.pretrained_cfg["input_size"])
         return tuple(int(v) for v in self.eval_input["input_size"])
 
     @property
@@ -81,6 +84,12 @@ class RunEmbedder:
         """``images`` as a split prepared like the run's test split (labels -1)."""
         from dmlkit.data.splits import query_split
 
+        if self.eval_input is None:
+            raise ConfigError(
+                f"{self.run_dir}/manifest.json does not record the run's evaluation preprocessing (eval_input): the "
+                "run was trained by an older dmlkit; `dmlkit embed` and `evaluate` still embed its splits, but new "
+                "images need a run trained by this version."
+            )
         items = as_image_list(images)
         if not items:
             raise DataError("no images to embed (got an empty list).")
@@ -120,19 +129,15 @@ def tensor_to_pil(image: torch.Tensor):
     return Image.fromarray(arr[..., 0], mode="L") if arr.shape[2] == 1 else Image.fromarray(arr, mode="RGB")
 
 
-def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``)."""
+def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``; None for runs
+    of older dmlkit versions, which can still embed their own splits but not new images)."""
     path = Path(run_dir) / "manifest.json"
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {str(path)!r} (written by `dmlkit train`): {exc}") from None
-    if "eval_input" not in info:
-        raise ConfigError(
-            f"{str(path)!r} does not record the run's evaluation preprocessing (eval_input): the run was "
-            "trained by an older dmlkit or with custom transforms; embed its images with `dmlkit embed` instead."
-        )
-    return info["eval_input"]
+    return info.get("eval_input")
 
 
 def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, str]:

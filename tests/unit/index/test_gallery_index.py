@@ -162,3 +162,16 @@ def test_gallery_images_reads_folders_and_csv(tmp_path):
     (tmp_path / "g" / "list.csv").write_text("path,label\na/1.png,cat\n4.png,\n")
     paths, labels = gallery_images(tmp_path / "g" / "list.csv")
     assert paths == [str(tmp_path / "g" / "a/1.png"), str(tmp_path / "g" / "4.png")] and labels == ["cat", None]
+
+
+def test_a_run_without_eval_input_embeds_its_splits_but_not_new_images(tmp_path):
+    from dmlkit.config import load_config
+    from dmlkit.inference import RunEmbedder
+    from dmlkit.models import create_model
+
+    cfg = load_config(overrides=["model.args={width: 8}"])
+    model = create_model("small_cnn", embedding_size=8)
+    embedder = RunEmbedder(model, cfg, None, fingerprint={"config": "x", "weights": "y"})
+    assert embedder.input_size == tuple(model.pretrained_cfg["input_size"])  # the nominal size, as before
+    with pytest.raises(ConfigError, match="does not record the run's evaluation preprocessing"):
+        embedder.embed(torch.zeros(1, 1, 28, 28))
