@@ -4,7 +4,8 @@ The exported graph is the model of ``dmlkit.load(RUN_DIR)`` in eval mode. By def
 the same input as that model, ``[B, C, H, W]`` float32 images already preprocessed as the run's
 data pipeline does it; with ``include_preprocessing=True`` the channel reorder, scaling and
 mean/std normalisation of ``model.pretrained_cfg`` are part of the graph, so the input is raw
-RGB (or grey) float32 images in ``[0, 1]`` at the model's input size (resizing stays outside).
+RGB (or grey) float32 images in ``[0, 1]`` at the size the run evaluated at (``RunEmbedder.input_size``;
+resizing stays outside).
 The batch axis is dynamic in both formats. Next to the file, ``<file>.json`` records the input
 contract, the preprocessing config, the embedding size and the source run; the TorchScript file
 also carries it inside (``torch.jit.load(path, _extra_files={"dmlkit.json": ""})``).
