@@ -31,6 +31,14 @@ EXAMPLES = {
         "dmlkit train --from-sweep runs/sweep            # rerun the best trial",
     ],
     "export": ["dmlkit export runs/ms --format onnx --out model.onnx"],
+    "index": [
+        "dmlkit train --set data.name=folder --set data.root=/work/shared/data/pets/images --out runs/pets",
+        "dmlkit index build runs/pets --images /work/shared/data/pets/images --out pets.index --threshold-fmr 1e-3",
+        "dmlkit index add pets.index --images /work/shared/data/pets/images/Bengal",
+        "dmlkit index query pets.index /work/shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5",
+        "dmlkit index query pets.index /work/shared/data/pets/images/Abyssinian/Abyssinian_12.jpg --json --k-reciprocal",
+        "dmlkit index remove pets.index 0 1",
+    ],
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
 }
 
@@ -52,8 +60,10 @@ EXAMPLES_NOT_RUN = {
 NOT_RUN_MARKER = "<!-- not run in CI: {reason} -->"
 
 
-def page(verb: str, help_text: str) -> str:
+def page(verb: str, help_text: str, actions: dict[str, str] | None = None) -> str:
     lines = [f"# `dmlkit {verb}`", "", "```text", help_text.rstrip(), "```", ""]
+    for action, text in (actions or {}).items():  # verbs with sub-commands (`dmlkit index build ...`)
+        lines += [f"## `dmlkit {verb} {action}`", "", "```text", text.rstrip(), "```", ""]
     if verb in EXAMPLES:
         lines += ["## Examples", "", "```bash", *EXAMPLES[verb], "```", ""]
     if verb in EXAMPLES_NOT_RUN:
@@ -72,7 +82,17 @@ def render_all() -> dict[str, str]:
 
     parser = build_parser()
     sub = parser._subparsers._group_actions[0]
-    return {verb: page(verb, p.format_help()) for verb, p in sub.choices.items()}
+    return {verb: page(verb, p.format_help(), _actions(p)) for verb, p in sub.choices.items()}
+
+
+def _actions(parser) -> dict[str, str]:
+    """``{action: help}`` of a verb's sub-commands (empty for verbs without)."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {name: p.format_help() for name, p in action.choices.items()}
+    return {}
 
 
 def main() -> int:

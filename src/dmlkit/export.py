@@ -4,7 +4,8 @@ The exported graph is the model of ``dmlkit.load(RUN_DIR)`` in eval mode. By def
 the same input as that model, ``[B, C, H, W]`` float32 images already preprocessed as the run's
 data pipeline does it; with ``include_preprocessing=True`` the channel reorder, scaling and
 mean/std normalisation of ``model.pretrained_cfg`` are part of the graph, so the input is raw
-RGB (or grey) float32 images in ``[0, 1]`` at the model's input size (resizing stays outside).
+RGB (or grey) float32 images in ``[0, 1]`` at the size the run evaluated at (``RunEmbedder.input_size``;
+resizing stays outside).
 The batch axis is dynamic in both formats. Next to the file, ``<file>.json`` records the input
 contract, the preprocessing config, the embedding size and the source run; the TorchScript file
 also carries it inside (``torch.jit.load(path, _extra_files={"dmlkit.json": ""})``).
@@ -105,7 +106,7 @@ def export_model(
     difference above ``atol`` raises :class:`ExportError`. ONNX files are checked with
     onnxruntime when it is installed (``max_abs_difference`` is None otherwise).
     """
-    from dmlkit.engine.loading import load_run
+    from dmlkit.inference import RunEmbedder
 
     if fmt not in FORMATS:
         raise InvalidParameterError(f"The 'fmt' parameter of export_model must be one of {FORMATS}. Got {fmt!r} instead.")
@@ -117,11 +118,12 @@ def export_model(
         raise InvalidParameterError(f"The 'atol' parameter of export_model must be a float > 0. Got {atol!r} instead.")
     run_dir = Path(run_dir)
     out_path = Path(out_path) if out_path is not None else default_export_path(run_dir, fmt)
-    cfg, model = load_run(run_dir, checkpoint)
-    pretrained_cfg = dict(model.pretrained_cfg)
+    embedder = RunEmbedder.from_run(run_dir, checkpoint, device="cpu")
+    cfg, model = embedder.cfg, embedder.model
+    input_size = embedder.input_size  # the size the run evaluated at, not the model's nominal one
+    pretrained_cfg = dict(model.pretrained_cfg, input_size=input_size)
     graph = PreprocessAndEmbed(model, pretrained_cfg) if include_preprocessing else model
     graph.eval()
-    input_size = tuple(int(v) for v in pretrained_cfg["input_size"])
     example = probe_images(input_size, batch_size=2, seed=1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     metadata = export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretrained_cfg, model)

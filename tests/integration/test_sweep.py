@@ -167,7 +167,7 @@ def test_bad_param_syntax(spec, message):
         ("loss.args.margn=float:0.1:0.5", "has no argument 'margn'. Did you mean 'loss.args.margin'?"),
         ("protocol.fold=int:0:3", "the protocol defines the objective"),
         ("loss.args=float:0.1:0.5", "is a mapping; search one of its keys"),
-        ("optimizer.lr=float:-1:0.1", "optimizer.lr must be a float > 0. Got -1.0"),
+        ("optimizer.lr=float:-1:0.1", "optimizer.lr must be None or a float > 0. Got -1.0"),
         ("asap.proxies_per_class=float:1:4", "asap.proxies_per_class must be int"),
     ],
 )

@@ -45,7 +45,7 @@ def test_bad_override_fails_before_training_and_writes_nothing(tmp_path, cli):
     out = tmp_path / "run"
     proc = cli("train", "--out", str(out), "--set", "optimizer.lr=-1", "--set", "modle.name=x", check=False)
     assert proc.returncode == 2
-    assert "optimizer.lr must be a float > 0. Got -1" in proc.stderr
+    assert "optimizer.lr must be None or a float > 0. Got -1" in proc.stderr
     assert "Unknown key 'modle'. Did you mean 'model'?" in proc.stderr
     assert not out.exists()
 

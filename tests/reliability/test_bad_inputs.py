@@ -228,7 +228,7 @@ CASES: dict[str, Api | Cli] = {
     "config-lists-every-problem": Api(
         lambda c: __import__("dmlkit.config", fromlist=["x"]).config_from_dict(
             {"optimizer": {"lr": -1}, "sampler": {"bacth_size": 8}}),
-        ConfigError, r"(?s)2 problems.*optimizer\.lr must be a float > 0\. Got -1.*Did you mean 'batch_size'"),
+        ConfigError, r"(?s)2 problems.*optimizer\.lr must be None or a float > 0\. Got -1.*Did you mean 'batch_size'"),
     "config-bool-for-int": Api(
         lambda c: __import__("dmlkit.config", fromlist=["x"]).config_from_dict({"model": {"embedding_size": True}}),
         ConfigError, r"model\.embedding_size must be int\. Got True \(bool\)"),
@@ -238,7 +238,7 @@ CASES: dict[str, Api | Cli] = {
     "cli-wrong-type": Cli(lambda c: ["validate", *_set("sampler.batch_size=sixty")],
                           r"sampler\.batch_size must be int\. Got 'sixty' \(str\)"),
     "cli-negative-size": Cli(lambda c: ["validate", *_set("model.embedding_size=-8")],
-                             r"model\.embedding_size must be an int > 0\. Got -8"),
+                             r"model\.embedding_size must be None or an int > 0\. Got -8"),
     "cli-more-proxies-than-pool": Cli(
         lambda c: ["validate", *_set("asap.enabled=true", "asap.proxies_per_class=4", "asap.pool_size=2",
                                      "protocol.val_fraction=0.2")],

@@ -107,17 +107,15 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.cli.common import require_split
-    from dmlkit.engine.builders import build_splits, resolve_device
-    from dmlkit.engine.loading import load_run
-    from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
+    from dmlkit.engine.builders import build_splits
+    from dmlkit.inference import RunEmbedder
 
     fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass
-    cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
-    splits = build_splits(cfg, model)
-    model.to(resolve_device("auto"))  # embed on a GPU when there is one (embeddings come back on the CPU)
+    embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, overrides=args.overrides)  # on a GPU if any
+    cfg = embedder.cfg
+    splits = build_splits(cfg, embedder.model)
     dataset = require_split(splits, args.split, cfg)
-    emb, labels = embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
-                                autocast_dtype(cfg.train.mixed_precision))
+    emb, labels = embedder.embed_dataset(dataset)
     paths = getattr(dataset, "paths", None)
     for path in write_embeddings(Path(args.out), emb.numpy(), labels.numpy(), paths, fmt):
         print(path)

@@ -24,34 +24,34 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dmlkit.engine.builders import build_splits, resolve_device
+    import torch
+
+    from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
-    from dmlkit.engine.loading import load_run
     from dmlkit.engine.trainer import _floats, format_metrics_table
-    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
-    from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
     from dmlkit.exceptions import ConfigError
+    from dmlkit.inference import RunEmbedder
 
     bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("data.", "protocol.", "eval."))]
     if bad:
         raise ConfigError(f"evaluate only overrides data.*, protocol.* and eval.* fields. Got {', '.join(bad)}.")
-    cfg, model = load_run(args.run_dir, args.checkpoint, args.overrides)
-    splits = build_splits(cfg, model)
-    model.to(resolve_device("auto"))  # embed on a GPU when there is one (embeddings come back on the CPU)
+    embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, overrides=args.overrides)  # on a GPU if any
+    cfg = embedder.cfg
+    splits = build_splits(cfg, embedder.model)
     backend = args.backend or cfg.eval.backend
     ks = tuple(cfg.eval.ks)
-
-    def embed(dataset):  # under the run's training autocast, as the run embedded its own splits
-        return embed_dataset(model, dataset, cfg.eval.batch_size, cfg.data.num_workers,
-                             autocast_dtype(cfg.train.mixed_precision))
+    embed = embedder.embed_dataset  # under the run's training autocast, as the run embedded its own splits
 
     if args.split == "test" and splits.eval_mode == "query_gallery":
         q, ql = embed(splits.query)
         g, gl = embed(splits.gallery)
         metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
+        metrics.update(verification_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=cfg.seed))
     else:
         emb, labels = embed(require_split(splits, args.split, cfg))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
+        metrics.update(verification_metrics(emb, labels, seed=cfg.seed))
         if cfg.eval.clustering:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))
     metrics = _floats(metrics)

@@ -11,7 +11,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "ONNX file with a dynamic batch axis, and check it against the original on a probe batch.\n\n"
         "Input: [B, C, H, W] float32 images preprocessed like the run's data pipeline; with\n"
         "--include-preprocessing the model's mean/std normalisation (and RGB->BGR order) is in the\n"
-        "graph and the input is raw images in [0, 1] at the model's input size. FILE.json beside the\n"
+        "graph and the input is raw images in [0, 1]; either way at the size the run evaluated at\n"
+        "(its manifest.json eval_input, not the model's nominal input size). FILE.json beside the\n"
         "file records the input contract, the preprocessing config and the source run."
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")

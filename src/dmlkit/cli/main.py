@@ -18,6 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "crossval": ("dmlkit.cli.crossval", "the 4-fold protocol: train the fold models, report average ± std and ensemble"),
     "embed": ("dmlkit.cli.embed", "write embeddings of a data set split to .npz/.npy/.parquet with labels and paths"),
     "search": ("dmlkit.cli.search", "nearest neighbours of query images or embeddings in an embedded gallery"),
+    "index": ("dmlkit.cli.index", "build, extend and query a saved search index over a gallery (faiss)"),
     "presets": ("dmlkit.cli.presets", "list packaged presets, or show one with its source"),
     "datasets": ("dmlkit.cli.datasets", "list data sets, or check a data set folder against published counts"),
     "report": ("dmlkit.cli.report", "write report.html for a run directory"),

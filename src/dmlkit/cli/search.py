@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -16,46 +15,20 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _load_npz(path: str) -> dict:
-    import numpy as np
-
+    from dmlkit.data._files import read_npz
     from dmlkit.exceptions import DataError
 
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{path!r} does not exist.")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (ValueError, OSError) as exc:
-        raise DataError(f"{path!r} is not a readable .npz file: {exc}") from None
+    data = read_npz(path, "gallery/query file")
     if "embeddings" not in data:
         raise DataError(f"{path!r} has no 'embeddings' array (write it with `dmlkit embed --out FILE.npz`).")
     return data
 
 
-def embed_images(run_dir: str, image_paths: list[str]):
-    """Embed image files with a run's model, preprocessing taken from the model."""
-    import torch
-    from PIL import Image
+def embed_images(run_dir: str, image_paths: list[str], progress: bool = False):
+    """Embed image files with a run's model and its evaluation preprocessing (:class:`RunEmbedder`)."""
+    from dmlkit.inference import RunEmbedder
 
-    from dmlkit.engine.loading import load
-    from dmlkit.exceptions import DataError
-
-    model = load(run_dir)
-    cfg = model.pretrained_cfg
-    channels, height, width = cfg["input_size"]
-    batch = []
-    for path in image_paths:
-        try:
-            with Image.open(path) as im:
-                im = im.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
-                arr = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read query image {path!r}: {exc}") from None
-        batch.append(arr.view(height, width, channels).permute(2, 0, 1))
-    x = model.preprocess(torch.stack(batch))
-    with torch.no_grad():
-        return model(x)
+    return RunEmbedder.from_run(run_dir, progress=progress).embed(image_paths)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -111,5 +111,9 @@ def args_problems(cfg, skip: tuple[str, ...] = ()) -> list[str]:
     if cfg.model.args and "model" not in skip:
         from dmlkit.models import MODELS
 
-        problems += _registry_problems("model.args", "model", MODELS, cfg.model.name, cfg.model.args)
+        if cfg.model.name == "auto":
+            problems.append("model.args are given but model.name is 'auto' (the recipe picks the model from the data): "
+                            "name the model they are for, e.g. --set model.name=small_cnn.")
+        else:
+            problems += _registry_problems("model.args", "model", MODELS, cfg.model.name, cfg.model.args)
     return problems

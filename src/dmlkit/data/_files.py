@@ -17,6 +17,20 @@ def find_root(root: str | os.PathLike, marker: str, subdirs: tuple[str, ...]) ->
     return root
 
 
+def read_npz(path: str | os.PathLike, what: str = "file") -> dict:
+    """Every array of an ``.npz`` file (no pickles); a DataError names a missing or unreadable ``what``."""
+    import numpy as np
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{what} {str(path)!r} does not exist.")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{what} {str(path)!r} is not a readable .npz file: {exc}") from None
+
+
 def missing_file_error(dataset: str, path: Path, layout: str, hint: str = "") -> DataError:
     extra = f" {hint}" if hint else ""
     return DataError(f"{dataset}: expected file '{path}' was not found.{extra} Expected layout: {layout}")

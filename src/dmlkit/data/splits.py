@@ -83,11 +83,15 @@ def _rows_in(names: Sequence[str], keep: set[str]) -> torch.Tensor:
     return torch.tensor([i for i, n in enumerate(names) if n in keep], dtype=torch.int64)
 
 
-def _resize_images(images: torch.Tensor, image_size: int | None) -> torch.Tensor:
-    """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear), so items need no per-item work."""
-    if image_size is None or tuple(images.shape[-2:]) == (image_size, image_size):
+def _resize_images(images: torch.Tensor, image_size: int | Sequence[int] | None) -> torch.Tensor:
+    """Resize an in-memory uint8 ``[N, C, H, W]`` batch once (bilinear) to ``image_size`` (side or
+    ``(H, W)``), so items need no per-item work."""
+    if image_size is None:
         return images
-    x = F.interpolate(images.float(), size=(image_size, image_size), mode="bilinear", align_corners=False, antialias=True)
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(int(v) for v in image_size)
+    if tuple(images.shape[-2:]) == size:
+        return images
+    x = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False, antialias=True)
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -155,6 +159,19 @@ def _decode_into_memory(
                        skipped=skipped)
 
 
+def decode_resized(image, mode: str, size: Sequence[int] | None):
+    """A PIL image as uint8 ``[C, H, W]`` in colour ``mode`` (``"L"``/``"RGB"``), resized (bilinear) to
+    ``size = (H, W)`` when it differs: how image files become the pixels of an in-memory split."""
+    import numpy as np
+    from PIL import Image
+
+    img = image.convert(mode)
+    if size is not None and img.size[::-1] != tuple(size):
+        img = img.resize((int(size[1]), int(size[0])), Image.BILINEAR)
+    arr = np.array(img, dtype=np.uint8)  # a writable copy
+    return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))
+
+
 def _make_split(
     spec: DatasetSpec,
     source: SplitSource,
@@ -171,12 +188,11 @@ def _make_split(
         names = [names[i] for i in rows.tolist()]
     labels, class_names = contiguous_labels(names)
     tag = f"{spec.name}/{split_name}"
+    paths = source.paths if rows is None or source.paths is None else [source.paths[i] for i in rows.tolist()]
     if source.images is not None:
         images = source.images if rows is None else source.images[rows]
-        paths = source.paths if rows is None or source.paths is None else [source.paths[i] for i in rows.tolist()]
         return TensorImageDataset(_resize_images(images, image_size), labels, class_names, transform, name=tag,
                                   augmentation_seed=augmentation_seed, paths=paths)
-    paths = source.paths if rows is None else [source.paths[i] for i in rows.tolist()]
     return ImageFileDataset(
         paths, labels, class_names, transform, mode=spec.image_mode, skip_bad_images=skip_bad_images, name=tag,
         augmentation_seed=augmentation_seed,
@@ -258,14 +274,16 @@ def build_splits(
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
+    decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
     if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
         interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
         cached = {k: _decode_into_memory(v, spec.image_mode, image_size, split=k, skip_bad_images=skip_bad_images,
                                          center_crop=center_crop, interpolation=interpolation)
                   for k, v in sources.items()}
         if all(c is not None for c in cached.values()):
-            sources = cached
+            sources, decoded_here = cached, True
     in_memory = all(src.images is not None for src in sources.values())
+    record_eval_input = eval_transform is None  # new images can be prepared as the default evaluation is
     if train_transform is None or eval_transform is None:
         from dmlkit.data.transforms import default_transforms, photo_transforms, tensor_transform
 
@@ -320,7 +338,115 @@ def build_splits(
         splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, skip_bad_images)
     else:
         splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
+    if record_eval_input:
+        splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
+        if center_crop:  # photos: the centre-crop view, with the backbone's interpolation
+            splits.info["eval_input"].update(view="photo", crop_size=crop_size or image_size,
+                                             interpolation=str((preprocessing or {}).get("interpolation", "bilinear")))
     return splits
+
+
+def _eval_input(splits: DataSplits, spec: DatasetSpec, in_memory: bool, decoded_here: bool,
+                image_size: int | None, tensor_size: int | None) -> dict[str, Any]:
+    """How the evaluation splits turn an image into the model's input (saved in the run's manifest,
+    read back by :func:`query_split` so new images are prepared exactly as the test split was).
+
+    ``in_memory``: a uint8 tensor of ``size = [H, W]``, resized by PIL while decoding the files
+    (``resize="pil"``) or as a tensor after the reader decoded them (``"tensor"``), then the
+    in-memory normalisation; otherwise per-file with the default evaluation transform at
+    ``image_size``. ``input_size`` is the ``[C, H, W]`` the model saw. Photos (``view="photo"``) are
+    read as their :func:`~dmlkit.data.transforms.photo_view` at ``image_size`` in both cases.
+    """
+    evaluated = splits.test if splits.test is not None else splits.query
+    size = list(evaluated.images.shape[-2:]) if in_memory else None
+    if size is not None and tensor_size is not None:
+        size = [tensor_size, tensor_size]
+    return {
+        "in_memory": in_memory,
+        "resize": "pil" if decoded_here else "tensor",
+        "mode": ("L" if evaluated.images.shape[1] == 1 else "RGB") if in_memory else spec.image_mode,
+        "size": size,
+        "image_size": image_size,
+        "input_size": _input_size(evaluated, in_memory, spec.image_mode, image_size),
+    }
+
+
+def _input_size(evaluated, in_memory: bool, mode: str, image_size: int | None) -> list[int]:
+    """``[C, H, W]`` of the model's input for this split, without reading an image file: an in-memory
+    item, or the evaluation transform applied to a blank image (resize/crop pipelines give a fixed size)."""
+    if in_memory:
+        return list(evaluated.get_batch([0])[0].shape[1:])
+    from PIL import Image
+
+    side = image_size or 256
+    return list(evaluated.transform(Image.new(mode, (side, side))).shape)
+
+
+def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any], preprocessing=None):
+    """New images (paths or PIL images) as a split prepared exactly as a run's evaluation splits:
+    ``eval_input`` is what :func:`build_splits` recorded (``splits.info["eval_input"]``); labels are -1.
+
+    In-memory runs decode and resize the images into a uint8 tensor and normalise it as the
+    test split's tensor was; image-file runs apply the data set's default evaluation transform.
+    """
+    spec = get_dataset_spec(name)
+    n = len(images)
+    labels = torch.full((n,), -1, dtype=torch.int64)
+    if eval_input["in_memory"]:
+        from dmlkit.data.transforms import tensor_transform
+
+        size = eval_input["size"]
+        pixels = []
+        view = _photo_view_of(eval_input)
+        for x in images:
+            img = _read_query_image(x)
+            if view is not None:
+                pixels.append(torch.from_numpy(decode_resized(view(img.convert(eval_input["mode"])), eval_input["mode"],
+                                                              None)))
+            elif eval_input["resize"] == "tensor":  # decoded at native size, resized as _resize_images does
+                pixels.append(_resize_images(torch.from_numpy(decode_resized(img, eval_input["mode"], None))[None],
+                                             size)[0])
+            else:
+                pixels.append(torch.from_numpy(decode_resized(img, eval_input["mode"], size)))
+        return TensorImageDataset(torch.stack(pixels), labels, ["?"], tensor_transform(preprocessing),
+                                  name=f"{name}/query")
+    from dmlkit.data.transforms import default_transforms, photo_transforms
+
+    if eval_input.get("view") == "photo":
+        transform = photo_transforms(preprocessing, eval_input["image_size"], eval_input["crop_size"])[1]
+    else:
+        transform = default_transforms(spec, eval_input["image_size"], preprocessing)[1]
+    return _QueryImages(list(images), labels, ["?"], transform, mode=spec.image_mode, name=f"{name}/query")
+
+
+def _photo_view_of(eval_input: Mapping[str, Any]):
+    """The photo view a run's in-memory evaluation splits were decoded as, or None (not photos)."""
+    if eval_input.get("view") != "photo":
+        return None
+    from dmlkit.data.transforms import photo_view
+
+    return photo_view(int(eval_input["image_size"]), str(eval_input.get("interpolation", "bilinear")))
+
+
+def _read_query_image(image):
+    """A path decoded with PIL (a DataError naming an unreadable file), or a PIL image as given."""
+    from dmlkit.data.base import load_image
+    from dmlkit.exceptions import DataError
+
+    if not isinstance(image, (str, os.PathLike)):
+        return image
+    try:
+        return load_image(image)
+    except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
+        raise DataError(f"Cannot read query image {str(image)!r}: {err}") from err
+
+
+class _QueryImages(ImageFileDataset):
+    """Query images given as paths or PIL images, transformed like an image-file split."""
+
+    def _decode(self, index: int):
+        img = _read_query_image(self.paths[index])
+        return img.convert(self.mode) if self.mode else img
 
 
 def _query_gallery(spec, sources, eval_label, transform, skip_bad_images):

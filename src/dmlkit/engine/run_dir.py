@@ -4,7 +4,8 @@ Layout::
 
     RUN_DIR/config.yaml            resolved config
     RUN_DIR/env.json               versions, git commit, seed, command line
-    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files skipped
+    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
+                                   skipped, eval_input (how evaluation reads an image: inference does the same)
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
@@ -212,7 +213,9 @@ def display_class_names(class_names, cfg) -> list[str]:
 
 
 def split_manifest(splits) -> dict:
-    """Paths (when the data set has files), labels and class names of each split (label ``i`` is ``class_names[i]``)."""
+    """Paths (when the data set has files), labels and class names of each split (label ``i`` is
+    ``class_names[i]``), unreadable files skipped, and under ``eval_input`` how the evaluation splits
+    read images (:func:`dmlkit.data.splits.query_split` prepares new images so)."""
     out = {}
     for name in ("train", "val", "test", "query", "gallery"):
         ds = getattr(splits, name, None)
@@ -225,9 +228,12 @@ def split_manifest(splits) -> dict:
         if paths:
             entry["paths"] = [str(p) for p in paths]
         out[name] = entry
-    skipped = getattr(splits, "info", {}).get("skipped_images", [])
+    info = getattr(splits, "info", None) or {}
+    skipped = info.get("skipped_images", [])
     if skipped:
         out["skipped_images"] = {"count": len(skipped), "paths": [str(p) for p in skipped]}
+    if "eval_input" in info:
+        out["eval_input"] = info["eval_input"]
     return out
 
 

@@ -309,20 +309,23 @@ class Trainer:
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
-        """Retrieval (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop)."""
-        from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+        """Retrieval, verification (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop).
+
+        Verification and clustering see every embedding of the split (queries and gallery together)."""
+        from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
 
         gallery, gallery_labels = reference if reference is not None else (None, None)
         metrics = retrieval_metrics(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
                                     ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
+        everything = embeddings if gallery is None else torch.cat([embeddings, gallery])
+        everything_labels = labels if gallery is None else torch.cat([labels, gallery_labels])
+        metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
         if clustering:
-            everything = embeddings if gallery is None else torch.cat([embeddings, gallery])
-            everything_labels = labels if gallery is None else torch.cat([labels, gallery_labels])
             metrics.update(clustering_metrics(everything, everything_labels, seed=self.cfg.seed))
         return metrics
 
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
-        """Embed a split and compute retrieval (and optionally clustering) metrics."""
+        """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
         return self.score(*self.embed(dataset), clustering=clustering)
 
     def validate(self) -> float:

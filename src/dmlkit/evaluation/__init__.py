@@ -1,4 +1,4 @@
-"""Evaluation: exact k-NN (torch or faiss), retrieval and clustering metrics, geometry, ensembles.
+"""Evaluation: exact k-NN (torch or faiss), retrieval, verification and clustering metrics, geometry, ensembles.
 
 :class:`AccuracyCalculator` is pytorch-metric-learning's interface on the same exact k-NN.
 """
@@ -16,6 +16,7 @@ from dmlkit.evaluation.geometry import (
 )
 from dmlkit.evaluation.knn import iter_knn_blocks, knn
 from dmlkit.evaluation.retrieval import map_at_r_per_query, retrieval_metrics, true_reference_counts
+from dmlkit.evaluation.verification import threshold_at_fmr, verification_metrics
 
 __all__ = [
     "AccuracyCalculator",
@@ -33,5 +34,7 @@ __all__ = [
     "kmeans_assignments",
     "knn",
     "retrieval_metrics",
+    "threshold_at_fmr",
     "true_reference_counts",
+    "verification_metrics",
 ]

@@ -16,18 +16,22 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
 
 @torch.no_grad()
 def embed_dataset(
-    model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None
+    model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings ``[N, D]`` (float32) and labels ``[N]`` of a whole split, in order, on the CPU.
 
-    Batches go to the model's device (a GPU when the model is on one); the embeddings come back
-    to the CPU once, at the end.
+    The one embedding loop: training evaluation, ``dmlkit evaluate``/``embed``/``search``, the
+    index and :class:`dmlkit.inference.RunEmbedder` all embed through it. Batches go to the
+    model's device (a GPU when the model is on one); the embeddings come back to the CPU once, at
+    the end. ``progress=True`` shows a progress bar (tqdm) over the images.
     """
     was_training = model.training
     model.eval()
     outs, labs = [], []
     device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
     on_cpu = device.type == "cpu"
+    bar = None
     try:
         if hasattr(dataset, "get_batch"):
             n = len(dataset)
@@ -36,7 +40,13 @@ def embed_dataset(
             batches = torch.utils.data.DataLoader(
                 dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=not on_cpu
             )
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(dataset), desc="embed", unit="img", dynamic_ncols=True, leave=False)
         for x, y in batches:
+            if bar is not None:
+                bar.update(len(y))
             if not on_cpu:
                 x = x.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -44,4 +54,6 @@ def embed_dataset(
             labs.append(torch.as_tensor(y, dtype=torch.int64))
     finally:
         model.train(was_training)
+        if bar is not None:
+            bar.close()
     return torch.cat(outs).cpu(), torch.cat(labs)

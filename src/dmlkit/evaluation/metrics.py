@@ -30,6 +30,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("r_precision", "R-Precision", summary=True),
     Metric("map_at_r", "MAP@R", summary=True, curve=True),
     Metric("nmi", "NMI", summary=True),
+    # verification over all pairs of the split (evaluation/verification.py): pair scores = cosine similarity
+    Metric("roc_auc", "ROC AUC"),
+    Metric("eer", "EER", higher_is_better=False),
+    Metric("fnmr_at_fmr_1e-2", "FNMR@FMR=1e-2", higher_is_better=False),
+    Metric("fnmr_at_fmr_1e-3", "FNMR@FMR=1e-3", higher_is_better=False),
+    Metric("threshold_at_fmr_1e-3", "threshold@FMR=1e-3"),  # a cosine similarity; neither direction is better
 )
 
 #: The metric that chooses checkpoints, stops early and scores sweep trials (validation MAP@R, ASAP App. A.2).

@@ -41,7 +41,7 @@ class GlobalPool(nn.Module):
         if self.pooling == "max":
             return x.amax(dim=(-2, -1))
         if self.pooling == "gem":
-            return x.float().clamp_min(1e-6).pow(GEM_P).mean(dim=(-2, -1)).pow(1.0 / GEM_P)
+            return _at_least_fp32(x).clamp_min(1e-6).pow(GEM_P).mean(dim=(-2, -1)).pow(1.0 / GEM_P)
         return x.mean(dim=(-2, -1)) + x.amax(dim=(-2, -1))
 
     def extra_repr(self) -> str:
@@ -72,6 +72,11 @@ def make_linear_head(num_features: int, embedding_size: int, init: str = "kaimin
         nn.init.kaiming_normal_(head.weight, mode="fan_out")
     nn.init.zeros_(head.bias)
     return head
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32 when it is in a lower precision (bf16/fp16 under autocast); fp64 stays fp64."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 class Embedder(nn.Module):
@@ -139,9 +144,9 @@ class Embedder(nn.Module):
         The head is a small share of the work but its rounding is not: a bf16 product over 1,280
         pooled features cost 0.015 MAP@R on the Pets development set (docs/recipes.md).
         """
-        features = self.trunk(x)
+        features = _at_least_fp32(self.trunk(x))
         with torch.autocast(x.device.type, enabled=False):
-            return normalize(self.head(self.pool(features.float())), self.normalization)
+            return normalize(self.head(self.pool(features)), self.normalization)
 
     def _shift_averaged(self, x: torch.Tensor, r: int) -> torch.Tensor:
         """Normalised mean embedding of ``x`` shifted by every offset in ``[-r, r]^2`` (a batched pass per offset)."""
@@ -156,9 +161,9 @@ class Embedder(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled trunk features ``[B, F]`` (fp32) before the head."""
-        features = self.trunk(x)
+        features = _at_least_fp32(self.trunk(x))
         with torch.autocast(x.device.type, enabled=False):
-            return self.pool(features.float())
+            return self.pool(features)
 
     def preprocess(self, images: torch.Tensor, *, resize: bool = False) -> torch.Tensor:
         """Apply this model's ``pretrained_cfg`` to RGB/grey images (uint8 0..255 or float [0, 1])."""

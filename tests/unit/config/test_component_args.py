@@ -8,8 +8,10 @@ from dmlkit.config import load_config
 from dmlkit.exceptions import ConfigError
 
 
-def test_a_new_loss_on_the_command_line_drops_the_presets_loss_args():
-    cfg = load_config(preset="mnist-proxy-anchor",
+def test_a_new_loss_on_the_command_line_drops_the_presets_loss_args(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {name: small_cnn, args: {width: 32}}\n")
+    cfg = load_config(preset="mnist-proxy-anchor", path=path,
                       overrides=["loss.name=multi_similarity", "loss.miner.name=multi_similarity"])
     assert cfg.loss.name == "multi_similarity" and cfg.loss.args == {}
     assert cfg.model.args == {"width": 32}  # the model was not renamed: its args stay
@@ -25,8 +27,15 @@ def test_the_same_name_again_keeps_the_args():
     assert cfg.loss.args == {"margin": 0.1, "alpha": 32}
 
 
-def test_a_new_model_drops_the_previous_models_args():
-    cfg = load_config(preset="mnist-proxy-anchor", overrides=["model.name=efficientnet_lite0"])
+def test_model_args_without_a_model_name_are_a_config_error():
+    with pytest.raises(ConfigError, match=r"model\.args are given but model\.name is 'auto'"):
+        load_config(preset="mnist-proxy-anchor", overrides=["model.args.width=8"])
+
+
+def test_a_new_model_drops_the_previous_models_args(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {name: small_cnn, args: {width: 32}}\n")
+    cfg = load_config(preset="mnist-proxy-anchor", path=path, overrides=["model.name=efficientnet_lite0"])
     assert cfg.model.args == {}
 
 
@@ -44,7 +53,7 @@ def test_a_config_file_layer_renaming_the_miner_drops_the_presets_miner_args(tmp
     [
         (["loss.args.marign=0.1"], r"'loss\.args\.marign' is not an argument of loss 'proxy_anchor'\. "
                                    r"Did you mean 'loss\.args\.margin'\?"),
-        (["model.args.widht=8"], r"'model\.args\.widht' is not an argument of model 'small_cnn'\. "
+        (["model.name=small_cnn", "model.args.widht=8"], r"'model\.args\.widht' is not an argument of model 'small_cnn'\. "
                                  r"Did you mean 'model\.args\.width'\?"),
         (["loss.miner.name=multi_similarity", "loss.miner.args.epsilonn=0.1"],
          r"'loss\.miner\.args\.epsilonn' is not an argument of miner 'multi_similarity'"),

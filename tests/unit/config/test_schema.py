@@ -40,7 +40,7 @@ def test_all_problems_collected():
     problems = info.value.problems
     assert len(problems) == 3
     assert any("Did you mean 'optimizer'" in p for p in problems)
-    assert any("model.embedding_size must be an int > 0. Got -3." in p for p in problems)
+    assert any("model.embedding_size must be None or an int > 0. Got -3." in p for p in problems)
     assert any("divisible by sampler.m" in p for p in problems)
 
 
@@ -51,9 +51,9 @@ def test_all_problems_collected():
         ("loss.name=proxy_anchr", "loss.name must be one of {'binomial_deviance'"),  # from the LOSSES registry
         ("loss.miner.name=hard", "loss.miner.name must be None or one of {"),
         ("data.name=cifar", "data.name must be one of {"),
-        ("data.augment=rotate", "data.augment must be one of {'auto', 'none', 'translate', 'affine'}"),
+        ("data.augment=rotate", "data.augment must be one of {'auto', 'none', 'translate', 'affine', 'crop'}"),
         ("sampler.name=balanced", "sampler.name must be one of {'m_per_class', 'one_per_class', 'random'}"),
-        ("optimizer.lr=-1", "optimizer.lr must be a float > 0"),
+        ("optimizer.lr=-1", "optimizer.lr must be None or a float > 0"),
         ("model.normalization=unit", "model.normalization must be one of"),
         ("sampler.batch_size=1", "sampler.batch_size must be None or an int >= 2"),
         ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),

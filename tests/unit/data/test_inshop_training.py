@@ -20,6 +20,7 @@ def test_query_gallery_run_scores_queries_against_the_gallery_and_saves_both(ins
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["map_at_r"] == result.test_metrics["map_at_r"]
     assert 0.0 <= metrics["precision_at_1"] <= 1.0 and "nmi" in metrics
+    assert metrics["num_genuine_pairs"] + metrics["num_impostor_pairs"] == 9 * 8 // 2  # queries and gallery together
     with np.load(tmp_path / "run" / "embeddings" / "test.npz") as q, \
             np.load(tmp_path / "run" / "embeddings" / "gallery.npz") as g:
         assert q["embeddings"].shape[0] == 3 and g["embeddings"].shape[0] == 6  # 3 queries, 6 gallery images

@@ -116,7 +116,7 @@ def test_unknown_name_suggests_close_matches():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(embedding_size=0), "The 'embedding_size' parameter of create_model must be an int >= 1. Got 0 instead."),
+        (dict(embedding_size=0), "The 'embedding_size' parameter of create_model must be None or an int >= 1. Got 0 instead."),
         (dict(normalization="l1"), "The 'normalization' parameter of create_model must be one of"),
         (dict(pooling="mean"), "The 'pooling' parameter of create_model must be one of"),
         (dict(freeze_bn="yes"), "The 'freeze_bn' parameter"),

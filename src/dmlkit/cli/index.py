@@ -1,0 +1,110 @@
+"""``dmlkit index build|add|query|remove``: a saved faiss index over a gallery of image files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "A search index over a gallery embedded by a run: build it once, add images as they arrive, query\n"
+        "new images. Images are embedded with the run's own evaluation preprocessing (size, crop, colour,\n"
+        "normalisation, autocast). Scores are cosine similarities, distance = 1 - score. The index file\n"
+        "keeps each item's id, path and label and the run's model fingerprint; queries from another model\n"
+        "are refused. Writes are atomic: an interrupted add leaves the previous index intact."
+    )
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    build = sub.add_parser("build", help="embed a gallery with a run and write a new index",
+                           description="Embed a gallery with a run and write a new index.")
+    build.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
+    build.add_argument("--images", required=True, metavar="DIR_OR_CSV",
+                       help="a folder (<class>/<image>: the label is the sub-folder; images directly inside are "
+                            "unlabelled) or a CSV file with columns path[,label]")
+    build.add_argument("--out", required=True, metavar="INDEX", help="index file to write")
+    build.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
+                       help="flat: exact; ivf / hnsw: approximate, their recall@10 against exact search is printed "
+                            "(default: flat)")
+    build.add_argument("--threshold-fmr", type=float, metavar="FMR",
+                       help="store the cosine threshold at this false match rate on the labelled gallery's pairs "
+                            "(e.g. 1e-3); queries then print match=yes/no")
+    build.add_argument("--checkpoint", choices=["best", "last"], default="best")
+    add = sub.add_parser("add", help="embed more images and add them to an index (new ids)",
+                         description="Embed more images with the index's run and add them (new ids, never reused).")
+    add.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
+    add.add_argument("--images", required=True, metavar="DIR_OR_CSV", help="as for build")
+    add.add_argument("--run", metavar="RUN_DIR", help="the run that built the index (default: the one it records)")
+    query = sub.add_parser("query", help="nearest gallery items of query images",
+                           description="Nearest gallery items of query images, best first.")
+    query.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
+    query.add_argument("images", nargs="+", metavar="IMAGE", help="query image files")
+    query.add_argument("-k", type=int, default=10, help="neighbours per query (default: 10)")
+    query.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    query.add_argument("--run", metavar="RUN_DIR", help="the run that built the index (default: the one it records)")
+    query.add_argument("--query-expansion", type=int, default=0, metavar="N",
+                       help="alpha-query expansion with the N nearest gallery items (default: off)")
+    query.add_argument("--database-augmentation", type=int, default=0, metavar="N",
+                       help="database-side augmentation with each item's N nearest (default: off)")
+    query.add_argument("--alpha", type=float, default=3.0, help="weight exponent of QE / DBA (default: 3)")
+    query.add_argument("--k-reciprocal", action="store_true",
+                       help="k-reciprocal re-ranking (Zhong et al. 2017; k1=20, k2=6, lambda=0.3)")
+    remove = sub.add_parser("remove", help="remove items by id", description="Remove items from an index by id.")
+    remove.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
+    remove.add_argument("ids", nargs="+", type=int, metavar="ID", help="ids to remove (as printed by query)")
+
+
+def _embedder(index, run_dir: str | None):
+    from dmlkit.exceptions import ConfigError
+    from dmlkit.inference import RunEmbedder
+
+    run_dir = run_dir or index.run_dir
+    if run_dir is None:
+        raise ConfigError("the index records no run directory; pass --run RUN_DIR (the run that built it).")
+    embedder = RunEmbedder.from_run(run_dir)
+    index.check_model(embedder)
+    return embedder
+
+
+def run(args: argparse.Namespace) -> int:
+    from dmlkit.index.gallery import Index, gallery_images
+    from dmlkit.inference import RunEmbedder
+
+    if args.action == "build":
+        paths, labels = gallery_images(args.images)
+        embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, progress=True)
+        index = Index.build(embedder, paths, labels=labels, kind=args.kind)
+        print(f"indexed {len(index)} images ({index.kind}, embeddings of size {index.dim})")
+        if index.build_recall_at_10 is not None:
+            print(f"recall@10 against exact search: {index.build_recall_at_10:.4f}")
+        if args.threshold_fmr is not None:
+            threshold = index.set_threshold_at_fmr(args.threshold_fmr)
+            print(f"threshold at FMR {args.threshold_fmr:g}: cosine score >= {threshold:.6f} is a match")
+        print(f"written: {index.save(args.out)}")
+        return 0
+    index = Index.load(args.index)
+    if args.action == "add":
+        paths, labels = gallery_images(args.images)
+        ids = index.add(_embedder(index, args.run), paths, labels=labels)
+        index.save(args.index)
+        print(f"added {len(ids)} images (ids {ids[0]}-{ids[-1]}); the index holds {len(index)}")
+        return 0
+    if args.action == "remove":
+        removed = index.remove(args.ids)
+        index.save(args.index)
+        print(f"removed {removed} items; the index holds {len(index)}")
+        return 0
+    result = index.query(_embedder(index, args.run), list(args.images), args.k,
+                         query_expansion=args.query_expansion, database_augmentation=args.database_augmentation,
+                         alpha=args.alpha, k_reciprocal=args.k_reciprocal)
+    records = result.records(args.images)
+    if args.json:
+        print(json.dumps({"index": str(args.index), "threshold": index.threshold, "queries": records}, indent=2))
+        return 0
+    for record in records:
+        print(record["query"])
+        for n in record["neighbours"]:
+            label = f" label={n['label']}" if n["label"] is not None else ""
+            match = f" match={'yes' if n['match'] else 'no'}" if "match" in n else ""
+            where = n["path"] if n["path"] is not None else f"#{n['id']}"
+            print(f"  {n['rank']}. {where} id={n['id']}{label} score={n['score']:.4f} distance={n['distance']:.4f}{match}")
+    return 0

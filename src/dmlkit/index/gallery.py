@@ -1,0 +1,407 @@
+"""A saved search index over a gallery of images: faiss vectors + paths, labels, model fingerprint.
+
+Scores are cosine similarities of L2-normalised embeddings (faiss inner product); the distance
+printed is ``1 - score``. Ids are stable: each item keeps the id it was given when added, removed
+ids are never reused (``faiss.IndexIDMap2``). The whole index is one file (an uncompressed
+``.npz`` holding the serialised faiss index, ids, paths, labels and a JSON header), written to a
+temporary name and renamed, so an interrupted ``save`` leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
+
+KINDS = ("flat", "ivf", "hnsw")
+FORMAT = "dmlkit-index-1"
+#: Queries used to measure an approximate index's recall@10 against exact search at build time.
+RECALL_SAMPLE = 1000
+
+
+def _faiss():
+    from dmlkit._validation import require_module
+
+    return require_module("faiss", "faiss-cpu", "the search index", "faiss-cpu")
+
+
+def _unit_rows(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """float32 C-contiguous rows scaled to unit length (cosine similarity = inner product)."""
+    arr = np.array(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32, order="C")
+    if arr.ndim != 2:
+        raise DataError(f"embeddings must be [N, D]. Got shape {arr.shape}.")
+    if not np.isfinite(arr).all():
+        raise DataError("embeddings contain NaN or infinite values.")
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    return arr / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+def ivf_lists(n: int) -> int:
+    """Default number of IVF lists for ``n`` vectors: about ``sqrt(n)``, at least 39 training points each."""
+    return max(1, min(int(round(math.sqrt(n))), n // 39))
+
+
+@dataclass
+class QueryResult:
+    """Neighbours of ``Q`` queries, best first: ``ids``, ``scores`` (cosine), ``distances``
+    (``1 - score``, or the re-ranked distance), ``paths``, ``labels`` (``[Q][k]`` lists) and
+    ``match`` (score >= the index's threshold; None without a threshold)."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    distances: np.ndarray
+    paths: list[list[str | None]]
+    labels: list[list[str | None]]
+    match: np.ndarray | None
+
+    def records(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """One JSON-ready dict per query: ``{"query", "neighbours": [{rank, id, path, label, score, distance[, match]}]}``."""
+        out = []
+        for qi, name in enumerate(names):
+            rows = []
+            for j in range(self.ids.shape[1]):
+                if self.ids[qi, j] < 0:
+                    continue
+                row = {"rank": j + 1, "id": int(self.ids[qi, j]), "path": self.paths[qi][j],
+                       "label": self.labels[qi][j], "score": float(self.scores[qi, j]),
+                       "distance": float(self.distances[qi, j])}
+                if self.match is not None:
+                    row["match"] = bool(self.match[qi, j])
+                rows.append(row)
+            out.append({"query": str(name), "neighbours": rows})
+        return out
+
+
+class Index:
+    """A gallery's embeddings in a faiss index (``flat`` exact; ``ivf`` or ``hnsw`` approximate)
+    with each item's id, path and label, the fingerprint of the model that embedded them, and an
+    optional match threshold on the cosine score.
+
+    ``Index.build(embedder, images)`` embeds and indexes images with a
+    :class:`dmlkit.inference.RunEmbedder`; ``Index.from_embeddings`` indexes vectors directly.
+    ``add``, ``remove``, ``query``, ``save`` and ``load`` do what they say; ``query`` refuses an
+    embedder whose fingerprint differs from the index's.
+    """
+
+    def __init__(self, dim: int, kind: str = "flat", *, fingerprint: dict | None = None, run_dir: str | None = None,
+                 nlist: int | None = None, nprobe: int | None = None, hnsw_m: int = 32, ef_search: int = 128,
+                 ef_construction: int = 80):
+        if kind not in KINDS:
+            raise InvalidParameterError(f"The 'kind' parameter of Index must be one of {KINDS}. Got {kind!r} instead.")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise InvalidParameterError(f"The 'dim' parameter of Index must be an int >= 1. Got {dim!r} instead.")
+        self.dim, self.kind = dim, kind
+        self.fingerprint = dict(fingerprint) if fingerprint else None
+        self.run_dir = run_dir
+        self.threshold: float | None = None
+        self.threshold_fmr: float | None = None
+        self.params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
+                       "ef_construction": ef_construction}
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.paths: list[str | None] = []
+        self.labels: list[str | None] = []
+        self.next_id = 0
+        self.faiss_index = None  # built by the first add (IVF needs data to train)
+        self.build_recall_at_10: float | None = None
+
+    # ----- building ---------------------------------------------------------------------------
+    def _new_faiss_index(self, train: np.ndarray):
+        faiss = _faiss()
+        p = self.params
+        if self.kind == "flat":
+            base = faiss.IndexFlatIP(self.dim)
+        elif self.kind == "hnsw":
+            base = faiss.IndexHNSWFlat(self.dim, int(p["hnsw_m"]), faiss.METRIC_INNER_PRODUCT)
+            base.hnsw.efConstruction = int(p["ef_construction"])
+            base.hnsw.efSearch = int(p["ef_search"])
+        else:
+            nlist = int(p["nlist"] or ivf_lists(len(train)))
+            p["nlist"] = nlist
+            p["nprobe"] = int(p["nprobe"] or max(1, min(nlist, 32)))
+            quantizer = faiss.IndexFlatIP(self.dim)
+            base = faiss.IndexIVFFlat(quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            sample = train
+            if len(train) > 64 * nlist:  # k-means on a seeded sample, as faiss would subsample
+                rows = np.random.default_rng(0).choice(len(train), 64 * nlist, replace=False)
+                sample = train[np.sort(rows)]
+            base.train(sample)
+            base.nprobe = p["nprobe"]
+            base.set_direct_map_type(faiss.DirectMap.Hashtable)  # reconstruct and remove by id
+            return base  # IVF lists hold the ids themselves
+        return faiss.IndexIDMap2(base)  # ids for flat and HNSW; the wrapper keeps a reference to base
+
+    @classmethod
+    def from_embeddings(cls, embeddings, *, labels: Sequence[str | None] | None = None,
+                        paths: Sequence[str | None] | None = None, kind: str = "flat", measure_recall: bool = True,
+                        **options) -> "Index":
+        """An index over ``embeddings [N, D]`` (ids 0..N-1); approximate kinds measure recall@10."""
+        vectors = _unit_rows(embeddings)
+        index = cls(vectors.shape[1], kind, **options)
+        index.add_embeddings(vectors, labels=labels, paths=paths)
+        if kind != "flat" and measure_recall:
+            index.build_recall_at_10 = index.recall_at_10(vectors)
+        return index
+
+    @classmethod
+    def build(cls, embedder, images, *, labels: Sequence[str | None] | None = None, kind: str = "flat",
+              **options) -> "Index":
+        """Embed ``images`` (paths, PIL images or a pixel tensor) with a :class:`RunEmbedder` and index them."""
+        emb = embedder.embed(images)
+        run_dir = getattr(embedder, "run_dir", None)
+        return cls.from_embeddings(emb, labels=labels, paths=_paths_of(images), kind=kind, fingerprint=embedder.fingerprint,
+                                   run_dir=None if run_dir is None else str(run_dir), **options)
+
+    def add_embeddings(self, embeddings, *, labels=None, paths=None) -> np.ndarray:
+        """Add ``embeddings [n, D]``; returns the new items' ids (consecutive, never reused)."""
+        vectors = _unit_rows(embeddings)
+        n = vectors.shape[0]
+        if vectors.shape[1] != self.dim:
+            raise DataError(f"embeddings have size {vectors.shape[1]} but the index holds size {self.dim}.")
+        labels = [None] * n if labels is None else [None if v is None else str(v) for v in labels]
+        paths = [None] * n if paths is None else [None if v is None else str(v) for v in paths]
+        if len(labels) != n or len(paths) != n:
+            raise DataError(f"embeddings has {n} rows but labels has {len(labels)} and paths {len(paths)}.")
+        if self.faiss_index is None:
+            if n == 0:
+                return np.zeros(0, dtype=np.int64)
+            self.faiss_index = self._new_faiss_index(vectors)
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.faiss_index.add_with_ids(vectors, ids)
+        self.ids = np.concatenate([self.ids, ids])
+        self.paths += paths
+        self.labels += labels
+        self.next_id += n
+        return ids
+
+    def add(self, embedder, images, *, labels: Sequence[str | None] | None = None) -> np.ndarray:
+        """Embed and add ``images``; the embedder must be the index's model. Returns the new ids."""
+        self.check_model(embedder)
+        return self.add_embeddings(embedder.embed(images), labels=labels, paths=_paths_of(images))
+
+    def remove(self, ids: Sequence[int]) -> int:
+        """Remove the items with these ids (unknown ids are ignored); returns how many were removed."""
+        faiss = _faiss()
+        ids = np.unique(np.asarray(list(ids), dtype=np.int64))
+        keep = ~np.isin(self.ids, ids)
+        removed = int((~keep).sum())
+        if removed == 0:
+            return 0
+        if self.kind == "hnsw":  # HNSW graphs cannot drop nodes: rebuild from the kept vectors
+            vectors = self.vectors()[keep]
+            self.faiss_index = self._new_faiss_index(vectors)
+            if len(vectors):
+                self.faiss_index.add_with_ids(vectors, self.ids[keep])
+        else:
+            self.faiss_index.remove_ids(faiss.IDSelectorArray(ids) if self.kind == "ivf" else faiss.IDSelectorBatch(ids))
+        self.ids = self.ids[keep]
+        self.paths = [p for p, k in zip(self.paths, keep) if k]
+        self.labels = [v for v, k in zip(self.labels, keep) if k]
+        return removed
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def vectors(self) -> np.ndarray:
+        """The indexed unit vectors ``[N, D]`` in the order of ``self.ids``."""
+        if len(self.ids) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.asarray(self.faiss_index.reconstruct_batch(self.ids), dtype=np.float32).reshape(-1, self.dim)
+
+    # ----- thresholds -------------------------------------------------------------------------
+    def set_threshold_at_fmr(self, fmr: float) -> float:
+        """Store the cosine threshold whose false match rate on the labelled gallery's pairs is ``fmr``
+        (:func:`dmlkit.evaluation.verification.threshold_at_fmr`)."""
+        from dmlkit.evaluation.verification import threshold_at_fmr
+
+        if any(v is None for v in self.labels):
+            raise DataError("a threshold at a false match rate needs every gallery item labelled "
+                            "(give --images a <class>/<image> folder or a CSV with a label column).")
+        _, codes = np.unique(np.asarray(self.labels), return_inverse=True)
+        self.threshold = float(threshold_at_fmr(torch.from_numpy(self.vectors()), torch.from_numpy(codes.astype(np.int64)),
+                                                fmr))
+        self.threshold_fmr = float(fmr)
+        return self.threshold
+
+    # ----- querying ---------------------------------------------------------------------------
+    def check_model(self, embedder) -> None:
+        """Refuse an embedder whose fingerprint (config and weights) is not the index's."""
+        if self.fingerprint is not None and dict(embedder.fingerprint) != self.fingerprint:
+            raise ConfigError(
+                f"the model does not match the index: the index was built with model {self.fingerprint} "
+                f"(run {self.run_dir}), the query model is {dict(embedder.fingerprint)}. Query with the run that "
+                "built the index, or build a new index."
+            )
+
+    def query(self, embedder, images, k: int = 10, **rerank) -> QueryResult:
+        """The ``k`` nearest gallery items of each image; see :meth:`query_embeddings` for re-ranking."""
+        self.check_model(embedder)
+        return self.query_embeddings(embedder.embed(images), k, **rerank)
+
+    def query_embeddings(self, queries, k: int = 10, *, query_expansion: int = 0, database_augmentation: int = 0,
+                         alpha: float = 3.0, k_reciprocal: bool = False, k1: int = 20, k2: int = 6,
+                         lambda_value: float = 0.3) -> QueryResult:
+        """Nearest items of ``queries [Q, D]``, best first.
+
+        Without re-ranking the faiss index answers. ``query_expansion=n`` (alpha-QE),
+        ``database_augmentation=n`` (DBA) and ``k_reciprocal`` (Zhong et al.) re-rank exactly
+        against the whole gallery in memory (see :mod:`dmlkit.index.rerank`).
+        """
+        from dmlkit.index import rerank as rr
+
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidParameterError(f"The 'k' parameter of Index.query must be an int >= 1. Got {k!r} instead.")
+        q = _unit_rows(queries)
+        if q.shape[1] != self.dim:
+            raise DataError(f"query embeddings have size {q.shape[1]} but the index holds size {self.dim}.")
+        n = len(self)
+        kk = min(k, n)
+        if kk == 0:
+            raise DataError("the index is empty.")
+        if not (query_expansion or database_augmentation or k_reciprocal):
+            scores, ids = self.faiss_index.search(q, kk)
+            distances = np.maximum(1 - scores, 0)
+            rows = _rows_of(self.ids, ids)
+        else:
+            gallery = torch.from_numpy(self.vectors())
+            query_t = torch.from_numpy(q)
+            if database_augmentation:
+                gallery = rr.database_augmentation(gallery, database_augmentation, alpha)
+            if query_expansion:
+                query_t = rr.alpha_query_expansion(query_t, gallery, query_expansion, alpha)
+            if k_reciprocal:
+                dist = rr.k_reciprocal_distance(query_t, gallery, k1, k2, lambda_value)
+            else:
+                dist = (1 - query_t @ gallery.T).clamp_min(0)
+            order = torch.sort(dist, dim=1, stable=True).indices[:, :kk]
+            rows = order.numpy()
+            distances = torch.gather(dist, 1, order).numpy()
+            original = torch.from_numpy(q) @ torch.from_numpy(self.vectors()).T
+            scores = torch.gather(original, 1, order).numpy()
+            ids = self.ids[rows]
+        valid = rows >= 0
+        paths = [[self.paths[r] if r >= 0 else None for r in row] for row in rows]
+        labels = [[self.labels[r] if r >= 0 else None for r in row] for row in rows]
+        match = None if self.threshold is None else (scores >= self.threshold) & valid
+        return QueryResult(np.where(valid, ids, -1), scores.astype(np.float32), distances.astype(np.float32),
+                           paths, labels, match)
+
+    def recall_at_10(self, queries: np.ndarray, sample: int = RECALL_SAMPLE) -> float:
+        """Mean fraction of the exact 10 nearest items (flat inner product) that this index returns,
+        over up to ``sample`` seeded rows of ``queries``."""
+        faiss = _faiss()
+        q = _unit_rows(queries)
+        if len(q) > sample:
+            q = q[np.sort(np.random.default_rng(0).choice(len(q), sample, replace=False))]
+        k = min(10, len(self))
+        exact = faiss.IndexFlatIP(self.dim)
+        exact.add(self.vectors())
+        _, truth = exact.search(q, k)
+        _, found = self.faiss_index.search(q, k)
+        found_rows = _rows_of(self.ids, found)
+        hits = [len(set(t.tolist()) & set(f.tolist())) for t, f in zip(truth, found_rows)]
+        return float(np.mean(hits) / k)
+
+    # ----- files ------------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        return {"format": FORMAT, "dim": self.dim, "kind": self.kind, "fingerprint": self.fingerprint,
+                "run_dir": self.run_dir, "threshold": self.threshold, "threshold_fmr": self.threshold_fmr,
+                "params": self.params, "next_id": self.next_id, "build_recall_at_10": self.build_recall_at_10}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index to one file atomically (temp file + rename); returns the path."""
+        from dmlkit.engine.checkpoint import atomic_write_bytes
+
+        faiss = _faiss()
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            header=np.asarray(json.dumps(self.header())),
+            faiss=faiss.serialize_index(self.faiss_index) if self.faiss_index is not None else np.zeros(0, np.uint8),
+            ids=self.ids,
+            paths=np.asarray(["" if p is None else p for p in self.paths], dtype=str),
+            has_path=np.asarray([p is not None for p in self.paths], dtype=bool),
+            labels=np.asarray(["" if v is None else v for v in self.labels], dtype=str),
+            has_label=np.asarray([v is not None for v in self.labels], dtype=bool),
+        )
+        path = Path(path)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Index":
+        """Read an index written by :meth:`save` (a DataError names a missing or unreadable file)."""
+        from dmlkit.data._files import read_npz
+
+        faiss = _faiss()
+        data = read_npz(path, "index file")
+        try:
+            header = json.loads(str(data["header"]))
+        except (ValueError, KeyError) as exc:
+            raise DataError(f"{str(path)!r} is not a dmlkit index file: {exc}") from None
+        if header.get("format") != FORMAT:
+            raise DataError(f"{str(path)!r} is not a dmlkit index file (format {header.get('format')!r}, expected {FORMAT!r}).")
+        p = header["params"]
+        index = cls(header["dim"], header["kind"], fingerprint=header["fingerprint"], run_dir=header["run_dir"], **p)
+        index.threshold, index.threshold_fmr = header["threshold"], header["threshold_fmr"]
+        index.next_id, index.build_recall_at_10 = header["next_id"], header["build_recall_at_10"]
+        index.ids = data["ids"].astype(np.int64)
+        index.paths = [str(v) if ok else None for v, ok in zip(data["paths"].tolist(), data["has_path"].tolist())]
+        index.labels = [str(v) if ok else None for v, ok in zip(data["labels"].tolist(), data["has_label"].tolist())]
+        if data["faiss"].size:
+            index.faiss_index = faiss.deserialize_index(data["faiss"])
+            if index.kind == "hnsw":
+                faiss.downcast_index(index.faiss_index.index).hnsw.efSearch = int(p["ef_search"])
+            elif index.kind == "ivf":
+                index.faiss_index.nprobe = int(p["nprobe"])
+        return index
+
+
+def _rows_of(ids: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Positions in ``ids`` (sorted ascending: ids only grow) of the faiss result ids ``found`` (-1 stays -1)."""
+    rows = np.searchsorted(ids, np.maximum(found, 0))
+    return np.where(found >= 0, rows, -1)
+
+
+def _paths_of(images) -> list[str | None]:
+    """The path of each image given as a file (None for PIL images and tensors)."""
+    if isinstance(images, (str, os.PathLike)):
+        return [str(images)]
+    if isinstance(images, torch.Tensor):
+        return [None] * (1 if images.dim() == 3 else images.shape[0])
+    return [str(x) if isinstance(x, (str, os.PathLike)) else None for x in images]
+
+
+def gallery_images(source: str | os.PathLike) -> tuple[list[str], list[str | None]]:
+    """Image paths and labels from a folder (``<class>/<image>``: the label is the sub-folder's name;
+    images directly in the folder are unlabelled; searched recursively, sorted) or from a CSV file
+    with a ``path`` column and an optional ``label`` column (paths relative to the CSV's folder)."""
+    import csv
+
+    from dmlkit.data.folder import IMAGE_EXTENSIONS
+
+    root = Path(source)
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        if not files:
+            raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(root)!r}.")
+        labels = [None if f.parent == root else f.parent.relative_to(root).as_posix() for f in files]
+        return [str(f) for f in files], labels
+    if root.is_file() and root.suffix.lower() == ".csv":
+        with open(root, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "path" not in rows[0]:
+            raise DataError(f"{str(root)!r} must be a CSV file with a header 'path' or 'path,label' and one row per image.")
+        paths = [str((root.parent / r["path"]).resolve()) if not os.path.isabs(r["path"]) else r["path"] for r in rows]
+        return paths, [r.get("label") or None for r in rows]
+    if root.is_file():
+        return [str(root)], [None]
+    raise DataError(f"--images {str(root)!r} is neither a folder of images nor a CSV file nor an image file.")

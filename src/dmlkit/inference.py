@@ -1,0 +1,151 @@
+"""Embed new images exactly as a run embedded its test split (``RunEmbedder.from_run``).
+
+A run's evaluation preprocessing is data about its data: whether the splits were decoded into
+memory (and at which size, resized how), or read per file with the data set's evaluation
+transform at ``data.image_size``. :func:`dmlkit.data.splits.build_splits` records it in the run's
+``manifest.json`` (``eval_input``); :func:`dmlkit.data.splits.query_split` reads it back and
+prepares new images the same way, and :func:`dmlkit.evaluation.embed.embed_dataset` (the one
+embedding loop) runs the model under the run's autocast. Shift averaging and ensembles live in the
+model. So a gallery image embedded here equals its row of ``embeddings/test.npz``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from dmlkit.exceptions import ConfigError, DataError
+
+ImageLike = Any  # a path, a PIL image, or a tensor [C, H, W]
+
+
+class RunEmbedder:
+    """A trained run's model with its evaluation preprocessing: images in, embeddings ``[N, D]`` out.
+
+    Build it with :meth:`from_run`. ``embed(images)`` takes image files, PIL images, or a tensor
+    ``[N, C, H, W]`` / ``[C, H, W]`` of pixels (uint8 0-255 or float in [0, 1]; read as 8-bit
+    pixels, as image files are); ``embed_dataset(split)`` embeds one of the run's splits.
+    ``fingerprint`` identifies the model (config fingerprint and weights digest), which an
+    :class:`dmlkit.index.Index` checks before it answers queries.
+    """
+
+    def __init__(self, model: nn.Module, cfg, eval_input: dict[str, Any] | None, *, fingerprint: dict[str, str],
+                 progress: bool = False, batch_size: int | None = None):
+        from dmlkit.evaluation.embed import autocast_dtype
+
+        self.model = model.eval()
+        self.run_dir: Path | None = None  # set by from_run
+        self.cfg = cfg
+        self.eval_input = None if eval_input is None else dict(eval_input)
+        self.fingerprint = dict(fingerprint)
+        self.progress = progress
+        self.batch_size = int(batch_size or cfg.eval.batch_size)
+        self.autocast_dtype = autocast_dtype(cfg.train.mixed_precision)
+
+    @classmethod
+    def from_run(cls, run_dir: str | os.PathLike, checkpoint: str = "best", *, device: str = "auto",
+                 progress: bool = False, batch_size: int | None = None, overrides: Sequence[str] = ()) -> "RunEmbedder":
+        """The run's model (``checkpoint`` = ``"best"`` or ``"last"``) and evaluation preprocessing."""
+        from dmlkit.engine.builders import resolve_device
+        from dmlkit.engine.loading import load_run
+
+        run_dir = Path(run_dir)
+        cfg, model = load_run(run_dir, checkpoint, overrides)
+        model.to(resolve_device(device))
+        embedder = cls(model, cfg, read_eval_input(run_dir), fingerprint=run_fingerprint(run_dir, checkpoint),
+                       progress=progress, batch_size=batch_size)
+        embedder.run_dir = run_dir.resolve()
+        return embedder
+
+    @property
+    def input_size(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of the model's input as the run evaluated it (not the model's nominal size;
+        that only for runs that did not record it)."""
+        if self.eval_input is None:
+            return tuple(int(v) for v in self.model.pretrained_cfg["input_size"])
+        return tuple(int(v) for v in self.eval_input["input_size"])
+
+    @property
+    def embedding_size(self) -> int:
+        """``D``, the size of the embeddings (one probe forward pass)."""
+        with torch.no_grad():
+            return int(self.model(torch.zeros(1, *self.input_size, device=self._device())).shape[1])
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters(), torch.empty(0)).device
+
+    def dataset(self, images: Sequence[ImageLike] | torch.Tensor):
+        """``images`` as a split prepared like the run's test split (labels -1)."""
+        from dmlkit.data.splits import query_split
+
+        if self.eval_input is None:
+            raise ConfigError(
+                f"{self.run_dir}/manifest.json does not record the run's evaluation preprocessing (eval_input): the "
+                "run was trained by an older dmlkit; `dmlkit embed` and `evaluate` still embed its splits, but new "
+                "images need a run trained by this version."
+            )
+        items = as_image_list(images)
+        if not items:
+            raise DataError("no images to embed (got an empty list).")
+        return query_split(items, self.cfg.data.name, self.eval_input, getattr(self.model, "pretrained_cfg", None))
+
+    def embed(self, images: Sequence[ImageLike] | torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[N, D]`` (float32, CPU) of image files, PIL images or pixel tensors, in order."""
+        return self.embed_dataset(self.dataset(images))[0]
+
+    def embed_dataset(self, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings ``[N, D]`` and labels ``[N]`` of a split, as the trainer embeds its test split."""
+        from dmlkit.evaluation.embed import embed_dataset
+
+        return embed_dataset(self.model, dataset, self.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
+                             progress=self.progress)
+
+
+def as_image_list(images: Sequence[ImageLike] | torch.Tensor) -> list:
+    """Paths and PIL images as given; pixel tensors ``[N, C, H, W]`` / ``[C, H, W]`` as PIL images."""
+    if isinstance(images, (str, os.PathLike)):
+        return [images]
+    if isinstance(images, torch.Tensor):
+        batch = images[None] if images.dim() == 3 else images
+        if batch.dim() != 4 or batch.shape[1] not in (1, 3):
+            raise DataError(f"image tensors must be [N, C, H, W] or [C, H, W] with C = 1 or 3. Got {tuple(images.shape)}.")
+        return [tensor_to_pil(x) for x in batch]
+    return [tensor_to_pil(x) if isinstance(x, torch.Tensor) else x for x in images]
+
+
+def tensor_to_pil(image: torch.Tensor):
+    """A ``[C, H, W]`` uint8 (0-255) or float ([0, 1]) tensor as an 8-bit PIL image."""
+    from PIL import Image
+
+    if image.dtype != torch.uint8:
+        image = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+    arr = image.cpu().permute(1, 2, 0).numpy()
+    return Image.fromarray(arr[..., 0], mode="L") if arr.shape[2] == 1 else Image.fromarray(arr, mode="RGB")
+
+
+def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``; None for runs
+    of older dmlkit versions, which can still embed their own splits but not new images)."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {str(path)!r} (written by `dmlkit train`): {exc}") from None
+    return info.get("eval_input")
+
+
+def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, str]:
+    """What identifies a run's model: its config fingerprint and a digest of the checkpoint's bytes."""
+    from dmlkit.config.schema import config_to_dict
+    from dmlkit.engine.checkpoint import config_fingerprint
+    from dmlkit.engine.loading import load_run_config
+
+    run_dir = Path(run_dir)
+    digest = hashlib.sha256((run_dir / "checkpoints" / f"{checkpoint}.pt").read_bytes()).hexdigest()[:16]
+    return {"config": config_fingerprint(config_to_dict(load_run_config(run_dir))), "weights": digest}
