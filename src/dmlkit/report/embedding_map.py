@@ -144,7 +144,7 @@ def embedding_map_png(
     ax.set_ylim(low[1], high[1])
     ax.set_aspect("equal", adjustable="box")
     ax.grid(alpha=0.25)
-    ax.set_title(f"Test embeddings ({how})", fontsize=10)
+    ax.set_title(f"Test embeddings\n({how})", fontsize=9)  # two lines: a long method name stays inside the figure
     caption = (
         f"{len(index)} of {data.labels.shape[0]} test points"
         + (f" (seeded subsample, seed {seed})" if len(index) < data.labels.shape[0] else "")
