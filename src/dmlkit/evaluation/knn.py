@@ -15,7 +15,7 @@ for Euclidean, so the score is ``-d^2 / 2``; ``h = 0`` otherwise) come from floa
 products in cache-sized tiles (memory O(tile + N * m), never N x N), and each query keeps a
 running top-``m`` shortlist (``m = k + 2``). The first tile of a query seeds its shortlist with
 ``topk``; every later tile only passes the entries above the query's current m-th best score
-(found through the maxima of groups of 32 rows of a tile, one cheap pass that serves the row and
+(found through the maxima of groups of 16 rows of a tile, one cheap pass that serves the row and
 the column thresholds, plus work on the few survivors). In leave-one-out on one tensor only the
 tiles on and above the diagonal are multiplied; each tile serves its rows and, through per-column
 thresholds, its columns (half the products). The tiles are shared among
@@ -61,7 +61,7 @@ RESCORE_BYTES = 64 * 2**20  # float64 [rows, m, D] gather budget for re-ranking
 TILE_BYTES = 32 * 2**20  # float32 score tile budget of the retry search
 TILE_ROWS = 1024  # queries per score tile of the shortlist pass
 TILE_COLS = 2048  # references per score tile of the shortlist pass
-FILTER_GROUP = 32  # entries whose maximum is compared with a threshold before the entries themselves
+FILTER_GROUP = 16  # entries whose maximum is compared with a threshold before the entries themselves
 SHORTLIST_SLACK = 2  # shortlist m = k + slack; uncertified queries retry with 4x larger m
 BF16_UNIT_ROUNDOFF = 2.0**-9
 BF16_SHORTLIST_SLACK = 9  # bf16 scores are coarser: m = k + 9 certifies 99.6% of the SOP-like benchmark queries at once
