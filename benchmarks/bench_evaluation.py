@@ -3,7 +3,11 @@
 ``calc`` is dmlkit's PML-compatible ``AccuracyCalculator`` (same call as PML's, exact k-NN underneath).
 
 Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 60502 200000] [--impls torch faiss calc pml]
-      [--allocator tuned|default]
+      [--allocator tuned|default] [--baseline-src DIR]
+
+``--baseline-src DIR`` adds ``torch@baseline``: the torch backend imported from another checkout's
+``src`` (e.g. ``git archive main src | tar -x -C /tmp/base``), interleaved with the others, so a
+change is measured before and after in the same run.
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
 (2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,6 +58,7 @@ elif impl == "calc":
     r = calc.get_accuracy(x, labels)
     out = {"precision_at_1": r["precision_at_1"], "r_precision": r["r_precision"], "map_at_r": r["mean_average_precision_at_r"]}
 else:
+    impl = impl.split("@")[0]
     from dmlkit.evaluation import retrieval_metrics
     r = retrieval_metrics(x, labels, ks=(1,), backend=impl)
     out = {k: r[k] for k in ("precision_at_1", "r_precision", "map_at_r")}
@@ -63,9 +69,12 @@ print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib
 """
 
 
-def run(n: int, impl: str, allocator: str) -> dict:
+def run(n: int, impl: str, allocator: str, baseline_src: str | None = None) -> dict:
+    env = dict(os.environ)
+    if impl.endswith("@baseline"):
+        env["PYTHONPATH"] = os.pathsep.join([baseline_src, env.get("PYTHONPATH", "")])
     res = subprocess.run([sys.executable, "-c", CHILD, str(n), impl, allocator], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -78,14 +87,17 @@ def main() -> None:
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
                     help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() in every child process (as `dmlkit` "
                     "runs); default: glibc's own settings")
+    ap.add_argument("--baseline-src", metavar="DIR", help="also run the torch backend imported from DIR (another src/)")
     args = ap.parse_args()
+    if args.baseline_src:
+        args.impls = [*args.impls, "torch@baseline"]
     rows = []
     for n in args.sizes:
         impls = [i for i in args.impls if i != "pml" or n <= args.pml_max]
         runs: dict[str, list[dict]] = {i: [] for i in impls}
         for _ in range(args.repeats if n <= args.pml_max else 1):
             for impl in impls:  # interleaved
-                runs[impl].append(run(n, impl, args.allocator))
+                runs[impl].append(run(n, impl, args.allocator, args.baseline_src))
         ref = statistics.median(r["seconds"] for r in runs["pml"]) if runs.get("pml") else float("nan")
         for impl in impls:
             med = statistics.median(r["seconds"] for r in runs[impl])
@@ -93,10 +105,10 @@ def main() -> None:
             data = min(r["data_rss_mib"] for r in runs[impl])
             load = max(r["load"] for r in runs[impl])
             rows.append((f"{impl} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, load, runs[impl][0]["metrics"]))
-    print(f"{'name':<22}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}{'load':>6}  metrics")
+    print(f"{'name':<26}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}{'load':>6}  metrics")
     for name, ms, ref_ms, ratio, peak, data, load, met in rows:
         m = " ".join(f"{k}={v:.6f}" for k, v in met.items())
-        print(f"{name:<22}{ms:>10.0f}{ref_ms:>10.0f}{ratio:>9.2f}{peak:>14.0f}{data:>12.0f}{load:>6.1f}  {m}")
+        print(f"{name:<26}{ms:>10.0f}{ref_ms:>10.0f}{ratio:>9.2f}{peak:>14.0f}{data:>12.0f}{load:>6.1f}  {m}")
 
 
 if __name__ == "__main__":

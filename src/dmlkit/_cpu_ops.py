@@ -50,3 +50,8 @@ def matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         except RuntimeError:  # pragma: no cover - a build without a usable oneDNN linear
             _use_onednn[0] = False
     return torch.mm(a, b.T)
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 natively through oneDNN (AVX512-BF16 or AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -33,6 +33,24 @@ window.addEventListener("load", function () {
   document.body.dataset.controlWidth = String(control.naturalWidth);
   document.body.dataset.sectionIds = Array.prototype.map.call(
     document.querySelectorAll("section[id]"), function (s) { return s.id; }).join(" ");
+  // grid captions: rendered boxes must not intersect, and no caption may spill past its cell
+  var captions = Array.prototype.slice.call(document.querySelectorAll(".grid figcaption"));
+  var boxes = captions.map(function (c) { return c.getBoundingClientRect(); });
+  var overlaps = 0;
+  for (var i = 0; i < boxes.length; i++) {
+    for (var j = i + 1; j < boxes.length; j++) {
+      var a = boxes[i], b = boxes[j];
+      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) { overlaps++; }
+    }
+  }
+  var spilling = captions.filter(function (c) {
+    return c.getBoundingClientRect().width > c.parentElement.getBoundingClientRect().width + 0.5;
+  }).length;
+  var cut = captions.filter(function (c) { return c.scrollWidth > c.clientWidth; }).length;
+  document.body.dataset.captions = String(captions.length);
+  document.body.dataset.captionOverlaps = String(overlaps);
+  document.body.dataset.captionsSpilling = String(spilling);
+  document.body.dataset.captionsCut = String(cut);
 });
 </script>
 """
@@ -72,7 +90,8 @@ def _rendered_body_data(page: Path, tmp_path: Path) -> dict[str, str]:
 
 def test_report_and_comparison_render_with_every_image_decoded(tmp_path):
     make_fake_run = _make_fake_run()
-    asap = make_fake_run(tmp_path, "asap", proxies=True, projections=3, thumbnails="rgb")
+    asap = make_fake_run(tmp_path, "asap", proxies=True, projections=3, thumbnails="rgb", class_names=True,
+                         class_separation=0.5)  # overlapping classes: there are worst queries to show
     plain = make_fake_run(tmp_path, "plain", seed=1, thumbnails=None, image_paths=True, env=False)
     report = write_report(asap)
     comparison = write_comparison([asap, plain], tmp_path / "compare.html")
@@ -81,9 +100,15 @@ def test_report_and_comparison_render_with_every_image_decoded(tmp_path):
     assert data["section-ids"].split() == [
         "metrics", "curves", "embedding-map", "retrieval-grid", "projections", "config", "environment"
     ]
-    assert data["images-total"] == "5"  # 4 report figures + the broken control
-    assert data["images-loaded"] == "4", "a report image failed to decode in Chromium"
+    images = report.read_text(encoding="utf-8").count("<img ")
+    assert data["images-total"] == str(images + 1)  # the report's figures and grid tiles + the broken control
+    assert data["images-loaded"] == str(images), "a report image failed to decode in Chromium"
     assert data["control-width"] == "0"  # the probe does detect an undecodable image
+    # two grids of 5-cell rows whose long class names (Pileated_Woodpecker_003) are cut, never overlapping
+    assert int(data["captions"]) >= 45 and int(data["captions"]) % 5 == 0
+    assert data["caption-overlaps"] == "0", "grid captions overlap one another"
+    assert data["captions-spilling"] == "0", "a grid caption is wider than its cell"
+    assert int(data["captions-cut"]) > 0  # the probe sees names cut by the ellipsis
 
     data = _rendered_body_data(comparison, tmp_path)
     assert data["section-ids"].split() == ["runs", "metrics", "curves", "config", "environment"]

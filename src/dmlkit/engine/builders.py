@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
@@ -173,7 +174,7 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
     if device.type == "cpu":
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return cpu_bf16_native()
     return False
 
 

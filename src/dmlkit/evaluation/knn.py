@@ -15,13 +15,26 @@ for Euclidean, so the score is ``-d^2 / 2``; ``h = 0`` otherwise) come from floa
 products in cache-sized tiles (memory O(tile + N * m), never N x N), and each query keeps a
 running top-``m`` shortlist (``m = k + 2``). The first tile of a query seeds its shortlist with
 ``topk``; every later tile only passes the entries above the query's current m-th best score
-(found through the maxima of small groups of entries, so a tile costs one cheap pass plus work on
-the few survivors). In leave-one-out on one tensor only the tiles on and above the diagonal are
-multiplied; each tile serves its rows and, through per-column thresholds, its columns (half the
-products). The tiles are shared among ``torch.get_num_threads()`` single-threaded workers with
-their own running tops, merged at the end. The shortlist is re-ranked with the float64 keys. Float32 scores differ from the exact
+(found through the maxima of groups of 16 rows of a tile, one cheap pass that serves the row and
+the column thresholds, plus work on the few survivors). In leave-one-out on one tensor only the
+tiles on and above the diagonal are multiplied; each tile serves its rows and, through per-column
+thresholds, its columns (half the products). The tiles are shared among
+``torch.get_num_threads()`` single-threaded workers with their own running tops, merged at the
+end. The shortlist is re-ranked with the float64 keys. Float32 scores differ from the exact
 ones by at most ``eps_i = c (|q_i| max_j |r_j| + h_i + max_j h_j)`` with ``c = 2 (D + 6) 2^-24``
-(standard dot-product rounding bound with a factor-2 margin). Every reference left out of the
+(standard dot-product rounding bound with a factor-2 margin).
+
+On a CPU with native bf16 products (AVX512-BF16 or AMX, through oneDNN) and when the operands are
+the plain embeddings (the reference ``h`` nearly equal: normalised embeddings, cosine, dot), the
+tiles are multiplied in bf16 (about 2.3x the float32 rate; fp32 accumulation, bf16 output) and
+the shortlist is longer (``m = k + BF16_SHORTLIST_SLACK``). With ``q~ = bf16(q)`` and the measured
+rounding residuals ``dq = q - q~`` (float64), ``<q, r> - <q~, r~>`` is at most
+``|q~_i| max|dr| + |dq_i| max|r~| + |dq_i| max|dr|``; the bf16 x bf16 products are exact in fp32
+and their fp32 sum adds at most ``2 (D + 6) 2^-24 |q~_i| max|r~|``; the bf16 output rounds by
+``u = 2^-9`` relative, and a reference dropped below a tile score ``t`` had an fp32 sum of at most
+``t + u |t| / (1 - u)``. So the proof below holds with ``eps_i`` = the sum of those terms
+(``tile_bound``, with a 1% margin) plus ``u |t_i| / (1 - u)`` for the row's smallest kept score
+``t_i``, about ``1.7u`` for unit vectors. Every reference left out of the
 shortlist scored at most the smallest shortlisted float32 score, so if the k-th exact score of the
 shortlist beats that score by more than ``eps_i``, no reference outside it can enter the top k and
 the result is exact. Queries that cannot be certified (near-ties, duplicates, float32 overflow)
@@ -38,6 +51,7 @@ from typing import Iterator
 
 import torch
 
+from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_finite
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -47,8 +61,12 @@ RESCORE_BYTES = 64 * 2**20  # float64 [rows, m, D] gather budget for re-ranking
 TILE_BYTES = 32 * 2**20  # float32 score tile budget of the retry search
 TILE_ROWS = 1024  # queries per score tile of the shortlist pass
 TILE_COLS = 2048  # references per score tile of the shortlist pass
-FILTER_GROUP = 32  # entries whose maximum is compared with a threshold before the entries themselves
+FILTER_GROUP = 16  # entries whose maximum is compared with a threshold before the entries themselves
 SHORTLIST_SLACK = 2  # shortlist m = k + slack; uncertified queries retry with 4x larger m
+BF16_UNIT_ROUNDOFF = 2.0**-9
+BF16_SHORTLIST_SLACK = 9  # bf16 scores are coarser: m = k + 9 certifies 99.6% of the SOP-like benchmark queries at once
+#: Precision of the shared score tiles: "auto" (bf16 where it is native and the operands allow), "float32", "bfloat16".
+TILE_PRECISION = "auto"
 
 
 @dataclass
@@ -70,6 +88,11 @@ class _Prepared:
     reference64: torch.Tensor  # [Nr, D]
     shift: torch.Tensor  # [Nq] float64: exact score ~= search score + shift
     bound: torch.Tensor  # [Nq] float64 bound on |search score + shift - exact score|
+    tile_query: torch.Tensor  # [Nq, D'] operands of the shared score tiles (query_op, or its bf16 copy)
+    tile_reference: torch.Tensor  # [Nr, D']
+    tile_bound: torch.Tensor  # [Nq] float64: ``bound`` for the tiles' scores, before the output rounding
+    tile_output_rounding: float  # the tiles' bound adds this times |smallest kept score| (0 in float32)
+    tile_slack: int  # shortlist m = k + tile_slack in the tiled pass
     metric: str
     exclude_self: bool
     symmetric: bool  # leave-one-out on one tensor: tiles are shared by rows and columns
@@ -110,6 +133,18 @@ def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_
         shift = torch.zeros_like(q_h)
         q_op = torch.cat([q32, -q_h.float().unsqueeze(1), torch.ones(len(q32), 1)], 1)
         r_op = torch.cat([r32, torch.ones(len(r32), 1), -r_h.float().unsqueeze(1)], 1)
+    tile_query, tile_reference, tile_bound, tile_slack, output_rounding = q_op, r_op, bound, SHORTLIST_SLACK, 0.0
+    if _bf16_tiles(folded):  # the operands are the embeddings themselves: q_op ~ q64
+        tile_query = q_op.bfloat16()
+        tile_reference = tile_query if symmetric else r_op.bfloat16()
+        q_norm, q_residual = _norm_and_residual(q64, tile_query)
+        r_norm, r_residual = (q_norm, q_residual) if symmetric else _norm_and_residual(r64, tile_reference)
+        r_norm_max, r_residual_max = float(r_norm.max()), float(r_residual.max())
+        inputs = q_norm * r_residual_max + q_residual * r_norm_max + q_residual * r_residual_max
+        accumulation = 2.0 * (q64.shape[1] + 6) * FLOAT32_UNIT_ROUNDOFF * q_norm * r_norm_max
+        tile_bound = 1.01 * (inputs + accumulation) + 2.0 * spread + 1e-300
+        output_rounding = 1.01 * BF16_UNIT_ROUNDOFF / (1.0 - BF16_UNIT_ROUNDOFF)
+        tile_slack = BF16_SHORTLIST_SLACK
     return _Prepared(
         query_op=q_op,
         reference_op=r_op,
@@ -120,7 +155,27 @@ def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_
         metric=metric,
         exclude_self=exclude_self,
         symmetric=symmetric,
+        tile_query=tile_query,
+        tile_reference=tile_reference,
+        tile_bound=tile_bound,
+        tile_output_rounding=output_rounding,
+        tile_slack=tile_slack,
     )
+
+
+def _norm_and_residual(x64: torch.Tensor, rounded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|x~|`` and ``|x - x~|`` per row (float64) of a rounded copy ``x~`` of ``x64``."""
+    x_rounded = rounded.double()
+    return x_rounded.norm(dim=1), (x64 - x_rounded).norm(dim=1)
+
+
+def _bf16_tiles(folded: bool) -> bool:
+    """Whether the shared tiles are multiplied in bf16 (see the module docstring and ``TILE_PRECISION``)."""
+    if TILE_PRECISION not in ("auto", "float32", "bfloat16"):
+        raise InvalidParameterError(f"TILE_PRECISION must be 'auto', 'float32' or 'bfloat16'. Got {TILE_PRECISION!r} instead.")
+    if TILE_PRECISION == "auto":
+        return folded and cpu_bf16_native()
+    return folded and TILE_PRECISION == "bfloat16"
 
 
 def _exact_keys(prep: _Prepared, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -175,28 +230,38 @@ def _shortlist_torch(prep: _Prepared, rows: torch.Tensor, m: int) -> tuple[torch
     return best_v, best_i
 
 
-def _above(s: torch.Tensor, t: torch.Tensor, by_row: bool, group: int) -> tuple[torch.Tensor, ...]:
-    """Entries of the tile ``s [R, C]`` above the per-row (``t [R]``) or per-column (``t [C]``) threshold.
+def _above(
+    s: torch.Tensor, t_rows: torch.Tensor, t_cols: torch.Tensor | None, group: int
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+    """Entries of the tile ``s [R, C]`` above their row's threshold ``t_rows [R]`` (and their
+    column's ``t_cols [C]``), as ``(row, column, value)`` triples per direction.
 
-    Returns ``(row, column, value)``. The maxima of ``group`` consecutive entries along the
-    threshold's other axis are compared first (one cheap reduction), then only the passing groups
-    entry by entry.
+    One pass takes the maxima of ``group`` consecutive rows per column; a group passes when its
+    maximum beats the smallest row threshold of the group or the column's threshold, and only
+    passing groups are compared entry by entry. Thresholds have the tile's dtype.
     """
     r, c = s.shape
-    if (c if by_row else r) % group:
-        i, j = (s > (t.unsqueeze(1) if by_row else t)).nonzero(as_tuple=True)
-        return i, j, s[i, j]
-    if by_row:
-        blocks = s.view(r, c // group, group)
-        gi, gj = (blocks.amax(2) > t.unsqueeze(1)).nonzero(as_tuple=True)
-        sub = blocks[gi, gj]  # [P, group]
-        p, o = (sub > t[gi].unsqueeze(1)).nonzero(as_tuple=True)
-        return gi[p], gj[p] * group + o, sub[p, o]
+    if r % group:
+        i, j = (s > t_rows.unsqueeze(1)).nonzero(as_tuple=True)
+        by_row = (i, j, s[i, j])
+        if t_cols is None:
+            return by_row, None
+        i, j = (s > t_cols).nonzero(as_tuple=True)
+        return by_row, (i, j, s[i, j])
     blocks = s.view(r // group, group, c)
-    gi, gj = (blocks.amax(1) > t).nonzero(as_tuple=True)
+    maxima = blocks.amax(1)  # [R / group, C]
+    passing = maxima > t_rows.view(-1, group).amin(1).unsqueeze(1)
+    if t_cols is not None:
+        passing |= maxima > t_cols
+    gi, gj = passing.nonzero(as_tuple=True)
     sub = blocks[gi, :, gj]  # [P, group]
-    p, o = (sub > t[gj].unsqueeze(1)).nonzero(as_tuple=True)
-    return gi[p] * group + o, gj[p], sub[p, o]
+    row = gi.unsqueeze(1) * group + torch.arange(group)  # [P, group]
+    p, o = (sub > t_rows[row]).nonzero(as_tuple=True)
+    by_row = (row[p, o], gj[p], sub[p, o])
+    if t_cols is None:
+        return by_row, None
+    p, o = (sub > t_cols[gj].unsqueeze(1)).nonzero(as_tuple=True)
+    return by_row, (row[p, o], gj[p], sub[p, o])
 
 
 class _RunningTop:
@@ -250,7 +315,7 @@ class _RunningTop:
         v = torch.full((len(uq), width), float("-inf"))
         i = torch.full((len(uq), width), -1, dtype=torch.int64)
         v[:, : self.m], i[:, : self.m] = self.values[uq], self.indices[uq]
-        v[group, pos], i[group, pos] = value, ref
+        v[group, pos], i[group, pos] = value.to(v.dtype), ref
         v, sel = v.topk(self.m, dim=1, sorted=False)
         self.values[uq], self.indices[uq] = v, i.gather(1, sel)
         self.threshold[uq] = v.amin(1)
@@ -296,13 +361,14 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
     threshold while another worker raises it is harmless: any value read is a valid lower bound).
     Memory is O(workers * (tile + Nq * m)).
     """
-    a, b = prep.query_op, prep.reference_op
+    a, b = prep.tile_query, prep.tile_reference
     first, rest = _tile_plan(prep)
     threads = torch.get_num_threads()
     n_workers = max(1, min(threads, len(first)))
     seeded = _RunningTop(a.shape[0], m)
     tops: list[_RunningTop] = []
     tile_size = max(r1 - r0 for r0, r1, _, _ in first) * max(c1 - c0 for _, _, c0, c1 in first)
+    dtype = a.dtype
 
     def tile(buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
         s = torch.mm(a[r0:r1], b[c0:c1].T, out=buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
@@ -318,19 +384,20 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
 
     def seed(w: int) -> None:  # seeding tiles cover disjoint rows of the shared running top
         torch.set_num_threads(1)
-        buf = torch.empty(tile_size)
+        buf = torch.empty(tile_size, dtype=dtype)
         for r0, r1, c0, c1 in first[w::n_workers]:
             seeded.start(r0, c0, tile(buf, r0, r1, c0, c1))
 
     def scan(w: int) -> None:
         torch.set_num_threads(1)
-        buf, own = torch.empty(tile_size), tops[w]
+        buf, own = torch.empty(tile_size, dtype=dtype), tops[w]
         for r0, r1, c0, c1 in rest[w::n_workers]:
             s = tile(buf, r0, r1, c0, c1)
-            i, j, v = _above(s, threshold(r0, r1), True, FILTER_GROUP)
+            t_cols = threshold(c0, c1).to(dtype) if prep.symmetric else None  # exact: kept scores are tile values
+            (i, j, v), by_column = _above(s, threshold(r0, r1).to(dtype), t_cols, FILTER_GROUP)
             query, ref, value = [i + r0], [j + c0], [v]
-            if prep.symmetric:
-                i, j, v = _above(s, threshold(c0, c1), False, FILTER_GROUP)
+            if by_column is not None:
+                i, j, v = by_column
                 query.append(j + c0), ref.append(i + r0), value.append(v)
             own.merge(torch.cat(query), torch.cat(ref), torch.cat(value))
 
@@ -367,9 +434,14 @@ class _FaissShortlist:
 
 
 def _rank_shortlist(
-    prep: _Prepared, rows: torch.Tensor, v: torch.Tensor, i: torch.Tensor, k: int, m: int
+    prep: _Prepared, rows: torch.Tensor, v: torch.Tensor, i: torch.Tensor, k: int, m: int,
+    bound: torch.Tensor, output_rounding: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Re-rank a shortlist with float64 keys; return keys, indices ``[b, k]`` and a certified mask ``[b]``."""
+    """Re-rank a shortlist with float64 keys; return keys, indices ``[b, k]`` and a certified mask ``[b]``.
+
+    The scores ``v`` are within ``bound [Nq] + output_rounding * |smallest score|`` of the exact
+    ones (``prep.bound``; for the tiles ``prep.tile_bound`` and ``prep.tile_output_rounding``).
+    """
     i, order = i.sort(dim=1)  # ties in key resolve to the smaller index via the stable sort below
     v = v.gather(1, order)
     keys = _exact_keys(prep, rows, i)
@@ -379,9 +451,10 @@ def _rank_shortlist(
     if m >= prep.num_candidates:
         return keys, i, torch.ones(len(rows), dtype=torch.bool)
     kth = _keys_to_scores(prep, keys[:, -1])
-    smallest = v.double().min(dim=1).values + prep.shift[rows]
+    smallest = v.double().min(dim=1).values
+    margin = bound[rows] + output_rounding * smallest.abs()
     # a non-finite score (an unfilled slot or float32 overflow) proves nothing: search again
-    return keys, i, (kth > smallest + prep.bound[rows]) & torch.isfinite(v).all(1)
+    return keys, i, (kth > smallest + prep.shift[rows] + margin) & torch.isfinite(v).all(1)
 
 
 def _candidates(prep: _Prepared, rows: torch.Tensor, m: int, shortlist) -> tuple[torch.Tensor, torch.Tensor]:
@@ -398,9 +471,15 @@ def _candidates(prep: _Prepared, rows: torch.Tensor, m: int, shortlist) -> tuple
 def _search_rows(
     prep: _Prepared, rows: torch.Tensor, k: int, m: int, shortlist, first: tuple | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """Certified exact top-``k`` for ``rows``: shortlist, re-rank, retry uncertain rows with larger m."""
+    """Certified exact top-``k`` for ``rows``: shortlist, re-rank, retry uncertain rows with larger m.
+
+    ``first`` is a precomputed top-``m`` ``(scores, indices)`` of the shared tiles (error ``prep.tile_bound``).
+    """
     m = min(m, prep.num_candidates)
-    keys, idx, ok = _rank_shortlist(prep, rows, *(first or _candidates(prep, rows, m, shortlist)), k, m)
+    if first is None:
+        keys, idx, ok = _rank_shortlist(prep, rows, *_candidates(prep, rows, m, shortlist), k, m, prep.bound)
+    else:
+        keys, idx, ok = _rank_shortlist(prep, rows, *first, k, m, prep.tile_bound, prep.tile_output_rounding)
     while not bool(ok.all()):
         m = min(4 * m, prep.num_candidates)
         bad = (~ok).nonzero().squeeze(1)
@@ -408,7 +487,7 @@ def _search_rows(
         for s0 in range(0, len(bad), step):
             sel = bad[s0 : s0 + step]
             r = rows[sel]
-            kk, ii, oo = _rank_shortlist(prep, r, *_candidates(prep, r, m, shortlist), k, m)
+            kk, ii, oo = _rank_shortlist(prep, r, *_candidates(prep, r, m, shortlist), k, m, prep.bound)
             keys[sel], idx[sel], ok[sel] = kk, ii, oo
     return keys, idx
 
@@ -434,12 +513,13 @@ def iter_knn_blocks(
     else:
         shortlist = lambda rows, m: _shortlist_torch(prep, rows, m)  # noqa: E731
     m0 = min(k + SHORTLIST_SLACK, prep.num_candidates)
+    m_tiled = min(k + prep.tile_slack, prep.num_candidates)
     n_q = prep.query_op.shape[0]
     if query_block is None:
-        query_block = max(1, min(1024, RESCORE_BYTES // (8 * m0 * max(prep.query64.shape[1], 1))))
+        query_block = max(1, min(1024, RESCORE_BYTES // (8 * m_tiled * max(prep.query64.shape[1], 1))))
     shared = None
-    if backend == "torch" and m0 < prep.num_candidates:
-        shared = _shortlist_tiled(prep, m0)
+    if backend == "torch" and m_tiled < prep.num_candidates:
+        shared, m0 = _shortlist_tiled(prep, m_tiled), m_tiled
     for start in range(0, n_q, query_block):
         end = min(n_q, start + query_block)
         rows = torch.arange(start, end)

@@ -74,6 +74,14 @@ def class_colors(labels: np.ndarray) -> dict[int, tuple[float, float, float]]:
     }
 
 
+def data_limits(coords: np.ndarray, margin: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Axis limits ``(low [2], high [2])`` spanning the points ``coords [N, 2]`` with a ``margin`` fraction
+    on each side (the map is scaled to the test points, never to the proxies)."""
+    low, high = coords.min(axis=0), coords.max(axis=0)
+    pad = np.maximum((high - low) * margin, 1e-9)
+    return low - pad, high + pad
+
+
 def embedding_map_png(
     data: TestEmbeddings,
     *,
@@ -108,28 +116,42 @@ def embedding_map_png(
     point_colors = np.array([colors[int(c)] for c in labels]).reshape(-1, 3)
     size = 14 if len(index) <= 500 else 6
     ax.scatter(coords[:, 0], coords[:, 1], c=point_colors, s=size, alpha=0.75, linewidths=0)
+    low, high = data_limits(coords)
+    outside = 0
     if proxy_coords is not None:
         if data.proxy_labels is not None:
             proxy_colors = np.array([colors[int(c)] for c in data.proxy_labels]).reshape(-1, 3)
         else:
             proxy_colors = np.zeros((proxy_coords.shape[0], 3))
-        ax.scatter(proxy_coords[:, 0], proxy_coords[:, 1], c=proxy_colors, s=90, marker="*",
+        clipped = np.clip(proxy_coords, low, high)
+        beyond = (clipped != proxy_coords).any(axis=1)
+        outside = int(beyond.sum())
+        ax.scatter(clipped[~beyond, 0], clipped[~beyond, 1], c=proxy_colors[~beyond], s=90, marker="*",
                    edgecolors="black", linewidths=0.8, zorder=3)
         ax.scatter([], [], s=90, marker="*", facecolors="white", edgecolors="black", label="proxies")
+        if outside:
+            ax.scatter(clipped[beyond, 0], clipped[beyond, 1], c=proxy_colors[beyond], s=70, marker="D",
+                       edgecolors="black", linewidths=0.8, zorder=3, clip_on=False)
+            ax.scatter([], [], s=50, marker="D", facecolors="white", edgecolors="black",
+                       label="proxies beyond the data (on the edge)")
     classes = np.unique(labels)
     if classes.size <= MAX_LEGEND_CLASSES:
         for c in classes:
             ax.scatter([], [], color=colors[int(c)], s=20, label=f"class {int(c)}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlim(low[0], high[0])
+    ax.set_ylim(low[1], high[1])
+    ax.set_aspect("equal", adjustable="box")
     ax.grid(alpha=0.25)
-    ax.set_title(f"Test embeddings ({how})", fontsize=10)
+    ax.set_title(f"Test embeddings\n({how})", fontsize=9)  # two lines: a long method name stays inside the figure
     caption = (
         f"{len(index)} of {data.labels.shape[0]} test points"
         + (f" (seeded subsample, seed {seed})" if len(index) < data.labels.shape[0] else "")
         + f", {classes.size} classes, {how}"
         + (f"; {proxies.shape[0]} proxies drawn as stars" if proxies is not None else "")
+        + (f", {outside} of them beyond the test points' range drawn as diamonds on the edge (the axes are "
+           "scaled to the test points)" if outside else "")
         + "."
     )
     return figure_to_base64_png(fig, dpi), caption

@@ -29,6 +29,12 @@ figcaption{color:#57606a;font-size:.88rem}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.85rem}
 pre{background:#f6f8fa;padding:.6rem;overflow-x:auto}
 details summary{cursor:pointer;color:#0969da}
+h3{font-size:1rem;margin:.5rem 0 .25rem}
+.grids{display:flex;flex-wrap:wrap;gap:1.5rem;align-items:flex-start}
+.grid{display:grid;gap:6px;margin:.25rem 0}
+.grid figure{margin:0;width:88px}
+.grid img{display:block;width:80px;height:80px;border:4px solid;image-rendering:pixelated}
+.grid figcaption{font-size:.72rem;line-height:1.2;width:88px;overflow:hidden;white-space:nowrap;text-overflow:ellipsis}
 """.strip()
 
 

@@ -1,4 +1,4 @@
-"""Retrieval grid: test queries with their nearest test neighbours, wrong ones framed red."""
+"""Retrieval grids: random and worst test queries with their nearest test neighbours, wrong ones framed red."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dmlkit.report.figures import DEFAULT_DPI, figure_to_base64_png, new_figure
+from dmlkit.report.html import esc
 from dmlkit.report.run_dir import TestEmbeddings
 
 DISTANCES = ("cosine", "euclidean")
@@ -42,29 +42,44 @@ def choose_queries(labels: np.ndarray, num_queries: int, seed: int) -> np.ndarra
 
 
 def nearest_neighbours(
-    embeddings: np.ndarray, query_index: np.ndarray, k: int, distance: str = "cosine", chunk_rows: int = 8192
+    embeddings: np.ndarray, query_index: np.ndarray, k: int, distance: str = "cosine"
 ) -> np.ndarray:
     """Top-``k`` neighbours [Q, k] of rows ``query_index`` among all rows of ``embeddings`` [N, D], self excluded.
 
-    Brute force in float64, over chunks of the database rows so memory stays bounded:
+    The exact k-NN of :mod:`dmlkit.evaluation.knn` (memory O(N k), float64 ranking keys):
     ``cosine`` ranks by similarity of L2-normalised rows, ``euclidean`` by squared distance.
     Ties go to the lower index.
     """
-    queries = embeddings[query_index].astype(np.float64)  # [Q, D]
-    if distance == "cosine":
-        queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
-    score = np.empty((len(query_index), embeddings.shape[0]))  # [Q, N], lower is closer
-    for start in range(0, embeddings.shape[0], chunk_rows):
-        block = embeddings[start : start + chunk_rows].astype(np.float64)
-        if distance == "cosine":
-            block = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
-            score[:, start : start + len(block)] = -(queries @ block.T)
-        else:
-            score[:, start : start + len(block)] = (
-                (queries * queries).sum(axis=1)[:, None] - 2.0 * (queries @ block.T) + (block * block).sum(axis=1)[None, :]
-            )
-    score[np.arange(len(query_index)), query_index] = np.inf
-    return np.argsort(score, axis=1, kind="stable")[:, :k]
+    return all_neighbours(embeddings, k, distance)[np.asarray(query_index, dtype=np.int64)]
+
+
+def all_neighbours(embeddings: np.ndarray, k: int, distance: str = "cosine") -> np.ndarray:
+    """Top-``k`` neighbours [N, k] of every row among the others (leave-one-out), as :func:`nearest_neighbours`."""
+    import torch
+
+    from dmlkit.evaluation.knn import knn
+
+    x = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float64))
+    return knn(x, x, k, exclude_self=True, metric=distance)[1].numpy()
+
+
+def worst_queries(labels: np.ndarray, neighbours: np.ndarray, num_queries: int) -> np.ndarray:
+    """Up to ``num_queries`` queries whose first neighbours are wrong, worst first, one per class.
+
+    ``neighbours [N, k]`` are every row's nearest neighbours. A query qualifies when its class has
+    another member and its first neighbour is from another class. Queries are ordered by their
+    row of right (1) / wrong (0) neighbours read as a binary number with the first neighbour most
+    significant (all wrong first, then wrong up to a later rank), ties by index; then the first
+    query of each class is kept.
+    """
+    classes, counts = np.unique(labels, return_counts=True)
+    eligible = np.isin(labels, classes[counts >= 2])
+    hits = labels[neighbours] == labels[:, None]  # [N, k]
+    weights = 2.0 ** np.arange(hits.shape[1] - 1, -1, -1)
+    candidates = np.flatnonzero(eligible & ~hits[:, 0])
+    order = candidates[np.lexsort((candidates, hits[candidates] @ weights))]
+    _, first_of_class = np.unique(labels[order], return_index=True)
+    return order[np.sort(first_of_class)][:num_queries]
 
 
 def _load_path_image(path_text: str, run_dir: Path | None) -> np.ndarray | None:
@@ -120,65 +135,48 @@ def _to_rgb_tile(image: np.ndarray | None, size: int) -> np.ndarray:
     return tile
 
 
-def _hex_to_rgb(color: str) -> np.ndarray:
-    return np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
+def tile_png(image: np.ndarray | None, size: int = THUMBNAIL_SIZE) -> str:
+    """Base64 PNG of ``image`` fitted into a white ``size`` x ``size`` tile (see :func:`_to_rgb_tile`)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(_to_rgb_tile(image, size)).save(buffer, format="PNG", optimize=True)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def grid_mosaic(
-    tiles: list[list[tuple[np.ndarray | None, str]]], tile_size: int = 80, frame: int = 4, gap: int = 6,
-    title_height: int = 16,
-) -> np.ndarray:
-    """RGB mosaic [H, W, 3] of rows of (image, frame colour) tiles, leaving room above each for a title."""
-    rows, cols = len(tiles), max(len(row) for row in tiles)
-    cell_w = tile_size + 2 * frame + gap
-    cell_h = tile_size + 2 * frame + gap + title_height
-    mosaic = np.full((rows * cell_h + gap, cols * cell_w + gap, 3), 255, dtype=np.uint8)
-    for r, row in enumerate(tiles):
-        for c, (image, color) in enumerate(row):
-            top = gap + r * cell_h + title_height
-            left = gap + c * cell_w
-            outer = tile_size + 2 * frame
-            mosaic[top : top + outer, left : left + outer] = _hex_to_rgb(color)
-            mosaic[top + frame : top + frame + tile_size, left + frame : left + frame + tile_size] = (
-                _to_rgb_tile(image, tile_size)
-            )
-    return mosaic
-
-
-def retrieval_grid_png(
+def retrieval_grid_html(
     data: TestEmbeddings,
     query_index: np.ndarray,
     neighbours: np.ndarray,
     images: dict[int, np.ndarray | None],
-    dpi: int = DEFAULT_DPI,
+    title: str,
 ) -> str:
-    """Grid figure: one row per query (blue frame), then its neighbours framed green (same class) or red.
+    """An HTML grid: one row per query (blue frame), then its neighbours framed green (same class) or red.
 
-    The tiles are composed into one array and drawn on a single axes (fast even for many cells).
+    Each cell is a ``<figure>`` with its thumbnail and a two-line caption (rank; class name) cut
+    to the cell's width with an ellipsis, the full text in the ``title`` tooltip, so long class
+    names never run into the next cell.
     """
-    tile_size, frame, gap, title_height = 80, 4, 6, 16
-    rows = []
-    titles = []
+    columns = 1 + neighbours.shape[1]
+    cells = []
     for q, row in zip(query_index, neighbours):
         q = int(q)
-        cells = [(q, "query", QUERY_COLOR)] + [
+        entries = [(q, "query", QUERY_COLOR)] + [
             (int(n), f"#{j + 1}", CORRECT_COLOR if data.labels[n] == data.labels[q] else WRONG_COLOR)
             for j, n in enumerate(row)
         ]
-        rows.append([(images.get(idx), color) for idx, _, color in cells])
-        titles.append([(f"{title} · {data.label_name(int(data.labels[idx]))}", color) for idx, title, color in cells])
-    mosaic = grid_mosaic(rows, tile_size, frame, gap, title_height)
-    height, width = mosaic.shape[:2]
-    fig = new_figure(width / dpi, height / dpi)
-    fig.set_layout_engine(None)
-    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
-    ax.imshow(mosaic, interpolation="nearest")
-    ax.set_axis_off()
-    cell_w = tile_size + 2 * frame + gap
-    cell_h = tile_size + 2 * frame + gap + title_height
-    for r, row_titles in enumerate(titles):
-        for c, (text, color) in enumerate(row_titles):
-            x = gap + c * cell_w + (tile_size + 2 * frame) / 2
-            y = gap + r * cell_h + title_height - 3
-            ax.text(x, y, text, ha="center", va="bottom", fontsize=9 * 72 / dpi, color=color)
-    return figure_to_base64_png(fig, dpi)
+        for index, rank, color in entries:
+            name = data.label_name(int(data.labels[index]))
+            cells.append(
+                f'<figure><img src="data:image/png;base64,{tile_png(images.get(index), 80)}" '
+                f'alt="{esc(rank)}: {esc(name)}" style="border-color:{color}">'
+                f'<figcaption title="{esc(rank)} · {esc(name)} (test sample {index})" style="color:{color}">'
+                f"<b>{esc(rank)}</b><br>{esc(name)}</figcaption></figure>"
+            )
+    return (
+        f'<div><h3>{esc(title)}</h3><div class="grid" style="grid-template-columns:repeat({columns}, 88px)">'
+        + "".join(cells) + "</div></div>"
+    )

@@ -79,9 +79,10 @@ class RunData:
             if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())
         ]
 
-    def metric_values(self) -> dict[str, float]:
-        """Numeric entries of ``metrics.json`` (everything except strings such as ``selected_on``)."""
-        return {k: float(v) for k, v in self.metrics.items() if _is_number(v)}
+    def metric_values(self) -> dict[str, float | int]:
+        """Numeric entries of ``metrics.json`` (everything except strings such as ``selected_on``);
+        counts stay ints (``num_queries_excluded``, ``best_step``), so tables print ``1343``, not ``1343.0000``."""
+        return {k: (v if isinstance(v, int) else float(v)) for k, v in self.metrics.items() if _is_number(v)}
 
 
 def _is_number(value: Any) -> bool:

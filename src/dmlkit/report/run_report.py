@@ -17,10 +17,11 @@ from dmlkit.report.retrieval_grid import (
     CORRECT_COLOR,
     DISTANCES,
     WRONG_COLOR,
+    all_neighbours,
     choose_queries,
     load_images,
-    nearest_neighbours,
-    retrieval_grid_png,
+    retrieval_grid_html,
+    worst_queries,
 )
 from dmlkit.report.run_dir import (
     EMBEDDINGS_FILE,
@@ -104,7 +105,8 @@ def embedding_section(run: RunData, method: str, max_points: int, seed: int, dpi
 
 
 def retrieval_section(run: RunData, num_queries: int, k: int, distance: str, seed: int, dpi: int) -> str:
-    """Queries with their top-k test neighbours; a label table when no images were saved."""
+    """Random queries and the worst queries (first neighbours wrong) with their top-k test neighbours,
+    side by side; a label table when no images were saved."""
     data = run.embeddings
     if data is None:
         reason = run.problems.get(EMBEDDINGS_FILE, f"{EMBEDDINGS_FILE} is missing")
@@ -113,17 +115,25 @@ def retrieval_section(run: RunData, num_queries: int, k: int, distance: str, see
     queries = choose_queries(data.labels, num_queries, seed)
     if k < 1 or queries.size == 0:
         return html.note("No retrieval grid: no test class has two or more samples.")
-    neighbours = nearest_neighbours(data.embeddings, queries, k, distance)
-    wanted = np.unique(np.concatenate([queries, neighbours.ravel()]))
+    everyone = all_neighbours(data.embeddings, k, distance)
+    worst = worst_queries(data.labels, everyone, num_queries)
+    neighbours = everyone[queries]
+    wanted = np.unique(np.concatenate([queries, worst, neighbours.ravel(), everyone[worst].ravel()]))
     images = dict(zip(wanted.tolist(), load_images(data, wanted, run.run_dir)))
     wrong = int((data.labels[neighbours] != data.labels[queries][:, None]).sum())
-    summary = (f"{queries.size} queries (one per randomly drawn class, seed {seed}), top {k} neighbours by "
+    first_wrong = int((data.labels[everyone[:, 0]] != data.labels).sum())
+    summary = (f"Left: {queries.size} queries (one per randomly drawn class, seed {seed}), top {k} neighbours by "
                f"{distance} distance among all {data.labels.shape[0]} test samples; {wrong} of "
-               f"{neighbours.size} neighbours are from another class.")
+               f"{neighbours.size} neighbours are from another class. Right: the worst queries, one per class: "
+               f"first neighbour from another class, most wrong neighbours first ({first_wrong} test samples "
+               "have a wrong first neighbour). Blue: query; green: same class; red: wrong class.")
     if any(image is not None for image in images.values()):
-        png = retrieval_grid_png(data, queries, neighbours, images, dpi)
-        return html.figure(png, "retrieval grid of queries and nearest neighbours",
-                           summary + " Blue: query; green: same class; red: wrong class.")
+        grids = retrieval_grid_html(data, queries, neighbours, images, "Random queries")
+        if worst.size:
+            grids += retrieval_grid_html(data, worst, everyone[worst], images, "Worst queries")
+        else:
+            grids += html.note("No worst queries: every first neighbour is from the query's class.")
+        return f'<div class="grids">{grids}</div><p class="note">{html.esc(summary)}</p>'
     return html.note("test.npz has no thumbnails and no loadable image paths; showing class labels only.") + \
         _label_grid(data.labels, queries, neighbours) + f"<p>{html.esc(summary)}</p>"
 

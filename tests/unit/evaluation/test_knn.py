@@ -82,7 +82,8 @@ def test_retry_search_uses_several_reference_chunks(monkeypatch):
     np.testing.assert_array_equal(idx.numpy(), want)
 
 
-def use_tiles(monkeypatch, rows, cols, group):
+def use_tiles(monkeypatch, rows, cols, group, precision="auto"):
+    monkeypatch.setattr(knn_module, "TILE_PRECISION", precision)
     monkeypatch.setattr(knn_module, "TILE_ROWS", rows)
     monkeypatch.setattr(knn_module, "TILE_COLS", cols)
     monkeypatch.setattr(knn_module, "FILTER_GROUP", group)
@@ -92,11 +93,15 @@ def use_tiles(monkeypatch, rows, cols, group):
 TINY_TILES = [(4, 8, 4), (3, 16, 8), (8, 8, 2), (5, 10, 5)]
 
 
+PRECISIONS = ("float32", "bfloat16")  # the shared tiles in fp32, or in bf16 with the wider bound
+
+
 @pytest.mark.parametrize("tiles", TINY_TILES)
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("normalise", [False, True])
-def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, metric, normalise):
-    use_tiles(monkeypatch, *tiles)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, metric, normalise, precision):
+    use_tiles(monkeypatch, *tiles, precision)
     g = torch.Generator().manual_seed(7)
     x = torch.randint(-2, 3, (90, 4), generator=g).float()  # integer grid: many exact ties
     x[40:52] = x[3]  # duplicates across several blocks
@@ -142,8 +147,9 @@ def test_union_of_running_tops_counts_shared_pairs_once():
 
 @pytest.mark.parametrize("tiles", TINY_TILES)
 @pytest.mark.parametrize("metric", METRICS)
-def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric):
-    use_tiles(monkeypatch, *tiles)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric, precision):
+    use_tiles(monkeypatch, *tiles, precision)
     g = torch.Generator().manual_seed(8)
     q = torch.randn(37, 5, generator=g) * torch.rand(37, 1, generator=g).add(0.5)
     ref = torch.cat([torch.randn(50, 5, generator=g), q[:9]])  # some queries sit on a reference
@@ -153,19 +159,40 @@ def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric):
     np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("by_row", [True, False])
+@pytest.mark.parametrize("columns", [True, False])
 @pytest.mark.parametrize(("shape", "group"), [((6, 9), 3), ((8, 12), 4), ((5, 7), 3), ((4, 4), 4)])
-def test_above_returns_exactly_the_entries_over_the_threshold(by_row, shape, group):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_above_returns_exactly_the_entries_over_the_thresholds(columns, shape, group, dtype):
     g = torch.Generator().manual_seed(9)
-    s = torch.randn(*shape, generator=g).round(decimals=1)  # ties with the threshold
-    t = torch.randn(shape[0] if by_row else shape[1], generator=g).round(decimals=1)
-    t[0] = float("-inf")
-    i, j, v = knn_module._above(s, t, by_row, group)
-    want = s > (t.unsqueeze(1) if by_row else t)
-    got = torch.zeros_like(want)
-    got[i, j] = True
-    assert torch.equal(got, want) and len(i) == int(want.sum())  # each entry once
-    assert torch.equal(v, s[i, j])
+    s = torch.randn(*shape, generator=g).round(decimals=1).to(dtype)  # ties with the thresholds
+    t_rows = torch.randn(shape[0], generator=g).round(decimals=1).to(dtype)
+    t_cols = torch.randn(shape[1], generator=g).round(decimals=1).to(dtype)
+    t_rows[0] = t_cols[1] = float("-inf")
+    by_row, by_column = knn_module._above(s, t_rows, t_cols if columns else None, group)
+    for (i, j, v), want in [(by_row, s > t_rows.unsqueeze(1))] + ([(by_column, s > t_cols)] if columns else []):
+        got = torch.zeros_like(want)
+        got[i, j] = True
+        assert torch.equal(got, want) and len(i) == int(want.sum())  # each entry once
+        assert torch.equal(v, s[i, j])
+    assert by_column is None or columns
+
+
+def test_bf16_tile_scores_stay_within_their_bound(monkeypatch):
+    monkeypatch.setattr(knn_module, "TILE_PRECISION", "bfloat16")
+    g = torch.Generator().manual_seed(4)
+    x = torch.nn.functional.normalize(torch.randn(300, 64, generator=g), dim=1)
+    prep = knn_module._prepare(x, x, "euclidean", True)
+    assert prep.tile_query.dtype == torch.bfloat16 and prep.tile_slack == knn_module.BF16_SHORTLIST_SLACK
+    tile = (prep.tile_query @ prep.tile_query.T).double()  # bf16 products, bf16 output
+    h = 0.5 * (prep.query64**2).sum(1)
+    exact = prep.query64 @ prep.query64.T - h.unsqueeze(1) - h.unsqueeze(0)  # -|q - r|^2 / 2
+    error = (tile + prep.shift.unsqueeze(1) - exact).abs()
+    allowed = prep.tile_bound.unsqueeze(1) + prep.tile_output_rounding * tile.abs()
+    assert bool((error <= allowed).all()) and float(error.max()) > 0
+    assert float(prep.tile_bound.max()) < 2.5 * knn_module.BF16_UNIT_ROUNDOFF  # ~1.7u for unit vectors
+    # un-normalised Euclidean operands carry bias columns: those tiles stay in float32
+    assert knn_module._prepare(3 * x[:, :2].abs() + x[:, 2:4], x[:, :2], "euclidean", False).tile_query.dtype == \
+        torch.float32
 
 
 def test_running_top_merges_batches_like_a_full_topk():
@@ -173,11 +200,11 @@ def test_running_top_merges_batches_like_a_full_topk():
     scores = torch.randn(12, 40, generator=g).round(decimals=1)
     top = knn_module._RunningTop(12, 5)
     top.start(0, 0, scores[:6, :3])  # rows 0-5 seeded with fewer than m entries, rows 6-11 empty
-    i, j, v = knn_module._above(scores[6:, :3], top.threshold[6:], True, 3)
+    (i, j, v), _ = knn_module._above(scores[6:, :3], top.threshold[6:], None, 3)
     top.merge(i + 6, j, v)
     for c0 in range(3, 40, 9):  # later columns arrive as sparse candidates above the thresholds
         block = scores[:, c0 : c0 + 9]
-        i, j, v = knn_module._above(block, top.threshold, True, 1)
+        (i, j, v), _ = knn_module._above(block, top.threshold, None, 1)
         top.merge(i, j + c0, v)
     want = scores.topk(5, dim=1).values
     assert torch.equal(top.values.sort(1, descending=True).values, want)

@@ -35,11 +35,13 @@ def make_fake_run(
     extra_metrics: dict[str, Any] | None = None,
     lr: float = 1e-4,
     class_separation: float = 1.5,
+    class_names: bool = False,
 ) -> Path:
     """Write ``tmp_path/name`` as the engine would: config, metrics, log, embeddings, env.
 
     ``thumbnails`` is ``"gray"`` ([N, H, W]), ``"rgb"`` ([N, H, W, 3]) or None; ``image_paths``
-    writes PNG files and a ``paths`` array instead; ``projections`` > 0 adds ASAP records.
+    writes PNG files and a ``paths`` array instead; ``projections`` > 0 adds ASAP records;
+    ``class_names`` saves long bird-like class names (as a photo folder run does).
     Class centres are ``class_separation`` standard deviations apart on average, so the
     default data has some wrong neighbours.
     """
@@ -87,6 +89,8 @@ def make_fake_run(
         centres = rng.standard_normal((num_classes, embedding_size)) * class_separation / np.sqrt(2.0)
         emb = (centres[labels] + rng.standard_normal((labels.size, embedding_size))).astype(np.float32)
         arrays: dict[str, np.ndarray] = {"embeddings": emb, "labels": labels}
+        if class_names:
+            arrays["class_names"] = np.array([f"Pileated_Woodpecker_{c:03d}" for c in range(num_classes)])
         if proxies:
             arrays["proxies"] = centres.astype(np.float32)
             arrays["proxy_labels"] = np.arange(num_classes, dtype=np.int64)

@@ -24,8 +24,30 @@ def test_every_image_is_an_inline_png_that_decodes(asap_report, page, decode_png
     _, text = asap_report
     parsed = page(text)
     images = decode_pngs(parsed.image_sources)
-    assert len(images) == 4  # curves, embedding map, retrieval grid, projections
-    assert all(image.width >= 200 and image.height >= 150 for image in images)
+    figures = [image for image in images if image.width >= 200 and image.height >= 150]
+    tiles = [image for image in images if image.size == (80, 80)]
+    assert len(figures) == 3  # curves, embedding map, projections
+    # the retrieval grids: 8 random queries (and the worst ones, at most one per class), 1 + 4 cells each
+    assert len(figures) + len(tiles) == len(images) and len(tiles) % 5 == 0 and 40 <= len(tiles) <= 65
+    assert "<h3>Random queries</h3>" in text
+
+
+def test_counts_print_as_integers_and_far_proxies_sit_on_the_edge(fake_run, page):
+    run_dir = fake_run("counts", proxies=True, extra_metrics={"num_queries_excluded": 1343}, class_separation=0.3)
+    with np.load(run_dir / "embeddings" / "test.npz") as saved:
+        arrays = dict(saved)
+    arrays["proxies"] = arrays["proxies"] * 50.0  # unnormalised proxies far outside the test points
+    np.savez(run_dir / "embeddings" / "test.npz", **arrays)
+    text = write_report(run_dir).read_text(encoding="utf-8")
+    rows = {cells[1]: cells for _, cells in page(text).rows if len(cells) == 3}
+    assert rows["num_queries_excluded"][2] == "1343" and rows["map_at_r"][2] == "0.2200"
+    assert "of them beyond the test points&#x27; range drawn as diamonds on the edge" in text
+    # overlapping classes: the worst queries (one per class, first neighbour wrong) beside the random ones
+    worst = text.split("<h3>Worst queries</h3>")[1].split("</div></div>")[0]
+    assert 1 <= worst.count("<figure>") // 5 <= 5 and worst.count("<figure>") % 5 == 0
+    first_neighbours = worst.split('<b>#1</b>')[0:-1]
+    assert len(first_neighbours) == worst.count("<figure>") // 5
+    assert worst.count(f"border-color:{WRONG_COLOR}") >= len(first_neighbours)  # every #1 is wrong
 
 
 def test_report_is_self_contained_and_small(asap_report, page):
@@ -115,7 +137,8 @@ def test_image_paths_two_dim_embeddings_and_tsne(fake_run, page, decode_pngs):
     text = write_report(run_dir, embedding_method="tsne").read_text(encoding="utf-8")
     assert "the 2-D embeddings themselves" in text  # 2-D wins over the requested t-SNE
     assert "showing class labels only" not in text
-    assert len(decode_pngs(page(text).image_sources)) == 3
+    images = decode_pngs(page(text).image_sources)
+    assert sum(image.width >= 200 for image in images) == 2 and len(images) > 2  # curves, map, grid tiles
     run_dir = fake_run("tsne", thumbnails="gray", embedding_size=6, num_classes=3, per_class=5)
     text = write_report(run_dir, embedding_method="tsne").read_text(encoding="utf-8")
     assert "t-SNE of the 6-D embeddings" in text

@@ -1,4 +1,4 @@
-"""Retrieval grid pieces: brute-force neighbours, query choice, framed mosaic."""
+"""Retrieval grid pieces: exact neighbours, query choice (random and worst), the HTML grid."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from dmlkit.report.retrieval_grid import (
     CORRECT_COLOR,
     QUERY_COLOR,
     WRONG_COLOR,
-    _hex_to_rgb,
+    all_neighbours,
     choose_queries,
-    grid_mosaic,
     load_images,
     nearest_neighbours,
+    retrieval_grid_html,
+    worst_queries,
 )
+from dmlkit.report.run_dir import TestEmbeddings
 
 
 def _reference_neighbours(x: np.ndarray, queries: np.ndarray, k: int, distance: str) -> np.ndarray:
@@ -40,7 +42,7 @@ def test_neighbours_match_loop_reference():
     x = rng.standard_normal((40, 7))
     queries = np.array([0, 5, 39, 17])
     for distance in ("cosine", "euclidean"):
-        got = nearest_neighbours(x.astype(np.float32), queries, 4, distance, chunk_rows=7)
+        got = nearest_neighbours(x.astype(np.float32), queries, 4, distance)
         np.testing.assert_array_equal(got, _reference_neighbours(x, queries, 4, distance))
 
 
@@ -78,23 +80,47 @@ def test_queries_come_from_distinct_eligible_classes_and_depend_on_seed():
     assert choose_queries(np.arange(5), 3, seed=0).size == 0
 
 
-def test_mosaic_frames_carry_the_requested_colours():
-    gray = np.full((10, 6), 77, np.uint8)
-    rgb = np.zeros((5, 5, 3), np.uint8)
-    tiles = [[(gray, QUERY_COLOR), (rgb, CORRECT_COLOR)], [(None, QUERY_COLOR), (gray, WRONG_COLOR)]]
-    size, frame, gap, title = 20, 3, 4, 10
-    mosaic = grid_mosaic(tiles, size, frame, gap, title)
-    cell_w, cell_h = size + 2 * frame + gap, size + 2 * frame + gap + title
-    assert mosaic.shape == (2 * cell_h + gap, 2 * cell_w + gap, 3)
-    for r, row in enumerate(tiles):
-        for c, (_, color) in enumerate(row):
-            top, left = gap + r * cell_h + title, gap + c * cell_w
-            np.testing.assert_array_equal(mosaic[top, left + 5], _hex_to_rgb(color))  # top edge
-            np.testing.assert_array_equal(mosaic[top + 10, left + 1], _hex_to_rgb(color))  # left edge
-    # the gray thumbnail is scaled into the tile; its centre keeps its value
-    centre = mosaic[gap + title + frame + size // 2, gap + frame + size // 2]
-    np.testing.assert_array_equal(centre, [77, 77, 77])
-    assert _hex_to_rgb(WRONG_COLOR).tolist() == [0xD1, 0x24, 0x2F]
+def test_worst_queries_have_wrong_first_neighbours_most_wrong_first_one_per_class():
+    labels = np.array([0, 0, 0, 1, 1, 2, 2, 3], dtype=np.int64)  # class 3 is a singleton
+    neighbours = np.array([
+        [3, 5, 1],  # 0: wrong, wrong, right
+        [0, 2, 3],  # 1: right first: never a worst query
+        [4, 6, 3],  # 2: all wrong -> worst of class 0
+        [0, 1, 2],  # 3: all wrong
+        [0, 3, 1],  # 4: wrong, right, wrong
+        [0, 1, 6],  # 5: wrong, wrong, right
+        [5, 0, 1],  # 6: right first
+        [0, 1, 2],  # 7: singleton class: excluded
+    ])
+    # loop reference: eligible rows with a wrong first neighbour, by (hits as a binary number, index)
+    rows = []
+    for q in range(len(labels)):
+        if (labels == labels[q]).sum() < 2 or labels[neighbours[q, 0]] == labels[q]:
+            continue
+        hits = [int(labels[n] == labels[q]) for n in neighbours[q]]
+        rows.append((int("".join(map(str, hits)), 2), q))
+    expected, seen = [], set()
+    for _, q in sorted(rows):
+        if labels[q] not in seen:
+            seen.add(labels[q])
+            expected.append(q)
+    got = worst_queries(labels, neighbours, 8)
+    assert got.tolist() == expected == [2, 3, 5]
+    assert worst_queries(labels, neighbours, 2).tolist() == [2, 3]
+    np.testing.assert_array_equal(all_neighbours(np.eye(3), 2, "euclidean"), [[1, 2], [0, 2], [0, 1]])
+
+
+def test_grid_cells_carry_frames_and_full_names_in_tooltips():
+    names = np.array(["Pileated_Woodpecker", "Rock_Wren", "Black_footed_Albatross_with_a_long_name"])
+    data = TestEmbeddings(np.zeros((4, 2), np.float32), np.array([0, 0, 1, 2]), class_names=names)
+    images = {i: np.full((12, 12), 40 * i, np.uint8) for i in range(4)}
+    text = retrieval_grid_html(data, np.array([0]), np.array([[1, 2, 3]]), images, "Worst queries")
+    assert "<h3>Worst queries</h3>" in text and "repeat(4, 88px)" in text
+    assert text.count("<figure>") == 4 and text.count("data:image/png;base64,") == 4
+    for color in (QUERY_COLOR, CORRECT_COLOR, WRONG_COLOR):
+        assert f"border-color:{color}" in text
+    assert 'title="#3 · Black_footed_Albatross_with_a_long_name (test sample 3)"' in text
+    assert 'title="query · Pileated_Woodpecker (test sample 0)"' in text
 
 
 def test_images_load_from_thumbnails_or_paths_relative_to_the_run(tmp_path):
