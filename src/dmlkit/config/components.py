@@ -109,11 +109,11 @@ def args_problems(cfg, skip: tuple[str, ...] = ()) -> list[str]:
         else:
             problems += _registry_problems("loss.miner.args", "miner", MINERS, cfg.loss.miner.name, cfg.loss.miner.args)
     if cfg.model.args and "model" not in skip:
+        from dmlkit.config.recipe import GLYPH_MODEL
         from dmlkit.models import MODELS
 
-        if cfg.model.name == "auto":
-            problems.append("model.args are given but model.name is 'auto' (the recipe picks the model from the data): "
-                            "name the model they are for, e.g. --set model.name=small_cnn.")
-        else:
-            problems += _registry_problems("model.args", "model", MODELS, cfg.model.name, cfg.model.args)
+        # model.name=auto: args can only be for the model the recipe trains from scratch (glyphs); the
+        # recipe refuses them if it picks a pretrained backbone for photos
+        name = GLYPH_MODEL if cfg.model.name == "auto" else cfg.model.name
+        problems += _registry_problems("model.args", "model", MODELS, name, cfg.model.args)
     return problems

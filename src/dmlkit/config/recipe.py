@@ -249,11 +249,16 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
         if photo:
             name = PHOTO_BACKBONE
             out["model.name"] = (name, "photos: an ImageNet-pretrained backbone (weights ship offline)")
+            if m.args:
+                from dmlkit.exceptions import ConfigError
+
+                raise ConfigError(
+                    f"model.args {m.args} are for the {GLYPH_MODEL} the recipe trains on glyphs, but these images are "
+                    f"photos and get the pretrained {PHOTO_BACKBONE}: set model.name={GLYPH_MODEL} to train the small "
+                    "CNN on them, or drop model.args.")
         else:
             name = GLYPH_MODEL
             out["model.name"] = (name, f"{profile.kind}s on a uniform background: a small CNN from scratch")
-            if not m.args:
-                out["model.args"] = (dict(GLYPH_MODEL_ARGS), "the small CNN's width for the default job")
     if m.pretrained is None:
         pretrained = photo and has_offline_weights(name)
         out["model.pretrained"] = (pretrained, "photos and offline ImageNet weights for " + name if pretrained
@@ -261,6 +266,15 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
     else:
         pretrained = bool(m.pretrained)
     warm = pretrained or m.weights is not None
+    args, why = dict(m.args), []
+    if m.name == "auto" and name == GLYPH_MODEL and not args:
+        args.update(GLYPH_MODEL_ARGS)
+        why.append("the small CNN's width for the default job")
+    if not warm and "in_chans" not in args:  # a pretrained backbone keeps its own input channels
+        args["in_chans"] = profile.channels
+        why.append(f"trained from scratch on the data's {profile.channels} channel(s)")
+    if args != m.args:
+        out["model.args"] = (args, "; ".join(why))
     if m.pooling is None:
         out["model.pooling"] = (("gem", "pretrained backbone: generalised-mean (p=3) pooling") if warm
                                 else ("avg", "average pooling"))
@@ -286,7 +300,7 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
 
 
 def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> float:
-    """A fifth of 20 or more classes; with a pretrained backbone also a third of 4 to 19 classes.
+    """A fifth of 20 or more classes; with a pretrained backbone also a third (at least 2) of 4 to 19 classes.
 
     A pretrained backbone's untrained embedding is a candidate like every checkpoint, and only
     classes held out of training can say whether training helped; so it gets validation classes
@@ -294,7 +308,9 @@ def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> fl
     """
     if profile.num_classes >= 20:
         return 0.2
-    return 1 / 3 if pretrained and profile.num_classes >= 4 else 0.0
+    if pretrained and profile.num_classes >= 4:
+        return max(1 / 3, 2 / profile.num_classes)  # 4 classes: 2 held out, 2 trained on
+    return 0.0
 
 
 def finetune_epochs(num_images: int) -> int:

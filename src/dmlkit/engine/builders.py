@@ -198,10 +198,12 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
     if p.val_class_fraction is None:
         warm = recipe.uses_pretrained_weights(cfg)
         fraction = recipe.val_class_fraction_for(full, warm) if (p.fold is None and p.val_fraction == 0) else 0.0
+        held = full.num_classes - int(round((1.0 - fraction) * full.num_classes))
         reason = f"{full.num_classes} training classes" + (
-            ": hold out a fifth for checkpoint choice" if fraction == 0.2
-            else ": hold out a third, so held-out classes can tell whether training beats the pretrained embedding"
+            f": hold out {held} for checkpoint choice" if fraction == 0.2
+            else f": hold out {held}, so held-out classes tell whether training beats the pretrained embedding"
             if fraction else ": too few for class-disjoint validation")
+        fraction = round(fraction, 4)
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:

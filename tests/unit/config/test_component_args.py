@@ -27,9 +27,16 @@ def test_the_same_name_again_keeps_the_args():
     assert cfg.loss.args == {"margin": 0.1, "alpha": 32}
 
 
-def test_model_args_without_a_model_name_are_a_config_error():
-    with pytest.raises(ConfigError, match=r"model\.args are given but model\.name is 'auto'"):
-        load_config(preset="mnist-proxy-anchor", overrides=["model.args.width=8"])
+def test_model_args_of_the_default_job_are_checked_against_the_small_cnn_and_refused_for_photos():
+    from dmlkit.config.recipe import DataProfile, resolve_model
+
+    with pytest.raises(ConfigError, match=r"'model\.args\.widht' is not an argument of model 'small_cnn'"):
+        load_config(preset="mnist-proxy-anchor", overrides=["model.args.widht=8"])
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=["model.args.width=8"])
+    photos = DataProfile(num_images=40, num_classes=4, median_per_class=10, min_per_class=10, channels=3, height=300,
+                         width=400, in_memory=False, background=(0.5, 0.5, 0.5), kind="photo")
+    with pytest.raises(ConfigError, match=r"set model.name=small_cnn to train the small CNN on them, or drop model.args"):
+        resolve_model(cfg, photos)
 
 
 def test_a_new_model_drops_the_previous_models_args(tmp_path):
@@ -53,7 +60,7 @@ def test_a_config_file_layer_renaming_the_miner_drops_the_presets_miner_args(tmp
     [
         (["loss.args.marign=0.1"], r"'loss\.args\.marign' is not an argument of loss 'proxy_anchor'\. "
                                    r"Did you mean 'loss\.args\.margin'\?"),
-        (["model.name=small_cnn", "model.args.widht=8"], r"'model\.args\.widht' is not an argument of model 'small_cnn'\. "
+        (["model.args.widht=8"], r"'model\.args\.widht' is not an argument of model 'small_cnn'\. "
                                  r"Did you mean 'model\.args\.width'\?"),
         (["loss.miner.name=multi_similarity", "loss.miner.args.epsilonn=0.1"],
          r"'loss\.miner\.args\.epsilonn' is not an argument of miner 'multi_similarity'"),

@@ -88,10 +88,11 @@ def weights(trainer):
 def test_fp16_run_scales_the_loss_keeps_it_fp32_and_ends_finite(tmp_path, tiny_config):
     trainer = Trainer(tiny_config("train.mixed_precision=fp16"), tmp_path / "run", echo=lambda _: None)
     assert isinstance(trainer.scaler, torch.amp.GradScaler) and trainer.autocast_dtype is torch.float16
-    dtypes = []
-    trainer.objective.register_forward_hook(lambda module, inputs, out: dtypes.append((inputs[0].dtype, out.dtype)))
+    dtypes, trunk = [], []
+    trainer.model.trunk.register_forward_hook(lambda module, inputs, out: trunk.append(out.dtype))
+    trainer.objective.register_forward_hook(lambda module, inputs, out: dtypes.append((trunk[-1], out.dtype)))
     result = trainer.fit()
-    assert dtypes == [(torch.float16, torch.float32)] * 4  # fp16 embeddings, the loss accumulated in fp32
+    assert dtypes == [(torch.float16, torch.float32)] * 4  # an fp16 trunk, the loss accumulated in fp32
     log = [json.loads(line) for line in trainer.run.log_path.read_text().splitlines()]
     train = [r for r in log if r["kind"] == "train"]
     assert len(train) == 4 and all(math.isfinite(r["loss"]) and r["grad_scale"] > 0 for r in train)

@@ -1,0 +1,108 @@
+"""The recipe reads photos as photos (issue 25): a pretrained backbone, its preprocessing, sizes from the images."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from dmlkit.config import load_config
+from dmlkit.config import recipe as recipe_module
+from dmlkit.config.recipe import DataProfile, profile_split, resolve, resolve_model, val_class_fraction_for
+from dmlkit.data.base import ImageFileDataset
+
+
+def profile(num_classes: int, per_class: int, side: int, kind: str = "photo", in_memory: bool = False) -> DataProfile:
+    return DataProfile(num_images=num_classes * per_class, num_classes=num_classes, median_per_class=per_class,
+                       min_per_class=per_class, channels=3, height=side, width=side * 4 // 3, in_memory=in_memory,
+                       background=(0.5, 0.5, 0.5), kind=kind)
+
+
+def resolved(p: DataProfile, *overrides: str) -> dict:
+    """Both recipe phases on the default job, as the trainer runs them (the model's choices applied first)."""
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=list(overrides))
+    first = resolve_model(cfg, p)
+    recipe_module.apply(cfg, first)
+    after = DataProfile(**{**p.__dict__, "in_memory": True, "height": cfg.data.image_size or p.height,
+                           "width": cfg.data.image_size or p.width})
+    second = resolve(cfg, after, bf16_native=True)
+    return {k: v for k, (v, _) in {**first, **second}.items()}
+
+
+@pytest.mark.parametrize(
+    "classes, per_class, side, expected",
+    [
+        # few classes, 10 photos each, large photos (the Pets development set's shape): 288-px view, 20 epochs
+        (18, 10, 375, {"data.image_size": 288, "data.crop_size": 224, "sampler.m": 2, "sampler.batch_size": 36,
+                         "train.max_steps": 85}),  # 17 epochs of 180 photos at 36 a batch
+        # many classes, 500 photos each, small photos: 224-px view (upsampled), the minimum of 3 epochs
+        (200, 500, 120, {"data.image_size": 224, "data.crop_size": 224, "sampler.m": 16, "train.max_steps": 4688}),
+        # few classes, 500 photos each, mid-size photos: the largest multiple of 32 a centre crop holds
+        (5, 500, 300, {"data.image_size": 256, "data.crop_size": 224, "train.max_steps": 117}),
+        # many classes, 10 photos each, large photos
+        (500, 10, 600, {"data.image_size": 288, "sampler.m": 2, "train.max_steps": 234}),
+    ],
+)
+def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_class, side, expected):
+    got = resolved(profile(classes, per_class, side))
+    assert got["model.name"] == "efficientnet_lite0" and got["model.pretrained"] is True
+    assert got["model.pooling"] == "gem" and got["model.head_init"] == "identity" and got["model.freeze_bn"] is True
+    assert "model.args" not in got  # a pretrained backbone keeps its 3 input channels and takes no small-CNN args
+    assert got["optimizer.lr"] == recipe_module.PRETRAINED_LR
+    assert got["optimizer.head_lr_multiplier"] == recipe_module.PRETRAINED_HEAD_LR_MULTIPLIER
+    assert got["data.augment"] == "crop" and got["model.ensemble"] == 1 and got["model.shift_average"] == 0
+    for key, value in expected.items():
+        assert got[key] == value, key
+
+
+def test_glyphs_keep_the_small_cnn_from_scratch_on_their_own_channels():
+    got = resolved(profile(54, 20, 28, kind="glyph", in_memory=True))
+    assert got["model.name"] == "small_cnn" and got["model.pretrained"] is False
+    assert got["model.args"] == {"width": 32, "in_chans": 3}  # colour glyphs stay in colour
+    assert got["model.embedding_size"] == 64 and got["model.pooling"] == "avg"
+    assert got["model.head_init"] == "kaiming" and got["model.freeze_bn"] is False
+    assert got["optimizer.lr"] == recipe_module.SCRATCH_LR and got["optimizer.head_lr_multiplier"] == 1.0
+    assert "data.image_size" not in got and "data.crop_size" not in got
+
+
+def test_a_users_model_and_values_are_kept():
+    got = resolved(profile(18, 10, 375), "model.name=small_cnn", "optimizer.lr=0.01", "data.image_size=160")
+    assert "model.name" not in got and got["model.pretrained"] is False  # no offline weights asked for
+    assert got["model.args"] == {"in_chans": 3}  # RGB kept for a small CNN on photos
+    assert "optimizer.lr" not in got and "data.image_size" not in got
+    assert got["data.crop_size"] == 160  # never larger than the evaluation view
+
+
+def test_validation_classes_for_a_pretrained_backbone_even_when_few():
+    assert val_class_fraction_for(profile(18, 10, 300), pretrained=True) == pytest.approx(1 / 3)
+    assert val_class_fraction_for(profile(18, 10, 300), pretrained=False) == 0.0
+    assert val_class_fraction_for(profile(3, 10, 300), pretrained=True) == 0.0
+    assert val_class_fraction_for(profile(4, 10, 300), pretrained=True) == 0.5  # 2 held out, 2 left
+    assert val_class_fraction_for(profile(40, 10, 300), pretrained=True) == 0.2
+
+
+def test_profile_reads_size_and_kind_of_image_files_without_decoding_them_all(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    paths = []
+    for i in range(6):  # smooth random colour fields, as photographs vary along their borders
+        coarse = torch.rand(1, 3, 4, 4, generator=g)
+        pixels = torch.nn.functional.interpolate(coarse, size=(300 + 10 * i, 400), mode="bicubic", align_corners=False)
+        path = tmp_path / f"{i}.jpg"
+        Image.fromarray((pixels[0].permute(1, 2, 0).clamp(0, 1) * 255).byte().numpy()).save(path)
+        paths.append(str(path))
+    p = profile_split(ImageFileDataset(paths, torch.tensor([0, 0, 0, 1, 1, 1]), ["a", "b"]))
+    assert (p.kind, p.in_memory, p.channels, p.width) == ("photo", False, 3, 400)
+    assert p.height == 320  # the median of 300..350
+
+
+def test_no_rule_is_keyed_on_a_data_set_name():
+    from dmlkit.data import DATASETS
+
+    source = Path(recipe_module.__file__).read_text()
+    literals = {node.value.lower() for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    names = {n.lower() for n in DATASETS.names()} | {"pets", "cub", "cars", "sop", "inshop", "mnist", "omniglot"}
+    assert not literals & names
