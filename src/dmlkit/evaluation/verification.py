@@ -49,6 +49,7 @@ DEFAULT_FMRS: tuple[float, ...] = (1e-2, 1e-3)
 #: Pairs scored exactly before sampling starts (about N = 3,160 samples; ~45 MB of scores and flags).
 DEFAULT_MAX_PAIRS = 5_000_000
 _CHUNK = 1 << 16  # pairs (or rows x columns) scored at a time
+_GRAM_ROWS = 30_000  # up to this many samples, sampled pairs are read from blocks of the full product
 
 
 def fmr_key(fmr: float) -> str:
@@ -142,8 +143,28 @@ def pair_scores(
     first_g, second_g = _genuine_pairs(labels, max_pairs // 2, generator)
     first_i, second_i = _impostor_pairs(labels, max_pairs - len(first_g), generator)
     first, second = torch.cat([first_g, first_i]), torch.cat([second_g, second_i])
-    scores = torch.cat([(x[a] * x[b]).sum(1) for a, b in zip(first.split(_CHUNK), second.split(_CHUNK))])
-    return scores.double(), labels[first] == labels[second]
+    return _scores_of(x, first, second).double(), labels[first] == labels[second]
+
+
+def _scores_of(x: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``<x[first[p]], x[second[p]]>`` ``[P]``: read from row blocks of ``x @ x.T`` when that product
+    is cheap (``N <= _GRAM_ROWS``), else from gathered rows in small chunks."""
+    n = x.shape[0]
+    if n > _GRAM_ROWS:
+        return torch.cat([(x[a] * x[b]).sum(1) for a, b in zip(first.split(4096), second.split(4096))])
+    order = torch.argsort(first)
+    first, second = first[order], second[order]
+    rows = max(1, _CHUNK * 16 // n)
+    bounds = torch.searchsorted(first, torch.arange(0, n + rows, rows).clamp_max(n))
+    scores = torch.empty(len(first), dtype=x.dtype)
+    for block, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        if lo < hi:
+            start = block * rows
+            gram = x[start : start + rows] @ x.T  # [rows, N]
+            scores[lo:hi] = gram[first[lo:hi] - start, second[lo:hi]]
+    out = torch.empty_like(scores)
+    out[order] = scores
+    return out
 
 
 def _all_pairs(x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -140,3 +140,16 @@ def test_float32_embeddings_and_bad_inputs():
     with pytest.raises(DataError, match="two samples"):
         verification_metrics(x[:1], y[:1])
     assert fmr_key(1e-3) == "1e-3" and fmr_key(0.005) == "5e-3" and fmr_key(0.015) == "1.5e-2"
+
+
+def test_sampled_pairs_score_the_same_from_gram_blocks_or_gathered_rows(monkeypatch):
+    from dmlkit.evaluation import verification
+
+    x, y = random_data(n=500, classes=40, seed=2)
+    blocks = verification_metrics(x, y, max_pairs=20_000, seed=3)
+    monkeypatch.setattr(verification, "_GRAM_ROWS", 10)  # force the gathered-rows path
+    assert verification_metrics(x, y, max_pairs=20_000, seed=3) == blocks
+    first, second = torch.tensor([0, 499, 7]), torch.tensor([1, 3, 7])
+    xn = torch.nn.functional.normalize(x, dim=1)
+    want = [sum(float(a) * float(b) for a, b in zip(xn[i], xn[j])) for i, j in zip(first, second)]
+    assert verification._scores_of(xn, first, second).tolist() == pytest.approx(want, abs=1e-12)
