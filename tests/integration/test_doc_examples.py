@@ -127,7 +127,8 @@ def shorten(argv: list[str]) -> list[str]:
 def _copy(source: str):
     def make(workdir: Path, name: str) -> None:
         src = workdir / source
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
+        if src.exists():  # otherwise the example that wrote it failed, and is reported
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
     return make
 
 
