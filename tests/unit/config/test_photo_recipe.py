@@ -35,15 +35,15 @@ def resolved(p: DataProfile, *overrides: str) -> dict:
 @pytest.mark.parametrize(
     "classes, per_class, side, expected",
     [
-        # few classes, 10 photos each, large photos (the Pets development set's shape): 288-px view, 20 epochs
+        # few classes, 10 photos each, large photos (the Pets development set's shape): 288-px view
         (18, 10, 375, {"data.image_size": 288, "data.crop_size": 224, "sampler.m": 2, "sampler.batch_size": 36,
-                         "train.max_steps": 85}),  # 17 epochs of 180 photos at 36 a batch
-        # many classes, 500 photos each, small photos: 224-px view (upsampled), the minimum of 3 epochs
-        (200, 500, 120, {"data.image_size": 224, "data.crop_size": 224, "sampler.m": 16, "train.max_steps": 4688}),
+                       "train.max_steps": 30}),  # 6 epochs of 180 photos at 36 a batch
+        # many classes, 500 photos each, small photos: 224-px view (upsampled), the minimum of 2 epochs
+        (200, 500, 120, {"data.image_size": 224, "data.crop_size": 224, "sampler.m": 16, "train.max_steps": 3125}),
         # few classes, 500 photos each, mid-size photos: the largest multiple of 32 a centre crop holds
-        (5, 500, 300, {"data.image_size": 256, "data.crop_size": 224, "train.max_steps": 117}),
+        (5, 500, 300, {"data.image_size": 256, "data.crop_size": 224, "train.max_steps": 78}),
         # many classes, 10 photos each, large photos
-        (500, 10, 600, {"data.image_size": 288, "sampler.m": 2, "train.max_steps": 234}),
+        (500, 10, 600, {"data.image_size": 288, "sampler.m": 2, "train.max_steps": 156}),
     ],
 )
 def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_class, side, expected):
