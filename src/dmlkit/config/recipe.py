@@ -46,6 +46,7 @@ RECIPE_FIELDS = (
     "model.pooling",
     "model.head_init",
     "model.freeze_bn",
+    "model.flip_average",
     "data.image_size",
     "data.crop_size",
     "protocol.val_class_fraction",
@@ -292,6 +293,9 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
     if m.freeze_bn is None:
         out["model.freeze_bn"] = ((True, "pretrained batch-norm statistics stay frozen") if warm
                                   else (False, "batch norm learns its statistics"))
+    if m.flip_average is None:
+        out["model.flip_average"] = ((True, "photos: embeddings averaged over the image and its mirror") if photo
+                                     else (False, "glyphs: a mirrored character is another character"))
     size = cfg.data.image_size
     if photo and size is None:
         size = photo_eval_size(profile)

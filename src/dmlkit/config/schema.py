@@ -77,8 +77,8 @@ class ModelConfig:
     pooling and frozen batch-norm statistics). ``ensemble=N > 1`` trains N members of this model
     side by side (each from its own initialisation, with its own loss) and embeds with their
     concatenation (``dmlkit.models.EmbedderEnsemble``). ``shift_average=r`` averages eval-mode
-    embeddings over input shifts of up to ``r`` pixels (:class:`dmlkit.models.Embedder`). ``None``
-    lets the recipe decide both from the data.
+    embeddings over input shifts of up to ``r`` pixels and ``flip_average`` over the image and its
+    mirror (:class:`dmlkit.models.Embedder`). ``None`` lets the recipe decide these from the data.
     """
 
     name: str = "small_cnn"
@@ -91,6 +91,7 @@ class ModelConfig:
     head_init: Optional[str] = "kaiming"
     ensemble: Optional[int] = None
     shift_average: Optional[int] = None
+    flip_average: Optional[bool] = False
     args: dict = field(default_factory=dict)
 
 

@@ -76,6 +76,7 @@ def build_model(cfg: RunConfig) -> nn.Module:
                 weights=m.weights,
                 freeze_bn=m.freeze_bn,
                 shift_average=m.shift_average or 0,
+            flip_average=bool(m.flip_average),
                 **m.args,
             )
         except TypeError as exc:  # a timm model's keyword arguments are known only to timm

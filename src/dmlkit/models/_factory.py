@@ -100,6 +100,7 @@ def create_model(
     freeze_bn: bool = False,
     in_chans: int | None = None,
     shift_average: int = 0,
+    flip_average: bool = False,
     head_init: str = "kaiming",
     **kwargs: Any,
 ) -> Embedder:
@@ -109,7 +110,8 @@ def create_model(
     backbone, the local file ``weights=PATH`` (a trunk-only or full-embedder state_dict, read
     with ``weights_only=True``; what matched is in ``model.weights_report``). Nothing is ever
     downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
-    to ``r`` pixels (see :class:`Embedder`). ``embedding_size=None`` keeps the backbone's feature
+    to ``r`` pixels and ``flip_average=True`` over the image and its mirror (see :class:`Embedder`).
+    ``embedding_size=None`` keeps the backbone's feature
     size; ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
     embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder
     (timm's ``create_model`` for timm names).
@@ -144,6 +146,7 @@ def create_model(
         normalization,
         freeze_bn=freeze_bn,
         shift_average=shift_average,
+        flip_average=flip_average,
     )
     embedder.weights_report = getattr(trunk, "offline_weights_report", None)
     if weights is not None:

@@ -89,7 +89,8 @@ class Embedder(nn.Module):
     in ``[-r, r]`` pixels on both axes (border pixels repeated) and returns the normalised mean of
     those ``(2r+1)^2`` embeddings; training is unchanged. Small images (digits, glyphs) then get
     embeddings that do not jump with a one-pixel shift (Omniglot test MAP@R +0.05 to +0.10,
-    docs/recipes.md).
+    docs/recipes.md). With ``flip_average=True`` (photos) an eval-mode embedding is the normalised
+    sum of the embeddings of the image and its mirror image.
     With ``freeze_bn=True`` the trunk's batch-norm layers stay in eval mode (running statistics
     frozen) even when the embedder is in training mode.
     """
@@ -104,15 +105,18 @@ class Embedder(nn.Module):
         pretrained_cfg: Mapping[str, Any] | None = None,
         freeze_bn: bool = False,
         shift_average: int = 0,
+        flip_average: bool = False,
     ):
         super().__init__()
         validate_params(
             "Embedder",
-            {"normalization": normalization, "freeze_bn": freeze_bn, "shift_average": shift_average},
+            {"normalization": normalization, "freeze_bn": freeze_bn, "shift_average": shift_average,
+             "flip_average": flip_average},
             {"normalization": [Options(NORMALIZATIONS)], "freeze_bn": [Options((True, False))],
-             "shift_average": [Interval(int, 0, None)]},
+             "shift_average": [Interval(int, 0, None)], "flip_average": [Options((True, False))]},
         )
         self.shift_average = shift_average
+        self.flip_average = flip_average
         self.trunk = trunk
         self.pool = pool
         self.head = head
@@ -134,9 +138,15 @@ class Embedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed a batch of preprocessed images: ``[B, C, H, W] -> [B, E]``."""
-        if self.shift_average and not self.training and x.dim() == 4:
-            return self._shift_averaged(x, self.shift_average)
-        return self._embed(x)
+        if self.training or x.dim() != 4:
+            return self._embed(x)
+        if self.flip_average:  # the image and its mirror in one batched pass
+            both = self._eval_embed(torch.cat([x, x.flip(-1)]))
+            return normalize(both[: x.shape[0]] + both[x.shape[0]:], self.normalization)
+        return self._eval_embed(x)
+
+    def _eval_embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self._shift_averaged(x, self.shift_average) if self.shift_average else self._embed(x)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """Trunk (under the caller's autocast, if any), then pooling, head and normalisation in fp32.
@@ -191,4 +201,5 @@ class Embedder(nn.Module):
         yield from self.head.parameters()
 
     def extra_repr(self) -> str:
-        return f"normalization={self.normalization!r}, freeze_bn={self.freeze_bn}, shift_average={self.shift_average}"
+        return (f"normalization={self.normalization!r}, freeze_bn={self.freeze_bn}, shift_average={self.shift_average}, "
+                f"flip_average={self.flip_average}")

@@ -50,6 +50,7 @@ def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_cla
     got = resolved(profile(classes, per_class, side))
     assert got["model.name"] == "efficientnet_lite0" and got["model.pretrained"] is True
     assert got["model.pooling"] == "gem" and got["model.head_init"] == "identity" and got["model.freeze_bn"] is True
+    assert got["model.flip_average"] is True
     assert "model.args" not in got  # a pretrained backbone keeps its 3 input channels and takes no small-CNN args
     assert got["optimizer.lr"] == recipe_module.PRETRAINED_LR
     assert got["optimizer.head_lr_multiplier"] == recipe_module.PRETRAINED_HEAD_LR_MULTIPLIER
@@ -62,7 +63,7 @@ def test_glyphs_keep_the_small_cnn_from_scratch_on_their_own_channels():
     got = resolved(profile(54, 20, 28, kind="glyph", in_memory=True))
     assert got["model.name"] == "small_cnn" and got["model.pretrained"] is False
     assert got["model.args"] == {"width": 32, "in_chans": 3}  # colour glyphs stay in colour
-    assert got["model.embedding_size"] == 64 and got["model.pooling"] == "avg"
+    assert got["model.embedding_size"] == 64 and got["model.pooling"] == "avg" and got["model.flip_average"] is False
     assert got["model.head_init"] == "kaiming" and got["model.freeze_bn"] is False
     assert got["optimizer.lr"] == recipe_module.SCRATCH_LR and got["optimizer.head_lr_multiplier"] == 1.0
     assert "data.image_size" not in got and "data.crop_size" not in got

@@ -50,3 +50,17 @@ def test_head_and_pooling_run_in_fp32_under_autocast():
     with torch.no_grad():
         want = torch.nn.functional.normalize(model.head(model.pool(trunk.float())))
     assert torch.allclose(out, want, atol=1e-6)  # only the trunk saw bf16
+
+
+def test_flip_average_is_the_normalised_sum_over_the_image_and_its_mirror():
+    torch.manual_seed(0)
+    model = create_model("small_cnn", embedding_size=8, in_chans=3, flip_average=True).double().eval()
+    x = torch.randn(3, 3, 20, 20, dtype=torch.float64)
+    with torch.no_grad():
+        plain = [model._embed(x[i:i + 1])[0] for i in range(3)]
+        mirror = [model._embed(x[i:i + 1].flip(-1))[0] for i in range(3)]
+        want = torch.stack([torch.nn.functional.normalize(a + b, dim=0) for a, b in zip(plain, mirror)])
+        assert torch.allclose(model(x), want, atol=1e-10)
+        assert torch.allclose(model(x), model(x.flip(-1)), atol=1e-10)  # mirror-invariant
+    model.train()
+    assert torch.allclose(model(x), model._embed(x))  # training sees one view
