@@ -32,6 +32,7 @@ field                              rule
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ RECIPE_FIELDS = (
     "data.augment",
     "model.shift_average",
     "model.ensemble",
+    "data.num_workers",
     "train.mixed_precision",
 )
 
@@ -218,6 +220,10 @@ PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 FINETUNE_IMAGES = 1000
 FINETUNE_EPOCHS = (2, 10)
 
+#: On a GPU a fine-tuning step costs a small fraction of a CPU's (and the data comes through DataLoader
+#: workers and pinned memory), so the same wall time buys ten times the images seen.
+ACCELERATOR_BUDGET_FACTOR = 10
+
 #: Validation evaluations of a fine-tuning run, after the one of the untrained embedding at step 0 (each
 #: embeds the validation photos at the evaluation size, a large share of a short run's time).
 FINETUNE_EVALUATIONS = 4
@@ -322,17 +328,20 @@ def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> fl
     return 0.0
 
 
-def finetune_epochs(num_images: int) -> int:
-    """:data:`FINETUNE_IMAGES` / images, within :data:`FINETUNE_EPOCHS`."""
+def finetune_epochs(num_images: int, accelerator: bool = False) -> int:
+    """:data:`FINETUNE_IMAGES` / images (x :data:`ACCELERATOR_BUDGET_FACTOR` on a GPU), within :data:`FINETUNE_EPOCHS`."""
     low, high = FINETUNE_EPOCHS
-    return int(max(low, min(high, round(FINETUNE_IMAGES / max(num_images, 1)))))
+    budget = FINETUNE_IMAGES * (ACCELERATOR_BUDGET_FACTOR if accelerator else 1)
+    return int(max(low, min(high, round(budget / max(num_images, 1)))))
 
 
-def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dict[str, tuple[Any, str]]:
+def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
+            accelerator: bool = False) -> dict[str, tuple[Any, str]]:
     """``{field: (value, reason)}`` for the recipe fields ``cfg`` leaves unset (``None`` / ``"auto"``).
 
     ``profile`` describes the split the model trains on (after any validation classes are held out);
-    ``bf16_native`` says whether the training device computes bf16 natively.
+    ``bf16_native`` says whether the training device computes bf16 natively; ``accelerator`` whether
+    it is a GPU (a larger fine-tuning budget for the same wall time).
     """
     out: dict[str, tuple[Any, str]] = {}
     batch = cfg.sampler.batch_size
@@ -358,11 +367,12 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
                                                else f", about {DEFAULT_BATCH} images"))
     warm = uses_pretrained_weights(cfg)
     if cfg.train.max_steps is None and warm:
-        epochs = finetune_epochs(profile.num_images)
+        epochs = finetune_epochs(profile.num_images, accelerator)
         steps = max(1, round(epochs * profile.num_images / batch))
+        budget = FINETUNE_IMAGES * (ACCELERATOR_BUDGET_FACTOR if accelerator else 1)
         out["train.max_steps"] = (steps, f"fine-tuning: {epochs} epochs of {profile.num_images} images at batch "
-                                         f"{batch} (about {FINETUNE_IMAGES:,} images seen, {FINETUNE_EPOCHS[0]} to "
-                                         f"{FINETUNE_EPOCHS[1]} epochs)")
+                                         f"{batch} (about {budget:,} images seen{' on a GPU' if accelerator else ''}, "
+                                         f"{FINETUNE_EPOCHS[0]} to {FINETUNE_EPOCHS[1]} epochs)")
     elif cfg.train.max_steps is None:
         epochs = epochs_for(profile.num_images)
         steps = max(50, min(2000, round(epochs * profile.num_images / batch)))
@@ -420,6 +430,13 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False) -> dic
             out["model.ensemble"] = (1, "one model" + ("" if small else f" (images larger than {SMALL_SIDE} px or on disk)")
                                         + ("" if profile.median_per_class < FEW_PER_CLASS else
                                            f" ({profile.median_per_class} images per class)"))
+    if cfg.data.num_workers is None:
+        if accelerator and not profile.in_memory:
+            workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+            out["data.num_workers"] = (workers, "images decoded from disk while the GPU computes")
+        else:
+            out["data.num_workers"] = (0, "images held in memory" if profile.in_memory
+                                       else "on a CPU, workers would take the cores the model computes on")
     if cfg.train.mixed_precision == "auto":
         out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
                                         else ("none", "no native bf16 on this device"))

@@ -31,6 +31,7 @@ class DataConfig:
     (:mod:`dmlkit.config.recipe`) choose from the kind of images. For photos ``image_size`` is the
     evaluation size (shorter side resized to ``image_size * 256 / 224``, centre crop) and
     ``crop_size`` the training crop; ``None`` lets the recipe choose both from the images' size.
+    ``num_workers=None`` lets the recipe choose DataLoader workers (on a GPU, for images read from disk).
     """
 
     name: str = "mnist"
@@ -39,7 +40,7 @@ class DataConfig:
     eval_label: Optional[str] = None
     image_size: Optional[int] = None
     crop_size: Optional[int] = None
-    num_workers: int = 0
+    num_workers: Optional[int] = 0
     skip_bad_images: bool = False
     augment: str = "auto"
     max_shift: int = 2
@@ -239,7 +240,7 @@ CONSTRAINTS: dict[str, list] = {
     "data.name": [OptionsFrom("dmlkit.data", "DATASETS")],
     "loss.name": [OptionsFrom("dmlkit.losses", "LOSSES")],
     "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
-    "data.num_workers": [Interval(int, 0, None)],
+    "data.num_workers": [NONE, Interval(int, 0, None)],
     "data.image_size": [NONE, Interval(int, 0, None, closed="neither")],
     "data.crop_size": [NONE, Interval(int, 0, None, closed="neither")],
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],

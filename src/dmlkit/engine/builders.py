@@ -180,7 +180,7 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False, model: nn.Module | None = None,
-                 model_choices: dict | None = None) -> ResolvedRecipe:
+                 model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
     """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
 
     First the validation classes (``protocol.val_class_fraction``), then the rest from the split
@@ -210,7 +210,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
     if p.val_class_fraction and splits.val is None:
         _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     profile = recipe.profile_split(splits.train)
-    choices = recipe.resolve(cfg, profile, bf16_native=bf16_native)
+    choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
     recipe.apply(cfg, choices)
     chosen.update(choices)
     if chosen:

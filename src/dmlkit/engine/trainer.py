@@ -85,7 +85,8 @@ class Trainer:
         model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
         self.splits = builders.build_splits(cfg, model, survey)  # transforms follow the model's preprocessing
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),
-                                            model=model, model_choices=model_choices)
+                                            model=model, model_choices=model_choices,
+                                            accelerator=self.device.type == "cuda")
         chose = {key: value for key, (value, _) in self.recipe.choices.items()}
         if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):  # the recipe asked for more
             seed_everything(cfg.seed)
@@ -95,6 +96,7 @@ class Trainer:
         self.label_map = builders.LabelMap(train_labels)
         self.objective = builders.build_objective(cfg, num_classes=len(self.label_map)).to(self.device)
         self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
+        self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
         from dmlkit.engine.optim import build_optimizer, build_scheduler
 
         self.optimizer = build_optimizer(self.model, self.objective, cfg.optimizer)
@@ -217,6 +219,8 @@ class Trainer:
         if not self.model.training:  # evaluation puts it back; the check saves a walk over every module
             self.model.train()
         if self._to_device:
+            if self._pin:
+                images, labels = images.pin_memory(), labels.pin_memory()
             images = images.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
         if self.autocast_dtype is None:

@@ -107,3 +107,21 @@ def test_no_rule_is_keyed_on_a_data_set_name():
                 if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     names = {n.lower() for n in DATASETS.names()} | {"pets", "cub", "cars", "sop", "inshop", "mnist", "omniglot"}
     assert not literals & names
+
+
+def test_on_a_gpu_the_same_rules_buy_ten_times_the_images_seen():
+    cfg = load_config(preset="mnist-proxy-anchor")
+    p = profile(18, 10, 375)
+    recipe_module.apply(cfg, resolve_model(cfg, p))
+    cpu = resolve(cfg, p, bf16_native=True)["train.max_steps"][0]
+    gpu, reason = resolve(cfg, p, bf16_native=True, accelerator=True)["train.max_steps"]
+    assert (cpu, gpu) == (30, 50)  # 6 epochs of 180 photos; on a GPU the 10-epoch cap
+    assert "on a GPU" in reason
+
+
+def test_dataloader_workers_only_for_a_gpu_reading_from_disk():
+    cfg = load_config(preset="mnist-proxy-anchor")
+    on_disk, in_memory = profile(18, 10, 375), profile(18, 10, 375, in_memory=True)
+    assert resolve(cfg, on_disk, accelerator=True)["data.num_workers"][0] >= 1
+    assert resolve(cfg, on_disk)["data.num_workers"][0] == 0
+    assert resolve(cfg, in_memory, accelerator=True)["data.num_workers"][0] == 0
