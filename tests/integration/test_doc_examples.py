@@ -151,6 +151,9 @@ FIXTURES = {
 def run_example(argv: list[str], workdir: Path) -> tuple[int, str]:
     from dmlkit.cli.main import main
 
+    # the docs name the shared data as seen from the repository root; the examples run elsewhere
+    argv = [token.replace("../shared/", f"{ROOT.parent / 'shared'}/") for token in argv]
+
     for token in argv:
         if token in FIXTURES and not (workdir / token).exists():
             FIXTURES[token][1](workdir, token)
