@@ -79,7 +79,7 @@ def test_the_run_embeds_with_the_backbones_own_normalisation(photo_run):
     embedder = RunEmbedder.from_run(out)
     assert embedder.model.pretrained_cfg["mean"] == LITE0_PRETRAINED_CFG["mean"]  # TF scaling (x - 127) / 128
     saved = np.load(out / "embeddings" / "test.npz", allow_pickle=False)
-    paths = json.loads((out / "manifest.json").read_text())["splits"]["test"]["paths"]
+    paths = json.loads((out / "manifest.json").read_text())["test"]["paths"]
     # by hand: shorter side 329 (bicubic), centre 288 x 288, RGB, (x - 127) / 128, then the model
     with Image.open(paths[0]) as img:
         img = img.convert("RGB")

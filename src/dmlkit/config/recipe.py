@@ -255,7 +255,8 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
 
     out: dict[str, tuple[Any, str]] = {}
     m = cfg.model
-    photo = profile.kind == "photo"
+    # small images (digits, thumbnails) keep the small-image rules and the small CNN, whatever their borders
+    photo = profile.kind == "photo" and max(profile.height, profile.width) > SMALL_SIDE
     name = m.name
     if name == "auto":
         if photo:
@@ -270,7 +271,9 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
                     "CNN on them, or drop model.args.")
         else:
             name = GLYPH_MODEL
-            out["model.name"] = (name, f"{profile.kind}s on a uniform background: a small CNN from scratch")
+            out["model.name"] = (name, f"{profile.kind}s of {profile.height}x{profile.width} px: a small CNN from scratch"
+                                 if profile.kind == "photo" else
+                                 f"{profile.kind}s on a uniform background: a small CNN from scratch")
     if m.pretrained is None:
         pretrained = photo and has_offline_weights(name)
         out["model.pretrained"] = (pretrained, "photos and offline ImageNet weights for " + name if pretrained
@@ -302,6 +305,8 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
     if m.flip_average is None:
         out["model.flip_average"] = ((True, "photos: embeddings averaged over the image and its mirror") if photo
                                      else (False, "glyphs: a mirrored character is another character"))
+    if not warm:  # a model trained from scratch sees the images at their own size, as glyphs do
+        return out
     size = cfg.data.image_size
     if photo and size is None:
         size = photo_eval_size(profile)

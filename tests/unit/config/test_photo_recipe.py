@@ -74,7 +74,7 @@ def test_a_users_model_and_values_are_kept():
     assert "model.name" not in got and got["model.pretrained"] is False  # no offline weights asked for
     assert got["model.args"] == {"in_chans": 3}  # RGB kept for a small CNN on photos
     assert "optimizer.lr" not in got and "data.image_size" not in got
-    assert got["data.crop_size"] == 160  # never larger than the evaluation view
+    assert "data.crop_size" not in got  # trained from scratch: the images as they are, no pretrained view
 
 
 def test_validation_classes_for_a_pretrained_backbone_even_when_few():
