@@ -32,7 +32,6 @@ EXAMPLES = {
     ],
     "export": ["dmlkit export runs/ms --format onnx --out model.onnx"],
     "index": [
-        "dmlkit train --set data.name=folder --set data.root=../shared/data/pets/images --out runs/pets",
         "dmlkit index build runs/pets --images ../shared/data/pets/images --out pets.index --threshold-fmr 1e-3",
         "dmlkit index add pets.index --images ../shared/data/pets/images/Bengal",
         "dmlkit index query pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5",
@@ -42,6 +41,12 @@ EXAMPLES = {
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
 }
 
+
+#: A sentence before a verb's examples, for examples that build on another page's run.
+EXAMPLE_INTROS = {
+    "index": "On the Pets run `runs/pets` trained in [deploying.md](../deploying.md) (`dmlkit train --set "
+             "data.name=folder --set data.root=../shared/data/pets/images --out runs/pets`):",
+}
 
 #: Examples that need what a CI machine does not have (benchmark images, a GPU): their block carries the
 #: opt-out marker of tests/integration/test_doc_examples.py with the reason; every other example runs there.
@@ -65,7 +70,8 @@ def page(verb: str, help_text: str, actions: dict[str, str] | None = None) -> st
     for action, text in (actions or {}).items():  # verbs with sub-commands (`dmlkit index build ...`)
         lines += [f"## `dmlkit {verb} {action}`", "", "```text", text.rstrip(), "```", ""]
     if verb in EXAMPLES:
-        lines += ["## Examples", "", "```bash", *EXAMPLES[verb], "```", ""]
+        intro = [EXAMPLE_INTROS[verb], ""] if verb in EXAMPLE_INTROS else []
+        lines += ["## Examples", "", *intro, "```bash", *EXAMPLES[verb], "```", ""]
     if verb in EXAMPLES_NOT_RUN:
         reason, commands = EXAMPLES_NOT_RUN[verb]
         marker = NOT_RUN_MARKER.format(reason=reason)

@@ -402,7 +402,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
     if cfg.optimizer.loss_lr_multiplier is None:
         out["optimizer.loss_lr_multiplier"] = (100.0, "proxies learn 100x faster than the model")
     if cfg.data.augment == "auto":
-        if profile.in_memory and profile.kind == "photo" and cfg.data.image_size:
+        if profile.in_memory and profile.kind == "photo" and cfg.data.crop_size:
             out["data.augment"] = ("crop", "photos in memory: random resized crops (area 16-100 %) + flips")
         elif profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:
             out["data.augment"] = ("affine", f"glyphs/digits on a uniform background {_fmt(profile.background)}, "
