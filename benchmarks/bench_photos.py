@@ -25,13 +25,15 @@ P@1 over the test breeds, leave-one-out, cosine similarity (``dmlkit.evaluation.
   in a subprocess per seed (``--dmlkit-set KEY=VALUE`` adds overrides, e.g. to shorten a check);
   metrics from the run's ``metrics.json``; wall of the whole process.
 * throughput (``--batch`` images at ``--tp-size`` px, ``--threads`` threads): images/s of one
-  fine-tuning step (forward, loss, backward, optimiser step; every parameter trained) and of
-  embedding (eval forward, no grad). PML side: the loop's model in fp32 NCHW. dmlkit side: a
-  ``Trainer`` built through ``dmlkit train``'s own config path (its default preset,
-  ``model.name=efficientnet_lite0 model.pretrained=true``, the recipe's ``train.mixed_precision``),
-  stepping with ``Trainer.training_step`` and embedding with ``embed_dataset`` under the run's
-  autocast, so whatever the model and the engine do (bf16, channels-last) is measured. Rounds of
-  both sides are interleaved (order alternating); cells are medians over rounds after a warm-up.
+  fine-tuning step (forward, loss, backward, optimiser step) and of embedding (eval forward, no
+  grad). PML side: the loop's model in fp32, PyTorch's default NCHW layout, every parameter trained.
+  dmlkit side: ``Trainer``s built through ``dmlkit train``'s own config path (its default preset,
+  ``model.name=efficientnet_lite0 model.pretrained=true``, the recipe's ``train.mixed_precision``
+  and ``model.frozen_stages``; a second one with ``model.frozen_stages=0``), stepping with
+  ``Trainer.training_step`` and embedding with ``embed_dataset`` under the run's autocast, so
+  whatever the model and the engine do (bf16, channels-last, folded batch norm) is measured; the
+  embedding rows per image with one view and with the recipe's image + mirror. Rounds of both
+  sides are interleaved (order alternating); cells are medians over rounds after a warm-up.
 * scale (``--scale`` / ``--only-scale``): the Pets photos resized once (shorter side 230 px) into a
   temporary folder and repeated under ``--scale-replicas`` distinct class names per breed (16: 592
   classes, 2,960 training and 2,960 test photos); ``dmlkit train`` on it with its progress bar on;
@@ -128,10 +130,14 @@ def scores(embeddings: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 
 def pretrained_trunk() -> nn.Module:
-    """EfficientNet-Lite0 with dmlkit's offline ImageNet weights: ``[B, 3, H, W] -> [B, 1280, h, w]``."""
+    """EfficientNet-Lite0 with dmlkit's offline ImageNet weights: ``[B, 3, H, W] -> [B, 1280, h, w]``,
+    in PyTorch's default NCHW layout (dmlkit's trunk would switch to channels-last)."""
     from dmlkit.models import create_trunk
 
-    return create_trunk(BACKBONE, pretrained=True)
+    trunk = create_trunk(BACKBONE, pretrained=True)
+    trunk.channels_last = False
+    trunk.model.to(memory_format=torch.contiguous_format)
+    return trunk
 
 
 class PlainEmbedder(nn.Module):
@@ -293,21 +299,31 @@ def dmlkit_trainer(root: Path, size: int, threads: int, run_dir: Path, extra: li
 
 def throughput(root: Path, size: int, batch: int, threads: int, rounds: int, steps: int, extra: list[str],
                echo=print) -> dict[str, tuple[float, float]]:
-    """``{"step": (dmlkit img/s, PML img/s), "embed": (...)}``: medians over interleaved rounds."""
+    """``{work: (dmlkit img/s, PML img/s)}`` for each of :data:`WORK`: medians over interleaved rounds."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, note = dmlkit_trainer(root, size, threads, Path(tmp) / "run", extra)
-        return _throughput(trainer, note, size, batch, rounds, steps, echo)
+        recipe, note = dmlkit_trainer(root, size, threads, Path(tmp) / "recipe", extra)
+        every, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "every", [*extra, "model.frozen_stages=0"])
+        return _throughput(recipe, every, note, size, batch, rounds, steps, echo)
 
 
-def _throughput(trainer, note: str, size: int, batch: int, rounds: int, steps: int, echo) -> dict:
+#: What is timed: ``{key: (label, goal)}``. The PML side of every step row is its one fine-tuning step
+#: (every parameter, fp32 NCHW) and of every embedding row its one forward pass per image.
+WORK = {
+    "step": ("fine-tuning step as the recipe trains (stem + 2 stages frozen on a CPU)", 2.0),
+    "step_all": ("fine-tuning step, every parameter trained", 2.0),
+    "embed": ("embedding, one view per image", 4.0),
+    "embed_flip": ("embedding as the recipe embeds (image + mirror averaged: 2 views)", 4.0),
+}
+
+
+def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, steps: int, echo) -> dict:
     from pytorch_metric_learning.losses import ProxyAnchorLoss
 
     from dmlkit.evaluation.embed import embed_dataset
 
-    trainer.model.requires_grad_(True)  # a fine-tuning step: every parameter, as the plain loop's
-    num_classes = len(trainer.label_map)
+    num_classes = len(recipe.label_map)
     labels = torch.arange(batch) % num_classes
     x = tf_scale(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8))  # = the Lite0 cfg's scaling
     embed_images = x.repeat(2, 1, 1, 1)
@@ -330,36 +346,45 @@ def _throughput(trainer, note: str, size: int, batch: int, rounds: int, steps: i
         for i in range(0, len(embed_images), batch):
             model(embed_images[i:i + batch])
 
-    def dmlkit_embed() -> None:
-        embed_dataset(trainer.model, split, batch, 0, trainer.autocast_dtype)
+    def dmlkit_embed(flip: bool):
+        def run() -> None:
+            recipe.model.flip_average = flip
+            try:
+                embed_dataset(recipe.model, split, batch, 0, recipe.autocast_dtype)
+            finally:
+                recipe.model.flip_average = recipe.cfg.model.flip_average
+        return run
 
     work = {
-        "step": {"dmlkit": lambda: trainer.training_step(x, labels), "pml": pml_step},
-        "embed": {"dmlkit": dmlkit_embed, "pml": pml_embed},
+        "step": {"dmlkit": lambda: recipe.training_step(x, labels), "pml": pml_step},
+        "step_all": {"dmlkit": lambda: every.training_step(x, labels), "pml": pml_step},
+        "embed": {"dmlkit": dmlkit_embed(False), "pml": pml_embed},
+        "embed_flip": {"dmlkit": dmlkit_embed(True), "pml": pml_embed},
     }
-    images = {"step": batch * steps, "embed": len(embed_images)}
+    images = {w: batch * steps if w.startswith("step") else len(embed_images) for w in work}
     for fns in work.values():  # warm-up: oneDNN primitives, allocator, autocast caches
         for fn in fns.values():
             fn()
             fn()
-    trunk_params = list(trainer.model.trunk_parameters())
-    trained = sum(p.grad is not None for p in trunk_params)
-    layout = "channels-last" if any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
-                                    and not p.is_contiguous() for p in trunk_params) else "NCHW"
-    echo(f"  dmlkit side: mixed_precision={trainer.cfg.train.mixed_precision}, conv weights {layout}, "
-         f"{trained}/{len(trunk_params)} trunk tensors with gradients after a step"
-         + (f"; {note}" if note else ""))
+    for name, trainer in (("recipe", recipe), ("every", every)):
+        trunk_params = list(trainer.model.trunk_parameters())
+        trained = sum(p.grad is not None for p in trunk_params)
+        layout = "channels-last" if any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
+                                        and not p.is_contiguous() for p in trunk_params) else "NCHW"
+        echo(f"  dmlkit {name}: mixed_precision={trainer.cfg.train.mixed_precision}, conv weights {layout}, "
+             f"model.frozen_stages={trainer.cfg.model.frozen_stages}, {trained}/{len(trunk_params)} trunk tensors "
+             "with gradients after a step" + (f"; {note}" if note else ""))
     rates: dict[str, dict[str, list[float]]] = {w: {"dmlkit": [], "pml": []} for w in work}
     for r in range(rounds):
         for what, fns in work.items():
             order = ["dmlkit", "pml"] if r % 2 == 0 else ["pml", "dmlkit"]
             for side in order:
                 t0 = time.perf_counter()
-                for _ in range(steps if what == "step" else 1):
+                for _ in range(steps if what.startswith("step") else 1):
                     fns[side]()
                 rates[what][side].append(images[what] / (time.perf_counter() - t0))
         echo(f"  round {r + 1}/{rounds}: " + ", ".join(
-            f"{what} dmlkit {v['dmlkit'][-1]:.1f} / PML {v['pml'][-1]:.1f} img/s" for what, v in rates.items()))
+            f"{what} dmlkit {v['dmlkit'][-1]:.1f} / PML {v['pml'][-1]:.1f}" for what, v in rates.items()) + " img/s")
     return {what: (statistics.median(v["dmlkit"]), statistics.median(v["pml"])) for what, v in rates.items()}
 
 
@@ -539,11 +564,10 @@ def main() -> None:
         for what, map_r, p1, wall in rows:
             print(f"| {what} | {map_r:.3f} | {p1:.3f} | {wall} |")
     if rates:
-        goals = {"step": ("fine-tuning step (forward + backward + optimiser)", 2.0), "embed": ("embedding", 4.0)}
         print(f"\n| {BACKBONE}, batch {args.batch}, {args.tp_size} px, {args.threads} threads | dmlkit img/s | "
               "PML loop img/s (fp32 NCHW) | ratio | goal |\n| --- | --- | --- | --- | --- |")
         for what, (mine, theirs) in rates.items():
-            label, goal = goals[what]
+            label, goal = WORK[what]
             print(f"| {label} | {mine:.1f} | {theirs:.1f} | {mine / theirs:.2f}x | >= {goal:g}x |")
 
 

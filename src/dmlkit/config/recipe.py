@@ -47,6 +47,7 @@ RECIPE_FIELDS = (
     "model.pooling",
     "model.head_init",
     "model.freeze_bn",
+    "model.frozen_stages",
     "model.flip_average",
     "data.image_size",
     "data.crop_size",
@@ -209,6 +210,12 @@ PHOTO_EVAL_SIZES = (224, 288)
 PHOTO_TRAIN_SIZE = 224
 
 #: Learning rates: a small CNN from scratch; a pretrained backbone (its head and proxies learn faster).
+#: Leading feature stages of a pretrained timm backbone left untrained on a CPU (``model.frozen_stages``):
+#: EfficientNet-Lite0's blocks at 1/2 and 1/4 resolution cost a third of a fine-tuning step (64 photos
+#: at 160 px, bf16: 46 -> 63 images/s, benchmarks/bench_photos.py) and learn little at the
+#: fine-tuning learning rate; a GPU fine-tunes every layer.
+CPU_FROZEN_STAGES = 2
+
 SCRATCH_LR = 3e-3
 PRETRAINED_LR = 1e-5
 PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
@@ -241,13 +248,15 @@ def photo_eval_size(profile: DataProfile) -> int:
     return int(max(low, min(high, (side * 224 // 256) // 32 * 32)))
 
 
-def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
+def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) -> dict[str, tuple[Any, str]]:
     """``{field: (value, reason)}`` for the model and image-size fields ``cfg`` leaves to the recipe.
 
     Runs before the model is built and the images are decoded: photos get :data:`PHOTO_BACKBONE`
     with its ImageNet weights, GeM pooling, an identity-initialised head over the backbone's own
     features (so the untrained embedding is the pretrained one), frozen batch-norm statistics and
-    an evaluation size read from the images; glyphs and digits the small CNN from scratch.
+    an evaluation size read from the images, and on a CPU (``accelerator=False``) its stem and first
+    :data:`CPU_FROZEN_STAGES` feature stages are not fine-tuned; glyphs and digits the small CNN
+    from scratch.
     ``model.embedding_size`` left ``None`` for a pretrained backbone is its feature size (filled in
     when the model is built).
     """
@@ -302,6 +311,15 @@ def resolve_model(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
     if m.freeze_bn is None:
         out["model.freeze_bn"] = ((True, "pretrained batch-norm statistics stay frozen") if warm
                                   else (False, "batch norm learns its statistics"))
+    if m.frozen_stages is None:
+        from dmlkit.models.timm_trunk import is_timm_model  # deferred: config does not import the models at load
+
+        if warm and not accelerator and is_timm_model(name):
+            out["model.frozen_stages"] = (CPU_FROZEN_STAGES, f"fine-tuning on a CPU: the stem and the first "
+                                          f"{CPU_FROZEN_STAGES} feature stages (1/2 and 1/4 resolution) keep their "
+                                          "pretrained weights")
+        else:
+            out["model.frozen_stages"] = (0, "every layer trains" + (" on the accelerator" if warm else ""))
     if m.flip_average is None:
         out["model.flip_average"] = ((True, "photos: embeddings averaged over the image and its mirror") if photo
                                      else (False, "glyphs: a mirrored character is another character"))

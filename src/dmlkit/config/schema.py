@@ -73,9 +73,11 @@ class ModelConfig:
 
     ``name="auto"`` lets the recipe choose from the data: an ImageNet-pretrained
     ``efficientnet_lite0`` for photos, the small CNN for glyphs and digits. ``embedding_size``,
-    ``pooling``, ``pretrained``, ``freeze_bn`` and ``head_init`` left ``None`` are set by the recipe
-    too (a pretrained backbone keeps its feature size with an identity-initialised head, GeM
-    pooling and frozen batch-norm statistics). ``ensemble=N > 1`` trains N members of this model
+    ``pooling``, ``pretrained``, ``freeze_bn``, ``head_init`` and ``frozen_stages`` left ``None`` are
+    set by the recipe too (a pretrained backbone keeps its feature size with an identity-initialised
+    head, GeM pooling and frozen batch-norm statistics; on a CPU its stem and first two feature stages
+    are not trained). ``frozen_stages=k`` leaves the trunk's parameters up to the end of its k-th
+    feature stage (timm's ``feature_info``, highest resolution first) untrained. ``ensemble=N > 1`` trains N members of this model
     side by side (each from its own initialisation, with its own loss) and embeds with their
     concatenation (``dmlkit.models.EmbedderEnsemble``). ``shift_average=r`` averages eval-mode
     embeddings over input shifts of up to ``r`` pixels and ``flip_average`` over the image and its
@@ -90,6 +92,7 @@ class ModelConfig:
     weights: Optional[str] = None
     freeze_bn: Optional[bool] = False
     head_init: Optional[str] = "kaiming"
+    frozen_stages: Optional[int] = 0
     ensemble: Optional[int] = None
     shift_average: Optional[int] = None
     flip_average: Optional[bool] = False

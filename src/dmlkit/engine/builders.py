@@ -75,6 +75,7 @@ def build_model(cfg: RunConfig) -> nn.Module:
                 pretrained=m.pretrained,
                 weights=m.weights,
                 freeze_bn=m.freeze_bn,
+                frozen_stages=m.frozen_stages or 0,
                 shift_average=m.shift_average or 0,
             flip_average=bool(m.flip_average),
                 **m.args,
@@ -152,12 +153,12 @@ def _evaluate_like_test(splits) -> None:
     splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
-def apply_model_recipe(cfg: RunConfig, survey, echo=print) -> dict:
+def apply_model_recipe(cfg: RunConfig, survey, echo=print, *, accelerator: bool = False) -> dict:
     """Fill the model and image-size fields left to the recipe from a first look at the training split.
 
     Returns the choices (``{field: (value, reason)}``), printed later with the rest of the recipe.
     """
-    choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train))
+    choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train), accelerator=accelerator)
     recipe.apply(cfg, choices)
     return choices
 

@@ -81,7 +81,7 @@ class Trainer:
             require_tensorboard()  # a missing package fails here, before anything heavy
         seed_everything(cfg.seed)
         survey = builders.survey_data(cfg)  # a first look at the data: which model, which image size
-        model_choices = builders.apply_model_recipe(cfg, survey, self.echo)
+        model_choices = builders.apply_model_recipe(cfg, survey, self.echo, accelerator=self.device.type == "cuda")
         model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
         self.splits = builders.build_splits(cfg, model, survey)  # transforms follow the model's preprocessing
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),

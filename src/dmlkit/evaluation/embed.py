@@ -24,11 +24,16 @@ def embed_dataset(
     The one embedding loop: training evaluation, ``dmlkit evaluate``/``embed``/``search``, the
     index and :class:`dmlkit.inference.RunEmbedder` all embed through it. Batches go to the
     model's device (a GPU when the model is on one); the embeddings come back to the CPU once, at
-    the end. ``progress=True`` shows a progress bar (tqdm) over the images.
+    the end. ``progress=True`` shows a progress bar (tqdm) over the images. The batches run through
+    :func:`dmlkit.models.inference_copy.inference_copy` of the model (batch norm folded into the
+    convolutions), made at the first batch.
     """
+    from dmlkit.models.inference_copy import inference_copy
+
     was_training = model.training
     model.eval()
     outs, labs = [], []
+    runner = None
     device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
     on_cpu = device.type == "cpu"
     bar = None
@@ -49,8 +54,10 @@ def embed_dataset(
                 bar.update(len(y))
             if not on_cpu:
                 x = x.to(device, non_blocking=True)
+            if runner is None:
+                runner = inference_copy(model, x)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                outs.append(model(x).float())
+                outs.append(runner(x).float())
             labs.append(torch.as_tensor(y, dtype=torch.int64))
     finally:
         model.train(was_training)

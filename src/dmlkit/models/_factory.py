@@ -98,6 +98,7 @@ def create_model(
     normalization: str = "l2",
     pooling: str = "avg",
     freeze_bn: bool = False,
+    frozen_stages: int = 0,
     in_chans: int | None = None,
     shift_average: int = 0,
     flip_average: bool = False,
@@ -112,7 +113,8 @@ def create_model(
     downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
     to ``r`` pixels and ``flip_average=True`` over the image and its mirror (see :class:`Embedder`).
     ``embedding_size=None`` keeps the backbone's feature
-    size; ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
+    size; ``frozen_stages=k`` stops training the trunk up to the end of its k-th feature stage
+    (timm backbones; the stem included); ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
     embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder
     (timm's ``create_model`` for timm names).
     """
@@ -121,6 +123,7 @@ def create_model(
         dict(
             name=name, embedding_size=embedding_size, pretrained=pretrained, weights=weights,
             normalization=normalization, pooling=pooling, freeze_bn=freeze_bn, in_chans=in_chans,
+            frozen_stages=frozen_stages,
         ),
         dict(
             name=[InstanceOf((str,))],
@@ -131,6 +134,7 @@ def create_model(
             pooling=[Options(POOLINGS)],
             freeze_bn=[Options((True, False))],
             in_chans=[NONE, Interval(int, 1, None)],
+            frozen_stages=[Interval(int, 0, None)],
         ),
     )
     offline = pretrained and has_offline_weights(name)
@@ -139,6 +143,12 @@ def create_model(
             _ensure_known(name)
         raise InvalidParameterError(_no_offline_message(name))
     trunk = create_trunk(name, pretrained=offline, in_chans=in_chans, **kwargs)
+    if frozen_stages:
+        if not hasattr(trunk, "freeze_stages"):
+            raise InvalidParameterError(
+                f"frozen_stages={frozen_stages}: model {name!r} has no feature stages to freeze (timm backbones do); "
+                "use frozen_stages=0.")
+        trunk.freeze_stages(frozen_stages)
     embedder = Embedder(
         trunk,
         GlobalPool(pooling),

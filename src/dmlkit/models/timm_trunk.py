@@ -78,6 +78,27 @@ class TimmTrunk(nn.Module):
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)
 
+    def freeze_stages(self, count: int) -> None:
+        """Stop training every parameter up to the end of the ``count``-th feature stage (stem included).
+
+        Stages are timm's ``feature_info`` entries, highest resolution first (EfficientNet-Lite0:
+        ``blocks.0`` at 1/2 and ``blocks.1`` at 1/4 of the input; a ResNet: the stem, then ``layer1``
+        at 1/4). The early, high-resolution layers cost most of a fine-tuning step's backward pass
+        and hold the most generic features.
+        """
+        stages = [info["module"] for info in (getattr(self.model, "feature_info", None) or [])]
+        if count > len(stages):
+            raise InvalidParameterError(
+                f"frozen_stages={count}, but {self.name!r} has {len(stages)} feature stages"
+                + (f" ({', '.join(stages)})." if stages else "."))
+        last = stages[count - 1]
+        modules = list(self.model.named_modules())  # forward order for timm CNNs: stem, stages, head
+        end = max(i for i, (name, _) in enumerate(modules) if name == last or name.startswith(last + "."))
+        for _, module in modules[:end + 1]:
+            for param in module.parameters(recurse=False):
+                param.requires_grad_(False)
+        self.frozen_stages = count
+
     def _probe_token_output(self) -> bool:
         """Whether ``forward_features`` returns tokens ``[B, N, D]`` rather than a feature map.
 

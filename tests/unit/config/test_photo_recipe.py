@@ -125,3 +125,14 @@ def test_dataloader_workers_only_for_a_gpu_reading_from_disk():
     assert resolve(cfg, on_disk, accelerator=True)["data.num_workers"][0] >= 1
     assert resolve(cfg, on_disk)["data.num_workers"][0] == 0
     assert resolve(cfg, in_memory, accelerator=True)["data.num_workers"][0] == 0
+
+
+def test_a_cpu_fine_tunes_the_late_stages_only_and_a_gpu_every_layer():
+    p = profile(18, 10, 375)
+    cfg = load_config(preset="mnist-proxy-anchor")
+    assert resolve_model(cfg, p)["model.frozen_stages"][0] == recipe_module.CPU_FROZEN_STAGES == 2
+    assert resolve_model(cfg, p, accelerator=True)["model.frozen_stages"][0] == 0
+    glyphs = profile(18, 10, 28, kind="glyph", in_memory=True)
+    assert resolve_model(cfg, glyphs)["model.frozen_stages"][0] == 0  # trained from scratch: every layer learns
+    user = load_config(preset="mnist-proxy-anchor", overrides=["model.frozen_stages=4"])
+    assert "model.frozen_stages" not in resolve_model(user, p)  # the user's value is kept
