@@ -48,6 +48,40 @@ def test_skip_bad_images_skips_files_decoded_into_memory_and_records_them(tmp_pa
     assert record["kind"] == "data" and record["skipped_images"] == 2 and sorted(record["paths"]) == skipped
 
 
+def test_skip_bad_images_counts_files_read_per_item_in_the_log_and_manifest(tmp_path, capsys):
+    import io
+
+    data = make_folder(tmp_path / "data", 8, 8, size=lambda c, k: 20 + k)  # mixed sizes: read per item
+    truncated = data / "c01" / "2.png"  # c00..c03 train, c04..c07 test
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    (data / "c01" / "7.png").unlink()
+    text = data / "c01" / "7.jpg"
+    text.write_text("not an image")
+    jpeg = io.BytesIO()
+    Image.fromarray(np.full((24, 24, 3), 90, dtype=np.uint8)).save(jpeg, format="JPEG")
+    cut = data / "c05" / "8.jpg"
+    cut.write_bytes(jpeg.getvalue()[:120])
+    out = tmp_path / "run"
+    # one batch of every class with all its 8 images reads the whole training split in the one step
+    with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
+        code = main(["train", "--out", str(out), *QUICK, "--set", "train.max_steps=1", "--set", "sampler.m=8",
+                     "--set", "sampler.batch_size=32", "--set", "data.name=folder", "--set", f"data.root={data}",
+                     "--set", "data.skip_bad_images=true"])
+    assert code == 0
+    skipped = sorted([str(truncated), str(text), str(cut)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["skipped_images"] == {"count": 3, "paths": skipped}
+    assert manifest["train"]["size"] == 32 and manifest["test"]["size"] == 33  # read per item: kept, replaced
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    data_records = [r for r in records if r["kind"] == "data"]
+    assert data_records == [{"kind": "data", "step": 1, "skipped_images": 3, "paths": skipped}]
+    assert "skipped 3 unreadable image(s) read per item" in capsys.readouterr().out
+    with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
+        assert main(["evaluate", str(out)]) == 0  # the test split again: its bad file is in the evaluation's record
+    evaluation = json.loads(next((out / "evaluations").glob("*-test.json")).read_text())
+    assert evaluation["skipped_images"] == {"count": 1, "paths": [str(cut)]}
+
+
 def test_validation_images_held_out_per_class_get_the_evaluation_transform(tmp_path):
     from dmlkit.config import load_config
     from dmlkit.engine.builders import build_splits

@@ -57,7 +57,13 @@ def run(args: argparse.Namespace) -> int:
     metrics = _floats(metrics)
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
     out = Path(args.run_dir) / "evaluations" / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.split}.json"
-    atomic_write_json(out, {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics})
+    record = {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics}
+    # data.skip_bad_images: files left out when decoding into memory, and files found unreadable while reading per item
+    skipped = sorted({str(p) for p in splits.info.get("skipped_images", [])} | set(splits.skipped_per_item()))
+    if skipped:
+        record["skipped_images"] = {"count": len(skipped), "paths": skipped}
+        print(f"skipped {len(skipped)} unreadable image(s); listed in the evaluation file")
+    atomic_write_json(out, record)
     print(f"written: {out}")
     print(json.dumps({k: metrics[k] for k in TABLE_KEYS if k in metrics}))
     return 0

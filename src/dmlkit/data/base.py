@@ -89,6 +89,15 @@ class ImageFileDataset(SeededAugmentation, Dataset):
     An unreadable image raises :class:`DataError` naming the file, or, with
     ``skip_bad_images=True``, is replaced by the next readable image of the same class
     after a warning naming the file (so batch composition is kept).
+
+    Such files are found when an item is read, and collected in ``bad_paths``, a set that
+    :meth:`subset` shares with the splits it makes (a validation split cut from the training
+    split reports into the same set); :meth:`DataSplits.skipped_per_item` gathers them and a
+    run records them in ``log.jsonl`` and ``manifest.json`` when it finishes. Items read in
+    DataLoader worker processes (``num_workers > 0``; the recipe picks workers only on a GPU)
+    fill the workers' copies of the set, which never reach this process: those files are
+    warned about by the worker but not counted (as are those read by ``torchrun`` ranks other
+    than 0, which writes the run).
     """
 
     def __init__(
@@ -153,11 +162,13 @@ class ImageFileDataset(SeededAugmentation, Dataset):
         """The rows ``indices`` as a new split (labels re-indexed to 0..C'-1 when ``relabel``)."""
         indices = torch.as_tensor(indices, dtype=torch.int64)
         labels, names = _relabel(self.labels[indices], self.class_names, relabel)
-        return ImageFileDataset(
+        subset = ImageFileDataset(
             [self.paths[i] for i in indices.tolist()], labels, names, self.transform,
             mode=self.mode, skip_bad_images=self.skip_bad_images, name=self.name,
             augmentation_seed=self.augmentation_seed,
         )
+        subset.bad_paths = self.bad_paths  # one record of the bad files of a source, whichever part reads them
+        return subset
 
 
 class TensorImageDataset(SeededAugmentation, Dataset):
@@ -275,3 +286,12 @@ class DataSplits:
         """(split name, dataset) for every split that is present, in a fixed order."""
         order = ("train", "val", "test", "query", "gallery")
         return [(k, getattr(self, k)) for k in order if getattr(self, k) is not None]
+
+    def skipped_per_item(self) -> list[str]:
+        """Sorted paths of the unreadable files that splits read per item have skipped so far
+        (``skip_bad_images``; see :class:`ImageFileDataset`). Files left out when decoding into
+        memory are in ``info["skipped_images"]`` instead."""
+        found: set[str] = set()
+        for _, dataset in self.items():
+            found.update(str(p) for p in getattr(dataset, "bad_paths", ()))
+        return sorted(found)

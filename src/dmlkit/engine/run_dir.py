@@ -6,7 +6,7 @@ Layout::
     RUN_DIR/env.json               versions, git commit, seed, command line
     RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
                                    skipped, eval_input (how evaluation reads an image: inference does the same)
-    RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection
+    RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
     RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails
@@ -143,6 +143,26 @@ class RunDirectory:
         skipped = getattr(splits, "info", {}).get("skipped_images", [])
         if skipped:  # data.skip_bad_images left these files out
             self.log({"kind": "data", "step": 0, "skipped_images": len(skipped), "paths": list(skipped)})
+
+    def record_skipped_images(self, paths, step: int) -> list[str]:
+        """Count unreadable files found while the run read images per item (``data.skip_bad_images``).
+
+        The ones ``manifest.json`` does not name yet (those left out at decode time are there from
+        :meth:`prepare`) get one ``{"kind": "data", "skipped_images": N, "paths": [...]}`` line in
+        ``log.jsonl`` and join ``skipped_images`` in ``manifest.json`` (rewritten atomically).
+        Returns those new paths.
+        """
+        manifest_path = self.path / "manifest.json"
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
+        known = list(manifest.get("skipped_images", {}).get("paths", []))
+        new = sorted({str(p) for p in paths} - set(known))
+        if not new:
+            return []
+        self.log({"kind": "data", "step": step, "skipped_images": len(new), "paths": new})
+        everything = known + new
+        manifest["skipped_images"] = {"count": len(everything), "paths": everything}
+        atomic_write_json(manifest_path, manifest)
+        return new
 
     def log(self, record: dict) -> None:
         """Append one JSON line (flushed) to ``log.jsonl``."""

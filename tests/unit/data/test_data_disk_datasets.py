@@ -154,6 +154,19 @@ def test_unreadable_image_is_named_or_skipped(cub_root):
     assert torch.equal(image, lenient.train[2][0])  # the next image of the same class stands in
 
 
+def test_files_skipped_per_item_are_gathered_from_every_split_and_its_subsets(cub_root):
+    bad = cub_root / "CUB_200_2011" / "images" / "001.Bird_1" / "Bird_1_0001_2.jpg"
+    bad.write_bytes(b"not a jpeg")
+    splits = build_splits("cub200", cub_root, skip_bad_images=True, train_transform=eval_transform(image_size=16))
+    assert splits.skipped_per_item() == []
+    part = splits.train.subset(torch.tensor([0, 1, 3]))  # e.g. a validation split cut from the training split
+    with pytest.warns(RuntimeWarning, match="Bird_1_0001_2.jpg"):
+        part[1]
+    assert splits.skipped_per_item() == [str(bad)]  # the subset reports into its source's record
+    splits.train = part
+    assert splits.skipped_per_item() == [str(bad)]
+
+
 def test_missing_image_file_is_named_at_load(cub_root):
     (cub_root / "CUB_200_2011" / "images" / "101.Bird_101" / "Bird_101_0000_10.jpg").unlink()
     splits = build_splits("cub200", cub_root)
