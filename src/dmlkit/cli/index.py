@@ -23,7 +23,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                             "unlabelled) or a CSV file with columns path[,label]")
     build.add_argument("--out", required=True, metavar="INDEX", help="index file to write")
     build.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
-                       help="flat: exact; ivf / hnsw: approximate, their recall@10 against exact search is printed "
+                       help="flat: exact; ivf (about sqrt(N) lists, 32 probed) / hnsw (M=20, efConstruction=64, "
+                            "efSearch=256): approximate, their recall@10 against exact search is printed "
                             "(default: flat)")
     build.add_argument("--threshold-fmr", type=float, metavar="FMR",
                        help="store the cosine threshold at this false match rate on the labelled gallery's pairs "

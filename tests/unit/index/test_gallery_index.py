@@ -74,6 +74,49 @@ def test_add_gives_new_stable_ids_and_remove_never_reuses_them(kind, tmp_path):
     assert (a.ids == b.ids).all() and np.array_equal(a.scores, b.scores)
 
 
+def test_hnsw_defaults_are_the_documented_ones(capsys):
+    import faiss
+
+    from dmlkit.cli.main import main
+    from dmlkit.index import gallery
+
+    assert (gallery.HNSW_M, gallery.HNSW_EF_CONSTRUCTION, gallery.HNSW_EF_SEARCH) == (20, 64, 256)
+    index = Index.from_embeddings(_clustered(n=300)[0], kind="hnsw", measure_recall=False)
+    assert {k: index.params[k] for k in ("hnsw_m", "ef_construction", "ef_search")} == \
+        {"hnsw_m": 20, "ef_construction": 64, "ef_search": 256}
+    hnsw = faiss.downcast_index(index.faiss_index.index).hnsw
+    assert (hnsw.nb_neighbors(1), hnsw.efConstruction, hnsw.efSearch) == (20, 64, 256)
+    doc = " ".join(Index.__doc__.split())
+    assert "``hnsw_m`` (default 20), ``ef_construction`` (64) and ``ef_search`` (256)" in doc
+    with pytest.raises(SystemExit):
+        main(["index", "build", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "hnsw (M=20, efConstruction=64, efSearch=256)" in help_text
+
+
+def test_hnsw_defaults_reach_recall_095_against_flat_on_clustered_vectors():
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(100, 128)).astype(np.float32)
+    x = centres[rng.integers(0, 100, 5000)] + 0.35 * rng.normal(size=(5000, 128)).astype(np.float32)
+    q = centres[rng.integers(0, 100, 200)] + 0.35 * rng.normal(size=(200, 128)).astype(np.float32)
+    flat = Index.from_embeddings(x).query_embeddings(q, k=10).ids
+    hnsw = Index.from_embeddings(x, kind="hnsw").query_embeddings(q, k=10).ids
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(flat.tolist(), hnsw.tolist())])
+    assert recall >= 0.95
+
+
+def test_an_index_built_with_other_hnsw_parameters_loads_with_them(tmp_path):
+    import faiss
+
+    x, _ = _clustered()
+    old = {"hnsw_m": 32, "ef_construction": 80, "ef_search": 128}  # the defaults before issue 22's tuning
+    Index.from_embeddings(x, kind="hnsw", **old).save(tmp_path / "old.index")
+    loaded = Index.load(tmp_path / "old.index")
+    assert {k: loaded.params[k] for k in old} == old
+    hnsw = faiss.downcast_index(loaded.faiss_index.index).hnsw
+    assert (hnsw.nb_neighbors(1), hnsw.efConstruction, hnsw.efSearch) == (32, 80, 128)
+
+
 def test_interrupted_save_leaves_the_previous_index_intact(tmp_path, monkeypatch):
     x, labels = _clustered()
     path = tmp_path / "g.index"
