@@ -109,6 +109,7 @@ class Trainer:
         self.evals_since_best = 0
         self.stopped_early = False
         self.elapsed = 0.0
+        self.eval_seconds: list[float] = []  # wall time of each validation this session (the progress bar's ETA)
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
         if hooks is None:
             from dmlkit.methods import build_method_hooks  # methods build on the engine, not the reverse
@@ -306,10 +307,11 @@ class Trainer:
             "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
         )
 
-    def embed(self, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed(self, dataset, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings and labels of a whole split with the current weights, under the training autocast
         (as ``dmlkit evaluate`` and ``dmlkit embed`` embed a run's splits, so they reproduce the metrics)."""
-        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype)
+        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
+                             progress=progress)
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
@@ -331,6 +333,13 @@ class Trainer:
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
         """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
         return self.score(*self.embed(dataset), clustering=clustering)
+
+    def _timed_validation(self) -> bool:
+        start = self.clock()
+        try:
+            return self.validate()
+        finally:
+            self.eval_seconds.append(self.clock() - start)
 
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
@@ -397,8 +406,20 @@ class Trainer:
         stop = self.step >= cfg.train.max_steps
         if has_val and self.step == 0 and uses_pretrained_weights(cfg):
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
-            stop = self.validate() or stop
-        bar = _progress(cfg, initial=self.step) if self.dist.is_main else None
+            stop = self._timed_validation() or stop
+        start_step, start_elapsed = self.step, self.elapsed
+
+        def seconds_left() -> float | None:
+            """Training steps and the validations still to come, at this session's measured speeds."""
+            if self.step == start_step:
+                return None
+            per_step = (self.elapsed - start_elapsed) / (self.step - start_step)
+            total, every = cfg.train.max_steps, cfg.train.eval_every
+            evals = (total // every - self.step // every + (total % every != 0)) if has_val else 0
+            per_eval = sum(self.eval_seconds) / len(self.eval_seconds) if self.eval_seconds else 0.0
+            return (total - self.step) * per_step + max(evals, 0) * per_eval
+
+        bar = _progress(cfg, initial=self.step, seconds_left=seconds_left) if self.dist.is_main else None
         t_last = self.clock()
         running = None
         while not stop:
@@ -427,7 +448,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{running:.4f}", refresh=False)
             evaluated = False
             if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
-                stop = self.validate()
+                stop = self._timed_validation()
                 evaluated = True
                 t_last = self.clock()  # evaluation time is not training time
             stop = stop or self.step >= cfg.train.max_steps
@@ -462,7 +483,8 @@ class Trainer:
             embedded = {"test": self.splits.query, "gallery": self.splits.gallery}
         else:
             embedded = {"test": self.splits.test}
-        embedded = {split: (dataset, *self.embed(dataset)) for split, dataset in embedded.items()}
+        progress = bool(self.cfg.train.progress and self.dist.is_main)  # the test split: a bar with its own ETA
+        embedded = {split: (dataset, *self.embed(dataset, progress)) for split, dataset in embedded.items()}
         reference = embedded["gallery"][1:] if "gallery" in embedded else None
         metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference)
         metrics = _floats(metrics)
@@ -519,12 +541,23 @@ def _floats(metrics: dict) -> dict:
     return out
 
 
-def _progress(cfg: RunConfig, initial: int):
+def _progress(cfg: RunConfig, initial: int, seconds_left: Callable[[], float | None] | None = None):
+    """The training bar; its remaining time is ``seconds_left()`` (steps and validations to come) when known."""
     if not cfg.train.progress:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.train.max_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, leave=True)
+    class TrainingBar(tqdm):
+        @property
+        def format_dict(self):
+            d = super().format_dict
+            left = seconds_left() if seconds_left is not None else None
+            if left and d.get("total") and d["total"] > d["n"]:  # the rate that makes tqdm show this remaining time
+                d["rate"] = (d["total"] - d["n"]) / left
+            return d
+
+    return TrainingBar(total=cfg.train.max_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                       leave=True)
 
 
 def format_metrics_table(metrics: dict[str, Any], keys: list[str] | None = None) -> str:
