@@ -50,14 +50,14 @@ def embed_dataset(
 
             bar = tqdm(total=len(dataset), desc="embed", unit="img", dynamic_ncols=True, leave=False)
         for x, y in batches:
-            if bar is not None:
-                bar.update(len(y))
             if not on_cpu:
                 x = x.to(device, non_blocking=True)
             if runner is None:
                 runner = inference_copy(model, x)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 outs.append(runner(x).float())
+            if bar is not None:  # after the batch is embedded, so the bar's rate (and ETA) is the embedding's
+                bar.update(len(y))
             labs.append(torch.as_tensor(y, dtype=torch.int64))
     finally:
         model.train(was_training)

@@ -112,9 +112,9 @@ def create_model(
     with ``weights_only=True``; what matched is in ``model.weights_report``). Nothing is ever
     downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
     to ``r`` pixels and ``flip_average=True`` over the image and its mirror (see :class:`Embedder`).
-    ``embedding_size=None`` keeps the backbone's feature
-    size; ``frozen_stages=k`` stops training the trunk up to the end of its k-th feature stage
-    (timm backbones; the stem included); ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
+    ``embedding_size=None`` keeps the backbone's feature size; ``frozen_stages=k`` stops training
+    the trunk up to the end of its k-th feature stage (timm backbones; the stem included);
+    ``head_init="identity"`` (with that size) starts the head as the identity, so the untrained
     embedding is the pooled pretrained feature itself. Extra ``kwargs`` go to the backbone builder
     (timm's ``create_model`` for timm names).
     """
