@@ -211,8 +211,8 @@ PHOTO_TRAIN_SIZE = 224
 
 #: Learning rates: a small CNN from scratch; a pretrained backbone (its head and proxies learn faster).
 #: Leading feature stages of a pretrained timm backbone left untrained on a CPU (``model.frozen_stages``):
-#: EfficientNet-Lite0's blocks at 1/2 and 1/4 resolution cost a third of a fine-tuning step (64 photos
-#: at 160 px, bf16: 46 -> 63 images/s, benchmarks/bench_photos.py) and learn little at the
+#: EfficientNet-Lite0's blocks at 1/2 and 1/4 resolution cost a quarter of a fine-tuning step (64 photos
+#: at 160 px, bf16: 48.7 -> 63.3 images/s, benchmarks/bench_photos.py) and learn little at the
 #: fine-tuning learning rate; a GPU fine-tunes every layer.
 CPU_FROZEN_STAGES = 2
 

@@ -35,13 +35,10 @@ def _conv_batch_norm_pairs(model: nn.Module, probe: torch.Tensor) -> list[tuple[
     finally:
         for hook in hooks:
             hook.remove()
-    seen: set[int] = set()
-    unique = []
+    first: dict[int, tuple[nn.Conv2d, nn.BatchNorm2d]] = {}
     for conv, bn in pairs:  # a layer run twice in one pass (flip or shift averaging) is folded once
-        if id(bn) not in seen:
-            seen.add(id(bn))
-            unique.append((conv, bn))
-    return unique
+        first.setdefault(id(bn), (conv, bn))
+    return list(first.values())
 
 
 def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
