@@ -32,7 +32,9 @@ P@1 over the test breeds, leave-one-out, cosine similarity (``dmlkit.evaluation.
   and ``model.frozen_stages``; a second one with ``model.frozen_stages=0``), stepping with
   ``Trainer.training_step`` and embedding with ``embed_dataset`` under the run's autocast, so
   whatever the model and the engine do (bf16, channels-last, folded batch norm) is measured; the
-  embedding rows per image with one view and with the recipe's image + mirror. Rounds of both
+  embedding rows per image with one view and with the recipe's image + mirror, each side embedding
+  a split of ``--embed-batches`` batches per call (dmlkit's one-off work per split, the inference copy
+  with its checks, is inside the timing, as it is when a run embeds a split). Rounds of both
   sides are interleaved (order alternating); cells are medians over rounds after a warm-up.
 * scale (``--scale`` / ``--only-scale``): the Pets photos resized once (shorter side 230 px) into a
   temporary folder and repeated under ``--scale-replicas`` distinct class names per breed (16: 592
@@ -298,14 +300,14 @@ def dmlkit_trainer(root: Path, size: int, threads: int, run_dir: Path, extra: li
 
 
 def throughput(root: Path, size: int, batch: int, threads: int, rounds: int, steps: int, extra: list[str],
-               echo=print) -> dict[str, tuple[float, float]]:
+               embed_batches: int = 8, echo=print) -> dict[str, tuple[float, float]]:
     """``{work: (dmlkit img/s, PML img/s)}`` for each of :data:`WORK`: medians over interleaved rounds."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         recipe, note = dmlkit_trainer(root, size, threads, Path(tmp) / "recipe", extra)
         every, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "every", [*extra, "model.frozen_stages=0"])
-        return _throughput(recipe, every, note, size, batch, rounds, steps, echo)
+        return _throughput(recipe, every, note, size, batch, rounds, steps, embed_batches, echo)
 
 
 #: What is timed: ``{key: (label, goal)}``. The PML side of every step row is its one fine-tuning step
@@ -318,7 +320,8 @@ WORK = {
 }
 
 
-def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, steps: int, echo) -> dict:
+def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, steps: int, embed_batches: int,
+                echo) -> dict:
     from pytorch_metric_learning.losses import ProxyAnchorLoss
 
     from dmlkit.evaluation.embed import embed_dataset
@@ -326,7 +329,7 @@ def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, st
     num_classes = len(recipe.label_map)
     labels = torch.arange(batch) % num_classes
     x = tf_scale(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8))  # = the Lite0 cfg's scaling
-    embed_images = x.repeat(2, 1, 1, 1)
+    embed_images = x.repeat(embed_batches, 1, 1, 1)
     split = InMemorySplit(embed_images, torch.arange(len(embed_images)))
 
     model = PlainEmbedder(pretrained_trunk())
@@ -501,6 +504,7 @@ def main() -> None:
     ap.add_argument("--tp-size", type=int, default=160, help="throughput: resolution")
     ap.add_argument("--rounds", type=int, default=7, help="throughput: interleaved rounds (median)")
     ap.add_argument("--round-steps", type=int, default=3, help="throughput: training steps per side and round")
+    ap.add_argument("--embed-batches", type=int, default=8, help="throughput: batches in the split each side embeds")
     ap.add_argument("--scale", action="store_true", help="also time dmlkit train on ~3,000 + 3,000 photos (heavy)")
     ap.add_argument("--only-scale", action="store_true", help="only the --scale timing")
     ap.add_argument("--scale-replicas", type=int, default=16, help="class names per breed in the scale folder")
@@ -550,7 +554,7 @@ def main() -> None:
         print(f"throughput: {BACKBONE}, batch {args.batch} at {args.tp_size} px, {args.threads} threads, "
               f"{args.rounds} rounds", flush=True)
         rates = throughput(args.root, args.tp_size, args.batch, args.threads, args.rounds, args.round_steps,
-                           args.dmlkit_set, echo=lambda s: print(s, flush=True))
+                           args.dmlkit_set, args.embed_batches, echo=lambda s: print(s, flush=True))
     marks.append(("scale", time.perf_counter()))
     if "scale" in wanted:
         print(f"scale: {args.scale_replicas} class names per breed", flush=True)

@@ -26,7 +26,7 @@ def embed_dataset(
     model's device (a GPU when the model is on one); the embeddings come back to the CPU once, at
     the end. ``progress=True`` shows a progress bar (tqdm) over the images. The batches run through
     :func:`dmlkit.models.inference_copy.inference_copy` of the model (batch norm folded into the
-    convolutions), made at the first batch.
+    convolutions, activations fused, chunks sized for the CPU's allocator), made at the first batch.
     """
     from dmlkit.models.inference_copy import inference_copy
 
@@ -53,7 +53,7 @@ def embed_dataset(
             if not on_cpu:
                 x = x.to(device, non_blocking=True)
             if runner is None:
-                runner = inference_copy(model, x)
+                runner = inference_copy(model, x, autocast_dtype)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 outs.append(runner(x).float())
             if bar is not None:  # after the batch is embedded, so the bar's rate (and ETA) is the embedding's

@@ -1,10 +1,13 @@
-"""The copy of a model that the embedding loop runs: batch norm folded into the convolution before it.
+"""The copy of a model that the embedding loop runs: batch norm folded into the convolution before it,
+the activation fused into it, and batches run in chunks whose activations the allocator reuses.
 
 In eval mode a batch-norm layer is a fixed per-channel affine map, ``y = s * x + t`` with
 ``s = gamma / sqrt(running_var + eps)`` and ``t = beta - running_mean * s``. Applied to a
 convolution's output it folds into that convolution: weights ``s * W`` (per output channel), bias
-``s * b + t``. On EfficientNet-Lite0 the 49 batch-norm layers were 30% of a bf16 forward pass on the
-CPU (benchmarks/bench_photos.py measures the embedding speed).
+``s * b + t``. On a CPU the folded convolution and the activation after it (ReLU, ReLU6, SiLU,
+Hardswish, GELU) then run as one oneDNN primitive, and TensorFlow's asymmetric "same" padding
+(timm's ``Conv2dSame``, which pads a copy of the input first) becomes symmetric padding of a kernel
+with one leading zero row or column. ``benchmarks/bench_photos.py`` measures the embedding speed.
 """
 
 from __future__ import annotations
@@ -12,17 +15,31 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-#: Largest relative difference accepted between the folded copy and the model (fp32, probe batch).
+#: Largest relative difference accepted between the copy and the model (fp32, probe batch).
 FOLD_TOLERANCE = 1e-4
+#: Largest activation (bytes) of one forward chunk on a CPU. glibc's malloc hands blocks above
+#: 32 MiB out as fresh zero-filled pages from the kernel at every call; the page faults cost more
+#: than the convolutions of EfficientNet-Lite0 at batch 64, 160 px (benchmarks/bench_photos.py).
+CHUNK_BYTES = 24 * 2**20
 
 
-def _conv_batch_norm_pairs(model: nn.Module, probe: torch.Tensor) -> list[tuple[nn.Conv2d, nn.BatchNorm2d]]:
-    """``(conv, bn)`` pairs where ``bn`` reads exactly the output of ``conv`` in a forward pass of ``probe``."""
+def _conv_batch_norm_pairs(
+    model: nn.Module, probe: torch.Tensor
+) -> tuple[list[tuple[nn.Conv2d, nn.BatchNorm2d]], int, torch.Tensor]:
+    """``(conv, bn)`` pairs where ``bn`` reads exactly the output of ``conv`` in a forward pass of
+    ``probe``, the largest number of elements per image of any layer's output, and the output."""
     produced: dict[int, tuple[nn.Conv2d, torch.Tensor]] = {}  # outputs kept alive: ids are not reused
     pairs: list[tuple[nn.Conv2d, nn.BatchNorm2d]] = []
-    hooks = []
+    largest = [0]
+
+    def record_size(mod, args, out) -> None:  # per input image: flip averaging runs 2 images per image
+        if isinstance(out, torch.Tensor):
+            largest[0] = max(largest[0], out.numel() // len(probe))
+
+    hooks = [module.register_forward_hook(record_size) for module in model.modules()]
     for module in model.modules():
         if isinstance(module, nn.Conv2d):  # timm's Conv2dSame too: its padding comes before the product
             hooks.append(module.register_forward_hook(lambda mod, args, out: produced.__setitem__(id(out), (mod, out))))
@@ -31,56 +48,206 @@ def _conv_batch_norm_pairs(model: nn.Module, probe: torch.Tensor) -> list[tuple[
                 lambda mod, args: pairs.append((produced[id(args[0])][0], mod)) if id(args[0]) in produced else None))
     try:
         with torch.no_grad():
-            model(probe)
+            output = model(probe)
     finally:
         for hook in hooks:
             hook.remove()
     first: dict[int, tuple[nn.Conv2d, nn.BatchNorm2d]] = {}
     for conv, bn in pairs:  # a layer run twice in one pass (flip or shift averaging) is folded once
         first.setdefault(id(bn), (conv, bn))
-    return list(first.values())
+    return list(first.values()), largest[0], output
 
 
-def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
+#: oneDNN post-op (attribute, scalars, algorithm) of each activation module the fused convolution runs.
+def _onednn_post_op(act: nn.Module | None) -> tuple[str, list[float], str] | None:
+    if act is None:
+        return "none", [], ""
+    if type(act) is nn.ReLU:
+        return "relu", [], ""
+    if type(act) is nn.ReLU6:
+        return "hardtanh", [0.0, 6.0], ""
+    if type(act) is nn.Hardtanh:
+        return "hardtanh", [float(act.min_val), float(act.max_val)], ""
+    if type(act) is nn.SiLU:
+        return "swish", [], ""
+    if type(act) is nn.Hardswish:
+        return "hardswish", [], ""
+    if type(act) is nn.GELU:
+        return "gelu", [], act.approximate
+    return None
+
+
+def _onednn_ready() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise"))
+
+
+class FoldedConv2d(nn.Module):
+    """A convolution with its batch norm folded in and the activation after it fused.
+
+    ``tf_same`` marks TensorFlow "same" padding (pad ``p = max((ceil(n / s) - 1) * s + k - n, 0)``,
+    ``p // 2`` before and the rest after, per spatial dimension). Where ``p`` is odd the kernel gets
+    one leading zero in that dimension and symmetric padding ``(p + 1) // 2``: the same windows,
+    without a padded copy of the input. On a CPU without autograd the product and the activation
+    run as one oneDNN primitive (``torch.ops.mkldnn._convolution_pointwise``), in the autocast dtype
+    when autocast is on (bf16 only where oneDNN computes it); anywhere else as
+    ``F.conv2d`` followed by the activation module.
+    """
+
+    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor, act: nn.Module | None,
+                 tf_same: bool):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.stride, self.dilation, self.groups = tuple(conv.stride), tuple(conv.dilation), conv.groups
+        self.padding = (0, 0) if tf_same else tuple(conv.padding)
+        self.tf_same = tf_same
+        self.act = act
+        self.post_op = _onednn_post_op(act)
+        self._kernels: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, extended) -> (weight, bias)
+
+    def _layout(self, x: torch.Tensor) -> tuple[tuple[int, int], tuple[bool, bool]]:
+        """Symmetric padding and which dimensions get a leading zero, for input ``x``."""
+        if not self.tf_same:
+            return self.padding, (False, False)
+        pads, extend = [], []
+        for n, k, s, d in zip(x.shape[-2:], self.weight.shape[-2:], self.stride, self.dilation):
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            extend.append(total % 2 == 1)
+            pads.append((total + 1) // 2)
+        return (pads[0], pads[1]), (extend[0], extend[1])
+
+    def _kernel(self, dtype: torch.dtype, extend: tuple[bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weight (leading zeros where ``extend``; channels-last) and bias in ``dtype``, made once."""
+        key = (dtype, *extend)
+        if key not in self._kernels:
+            w = F.pad(self.weight, (int(extend[1]), 0, int(extend[0]), 0)) if any(extend) else self.weight
+            self._kernels[key] = w.to(dtype).contiguous(memory_format=torch.channels_last), self.bias.to(dtype)
+        return self._kernels[key]
+
+    def _onednn_dtype(self, x: torch.Tensor) -> torch.dtype | None:
+        if (x.device.type != "cpu" or torch.is_grad_enabled() or self.post_op is None or not _onednn_ready()
+                or (self.tf_same and self.dilation != (1, 1))):
+            return None
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        if dtype == torch.float32:
+            return dtype
+        if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return dtype
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._onednn_dtype(x)
+        if dtype is None:
+            if self.tf_same and self.dilation != (1, 1):
+                from timm.layers import pad_same
+
+                x = pad_same(x, self.weight.shape[-2:], self.stride, self.dilation)
+                padding = (0, 0)
+                weight = self.weight
+            else:
+                padding, extend = self._layout(x)
+                weight = F.pad(self.weight, (int(extend[1]), 0, int(extend[0]), 0)) if any(extend) else self.weight
+            y = F.conv2d(x, weight, self.bias, self.stride, padding, self.dilation, self.groups)
+            return y if self.act is None else self.act(y)
+        padding, extend = self._layout(x)
+        weight, bias = self._kernel(dtype, extend)
+        attr, scalars, algorithm = self.post_op
+        return torch.ops.mkldnn._convolution_pointwise(
+            x.to(dtype), weight, bias, list(padding), list(self.stride), list(self.dilation), self.groups,
+            attr, scalars, algorithm)
+
+
+def _is_tf_same(conv: nn.Conv2d) -> bool:
+    return type(conv).__name__ == "Conv2dSame" and type(conv).__module__.startswith("timm.")
+
+
+def _fusable(conv: nn.Conv2d) -> bool:
+    return (conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
+            and (type(conv) is nn.Conv2d or _is_tf_same(conv)))
+
+
+def _folded(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of ``conv`` followed by eval-mode ``bn``."""
     with torch.no_grad():
         scale = bn.weight / torch.sqrt(bn.running_var + bn.eps) if bn.affine else 1 / torch.sqrt(bn.running_var + bn.eps)
         shift = (bn.bias if bn.affine else 0) - bn.running_mean * scale
-        conv.weight.mul_(scale.reshape(-1, 1, 1, 1).to(conv.weight.dtype))
+        weight = conv.weight * scale.reshape(-1, 1, 1, 1).to(conv.weight.dtype)
         bias = shift if conv.bias is None else conv.bias * scale + shift
-        conv.bias = nn.Parameter(bias.to(conv.weight.dtype), requires_grad=False)
+        return weight, bias.to(conv.weight.dtype)
 
 
-def _without_batch_norm(bn: nn.BatchNorm2d) -> nn.Module:
-    """What is left of ``bn`` once its affine map is folded: timm's ``BatchNormAct2d`` keeps its drop and act."""
-    rest = [m for m in (getattr(bn, "drop", None), getattr(bn, "act", None)) if isinstance(m, nn.Module)]
-    return nn.Sequential(*rest) if rest else nn.Identity()
+def _after_batch_norm(bn: nn.BatchNorm2d) -> tuple[nn.Module | None, nn.Module | None]:
+    """What is left of ``bn`` once its affine map is folded (timm's ``BatchNormAct2d`` keeps its drop
+    and act): ``(activation to fuse, modules to keep)``, one of them None."""
+    drop, act = getattr(bn, "drop", None), getattr(bn, "act", None)
+    drop = drop if isinstance(drop, nn.Module) and not isinstance(drop, (nn.Identity, nn.Dropout)) else None
+    act = act if isinstance(act, nn.Module) and not isinstance(act, nn.Identity) else None
+    if drop is None and (act is None or _onednn_post_op(act) is not None):
+        return act, None
+    rest = [m for m in (drop, act) if m is not None]
+    return None, nn.Sequential(*rest)
 
 
-def inference_copy(model: nn.Module, probe: torch.Tensor) -> nn.Module:
-    """An eval-mode copy of ``model`` with every batch norm that directly follows a convolution folded into it.
+class ChunkedForward(nn.Module):
+    """Runs ``model`` on at most ``chunk_size`` images at a time and concatenates the outputs."""
 
-    ``probe`` is a small input batch (one or two images) used to find the pairs and to check the
-    copy: if its fp32 output differs from the model's by more than :data:`FOLD_TOLERANCE` (relative;
-    for example a convolution whose output also feeds another layer), ``model`` itself is returned.
-    Batch norm in training mode (``track_running_stats=False``) is never folded.
+    def __init__(self, model: nn.Module, chunk_size: int):
+        super().__init__()
+        self.model, self.chunk_size = model, chunk_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) <= self.chunk_size:
+            return self.model(x)
+        return torch.cat([self.model(chunk) for chunk in x.split(self.chunk_size)])
+
+
+def chunk_size(elements_per_image: int, dtype: torch.dtype) -> int:
+    """Images per forward chunk: the largest activation stays within :data:`CHUNK_BYTES`."""
+    return max(1, CHUNK_BYTES // max(1, elements_per_image * torch.empty(0, dtype=dtype).element_size()))
+
+
+def _same_output(got: torch.Tensor, want: torch.Tensor) -> bool:
+    scale = float(want.abs().max().clamp_min(1e-12))
+    return bool(torch.allclose(got.float(), want.float(), rtol=FOLD_TOLERANCE, atol=FOLD_TOLERANCE * scale))
+
+
+def inference_copy(model: nn.Module, probe: torch.Tensor, autocast_dtype: torch.dtype | None = None) -> nn.Module:
+    """An eval-mode copy of ``model`` for embedding: every batch norm that directly follows a
+    convolution folded into it (with its activation fused), and on a CPU batches run in chunks of
+    :func:`chunk_size` images (``autocast_dtype``: the dtype the activations will have).
+
+    ``probe`` is the first input batch, used to find the pairs and the activation sizes and to check
+    the copy on two images: if its fp32 output differs from the model's by more than
+    :data:`FOLD_TOLERANCE` (relative; for example a convolution whose output also feeds another
+    layer), the folding is dropped; if outputs depend on the batch (batch norm with
+    ``track_running_stats=False``), so is the chunking. ``model`` itself is returned when neither applies.
     """
-    probe = probe[:2]
-    folded = copy.deepcopy(model).eval()
-    pairs = [(c, b) for c, b in _conv_batch_norm_pairs(folded, probe)
+    folded = copy.deepcopy(model).eval()  # eval mode: its output is the model's in eval mode
+    two = probe[:2]
+    with torch.no_grad(), torch.autocast(probe.device.type, enabled=False):
+        found, elements, want = _conv_batch_norm_pairs(folded, two)
+    pairs = [(c, b) for c, b in found
              if b.track_running_stats and b.running_mean is not None and c.out_channels == b.num_features]
-    if not pairs:
-        return model
     parents = {id(child): (parent, name) for parent in folded.modules() for name, child in parent.named_children()}
     for conv, bn in pairs:
-        _fold(conv, bn)
-        parent, name = parents[id(bn)]
-        setattr(parent, name, _without_batch_norm(bn))
+        weight, bias = _folded(conv, bn)
+        act, rest = _after_batch_norm(bn)
+        conv_parent, conv_name = parents[id(conv)]
+        if _fusable(conv):
+            setattr(conv_parent, conv_name, FoldedConv2d(conv, weight, bias, act, _is_tf_same(conv)))
+        else:
+            with torch.no_grad():
+                conv.weight.copy_(weight)
+            conv.bias = nn.Parameter(bias, requires_grad=False)
+            rest = rest if act is None else act
+        bn_parent, bn_name = parents[id(bn)]
+        setattr(bn_parent, bn_name, rest if rest is not None else nn.Identity())
     with torch.no_grad(), torch.autocast(probe.device.type, enabled=False):
-        was_training = model.training
-        model.eval()
-        want = model(probe).float()
-        model.train(was_training)
-        got = folded(probe).float()
-    if not torch.allclose(got, want, rtol=FOLD_TOLERANCE, atol=FOLD_TOLERANCE * float(want.abs().max().clamp_min(1e-12))):
-        return model
-    return folded
+        got = folded(two) if pairs else want
+        runner = folded if pairs and _same_output(got, want) else model
+        alone = runner(two[:1]) if len(two) > 1 else got[:1]  # image 0 without image 1: batch-independent?
+    dtype = autocast_dtype if autocast_dtype is not None and probe.device.type == "cpu" else probe.dtype
+    chunk = chunk_size(elements, dtype)
+    if probe.device.type == "cpu" and chunk < len(probe) and _same_output(alone, want[:1]):
+        return ChunkedForward(runner, chunk)
+    return runner
