@@ -505,6 +505,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="throughput: interleaved rounds (median)")
     ap.add_argument("--round-steps", type=int, default=3, help="throughput: training steps per side and round")
     ap.add_argument("--embed-batches", type=int, default=8, help="throughput: batches in the split each side embeds")
+    ap.add_argument("--allocator", choices=("default", "tuned"), default="default",
+                    help="throughput (both sides share this process): glibc's own settings, as a plain PML script "
+                    "runs (default), or dmlkit.engine.allocator.tune_cpu_allocator(), as `dmlkit` runs")
     ap.add_argument("--scale", action="store_true", help="also time dmlkit train on ~3,000 + 3,000 photos (heavy)")
     ap.add_argument("--only-scale", action="store_true", help="only the --scale timing")
     ap.add_argument("--scale-replicas", type=int, default=16, help="class names per breed in the scale folder")
@@ -512,6 +515,11 @@ def main() -> None:
                     help="extra --set for every dmlkit run (e.g. train.max_steps=20 for a quick check)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.allocator == "tuned":
+        from dmlkit.engine.allocator import tune_cpu_allocator
+
+        if not tune_cpu_allocator():
+            ap.error("--allocator tuned needs glibc (Linux)")
     only = "throughput" if args.only_throughput else "scale" if args.only_scale else None
     wanted = {part for part, skip in (("backbone", args.skip_backbone), ("pml", args.skip_pml),
                                       ("dmlkit", args.skip_dmlkit), ("throughput", args.skip_throughput)) if not skip}
@@ -552,7 +560,7 @@ def main() -> None:
     marks.append(("throughput", time.perf_counter()))
     if "throughput" in wanted:
         print(f"throughput: {BACKBONE}, batch {args.batch} at {args.tp_size} px, {args.threads} threads, "
-              f"{args.rounds} rounds", flush=True)
+              f"{args.rounds} rounds, {args.allocator} allocator", flush=True)
         rates = throughput(args.root, args.tp_size, args.batch, args.threads, args.rounds, args.round_steps,
                            args.dmlkit_set, args.embed_batches, echo=lambda s: print(s, flush=True))
     marks.append(("scale", time.perf_counter()))

@@ -47,6 +47,7 @@ class RunEmbedder:
         self.progress = progress
         self.batch_size = int(batch_size or cfg.eval.batch_size)
         self.autocast_dtype = autocast_dtype(cfg.train.mixed_precision)
+        self._copy: tuple[nn.Module, nn.Module] | None = None  # (model, its inference copy), made once
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str = "best", *, device: str = "auto",
@@ -100,10 +101,21 @@ class RunEmbedder:
         return self.embed_dataset(self.dataset(images))[0]
 
     def embed_dataset(self, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings ``[N, D]`` and labels ``[N]`` of a split, as the trainer embeds its test split."""
-        from dmlkit.evaluation.embed import embed_dataset
+        """Embeddings ``[N, D]`` and labels ``[N]`` of a split, as the trainer embeds its test split.
 
-        return embed_dataset(self.model, dataset, self.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
+        The model's inference copy (:func:`dmlkit.models.inference_copy.inference_copy`) is made at the
+        first call and kept: later calls (one query at a time, for example) only run it.
+        """
+        from dmlkit.evaluation.embed import embed_dataset
+        from dmlkit.models.inference_copy import inference_copy
+
+        if len(dataset) and (self._copy is None or self._copy[0] is not self.model):
+            first = (dataset.get_batch(list(range(min(2, len(dataset)))))[0] if hasattr(dataset, "get_batch")
+                     else torch.stack([dataset[i][0] for i in range(min(2, len(dataset)))]))
+            self.model.eval()
+            self._copy = (self.model, inference_copy(self.model, first.to(self._device()), self.autocast_dtype))
+        runner = self.model if self._copy is None else self._copy[1]
+        return embed_dataset(runner, dataset, self.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
                              progress=self.progress)
 
 

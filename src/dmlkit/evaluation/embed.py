@@ -26,14 +26,15 @@ def embed_dataset(
     model's device (a GPU when the model is on one); the embeddings come back to the CPU once, at
     the end. ``progress=True`` shows a progress bar (tqdm) over the images. The batches run through
     :func:`dmlkit.models.inference_copy.inference_copy` of the model (batch norm folded into the
-    convolutions, activations fused, chunks sized for the CPU's allocator), made at the first batch.
+    convolutions, activations fused, chunks sized for the CPU's allocator), made at the first batch
+    unless ``model`` already is one.
     """
-    from dmlkit.models.inference_copy import inference_copy
+    from dmlkit.models.inference_copy import InferenceCopy, inference_copy
 
     was_training = model.training
     model.eval()
     outs, labs = [], []
-    runner = None
+    runner = model if isinstance(model, InferenceCopy) else None
     device = next(model.parameters(), torch.empty(0)).device  # batches and autocast on the model's device
     on_cpu = device.type == "cpu"
     bar = None

@@ -188,15 +188,18 @@ def _after_batch_norm(bn: nn.BatchNorm2d) -> tuple[nn.Module | None, nn.Module |
     return None, nn.Sequential(*rest)
 
 
-class ChunkedForward(nn.Module):
-    """Runs ``model`` on at most ``chunk_size`` images at a time and concatenates the outputs."""
+class InferenceCopy(nn.Module):
+    """What :func:`inference_copy` returns: ``model`` (the folded copy, or the model itself when
+    nothing folded) run on at most ``chunk_size`` images at a time (``None``: whole batches), the
+    outputs concatenated. The embedding loop runs an ``InferenceCopy`` it is given as it is, so a
+    caller whose model does not change (:class:`dmlkit.inference.RunEmbedder`) makes it once."""
 
-    def __init__(self, model: nn.Module, chunk_size: int):
+    def __init__(self, model: nn.Module, chunk_size: int | None):
         super().__init__()
         self.model, self.chunk_size = model, chunk_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if len(x) <= self.chunk_size:
+        if self.chunk_size is None or len(x) <= self.chunk_size:
             return self.model(x)
         return torch.cat([self.model(chunk) for chunk in x.split(self.chunk_size)])
 
@@ -211,19 +214,21 @@ def _same_output(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(torch.allclose(got.float(), want.float(), rtol=FOLD_TOLERANCE, atol=FOLD_TOLERANCE * scale))
 
 
-def inference_copy(model: nn.Module, probe: torch.Tensor, autocast_dtype: torch.dtype | None = None) -> nn.Module:
+def inference_copy(
+    model: nn.Module, probe: torch.Tensor, autocast_dtype: torch.dtype | None = None
+) -> InferenceCopy:
     """An eval-mode copy of ``model`` for embedding: every batch norm that directly follows a
     convolution folded into it (with its activation fused), and on a CPU batches run in chunks of
     :func:`chunk_size` images (``autocast_dtype``: the dtype the activations will have).
 
     ``probe`` is the first input batch, used to find the pairs and the activation sizes and to check
-    the copy on two images: if its fp32 output differs from the model's by more than
-    :data:`FOLD_TOLERANCE` (relative; for example a convolution whose output also feeds another
-    layer), the folding is dropped; if outputs depend on the batch (batch norm with
-    ``track_running_stats=False``), so is the chunking. ``model`` itself is returned when neither applies.
+    the copy on two images (a single image is paired with its mirror): if its fp32 output differs
+    from the model's by more than :data:`FOLD_TOLERANCE` (relative; for example a convolution whose
+    output also feeds another layer), the folding is dropped and the copy runs ``model`` itself;
+    if outputs depend on the batch (batch norm with ``track_running_stats=False``), so is the chunking.
     """
     folded = copy.deepcopy(model).eval()  # eval mode: its output is the model's in eval mode
-    two = probe[:2]
+    two = probe[:2] if len(probe) > 1 else torch.cat([probe, probe.flip(-1)])
     with torch.no_grad(), torch.autocast(probe.device.type, enabled=False):
         found, elements, want = _conv_batch_norm_pairs(folded, two)
     pairs = [(c, b) for c, b in found
@@ -245,9 +250,7 @@ def inference_copy(model: nn.Module, probe: torch.Tensor, autocast_dtype: torch.
     with torch.no_grad(), torch.autocast(probe.device.type, enabled=False):
         got = folded(two) if pairs else want
         runner = folded if pairs and _same_output(got, want) else model
-        alone = runner(two[:1]) if len(two) > 1 else got[:1]  # image 0 without image 1: batch-independent?
+        alone = runner(two[:1])  # image 0 without image 1: are the outputs independent of the batch?
     dtype = autocast_dtype if autocast_dtype is not None and probe.device.type == "cpu" else probe.dtype
-    chunk = chunk_size(elements, dtype)
-    if probe.device.type == "cpu" and chunk < len(probe) and _same_output(alone, want[:1]):
-        return ChunkedForward(runner, chunk)
-    return runner
+    chunked = probe.device.type == "cpu" and _same_output(alone, want[:1])
+    return InferenceCopy(runner, chunk_size(elements, dtype) if chunked else None)

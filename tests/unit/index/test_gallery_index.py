@@ -218,3 +218,27 @@ def test_a_run_without_eval_input_embeds_its_splits_but_not_new_images(tmp_path)
     assert embedder.input_size == tuple(model.pretrained_cfg["input_size"])  # the nominal size, as before
     with pytest.raises(ConfigError, match="does not record the run's evaluation preprocessing"):
         embedder.embed(torch.zeros(1, 1, 28, 28))
+
+
+def test_the_run_embedder_makes_its_inference_copy_once_and_embeds_as_the_model(monkeypatch):
+    import dmlkit.models.inference_copy as ic
+    from dmlkit.config import load_config
+    from dmlkit.inference import RunEmbedder
+    from dmlkit.models import create_model
+
+    cfg = load_config(overrides=["model.args={width: 8}"])
+    torch.manual_seed(0)
+    model = create_model("small_cnn", embedding_size=8)
+    embedder = RunEmbedder(model, cfg, None, fingerprint={"config": "x", "weights": "y"})
+    made = []
+    real = ic.inference_copy
+    monkeypatch.setattr(ic, "inference_copy", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    images = torch.rand(5, 1, 28, 28)
+    split = torch.utils.data.TensorDataset(images, torch.arange(5))
+    first = embedder.embed_dataset(split)[0]
+    for i in range(5):  # one query at a time, as a search service asks
+        one = embedder.embed_dataset(torch.utils.data.TensorDataset(images[i:i + 1], torch.zeros(1)))[0]
+        torch.testing.assert_close(one[0], first[i], rtol=1e-5, atol=1e-6)
+    assert made == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(first, model.eval()(images), rtol=1e-5, atol=1e-6)
