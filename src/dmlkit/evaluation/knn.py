@@ -326,7 +326,10 @@ def _tile_plan(prep: _Prepared) -> tuple[list[tuple[int, int, int, int]], list[t
 
     In leave-one-out on one tensor the references form blocks of ``TILE_COLS``; the seeding
     tiles are the diagonal blocks and the others are the blocks above the diagonal, each
-    pair of samples appearing in exactly one tile.
+    pair of samples appearing in exactly one tile, in order of their distance from the diagonal:
+    block pair ``(a, a + d)`` comes in sweep ``d``, so by then both its rows and its columns have
+    seen about ``2 d`` blocks and their thresholds are equally tight (in row order the columns of
+    late blocks would meet the early rows with only their seed behind them).
     """
     n_q, n_r = prep.query_op.shape[0], prep.reference_op.shape[0]
     cols = max(1, TILE_COLS)
@@ -336,8 +339,8 @@ def _tile_plan(prep: _Prepared) -> tuple[list[tuple[int, int, int, int]], list[t
         first = [(r0, min(r0 + rows, c1), c0, c1) for c0, c1 in blocks for r0 in range(c0, c1, rows)]
         rest = [
             (r0, min(r0 + rows, a1), c0, c1)
-            for bi, (a0, a1) in enumerate(blocks)
-            for c0, c1 in blocks[bi + 1 :]
+            for d in range(1, len(blocks))
+            for (a0, a1), (c0, c1) in zip(blocks, blocks[d:])
             for r0 in range(a0, a1, rows)
         ]
         return first, rest
