@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import time
+from pathlib import Path
 
 from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
@@ -45,3 +48,36 @@ def require_split(splits, name: str, cfg: RunConfig):
         )
     raise ConfigError(f"split {name!r} does not exist for data set {cfg.data.name!r} "
                       f"(it has {', '.join(n for n, _ in splits.items())}).")
+
+
+def _timestamped(stem: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+
+
+def new_output_dir(parent: str | Path, name: str) -> Path:
+    """``parent/<YYYYmmdd-HHMMSS>-<name>``, created here, for a command's default ``--out``.
+
+    Creating it claims it: a second command started in the same second (one after the other, or in
+    parallel) gets ``...-<name>-2``, then ``-3``, instead of finding the first one's run there.
+    """
+    stem = _timestamped(name)
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = Path(parent) / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def new_output_file(parent: str | Path, name: str, suffix: str) -> Path:
+    """``parent/<YYYYmmdd-HHMMSS>-<name><suffix>`` that does not exist yet (``-2``, ``-3``... appended
+    before ``suffix`` when it does), so a result written in the same second never replaces another."""
+    stem = _timestamped(name)
+    for n in itertools.count(1):
+        path = Path(parent) / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        if not path.exists():
+            return path
+    raise AssertionError("unreachable")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args
+from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -19,7 +18,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_config_options(p)
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
     p.add_argument("--folds", type=int, nargs="+", help="fold indices (default: all protocol.num_folds)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: runs/<timestamp>-<name>-crossval)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: runs/<timestamp>-<name>-crossval; "
+        "-2, -3... appended when that exists)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.quiet:
         cfg.train.progress = False
-    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}-crossval"
+    out = Path(args.out) if args.out else new_output_dir("runs", f"{cfg.name}-crossval")
     summary = run_crossval(cfg, out, seeds=args.seeds, folds=args.folds)
     print(format_crossval(summary))
     print(f"summary: {out / 'crossval.json'}")

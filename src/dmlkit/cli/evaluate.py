@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-from dmlkit.cli.common import require_split
+from dmlkit.cli.common import new_output_file, require_split
 from dmlkit.cli.train import TABLE_KEYS
 
 
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))
     metrics = _floats(metrics)
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
-    out = Path(args.run_dir) / "evaluations" / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.split}.json"
+    out = new_output_file(Path(args.run_dir) / "evaluations", args.split, ".json")
     record = {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics}
     # data.skip_bad_images: files left out when decoding into memory, and files found unreadable while reading per item
     skipped = sorted({str(p) for p in splits.info.get("skipped_images", [])} | set(splits.skipped_per_item()))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args
+from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -35,7 +34,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="random trials before tpe/gp model the scores (default: 10)")
     p.add_argument("--prune", action="store_true",
                    help="stop trials whose validation scores fall below the median of earlier trials")
-    p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<timestamp>-<name>)")
+    p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<timestamp>-<name>; "
+        "-2, -3... appended when that exists)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
 
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     specs = [parse_param(text) for text in args.params]
     cfg = config_from_args(args)
-    out = Path(args.out) if args.out else Path("sweeps") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
+    out = Path(args.out) if args.out else new_output_dir("sweeps", cfg.name)
     try:
         result = run_sweep(
             cfg, specs, out, trials=args.trials, sampler=args.sampler, seed=args.sampler_seed,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args
+from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
@@ -27,7 +26,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "and report.html."
     )
     add_config_options(p)
-    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<timestamp>-<name>)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<timestamp>-<name>; "
+        "-2, -3... appended when that exists)")
     p.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
-        run_dir = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
+        run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
         if (run_dir / "checkpoints" / "last.pt").exists():
             raise ConfigError(
                 f"--out {str(run_dir)!r} already holds a run; use --resume {run_dir} to continue it or choose another --out."
