@@ -59,8 +59,8 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 RESCORE_BYTES = 64 * 2**20  # float64 [rows, m, D] gather budget for re-ranking
 TILE_BYTES = 32 * 2**20  # float32 score tile budget of the retry search
-TILE_ROWS = 1024  # queries per score tile of the shortlist pass
-TILE_COLS = 2048  # references per score tile of the shortlist pass
+TILE_ROWS = 2048  # queries per score tile of the shortlist pass
+TILE_COLS = 4096  # references per score tile of the shortlist pass
 FILTER_GROUP = 16  # entries whose maximum is compared with a threshold before the entries themselves
 SHORTLIST_SLACK = 2  # shortlist m = k + slack; uncertified queries retry with 4x larger m
 BF16_UNIT_ROUNDOFF = 2.0**-9
