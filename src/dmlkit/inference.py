@@ -106,14 +106,13 @@ class RunEmbedder:
         The model's inference copy (:func:`dmlkit.models.inference_copy.inference_copy`) is made at the
         first call and kept: later calls (one query at a time, for example) only run it.
         """
-        from dmlkit.evaluation.embed import embed_dataset
+        from dmlkit.evaluation.embed import embed_dataset, first_images
         from dmlkit.models.inference_copy import inference_copy
 
         if len(dataset) and (self._copy is None or self._copy[0] is not self.model):
-            first = (dataset.get_batch(list(range(min(2, len(dataset)))))[0] if hasattr(dataset, "get_batch")
-                     else torch.stack([dataset[i][0] for i in range(min(2, len(dataset)))]))
             self.model.eval()
-            self._copy = (self.model, inference_copy(self.model, first.to(self._device()), self.autocast_dtype))
+            probe = first_images(dataset).to(self._device())
+            self._copy = (self.model, inference_copy(self.model, probe, self.autocast_dtype))
         runner = self.model if self._copy is None else self._copy[1]
         return embed_dataset(runner, dataset, self.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
                              progress=self.progress)

@@ -6,6 +6,7 @@ import argparse
 import itertools
 import time
 from pathlib import Path
+from typing import Iterator
 
 from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
@@ -50,8 +51,12 @@ def require_split(splits, name: str, cfg: RunConfig):
                       f"(it has {', '.join(n for n, _ in splits.items())}).")
 
 
-def _timestamped(stem: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+def _timestamped_paths(parent: str | Path, name: str, suffix: str = "") -> Iterator[Path]:
+    """``parent/<YYYYmmdd-HHMMSS>-<name><suffix>``, then the same with ``-2``, ``-3``... before ``suffix``."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    yield Path(parent) / f"{stem}{suffix}"
+    for n in itertools.count(2):
+        yield Path(parent) / f"{stem}-{n}{suffix}"
 
 
 def new_output_dir(parent: str | Path, name: str) -> Path:
@@ -60,24 +65,16 @@ def new_output_dir(parent: str | Path, name: str) -> Path:
     Creating it claims it: a second command started in the same second (one after the other, or in
     parallel) gets ``...-<name>-2``, then ``-3``, instead of finding the first one's run there.
     """
-    stem = _timestamped(name)
     Path(parent).mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):
-        path = Path(parent) / (stem if n == 1 else f"{stem}-{n}")
+    for path in _timestamped_paths(parent, name):
         try:
             path.mkdir()
             return path
         except FileExistsError:
             continue
-    raise AssertionError("unreachable")
 
 
 def new_output_file(parent: str | Path, name: str, suffix: str) -> Path:
     """``parent/<YYYYmmdd-HHMMSS>-<name><suffix>`` that does not exist yet (``-2``, ``-3``... appended
     before ``suffix`` when it does), so a result written in the same second never replaces another."""
-    stem = _timestamped(name)
-    for n in itertools.count(1):
-        path = Path(parent) / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
-        if not path.exists():
-            return path
-    raise AssertionError("unreachable")
+    return next(path for path in _timestamped_paths(parent, name, suffix) if not path.exists())

@@ -14,6 +14,14 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
     return AUTOCAST_DTYPES.get(mixed_precision)
 
 
+def first_images(dataset, count: int = 2) -> torch.Tensor:
+    """The first ``count`` inputs of a split as one batch, read as :func:`embed_dataset` reads them."""
+    indices = list(range(min(count, len(dataset))))
+    if hasattr(dataset, "get_batch"):
+        return dataset.get_batch(indices)[0]
+    return torch.stack([dataset[i][0] for i in indices])
+
+
 @torch.no_grad()
 def embed_dataset(
     model: nn.Module, dataset, batch_size: int = 512, num_workers: int = 0, autocast_dtype=None,

@@ -58,8 +58,8 @@ def _conv_batch_norm_pairs(
     return list(first.values()), largest[0], output
 
 
-#: oneDNN post-op (attribute, scalars, algorithm) of each activation module the fused convolution runs.
 def _onednn_post_op(act: nn.Module | None) -> tuple[str, list[float], str] | None:
+    """oneDNN post-op ``(attribute, scalars, algorithm)`` running ``act`` (None: not one oneDNN runs)."""
     if act is None:
         return "none", [], ""
     if type(act) is nn.ReLU:
@@ -116,12 +116,16 @@ class FoldedConv2d(nn.Module):
             pads.append((total + 1) // 2)
         return (pads[0], pads[1]), (extend[0], extend[1])
 
+    def _extended(self, extend: tuple[bool, bool]) -> torch.Tensor:
+        """The weight with one leading zero row / column where ``extend`` says so."""
+        return F.pad(self.weight, (int(extend[1]), 0, int(extend[0]), 0)) if any(extend) else self.weight
+
     def _kernel(self, dtype: torch.dtype, extend: tuple[bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weight (leading zeros where ``extend``; channels-last) and bias in ``dtype``, made once."""
+        """Weight (extended, channels-last) and bias in ``dtype`` for the oneDNN primitive, made once."""
         key = (dtype, *extend)
         if key not in self._kernels:
-            w = F.pad(self.weight, (int(extend[1]), 0, int(extend[0]), 0)) if any(extend) else self.weight
-            self._kernels[key] = w.to(dtype).contiguous(memory_format=torch.channels_last), self.bias.to(dtype)
+            self._kernels[key] = (self._extended(extend).to(dtype).contiguous(memory_format=torch.channels_last),
+                                  self.bias.to(dtype))
         return self._kernels[key]
 
     def _onednn_dtype(self, x: torch.Tensor) -> torch.dtype | None:
@@ -146,7 +150,7 @@ class FoldedConv2d(nn.Module):
                 weight = self.weight
             else:
                 padding, extend = self._layout(x)
-                weight = F.pad(self.weight, (int(extend[1]), 0, int(extend[0]), 0)) if any(extend) else self.weight
+                weight = self._extended(extend)
             y = F.conv2d(x, weight, self.bias, self.stride, padding, self.dilation, self.groups)
             return y if self.act is None else self.act(y)
         padding, extend = self._layout(x)
@@ -197,6 +201,7 @@ class InferenceCopy(nn.Module):
     def __init__(self, model: nn.Module, chunk_size: int | None):
         super().__init__()
         self.model, self.chunk_size = model, chunk_size
+        self.train(False)  # what embed_dataset restores after a call: the copy (and a model it runs) stays in eval mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.chunk_size is None or len(x) <= self.chunk_size:
