@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 
 env: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/dmlkit/evaluation/_knn_scan.c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)

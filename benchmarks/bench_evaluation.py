@@ -7,7 +7,9 @@ Run:  .venv/bin/python benchmarks/bench_evaluation.py [--repeats 3] [--sizes 605
 
 ``--baseline-src DIR`` adds ``torch@baseline``: the torch backend imported from another checkout's
 ``src`` (e.g. ``git archive main src | tar -x -C /tmp/base``), interleaved with the others, so a
-change is measured before and after in the same run.
+change is measured before and after in the same run. An archive holds no built C scan
+(``_knn_scan.c``): build it there (``cd /tmp/base && ../path/.venv/bin/python ../path/setup.py
+build_ext --inplace``, or copy the built ``.so``) or the baseline runs the PyTorch operations.
 
 Data: L2-normalised 128-D embeddings around random class centres, SOP-like class sizes
 (2..12 samples, about 5 on average). Each (case, implementation) runs in its own subprocess,
@@ -62,9 +64,12 @@ else:
     from dmlkit.evaluation import retrieval_metrics
     r = retrieval_metrics(x, labels, ks=(1,), backend=impl)
     out = {k: r[k] for k in ("precision_at_1", "r_precision", "map_at_r")}
+    import importlib
+    c_scan = importlib.import_module("dmlkit.evaluation.knn")._knn_scan is not None
 elapsed = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out,
+print(json.dumps({"c_scan": globals().get("c_scan"),
+                  "seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out,
                   "load": load}))
 """
 
@@ -104,7 +109,8 @@ def main() -> None:
             peak = max(r["peak_rss_mib"] for r in runs[impl])
             data = min(r["data_rss_mib"] for r in runs[impl])
             load = max(r["load"] for r in runs[impl])
-            rows.append((f"{impl} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, load, runs[impl][0]["metrics"]))
+            note = " (no C scan)" if runs[impl][0].get("c_scan") is False else ""  # an unbuilt _knn_scan.c
+            rows.append((f"{impl}{note} N={n}", med * 1e3, ref * 1e3, ref / med, peak, data, load, runs[impl][0]["metrics"]))
     print(f"{'name':<26}{'ms':>10}{'PML ms':>10}{'speedup':>9}{'peak RSS MiB':>14}{'RSS before':>12}{'load':>6}  metrics")
     for name, ms, ref_ms, ratio, peak, data, load, met in rows:
         m = " ".join(f"{k}={v:.6f}" for k, v in met.items())

@@ -51,9 +51,11 @@ def imports_of(source: str, name: str, modules: set[str], *, is_package: bool = 
 
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(p): p for p in SRC.joinpath("dmlkit").rglob("*.py")}
-    modules = set(files)
-    return {name: imports_of(path.read_text(), name, modules, is_package=path.name == "__init__.py")
-            for name, path in files.items()}
+    extensions = {module_name(p) for p in SRC.joinpath("dmlkit").rglob("*.c")}  # C modules import nothing of dmlkit
+    modules = set(files) | extensions
+    graph = {name: imports_of(path.read_text(), name, modules, is_package=path.name == "__init__.py")
+             for name, path in files.items()}
+    return graph | {name: set() for name in extensions}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

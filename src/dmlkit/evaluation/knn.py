@@ -20,7 +20,12 @@ the column thresholds, plus work on the few survivors). In leave-one-out on one 
 tiles on and above the diagonal are multiplied; each tile serves its rows and, through per-column
 thresholds, its columns (half the products). The tiles are shared among
 ``torch.get_num_threads()`` single-threaded workers with their own running tops, merged at the
-end. The shortlist is re-ranked with the float64 keys. Float32 scores differ from the exact
+end. When the C extension ``_knn_scan`` was built (``setup.py``, at install time), a worker
+multiplies a tile a few hundred rows at a time and the C scan compares each block with the row
+and column thresholds while it is still in cache, updating the running tops (min-heaps) entry by
+entry; without it PyTorch operations do the filtering and merging. Both find a valid shortlist
+(the same up to ties of the tile scores) and the same certified result. The shortlist is re-ranked
+with the float64 keys; the queries it cannot certify are searched again together. Float32 scores differ from the exact
 ones by at most ``eps_i = c (|q_i| max_j |r_j| + h_i + max_j h_j)`` with ``c = 2 (D + 6) 2^-24``
 (standard dot-product rounding bound with a factor-2 margin).
 
@@ -52,6 +57,11 @@ from typing import Iterator
 import torch
 
 from dmlkit._cpu_ops import cpu_bf16_native
+
+try:  # the C scan of the score tiles, built at install time (setup.py); optional
+    from dmlkit.evaluation import _knn_scan
+except ImportError:  # built without a C compiler: the PyTorch operations below find the same shortlists
+    _knn_scan = None
 from dmlkit._validation import BOOL, Interval, Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_finite
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -65,6 +75,9 @@ FILTER_GROUP = 16  # entries whose maximum is compared with a threshold before t
 SHORTLIST_SLACK = 2  # shortlist m = k + slack; uncertified queries retry with 4x larger m
 BF16_UNIT_ROUNDOFF = 2.0**-9
 BF16_SHORTLIST_SLACK = 9  # bf16 scores are coarser: m = k + 9 certifies 99.6% of the SOP-like benchmark queries at once
+NATIVE_SUB_ROWS = 256  # rows per product of the C scan: the scores stay in the core's cache until scanned
+#: Scan the shared score tiles with the C extension when it was built (False: PyTorch operations only).
+NATIVE_SCAN = True
 #: Precision of the shared score tiles: "auto" (bf16 where it is native and the operands allow), "float32", "bfloat16".
 TILE_PRECISION = "auto"
 
@@ -181,7 +194,8 @@ def _bf16_tiles(folded: bool) -> bool:
 def _exact_keys(prep: _Prepared, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Float64 keys ``[b, m]`` (larger is closer) of the pairs ``(rows[i], idx[i, j])``."""
     q = prep.query64[rows].unsqueeze(1)  # [b, 1, D]
-    r = prep.reference64[idx]  # [b, m, D], a fresh copy: updated in place
+    # [b, m, D], a fresh copy; an unfilled slot (-1, score -inf) gets any row: its query is not certified anyway
+    r = prep.reference64.index_select(0, idx.reshape(-1).clamp_min(0)).view(*idx.shape, -1)
     if prep.metric == "euclidean":
         r.sub_(q)
         return r.mul_(r).sum(-1).neg_()
@@ -291,17 +305,6 @@ class _RunningTop:
         out.values, out.indices, out.threshold = self.values.clone(), self.indices.clone(), self.threshold.clone()
         return out
 
-    @staticmethod
-    def union(tops: list["_RunningTop"]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-``m`` scores and indices ``[N, m]`` over several running tops, counting a shared pair once."""
-        if len(tops) == 1:
-            return tops[0].values, tops[0].indices
-        i, order = torch.cat([t.indices for t in tops], 1).sort(dim=1)
-        v = torch.cat([t.values for t in tops], 1).gather(1, order)
-        v[:, 1:][i[:, 1:] == i[:, :-1]] = float("-inf")  # a pair kept by several tops (the seeds)
-        v, sel = v.topk(tops[0].m, dim=1, sorted=False)
-        return v, i.gather(1, sel)
-
     def merge(self, query: torch.Tensor, ref: torch.Tensor, value: torch.Tensor) -> None:
         """Merge candidate triples (query, reference index, score) into the running tops."""
         if len(query) == 0:
@@ -319,6 +322,17 @@ class _RunningTop:
         v, sel = v.topk(self.m, dim=1, sorted=False)
         self.values[uq], self.indices[uq] = v, i.gather(1, sel)
         self.threshold[uq] = v.amin(1)
+
+
+def _union_tops(values: list[torch.Tensor], indices: list[torch.Tensor], m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``m`` scores and indices ``[N, m]`` over several workers' running tops, counting a shared pair once."""
+    if len(values) == 1:
+        return values[0], indices[0]
+    i, order = torch.cat(indices, 1).sort(dim=1)
+    v = torch.cat(values, 1).gather(1, order)
+    v[:, 1:][i[:, 1:] == i[:, :-1]] = float("-inf")  # a pair kept by several tops (the seeds)
+    v, sel = v.topk(m, dim=1, sorted=False)
+    return v, i.gather(1, sel)
 
 
 def _tile_plan(prep: _Prepared) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
@@ -362,8 +376,11 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
     A worker filters with the largest threshold of all workers: every running top holds ``m``
     distinct pairs, so the merged m-th best is at least any worker's threshold (reading a
     threshold while another worker raises it is harmless: any value read is a valid lower bound).
-    Memory is O(workers * (tile + Nq * m)).
+    Memory is O(workers * (tile + Nq * m)). With the C extension the tiles are scanned by
+    :func:`_shortlist_native` instead (the same shortlists up to ties of the tile scores).
     """
+    if NATIVE_SCAN and _knn_scan is not None and prep.tile_query.dtype in (torch.float32, torch.bfloat16):
+        return _shortlist_native(prep, m)
     a, b = prep.tile_query, prep.tile_reference
     first, rest = _tile_plan(prep)
     threads = torch.get_num_threads()
@@ -411,7 +428,74 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
             list(pool.map(scan, range(n_workers)))
     finally:
         torch.set_num_threads(threads)
-    return _RunningTop.union(tops)
+    return _union_tops([t.values for t in tops], [t.indices for t in tops], m)
+
+
+def _shortlist_native(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_shortlist_tiled` with the tiles scanned in C (``_knn_scan.c``): same plan, same workers.
+
+    Each worker's running tops are min-heaps ``[N, m]`` (root = the m-th best = the threshold) that
+    the C scan updates in place entry by entry, after a vectorised comparison of 32 entries at a time
+    with their row and column thresholds. A tile is multiplied ``NATIVE_SUB_ROWS`` rows at a time,
+    each block scanned while it is still in cache. Seeding tiles start from a threshold that at least
+    ``m`` entries of the row pass (just below the m-th largest maximum of 32-entry chunks). Before each
+    tile a worker copies the other workers' thresholds as a floor (any of them bounds the merged
+    m-th best from below, as in :func:`_shortlist_tiled`).
+    """
+    a, b = prep.tile_query, prep.tile_reference
+    first, rest = _tile_plan(prep)
+    threads = torch.get_num_threads()
+    n_workers = max(1, min(threads, len(first)))
+    n, bf16 = a.shape[0], a.dtype == torch.bfloat16
+    values = [torch.full((n, m), float("-inf"))]
+    indices = [torch.full((n, m), -1, dtype=torch.int64)]
+    seed_floor = torch.full((n,), float("-inf"))
+    sub_rows = max(1, NATIVE_SUB_ROWS)
+    buf_size = sub_rows * max(c1 - c0 for _, _, c0, c1 in first)
+
+    def products(buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> Iterator[tuple[int, torch.Tensor]]:
+        for s0 in range(r0, r1, sub_rows):
+            s1 = min(r1, s0 + sub_rows)
+            s = torch.mm(a[s0:s1], b[c0:c1].T, out=buf[: (s1 - s0) * (c1 - c0)].view(s1 - s0, c1 - c0))
+            if prep.exclude_self:
+                _mask_self(s, s0, c0)
+            yield s0, s
+
+    def seed(w: int) -> None:  # seeding tiles cover disjoint rows of the shared tops
+        torch.set_num_threads(1)
+        buf = torch.empty(buf_size, dtype=a.dtype)
+        for r0, r1, c0, c1 in first[w::n_workers]:
+            for s0, s in products(buf, r0, r1, c0, c1):
+                rows, cols = s.shape
+                _knn_scan.seed_floor(s.data_ptr(), bf16, rows, cols, s0, m, seed_floor.data_ptr())
+                _knn_scan.scan_tile(s.data_ptr(), bf16, rows, cols, s0, c0, False, values[0].data_ptr(),
+                                    indices[0].data_ptr(), m, seed_floor.data_ptr())
+
+    def scan(w: int) -> None:
+        torch.set_num_threads(1)
+        buf = torch.empty(buf_size, dtype=a.dtype)
+        own_v, own_i = values[w], indices[w]
+        others = [v for k, v in enumerate(values) if k != w]
+        floor = torch.full((n,), float("-inf"))
+        for r0, r1, c0, c1 in rest[w::n_workers]:
+            if others:
+                floor.copy_(others[0][:, 0])
+                for other in others[1:]:
+                    torch.maximum(floor, other[:, 0], out=floor)
+            for s0, s in products(buf, r0, r1, c0, c1):
+                rows, cols = s.shape
+                _knn_scan.scan_tile(s.data_ptr(), bf16, rows, cols, s0, c0, prep.symmetric, own_v.data_ptr(),
+                                    own_i.data_ptr(), m, floor.data_ptr())
+
+    try:
+        with ThreadPoolExecutor(n_workers) as pool:
+            list(pool.map(seed, range(n_workers)))
+            values += [values[0].clone() for _ in range(n_workers - 1)]
+            indices += [indices[0].clone() for _ in range(n_workers - 1)]
+            list(pool.map(scan, range(n_workers)))
+    finally:
+        torch.set_num_threads(threads)
+    return _union_tops(values, indices, m)
 
 
 class _FaissShortlist:
@@ -471,18 +555,19 @@ def _candidates(prep: _Prepared, rows: torch.Tensor, m: int, shortlist) -> tuple
     return torch.zeros(idx.shape), idx
 
 
-def _search_rows(
-    prep: _Prepared, rows: torch.Tensor, k: int, m: int, shortlist, first: tuple | None = None
-) -> tuple[torch.Tensor, ...]:
-    """Certified exact top-``k`` for ``rows``: shortlist, re-rank, retry uncertain rows with larger m.
-
-    ``first`` is a precomputed top-``m`` ``(scores, indices)`` of the shared tiles (error ``prep.tile_bound``).
-    """
+def _search_rows(prep: _Prepared, rows: torch.Tensor, k: int, m: int, shortlist) -> tuple[torch.Tensor, ...]:
+    """Certified exact top-``k`` for ``rows``: shortlist, re-rank, retry uncertain rows with larger m."""
     m = min(m, prep.num_candidates)
-    if first is None:
-        keys, idx, ok = _rank_shortlist(prep, rows, *_candidates(prep, rows, m, shortlist), k, m, prep.bound)
-    else:
-        keys, idx, ok = _rank_shortlist(prep, rows, *first, k, m, prep.tile_bound, prep.tile_output_rounding)
+    keys, idx, ok = _rank_shortlist(prep, rows, *_candidates(prep, rows, m, shortlist), k, m, prep.bound)
+    _retry_uncertified(prep, rows, keys, idx, ok, k, m, shortlist)
+    return keys, idx
+
+
+def _retry_uncertified(
+    prep: _Prepared, rows: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor, ok: torch.Tensor, k: int, m: int,
+    shortlist,
+) -> None:
+    """Search the rows not certified (``~ok``) again with 4x larger shortlists until all are; updates in place."""
     while not bool(ok.all()):
         m = min(4 * m, prep.num_candidates)
         bad = (~ok).nonzero().squeeze(1)
@@ -492,7 +577,6 @@ def _search_rows(
             r = rows[sel]
             kk, ii, oo = _rank_shortlist(prep, r, *_candidates(prep, r, m, shortlist), k, m, prep.bound)
             keys[sel], idx[sel], ok[sel] = kk, ii, oo
-    return keys, idx
 
 
 def iter_knn_blocks(
@@ -520,14 +604,28 @@ def iter_knn_blocks(
     n_q = prep.query_op.shape[0]
     if query_block is None:
         query_block = max(1, min(1024, RESCORE_BYTES // (8 * m_tiled * max(prep.query64.shape[1], 1))))
-    shared = None
     if backend == "torch" and m_tiled < prep.num_candidates:
-        shared, m0 = _shortlist_tiled(prep, m_tiled), m_tiled
+        # the shared tiles give every query its shortlist at once: re-rank block by block, then
+        # search the few uncertified queries of all blocks together
+        shared_v, shared_i = _shortlist_tiled(prep, m_tiled)
+        keys = torch.empty(n_q, k, dtype=torch.float64)
+        idx = torch.empty(n_q, k, dtype=torch.int64)
+        ok = torch.empty(n_q, dtype=torch.bool)
+        for start in range(0, n_q, query_block):
+            end = min(n_q, start + query_block)
+            keys[start:end], idx[start:end], ok[start:end] = _rank_shortlist(
+                prep, torch.arange(start, end), shared_v[start:end], shared_i[start:end], k, m_tiled,
+                prep.tile_bound, prep.tile_output_rounding,
+            )
+        _retry_uncertified(prep, torch.arange(n_q), keys, idx, ok, k, m_tiled, shortlist)
+        for start in range(0, n_q, query_block):
+            end = min(n_q, start + query_block)
+            yield start, end, keys[start:end], idx[start:end]
+        return
     for start in range(0, n_q, query_block):
         end = min(n_q, start + query_block)
         rows = torch.arange(start, end)
-        first = None if shared is None else (shared[0][start:end], shared[1][start:end])
-        keys, idx = _search_rows(prep, rows, k, m0, shortlist, first)
+        keys, idx = _search_rows(prep, rows, k, m0, shortlist)
         yield start, end, keys, idx
 
 

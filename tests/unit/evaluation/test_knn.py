@@ -82,7 +82,9 @@ def test_retry_search_uses_several_reference_chunks(monkeypatch):
     np.testing.assert_array_equal(idx.numpy(), want)
 
 
-def use_tiles(monkeypatch, rows, cols, group, precision="auto"):
+def use_tiles(monkeypatch, rows, cols, group, precision="auto", scan="native", sub_rows=3):
+    monkeypatch.setattr(knn_module, "NATIVE_SCAN", scan == "native")
+    monkeypatch.setattr(knn_module, "NATIVE_SUB_ROWS", sub_rows)
     monkeypatch.setattr(knn_module, "TILE_PRECISION", precision)
     monkeypatch.setattr(knn_module, "TILE_ROWS", rows)
     monkeypatch.setattr(knn_module, "TILE_COLS", cols)
@@ -94,14 +96,21 @@ TINY_TILES = [(4, 8, 4), (3, 16, 8), (8, 8, 2), (5, 10, 5)]
 
 
 PRECISIONS = ("float32", "bfloat16")  # the shared tiles in fp32, or in bf16 with the wider bound
+SCANS = ("native", "torch")  # tiles scanned by the C extension, or by PyTorch operations
+
+
+def test_the_c_scan_is_built():
+    # setup.py builds it at install time; without it the search is correct but slower
+    assert knn_module._knn_scan is not None
 
 
 @pytest.mark.parametrize("tiles", TINY_TILES)
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("normalise", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, metric, normalise, precision):
-    use_tiles(monkeypatch, *tiles, precision)
+@pytest.mark.parametrize("scan", SCANS)
+def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, metric, normalise, precision, scan):
+    use_tiles(monkeypatch, *tiles, precision, scan)
     g = torch.Generator().manual_seed(7)
     x = torch.randint(-2, 3, (90, 4), generator=g).float()  # integer grid: many exact ties
     x[40:52] = x[3]  # duplicates across several blocks
@@ -119,8 +128,9 @@ def test_tiled_leave_one_out_exact_with_ties_and_duplicates(monkeypatch, tiles, 
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("same_tensor", [True, False])
-def test_tiled_search_same_for_any_number_of_workers(monkeypatch, threads, same_tensor):
-    use_tiles(monkeypatch, 4, 8, 4)
+@pytest.mark.parametrize("scan", SCANS)
+def test_tiled_search_same_for_any_number_of_workers(monkeypatch, threads, same_tensor, scan):
+    use_tiles(monkeypatch, 4, 8, 4, scan=scan)
     g = torch.Generator().manual_seed(12)
     x = torch.nn.functional.normalize(torch.randn(70, 5, generator=g), dim=1)
     x[20:30] = x[0]  # duplicates seeded in one tile and met again by several workers
@@ -139,7 +149,7 @@ def test_union_of_running_tops_counts_shared_pairs_once():
     seeded.start(0, 0, torch.tensor([[5.0, 4.0, 1.0, 0.0], [1.0, 2.0, 3.0, 4.0]]))
     tops = [seeded, seeded.copy()]
     tops[1].merge(torch.tensor([0, 1]), torch.tensor([7, 9]), torch.tensor([4.5, 0.5]))
-    values, indices = knn_module._RunningTop.union(tops)
+    values, indices = knn_module._union_tops([t.values for t in tops], [t.indices for t in tops], 3)
     order = values.argsort(1, descending=True)
     assert values.gather(1, order).tolist() == [[5.0, 4.5, 4.0], [4.0, 3.0, 2.0]]
     assert indices.gather(1, order).tolist() == [[0, 7, 1], [3, 2, 1]]
@@ -148,8 +158,9 @@ def test_union_of_running_tops_counts_shared_pairs_once():
 @pytest.mark.parametrize("tiles", TINY_TILES)
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric, precision):
-    use_tiles(monkeypatch, *tiles, precision)
+@pytest.mark.parametrize("scan", SCANS)
+def test_tiled_query_to_gallery_exact(monkeypatch, tiles, metric, precision, scan):
+    use_tiles(monkeypatch, *tiles, precision, scan)
     g = torch.Generator().manual_seed(8)
     q = torch.randn(37, 5, generator=g) * torch.rand(37, 1, generator=g).add(0.5)
     ref = torch.cat([torch.randn(50, 5, generator=g), q[:9]])  # some queries sit on a reference
@@ -248,3 +259,82 @@ def test_knn_rejects_bad_input():
     bad[1, 1] = float("nan")
     with pytest.raises(DataError, match="NaN or infinite"):
         knn(bad, x, 1)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("scan", SCANS)
+def test_tiles_wider_than_the_c_scans_chunks_exact(monkeypatch, metric, precision, scan):
+    # 64 + 64 + 41 columns per block: full 32-entry chunks, a ragged one, seeding from chunk maxima
+    use_tiles(monkeypatch, 16, 64, 8, precision, scan, sub_rows=5)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randint(-3, 4, (169, 6), generator=g).float()  # exact float64 keys: ties are real ties
+    if metric == "cosine":  # normalising makes tied cosines differ in the last bit: continuous data instead
+        x = torch.randn(169, 6, generator=g)
+    x[100:120] = x[7]
+    vals, idx = knn(x, x, 4, exclude_self=True, metric=metric)
+    want_vals, want_idx = brute_force(x, x, 4, metric, True)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    np.testing.assert_allclose(vals.numpy(), want_vals, rtol=1e-12, atol=1e-12)
+
+
+def scan_tile(tile, r0, c0, symmetric, values, indices, floor):
+    knn_module._knn_scan.scan_tile(tile.data_ptr(), tile.dtype == torch.bfloat16, *tile.shape, r0, c0, symmetric,
+                                   values.data_ptr(), indices.data_ptr(), values.shape[1], floor.data_ptr())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_c_scan_keeps_the_top_m_of_everything_offered(dtype, symmetric):
+    g = torch.Generator().manual_seed(14)
+    n, m = 200, 5
+    values, indices = torch.full((n, m), float("-inf")), torch.full((n, m), -1, dtype=torch.int64)
+    floor = torch.full((n,), float("-inf"))
+    floor[3] = 0.5  # another worker's threshold: nothing at or below it enters query 3
+    offered = [[] for _ in range(n)]  # (value, reference) pairs each query was offered, in float64
+    for r0, r1, c0, c1 in [(0, 50, 100, 170), (50, 100, 100, 170), (0, 100, 170, 200), (0, 7, 100, 133)]:
+        tile = torch.randn(r1 - r0, c1 - c0, generator=g).round(decimals=1).to(dtype)  # many ties
+        tile[0, 0] = float("-inf")
+        scan_tile(tile, r0, c0, symmetric, values, indices, floor)
+        for i in range(r1 - r0):
+            for j in range(c1 - c0):
+                v = float(tile[i, j])
+                offered[r0 + i].append((v, c0 + j))
+                if symmetric:
+                    offered[c0 + j].append((v, r0 + i))
+    for q in range(n):
+        allowed = [(v, ref) for v, ref in offered[q] if v > floor[q]]
+        want = sorted((v for v, _ in allowed), reverse=True)[:m]
+        want += [float("-inf")] * (m - len(want))
+        assert sorted(values[q].tolist(), reverse=True) == want, q
+        assert float(values[q, 0]) == min(values[q].tolist())  # heap root: the m-th best
+        pairs = set(allowed)
+        assert all((float(v), int(i)) in pairs for v, i in zip(values[q], indices[q]) if i >= 0)
+        assert len(set(indices[q].tolist()) - {-1}) == int((indices[q] >= 0).sum())  # no pair twice
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_seed_floor_is_the_value_just_below_the_mth_largest_chunk_maximum(dtype):
+    g = torch.Generator().manual_seed(15)
+    m, cols = 6, 32 * 9 + 5  # the last 5 entries are no chunk
+    tile = torch.randn(40, cols, generator=g).round(decimals=1).to(dtype)
+    tile[1] = 0.0  # +0 everywhere: the floor must lie below +0 (-0 compares equal to it)
+    tile[2, :] = float("-inf")
+    tile[2, :32 * (m - 1)] = 1.0  # only m - 1 finite chunks: no floor
+    floor = torch.zeros(50)
+    knn_module._knn_scan.seed_floor(tile.data_ptr(), dtype == torch.bfloat16, 40, cols, 10, m, floor.data_ptr())
+    if dtype == torch.bfloat16:  # every finite bf16 value, from its bit patterns
+        grid = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
+        grid = grid[torch.isfinite(grid)].unique()
+    for i in range(40):
+        maxima = tile[i, : 32 * 9].double().view(9, 32).amax(1)
+        kth = float(maxima.sort(descending=True).values[m - 1])
+        if kth == float("-inf"):
+            assert floor[10 + i] == float("-inf")
+            continue
+        if dtype == torch.bfloat16:
+            want = float(grid[grid < kth].max())
+        else:
+            want = float(np.nextafter(np.float32(kth), np.float32(-np.inf)))
+        assert float(floor[10 + i]) == want and want < kth
+        assert int((tile[i].double() > floor[10 + i]).sum()) >= m
