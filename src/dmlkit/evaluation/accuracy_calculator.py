@@ -153,7 +153,7 @@ class AccuracyCalculator:
         else:
             k = self.k
         k = max(1, min(k, available))
-        idx = self._neighbours(query[keep], reference, k, ref_includes_query, keep)
+        idx = self._neighbours(query, reference, k, ref_includes_query, keep)
         labels = query_labels[keep]
         hits = reference_labels[idx] == labels[:, None]  # [Nq, k]
         r = relevant[keep]
@@ -176,14 +176,16 @@ class AccuracyCalculator:
 
     @staticmethod
     def _neighbours(query, reference, k, ref_includes_query, keep) -> torch.Tensor:
-        """``[Nq, k]`` indices of each query's nearest references, the query itself left out when in ``reference``."""
+        """``[keep.sum(), k]`` indices of the nearest references of the kept queries, each query's own row
+        left out when it is in ``reference``."""
         if not ref_includes_query:
-            return knn(query, reference, k)[1]
-        if len(reference) == len(keep) and bool(keep.all()):
-            return knn(query, reference, k, exclude_self=True)[1]
+            return knn(query[keep], reference, k)[1]
+        if len(reference) == len(query) and torch.equal(query, reference):
+            # leave-one-out on one tensor (the symmetric search: half the products); lone queries dropped after
+            return knn(reference, reference, k, exclude_self=True)[1][keep]
         # the queries are the first rows of reference: find k + 1 and drop each query's own row
         own = keep.nonzero()[:, 0]
-        idx = knn(query, reference, min(k + 1, len(reference)))[1]
+        idx = knn(query[keep], reference, min(k + 1, len(reference)))[1]
         is_self = idx == own[:, None]
         order = torch.sort(is_self.to(torch.int8), dim=1, stable=True).indices  # own row moves to the end
         return idx.gather(1, order)[:, :k]

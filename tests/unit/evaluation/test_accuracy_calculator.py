@@ -56,6 +56,16 @@ def test_separate_gallery_and_lone_queries_match_pml(dtype):
     assert ours["precision_at_1"] < 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_leave_one_out_with_lone_queries_matches_pml(dtype):
+    # two classes of one sample: their queries are left out, the others still search all 120 rows
+    x, y = clustered(dtype=dtype, seed=5)
+    y[7], y[30] = 100, 101
+    ours = AccuracyCalculator(include=KNN_METRICS, k="max_bin_count").get_accuracy(x, y)
+    theirs = pml_calculator(include=KNN_METRICS, k="max_bin_count").get_accuracy(x, y)
+    assert_same(ours, theirs)
+
+
 def test_reference_that_includes_the_query_matches_pml():
     q, qy = clustered(n=50, seed=3)
     extra, ey = clustered(n=30, seed=4)
