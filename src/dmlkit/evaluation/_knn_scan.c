@@ -95,167 +95,111 @@ static inline float offer(const Tops *t, int64_t q, float v, int64_t id) {
     return th;
 }
 
-MULTIVERSION
-static void scan_bf16(const uint16_t *tile, int64_t rows, int64_t cols, int64_t r0, int64_t c0, int symmetric,
-                      const Tops *t, int16_t *col_key) {
-    for (int64_t j = 0; j < cols; j++)
-        col_key[j] = symmetric ? float_key(threshold(t, c0 + j)) : INT16_MAX;
-    for (int64_t i = 0; i < rows; i++) {
-        const uint16_t *row = tile + i * cols;
-        int64_t q = r0 + i;
-        float th = threshold(t, q);
-        int16_t row_key = float_key(th);
-        for (int64_t j0 = 0; j0 < cols; j0 += CHUNK) {
-            int64_t n = cols - j0 < CHUNK ? cols - j0 : CHUNK;
-            uint8_t pass[CHUNK];
-            int any = 0;
-            if (n == CHUNK) {
-                for (int jj = 0; jj < CHUNK; jj++) {
-                    int16_t lo = col_key[j0 + jj] < row_key ? col_key[j0 + jj] : row_key;
-                    pass[jj] = bf16_key(row[j0 + jj]) > lo;
-                    any |= pass[jj];
-                }
-            } else {
-                for (int jj = 0; jj < n; jj++) {
-                    int16_t lo = col_key[j0 + jj] < row_key ? col_key[j0 + jj] : row_key;
-                    pass[jj] = bf16_key(row[j0 + jj]) > lo;
-                    any |= pass[jj];
-                }
-            }
-            if (!any) continue;
-            for (int jj = 0; jj < n; jj++) {
-                if (!pass[jj]) continue;
-                int64_t j = j0 + jj;
-                float v = bf16_float(row[j]);
-                if (v > th) {
-                    th = offer(t, q, v, c0 + j);
-                    row_key = float_key(th);
-                }
-                if (symmetric && bf16_key(row[j]) > col_key[j])
-                    col_key[j] = float_key(offer(t, c0 + j, v, q));
-            }
-        }
-    }
+/* The value just below the bf16 key k (skipping -0, which equals +0 as a value). */
+static inline float bf16_below(int16_t key) {
+    int16_t below = (int16_t)(key - 1);
+    if (below == -1) below = -2;
+    return bf16_float(key_bf16(below));
 }
 
-MULTIVERSION
-static void scan_f32(const float *tile, int64_t rows, int64_t cols, int64_t r0, int64_t c0, int symmetric,
-                     const Tops *t, float *col_th) {
-    for (int64_t j = 0; j < cols; j++)
-        col_th[j] = symmetric ? threshold(t, c0 + j) : INFINITY;
-    for (int64_t i = 0; i < rows; i++) {
-        const float *row = tile + i * cols;
-        int64_t q = r0 + i;
-        float th = threshold(t, q);
-        for (int64_t j0 = 0; j0 < cols; j0 += CHUNK) {
-            int64_t n = cols - j0 < CHUNK ? cols - j0 : CHUNK;
-            uint8_t pass[CHUNK];
-            int any = 0;
-            if (n == CHUNK) {
-                for (int jj = 0; jj < CHUNK; jj++) {
-                    float lo = col_th[j0 + jj] < th ? col_th[j0 + jj] : th;
-                    pass[jj] = row[j0 + jj] > lo;
-                    any |= pass[jj];
-                }
-            } else {
-                for (int jj = 0; jj < n; jj++) {
-                    float lo = col_th[j0 + jj] < th ? col_th[j0 + jj] : th;
-                    pass[jj] = row[j0 + jj] > lo;
-                    any |= pass[jj];
-                }
-            }
-            if (!any) continue;
-            for (int jj = 0; jj < n; jj++) {
-                if (!pass[jj]) continue;
-                int64_t j = j0 + jj;
-                float v = row[j];
-                if (v > th) th = offer(t, q, v, c0 + j);
-                if (symmetric && v > col_th[j]) col_th[j] = offer(t, c0 + j, v, q);
-            }
-        }
-    }
-}
+static inline float f32_key(float v) { return v; }
+static inline float f32_below(float v) { return nextafterf(v, -INFINITY); }
 
-/* The (r+1)-th largest of a[0..n) (0-based rank r); reorders a. */
-static int16_t kth_largest_i16(int16_t *a, int64_t n, int64_t r) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int16_t pivot = a[(lo + hi) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) { int16_t x = a[i]; a[i] = a[j]; a[j] = x; i++; j--; }
-        }
-        if (r <= j) hi = j;
-        else if (r >= i) lo = i;
-        else return a[r];
+/*
+ * The scan and the seed threshold, written once for both tile types. Scores are compared as keys K
+ * with the order of the values: bf16 bits as int16 keys, float32 as itself. Arguments: the tile type
+ * T, the key type K, KEY(entry) and VALUE(entry) -> float, THRESHOLD_KEY(float threshold), the key
+ * NO_THRESHOLD no entry passes, LOWEST (below every key), KEY_MINUS_INF and BELOW(key) -> float.
+ */
+#define DEFINE_TILE_FUNCTIONS(SUFFIX, T, K, KEY, VALUE, THRESHOLD_KEY, NO_THRESHOLD, LOWEST, KEY_MINUS_INF, BELOW) \
+    /* pass[jj] = entry jj beats its row or its column threshold; whether any does */                             \
+    static inline int chunk_pass_##SUFFIX(const T *entries, const K *col_key, K row_key, int64_t n,               \
+                                          uint8_t *pass) {                                                       \
+        int any = 0;                                                                                             \
+        for (int64_t jj = 0; jj < n; jj++) {                                                                     \
+            K lo = col_key[jj] < row_key ? col_key[jj] : row_key;                                                \
+            pass[jj] = KEY(entries[jj]) > lo;                                                                    \
+            any |= pass[jj];                                                                                     \
+        }                                                                                                        \
+        return any;                                                                                              \
+    }                                                                                                            \
+                                                                                                                 \
+    MULTIVERSION                                                                                                 \
+    static void scan_##SUFFIX(const T *tile, int64_t rows, int64_t cols, int64_t r0, int64_t c0, int symmetric,  \
+                              const Tops *t, K *col_key) {                                                       \
+        for (int64_t j = 0; j < cols; j++)                                                                       \
+            col_key[j] = symmetric ? THRESHOLD_KEY(threshold(t, c0 + j)) : NO_THRESHOLD;                         \
+        for (int64_t i = 0; i < rows; i++) {                                                                     \
+            const T *row = tile + i * cols;                                                                      \
+            int64_t q = r0 + i;                                                                                  \
+            float th = threshold(t, q);                                                                          \
+            K row_key = THRESHOLD_KEY(th);                                                                       \
+            for (int64_t j0 = 0; j0 < cols; j0 += CHUNK) {                                                       \
+                int64_t n = cols - j0 < CHUNK ? cols - j0 : CHUNK;                                               \
+                uint8_t pass[CHUNK];                                                                             \
+                /* a constant trip count for full chunks: the compiler vectorises that copy */                   \
+                int any = n == CHUNK ? chunk_pass_##SUFFIX(row + j0, col_key + j0, row_key, CHUNK, pass)         \
+                                     : chunk_pass_##SUFFIX(row + j0, col_key + j0, row_key, n, pass);            \
+                if (!any) continue;                                                                              \
+                for (int jj = 0; jj < n; jj++) {                                                                 \
+                    if (!pass[jj]) continue;                                                                     \
+                    int64_t j = j0 + jj;                                                                         \
+                    float v = VALUE(row[j]);                                                                     \
+                    if (v > th) {                                                                                \
+                        th = offer(t, q, v, c0 + j);                                                             \
+                        row_key = THRESHOLD_KEY(th);                                                             \
+                    }                                                                                            \
+                    if (symmetric && KEY(row[j]) > col_key[j])                                                   \
+                        col_key[j] = THRESHOLD_KEY(offer(t, c0 + j, v, q));                                      \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+                                                                                                                 \
+    /* The (r+1)-th largest of a[0..n) (0-based rank r); reorders a. */                                          \
+    static K kth_largest_##SUFFIX(K *a, int64_t n, int64_t r) {                                                  \
+        int64_t lo = 0, hi = n - 1;                                                                              \
+        while (lo < hi) {                                                                                        \
+            K pivot = a[(lo + hi) / 2];                                                                          \
+            int64_t i = lo, j = hi;                                                                              \
+            while (i <= j) {                                                                                     \
+                while (a[i] > pivot) i++;                                                                        \
+                while (a[j] < pivot) j--;                                                                        \
+                if (i <= j) { K x = a[i]; a[i] = a[j]; a[j] = x; i++; j--; }                                     \
+            }                                                                                                    \
+            if (r <= j) hi = j;                                                                                  \
+            else if (r >= i) lo = i;                                                                             \
+            else return a[r];                                                                                    \
+        }                                                                                                        \
+        return a[r];                                                                                             \
+    }                                                                                                            \
+                                                                                                                 \
+    /* floor[r0 + i] = the largest value below the m-th largest chunk maximum of row i (-inf if the row has    \
+     * fewer than m chunks or its m-th chunk maximum is -inf). */                                               \
+    MULTIVERSION                                                                                                 \
+    static void seed_floor_##SUFFIX(const T *tile, int64_t rows, int64_t cols, int64_t r0, int64_t m,            \
+                                    float *floor, K *maxima) {                                                   \
+        int64_t chunks = cols / CHUNK;                                                                           \
+        for (int64_t i = 0; i < rows; i++) {                                                                     \
+            const T *row = tile + i * cols;                                                                      \
+            floor[r0 + i] = -INFINITY;                                                                           \
+            if (m > chunks) continue;                                                                            \
+            for (int64_t c = 0; c < chunks; c++) {                                                               \
+                K best = LOWEST;                                                                                 \
+                for (int jj = 0; jj < CHUNK; jj++) {                                                             \
+                    K k = KEY(row[c * CHUNK + jj]);                                                              \
+                    best = k > best ? k : best;                                                                  \
+                }                                                                                                \
+                maxima[c] = best;                                                                                \
+            }                                                                                                    \
+            K k = kth_largest_##SUFFIX(maxima, chunks, m - 1);                                                   \
+            if (k > KEY_MINUS_INF) floor[r0 + i] = BELOW(k); /* NaN and -inf give no floor */                  \
+        }                                                                                                        \
     }
-    return a[r];
-}
 
-static float kth_largest_f32(float *a, int64_t n, int64_t r) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        float pivot = a[(lo + hi) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) { float x = a[i]; a[i] = a[j]; a[j] = x; i++; j--; }
-        }
-        if (r <= j) hi = j;
-        else if (r >= i) lo = i;
-        else return a[r];
-    }
-    return a[r];
-}
-
-/* floor[r0 + i] = the largest value below the m-th largest chunk maximum of row i (-inf if the
- * row has fewer than m chunks or its m-th chunk maximum is -inf). */
-MULTIVERSION
-static void seed_floor_bf16(const uint16_t *tile, int64_t rows, int64_t cols, int64_t r0, int64_t m, float *floor,
-                            int16_t *maxima) {
-    int64_t chunks = cols / CHUNK;
-    const int16_t minus_inf = bf16_key(0xff80);
-    for (int64_t i = 0; i < rows; i++) {
-        const uint16_t *row = tile + i * cols;
-        floor[r0 + i] = -INFINITY;
-        if (m > chunks) continue;
-        for (int64_t c = 0; c < chunks; c++) {
-            int16_t best = INT16_MIN;
-            for (int jj = 0; jj < CHUNK; jj++) {
-                int16_t k = bf16_key(row[c * CHUNK + jj]);
-                best = k > best ? k : best;
-            }
-            maxima[c] = best;
-        }
-        int16_t k = kth_largest_i16(maxima, chunks, m - 1);
-        if (k <= minus_inf) continue;
-        int16_t below = (int16_t)(k - 1);
-        if (below == -1) below = -2; /* the key below +0 is -0, equal to +0 as a value: go one further */
-        floor[r0 + i] = bf16_float(key_bf16(below));
-    }
-}
-
-MULTIVERSION
-static void seed_floor_f32(const float *tile, int64_t rows, int64_t cols, int64_t r0, int64_t m, float *floor,
-                           float *maxima) {
-    int64_t chunks = cols / CHUNK;
-    for (int64_t i = 0; i < rows; i++) {
-        const float *row = tile + i * cols;
-        floor[r0 + i] = -INFINITY;
-        if (m > chunks) continue;
-        for (int64_t c = 0; c < chunks; c++) {
-            float best = -INFINITY;
-            for (int jj = 0; jj < CHUNK; jj++) best = row[c * CHUNK + jj] > best ? row[c * CHUNK + jj] : best;
-            maxima[c] = best;
-        }
-        float k = kth_largest_f32(maxima, chunks, m - 1);
-        if (k == -INFINITY || k != k) continue;
-        floor[r0 + i] = nextafterf(k, -INFINITY);
-    }
-}
+DEFINE_TILE_FUNCTIONS(bf16, uint16_t, int16_t, bf16_key, bf16_float, float_key, INT16_MAX, INT16_MIN,
+                      bf16_key(0xff80), bf16_below)
+DEFINE_TILE_FUNCTIONS(f32, float, float, f32_key, f32_key, f32_key, INFINITY, -INFINITY, -INFINITY, f32_below)
 
 static void *pointer(Py_ssize_t address) { return (void *)(uintptr_t)address; }
 
