@@ -46,6 +46,7 @@ x = torch.nn.functional.normalize(x, dim=1)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 load = os.getloadavg()[0]  # other processes share the cores: record how busy the machine was
 t0 = time.perf_counter()
+c_scan = None  # for dmlkit's torch backend: whether the C scan (_knn_scan.c) was built
 if impl == "pml":
     import faiss
     faiss.omp_set_num_threads(2)
@@ -68,7 +69,7 @@ else:
     c_scan = getattr(importlib.import_module("dmlkit.evaluation.knn"), "_knn_scan", None) is not None
 elapsed = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"c_scan": globals().get("c_scan"),
+print(json.dumps({"c_scan": c_scan,
                   "seconds": elapsed, "peak_rss_mib": peak / 1024, "data_rss_mib": base / 1024, "metrics": out,
                   "load": load}))
 """

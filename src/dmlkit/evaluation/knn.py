@@ -57,14 +57,14 @@ from typing import Iterator
 import torch
 
 from dmlkit._cpu_ops import cpu_bf16_native
+from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit.evaluation._checks import BACKENDS, METRICS, check_finite
+from dmlkit.exceptions import DataError, InvalidParameterError
 
 try:  # the C scan of the score tiles, built at install time (setup.py); optional
     from dmlkit.evaluation import _knn_scan
 except ImportError:  # built without a C compiler: the PyTorch operations below find the same shortlists
     _knn_scan = None
-from dmlkit._validation import BOOL, Interval, Options, validate_params
-from dmlkit.evaluation._checks import BACKENDS, METRICS, check_finite
-from dmlkit.exceptions import DataError, InvalidParameterError
 
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 RESCORE_BYTES = 64 * 2**20  # float64 [rows, m, D] gather budget for re-ranking
@@ -363,6 +363,39 @@ def _tile_plan(prep: _Prepared) -> tuple[list[tuple[int, int, int, int]], list[t
     return first, [(r0, r1, c0, min(n_r, c0 + cols)) for r0, r1 in strips for c0 in range(cols, n_r, cols)]
 
 
+def _tile_product(prep: _Prepared, buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+    """Search scores of queries ``r0..r1`` against references ``c0..c1`` written into ``buf``; self pairs ``-inf``."""
+    s = torch.mm(prep.tile_query[r0:r1], prep.tile_reference[c0:c1].T,
+                 out=buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
+    if prep.exclude_self:
+        _mask_self(s, r0, c0)
+    return s
+
+
+def _run_workers(n_workers: int, seed, fork, scan) -> None:
+    """``seed(w)`` in every worker, then ``fork()`` (each worker gets its own running tops), then ``scan(w)``.
+
+    Each worker runs single-threaded (a busy machine does not stall a parallel region on every small
+    operation); torch's thread count is restored afterwards.
+    """
+    threads = torch.get_num_threads()
+
+    def single_threaded(step):
+        def run(w: int) -> None:
+            torch.set_num_threads(1)
+            step(w)
+
+        return run
+
+    try:
+        with ThreadPoolExecutor(n_workers) as pool:
+            list(pool.map(single_threaded(seed), range(n_workers)))
+            fork()
+            list(pool.map(single_threaded(scan), range(n_workers)))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``m`` search scores and indices ``[Nq, m]`` of every query from cache-sized score tiles.
 
@@ -371,30 +404,21 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
     (:func:`_above`), which after a few tiles is a tiny fraction. In leave-one-out on one tensor
     each tile above the diagonal serves its rows and, through the per-column thresholds, its
     columns (half the products). The tiles are shared out among ``torch.get_num_threads()``
-    single-threaded workers, each with its own running tops (merged at the end), so no worker
-    waits on another (a busy machine does not stall a parallel region on every small operation).
-    A worker filters with the largest threshold of all workers: every running top holds ``m``
+    single-threaded workers (:func:`_run_workers`), each with its own running tops (merged at the
+    end), so no worker waits on another. A worker filters with the largest threshold of all workers: every running top holds ``m``
     distinct pairs, so the merged m-th best is at least any worker's threshold (reading a
     threshold while another worker raises it is harmless: any value read is a valid lower bound).
     Memory is O(workers * (tile + Nq * m)). With the C extension the tiles are scanned by
     :func:`_shortlist_native` instead (the same shortlists up to ties of the tile scores).
     """
-    if NATIVE_SCAN and _knn_scan is not None and prep.tile_query.dtype in (torch.float32, torch.bfloat16):
+    if NATIVE_SCAN and _knn_scan is not None:
         return _shortlist_native(prep, m)
-    a, b = prep.tile_query, prep.tile_reference
     first, rest = _tile_plan(prep)
-    threads = torch.get_num_threads()
-    n_workers = max(1, min(threads, len(first)))
-    seeded = _RunningTop(a.shape[0], m)
+    n_workers = max(1, min(torch.get_num_threads(), len(first)))
+    seeded = _RunningTop(prep.tile_query.shape[0], m)
     tops: list[_RunningTop] = []
     tile_size = max(r1 - r0 for r0, r1, _, _ in first) * max(c1 - c0 for _, _, c0, c1 in first)
-    dtype = a.dtype
-
-    def tile(buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
-        s = torch.mm(a[r0:r1], b[c0:c1].T, out=buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
-        if prep.exclude_self:
-            _mask_self(s, r0, c0)
-        return s
+    dtype = prep.tile_query.dtype
 
     def threshold(lo: int, hi: int) -> torch.Tensor:
         t = tops[0].threshold[lo:hi]
@@ -403,16 +427,14 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
         return t
 
     def seed(w: int) -> None:  # seeding tiles cover disjoint rows of the shared running top
-        torch.set_num_threads(1)
         buf = torch.empty(tile_size, dtype=dtype)
         for r0, r1, c0, c1 in first[w::n_workers]:
-            seeded.start(r0, c0, tile(buf, r0, r1, c0, c1))
+            seeded.start(r0, c0, _tile_product(prep, buf, r0, r1, c0, c1))
 
     def scan(w: int) -> None:
-        torch.set_num_threads(1)
         buf, own = torch.empty(tile_size, dtype=dtype), tops[w]
         for r0, r1, c0, c1 in rest[w::n_workers]:
-            s = tile(buf, r0, r1, c0, c1)
+            s = _tile_product(prep, buf, r0, r1, c0, c1)
             t_cols = threshold(c0, c1).to(dtype) if prep.symmetric else None  # exact: kept scores are tile values
             (i, j, v), by_column = _above(s, threshold(r0, r1).to(dtype), t_cols, FILTER_GROUP)
             query, ref, value = [i + r0], [j + c0], [v]
@@ -421,13 +443,7 @@ def _shortlist_tiled(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tenso
                 query.append(j + c0), ref.append(i + r0), value.append(v)
             own.merge(torch.cat(query), torch.cat(ref), torch.cat(value))
 
-    try:
-        with ThreadPoolExecutor(n_workers) as pool:
-            list(pool.map(seed, range(n_workers)))
-            tops.extend([seeded] + [seeded.copy() for _ in range(n_workers - 1)])
-            list(pool.map(scan, range(n_workers)))
-    finally:
-        torch.set_num_threads(threads)
+    _run_workers(n_workers, seed, lambda: tops.extend([seeded] + [seeded.copy() for _ in range(n_workers - 1)]), scan)
     return _union_tops([t.values for t in tops], [t.indices for t in tops], m)
 
 
@@ -442,11 +458,10 @@ def _shortlist_native(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tens
     tile a worker copies the other workers' thresholds as a floor (any of them bounds the merged
     m-th best from below, as in :func:`_shortlist_tiled`).
     """
-    a, b = prep.tile_query, prep.tile_reference
     first, rest = _tile_plan(prep)
-    threads = torch.get_num_threads()
-    n_workers = max(1, min(threads, len(first)))
-    n, bf16 = a.shape[0], a.dtype == torch.bfloat16
+    n_workers = max(1, min(torch.get_num_threads(), len(first)))
+    n, dtype = prep.tile_query.shape[0], prep.tile_query.dtype
+    bf16 = dtype == torch.bfloat16
     values = [torch.full((n, m), float("-inf"))]
     indices = [torch.full((n, m), -1, dtype=torch.int64)]
     seed_floor = torch.full((n,), float("-inf"))
@@ -455,15 +470,10 @@ def _shortlist_native(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tens
 
     def products(buf: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> Iterator[tuple[int, torch.Tensor]]:
         for s0 in range(r0, r1, sub_rows):
-            s1 = min(r1, s0 + sub_rows)
-            s = torch.mm(a[s0:s1], b[c0:c1].T, out=buf[: (s1 - s0) * (c1 - c0)].view(s1 - s0, c1 - c0))
-            if prep.exclude_self:
-                _mask_self(s, s0, c0)
-            yield s0, s
+            yield s0, _tile_product(prep, buf, s0, min(r1, s0 + sub_rows), c0, c1)
 
     def seed(w: int) -> None:  # seeding tiles cover disjoint rows of the shared tops
-        torch.set_num_threads(1)
-        buf = torch.empty(buf_size, dtype=a.dtype)
+        buf = torch.empty(buf_size, dtype=dtype)
         for r0, r1, c0, c1 in first[w::n_workers]:
             for s0, s in products(buf, r0, r1, c0, c1):
                 rows, cols = s.shape
@@ -471,9 +481,12 @@ def _shortlist_native(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tens
                 _knn_scan.scan_tile(s.data_ptr(), bf16, rows, cols, s0, c0, False, values[0].data_ptr(),
                                     indices[0].data_ptr(), m, seed_floor.data_ptr())
 
+    def fork() -> None:
+        values.extend(values[0].clone() for _ in range(n_workers - 1))
+        indices.extend(indices[0].clone() for _ in range(n_workers - 1))
+
     def scan(w: int) -> None:
-        torch.set_num_threads(1)
-        buf = torch.empty(buf_size, dtype=a.dtype)
+        buf = torch.empty(buf_size, dtype=dtype)
         own_v, own_i = values[w], indices[w]
         others = [v for k, v in enumerate(values) if k != w]
         floor = torch.full((n,), float("-inf"))
@@ -487,14 +500,7 @@ def _shortlist_native(prep: _Prepared, m: int) -> tuple[torch.Tensor, torch.Tens
                 _knn_scan.scan_tile(s.data_ptr(), bf16, rows, cols, s0, c0, prep.symmetric, own_v.data_ptr(),
                                     own_i.data_ptr(), m, floor.data_ptr())
 
-    try:
-        with ThreadPoolExecutor(n_workers) as pool:
-            list(pool.map(seed, range(n_workers)))
-            values += [values[0].clone() for _ in range(n_workers - 1)]
-            indices += [indices[0].clone() for _ in range(n_workers - 1)]
-            list(pool.map(scan, range(n_workers)))
-    finally:
-        torch.set_num_threads(threads)
+    _run_workers(n_workers, seed, fork, scan)
     return _union_tops(values, indices, m)
 
 
