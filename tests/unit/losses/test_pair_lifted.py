@@ -79,7 +79,9 @@ def test_generalized_matches_pml_with_reference_set():
     )
 
 
-def test_lifted_with_reference_set_uses_anchor_negatives():
+def test_lifted_with_reference_set_pools_the_negatives_of_rows_a_and_p_as_pml():
+    """With references, pair (a, p) pools anchor row a's negatives and, as PML does, anchor row
+    p's when the batch has a row p (p != a; a pair with p = a counts its row once)."""
     x, y = batch(5, seed=4)
     r, ry = batch(9, seed=5)
     d = distances(x, r)
@@ -87,9 +89,13 @@ def test_lifted_with_reference_set_uses_anchor_negatives():
     for i in range(5):
         for j in range(9):
             if y[i] == ry[j]:
-                s = sum(torch.exp(1.0 - d[i, k]) for k in range(9) if ry[k] != y[i])
+                rows = [i] if j >= 5 or j == i else [i, j]
+                s = sum(torch.exp(1.0 - d[a, k]) for a in rows for k in range(9) if ry[k] != y[a])
                 terms.append(torch.relu(torch.log(s) + d[i, j]) ** 2 / 2)
-    torch.testing.assert_close(LiftedStructureLoss()(x, y, ref_emb=r, ref_labels=ry), torch.stack(terms).mean())
+    ours = LiftedStructureLoss()(x, y, ref_emb=r, ref_labels=ry)
+    torch.testing.assert_close(ours, torch.stack(terms).mean())
+    pml = pml_losses.LiftedStructureLoss()(x, y, ref_emb=r, ref_labels=ry)
+    torch.testing.assert_close(ours, pml, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("cls", [LiftedStructureLoss, GeneralizedLiftedStructureLoss])

@@ -74,6 +74,12 @@ def all_triplets_margin(
     return attach_gradient(total / denom, *parts)
 
 
+def all_triplets(positive: torch.Tensor, negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every ``(a, p, n)`` with ``positive[a, p] & negative[a, n]`` (materialised: ``O(B R^2)`` memory),
+    for reducers that need each triplet's term."""
+    return (positive.unsqueeze(2) & negative.unsqueeze(1)).nonzero(as_tuple=True)
+
+
 def sample_triplets(
     positive: torch.Tensor, negative: torch.Tensor, per_anchor: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

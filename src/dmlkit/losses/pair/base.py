@@ -57,6 +57,12 @@ class PairLoss(MetricLoss):
     supports_weights: bool = False
     #: True for losses that can be driven by a pos_mask or pairs without class labels.
     requires_labels = False
+    #: True for losses that can hand their selected terms to any reducer (PerAnchorReducer,
+    #: ClassWeightedReducer, ThresholdReducer, ...); the others reduce from counts only.
+    reduces_terms: bool = False
+    #: PML's sub-loss names; with several, ``reducer`` becomes one copy per sub-loss (PML's
+    #: ``MultipleReducers``), read back with ``reducer.for_sub_loss(name)``.
+    sub_loss_names: tuple[str, ...] = ("loss",)
 
     def __init__(
         self,
@@ -74,8 +80,9 @@ class PairLoss(MetricLoss):
             raise InvalidParameterError(f"The 'miner' parameter of {name} must be callable. Got {miner!r} instead.")
         self.distance = self.default_distance() if distance is None else as_distance(distance, name)
         self.miner = miner
-        self.reducer = get_reducer(reduction if reducer is None else reducer, name, self.reductions)
-        self.reduction = self.reducer.name
+        reducer = get_reducer(reduction if reducer is None else reducer, name, self.reductions, self.reduces_terms)
+        self.reducer = reducer.split(self.sub_loss_names) if len(self.sub_loss_names) > 1 else reducer
+        self.reduction = self.reducer.for_sub_loss(self.sub_loss_names[0]).name
         self.set_regularizers(embedding_regularizer, embedding_reg_weight)
 
     def default_distance(self) -> BaseDistance:  # pragma: no cover - overridden
@@ -107,6 +114,24 @@ class PairLoss(MetricLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def reduce(
+        self,
+        sub_loss: str,
+        terms: torch.Tensor,
+        mask: torch.Tensor | None,
+        batch: PairBatch,
+        kind: str,
+        indices: tuple | None = None,
+    ) -> torch.Tensor:
+        """Hand the terms of ``sub_loss`` (``[B, R]`` pair terms with their ``mask``, or ``[T]``
+        terms with ``indices``) and the batch's labels and embeddings to that sub-loss's reducer."""
+        reducer = self.reducer.for_sub_loss(sub_loss)
+        return reducer(terms, mask, kind=kind, indices=indices, labels=batch.labels, embeddings=batch.embeddings)
+
+    def reduces_from_counts(self) -> bool:
+        """Whether every sub-loss's reducer divides a sum by a count (the closed-form paths)."""
+        return all(getattr(self.reducer.for_sub_loss(n), "reduces_from_counts", False) for n in self.sub_loss_names)
 
     # -- input handling -------------------------------------------------------------------
     def _prepare(self, embeddings, labels, pairs, weights, ref_emb, ref_labels, pos_mask) -> PairBatch:

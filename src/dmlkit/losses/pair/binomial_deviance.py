@@ -35,6 +35,7 @@ class BinomialDevianceLoss(ThresholdedPairLoss):
 
     reductions = ("mean", "mean_nonzero", "sum")
     supports_weights = True
+    reduces_terms = True
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
@@ -46,7 +47,7 @@ class BinomialDevianceLoss(ThresholdedPairLoss):
             return weighted_sum(pos_terms, masks.positive, masks.positive_weight) + weighted_sum(
                 neg_terms, masks.negative, masks.negative_weight
             )
-        return self.reducer(pos_terms, masks.positive) + self.reducer(
-            neg_terms, masks.negative
+        return self.reduce("loss", pos_terms, masks.positive, batch, "pos_pair") + self.reduce(
+            "loss", neg_terms, masks.negative, batch, "neg_pair"
         )
 

@@ -41,6 +41,8 @@ class ContrastiveLoss(PairLoss):
     """
 
     supports_weights = True
+    reduces_terms = True
+    sub_loss_names = ("pos_loss", "neg_loss")
     _repr_keys = ("pos_margin", "neg_margin", "reduction")
 
     _parameter_constraints = {"pos_margin": [Interval(float)], "neg_margin": [Interval(float)]}
@@ -71,6 +73,8 @@ class ContrastiveLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.float_masks()
+        if not (masks.weighted or self.reduces_from_counts()):
+            return self._reduce_terms(batch)
         pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         mat = pairs.mat
         # Hinges in the measure's own orientation: [d - pos_margin]_+ and [neg_margin - d]_+
@@ -92,13 +96,23 @@ class ContrastiveLoss(PairLoss):
             return pairs.attach(value, coefficient.mul_(sign) if sign < 0 else coefficient)
         pos_sum, neg_sum = pos_terms.sum(), neg_terms.sum()
         pos_active, neg_active = pos_terms.sign_(), neg_terms.sign_()
-        pos_count = self.reducer.divisor(masks.positive.sum(), pos_active.sum()).clamp_min(1.0)
-        neg_count = self.reducer.divisor(masks.negative.sum(), neg_active.sum()).clamp_min(1.0)
+        pos_count = self.reducer.for_sub_loss("pos_loss").divisor(masks.positive.sum(), pos_active.sum()).clamp_min(1.0)
+        neg_count = self.reducer.for_sub_loss("neg_loss").divisor(masks.negative.sum(), neg_active.sum()).clamp_min(1.0)
         value = pos_sum / pos_count + neg_sum / neg_count
         # d(loss)/d(mat) = sign * ([active positive] / n_pos - [active negative] / n_neg)
         #                = (sign / n_pos) * ([active positive] - (n_pos / n_neg) [active negative]).
         coefficient = pos_active.addcmul_(neg_active, -pos_count / neg_count)
         return pairs.attach(value, coefficient, sign / pos_count)
+
+    def _reduce_terms(self, batch: PairBatch) -> torch.Tensor:
+        """The hinges on the autograd graph, handed to each sub-loss's reducer (any reducer object)."""
+        masks = batch.pair_masks()
+        mat = self.distance.matrix(batch.embeddings, batch.references)
+        pos_terms = self.distance.margin(self.pos_margin, mat).clamp_min(0.0)
+        neg_terms = self.distance.margin(mat, self.neg_margin).clamp_min(0.0)
+        return self.reduce("pos_loss", pos_terms, masks.positive, batch, "pos_pair") + self.reduce(
+            "neg_loss", neg_terms, masks.negative, batch, "neg_pair"
+        )
 
 
 @LOSSES.register("cosine_contrastive")
@@ -152,6 +166,8 @@ class CosineContrastiveLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.float_masks()
+        if not (masks.weighted or self.reduces_from_counts()):
+            return self._reduce_terms(batch)
         pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         sim = pairs.mat
         pos_active = masks.positive * (sim < 1.0 - self.epsilon)

@@ -59,6 +59,7 @@ class LiftedStructureLoss(_LiftedBase):
     """
 
     reductions = ("mean", "mean_nonzero", "sum", "threshold")
+    reduces_terms = True
 
     def __init__(
         self,
@@ -84,15 +85,26 @@ class LiftedStructureLoss(_LiftedBase):
         pos_excess, neg_excess = self._margins(batch)
         per_anchor = masked_logsumexp(neg_excess, masks.negative)  # [B], -inf without negatives
         has_neg = masks.negative.any(1)
-        if batch.same_set:
-            shape = pos_excess.shape
-            both = torch.stack((per_anchor.unsqueeze(1).expand(shape), per_anchor.unsqueeze(0).expand(shape)), -1)
-            valid = torch.stack((has_neg.unsqueeze(1).expand(shape), has_neg.unsqueeze(0).expand(shape)), -1)
-            neg_part = masked_logsumexp(both, valid)
-        else:
-            neg_part = per_anchor.unsqueeze(1)
+        # The pair (a, p) pools the negatives of anchor rows a and p. With references, as in PML,
+        # reference p pools the negatives of anchor row p when there is one (and a = p counts once).
+        num, num_refs = pos_excess.shape
+        col_lse, col_has = per_anchor, has_neg
+        if not batch.same_set:
+            shared = min(num, num_refs)
+            col_lse = per_anchor.new_full((num_refs,), float("-inf"))
+            col_lse[:shared] = per_anchor[:shared]
+            col_has = torch.zeros(num_refs, dtype=torch.bool, device=has_neg.device)
+            col_has[:shared] = has_neg[:shared]
+        shape = pos_excess.shape
+        both = torch.stack((per_anchor.unsqueeze(1).expand(shape), col_lse.unsqueeze(0).expand(shape)), -1)
+        second = col_has.unsqueeze(0).expand(shape)
+        if not batch.same_set:
+            rows = torch.arange(num, device=second.device).unsqueeze(1)
+            second = second & (rows != torch.arange(num_refs, device=second.device).unsqueeze(0))
+        valid = torch.stack((has_neg.unsqueeze(1).expand(shape), second), -1)
+        neg_part = masked_logsumexp(both, valid)
         terms = (neg_part + pos_excess).clamp_min(0.0).square() / 2
-        return self.reducer(terms, masks.positive)
+        return self.reduce("loss", terms, masks.positive, batch, "pos_pair")
 
 
 @LOSSES.register("generalized_lifted_structure")

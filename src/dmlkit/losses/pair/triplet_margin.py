@@ -18,7 +18,7 @@ from dmlkit._validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import log1p_exp
-from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets_margin, sample_triplets
+from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets, all_triplets_margin, sample_triplets
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
 from dmlkit.losses.pair.terms import dissimilarity
@@ -35,6 +35,7 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
     """
 
     _repr_keys = ("margin", "swap", "smooth_loss", "triplets_per_anchor", "reduction")
+    reduces_terms = True
 
     _parameter_constraints = {
         "margin": [Interval(float)],
@@ -91,7 +92,9 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
             a, p, n = sel.anchor, sel.positive, sel.negative
         else:
             masks = batch.pair_masks()
-            if self.triplets_per_anchor == "all":
+            if self.triplets_per_anchor == "all" and not self.reduces_from_counts():
+                a, p, n = all_triplets(masks.positive, masks.negative)
+            elif self.triplets_per_anchor == "all":
                 dis_pn = pn_rows = None
                 if self.swap:
                     dis_pn, pn_rows = self._positive_negative_rows(batch, dis, masks.positive.any(0).nonzero()[:, 0])
@@ -105,11 +108,12 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
                     dis_pn=dis_pn,
                     pn_rows=pn_rows,
                 )
-            a, p, n = sample_triplets(masks.positive, masks.negative, self.triplets_per_anchor, self.generator)
+            else:
+                a, p, n = sample_triplets(masks.positive, masks.negative, self.triplets_per_anchor, self.generator)
         d_an = dis[a, n]
         if self.swap:
             dis_pn, pn_rows = self._positive_negative_rows(batch, dis, p)
             d_an = torch.minimum(d_an, dis_pn[pn_rows[p], n])
         violation = dis[a, p] - d_an + self.margin
         terms = log1p_exp(violation) if self.smooth_loss else violation.clamp_min(0.0)
-        return self.reducer(terms)
+        return self.reduce("loss", terms, None, batch, "triplet", (a, p, n))
