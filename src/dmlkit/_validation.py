@@ -183,11 +183,15 @@ def check_embeddings_labels(
     name: str = "embeddings",
     labels_name: str = "labels",
     allow_empty: bool = False,
+    ndim: int | None = 2,
 ) -> None:
-    """Validate a ``[B, D]`` float embedding tensor and its ``[B]`` integer labels."""
+    """Validate a ``[B, D]`` float embedding tensor and its ``[B]`` integer labels.
+
+    ``ndim=None`` leaves the number of dimensions to the caller (a distance's ``check_shapes``).
+    """
     if not isinstance(embeddings, torch.Tensor):
         raise InvalidParameterError(f"{name} must be a torch.Tensor of shape [B, D]. Got {type(embeddings).__name__}.")
-    if embeddings.dim() != 2:
+    if ndim is not None and embeddings.dim() != ndim:
         raise DataError(f"{name} must be 2-D [B, D]. Got shape {tuple(embeddings.shape)}.")
     if not embeddings.is_floating_point():
         raise DataError(f"{name} must be a floating-point tensor. Got dtype {embeddings.dtype}.")

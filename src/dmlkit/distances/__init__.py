@@ -1,6 +1,8 @@
 """Distances, similarities and embedding normalisations."""
 
 from dmlkit.distances._closed_form import MatrixContext
+from dmlkit.distances.batched import BatchedDistance
+from dmlkit.distances.convert import as_distance
 from dmlkit.distances.normalization import (
     NORMALIZATIONS,
     bounded_normalize,
@@ -14,13 +16,15 @@ from dmlkit.distances.pairwise import (
     CosineSimilarity,
     DotProductSimilarity,
     LpDistance,
-    as_distance,
     create_distance,
     squared_euclidean,
 )
+from dmlkit.distances.snr import SNRDistance
 
 __all__ = [
     "BaseDistance",
+    "BatchedDistance",
+    "SNRDistance",
     "CallableDistance",
     "CosineSimilarity",
     "DotProductSimilarity",

@@ -1,7 +1,11 @@
 """Pairwise distances and similarities between two sets of embeddings.
 
 Each class maps ``x [B, D]`` and ``y [R, D]`` to a ``[B, R]`` matrix. ``is_inverted`` is True
-for similarities (larger means closer), as in pytorch-metric-learning.
+for similarities (larger means closer), as in pytorch-metric-learning. As in PML, a distance is
+built with ``normalize_embeddings``, ``p``, ``power`` (and ``is_inverted``, ``collect_stats``),
+and a subclass may define PML's hooks: ``compute_mat(query, ref)`` on the (maybe normalised)
+embeddings, ``pairwise_distance(query, ref)`` row by row, and ``check_shapes(query, ref)``,
+which the losses call before anything else (a custom distance may take other than 2-D input).
 """
 
 from __future__ import annotations
@@ -9,14 +13,35 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import threshold
 
+from dmlkit._records import init_stats
 from dmlkit._registry import Registry
-from dmlkit._validation import Options, validate_params
+from dmlkit._validation import BOOL, Interval, validate_params
 from dmlkit.distances._closed_form import EPS, MatrixContext
 from dmlkit.distances.normalization import l2_normalize
+from dmlkit.exceptions import DataError
+
+
+def _require(distance: BaseDistance, holds: bool, key: str, expected: str) -> None:
+    if not holds:
+        from dmlkit.exceptions import InvalidParameterError
+
+        raise InvalidParameterError(
+            f"The '{key}' parameter of {type(distance).__name__} must be {expected}. Got {getattr(distance, key)!r} instead."
+        )
+
+
+_STATS = ("initial_avg_query_norm", "initial_avg_ref_norm", "final_avg_query_norm", "final_avg_ref_norm")
 
 
 class BaseDistance(torch.nn.Module):
     """Interface: ``forward(x, y=None) -> [B, R]``; ``y`` defaults to ``x``.
+
+    ``forward`` checks the shapes (:meth:`check_shapes`), records the statistics (with
+    ``collect_stats``: ``initial_avg_query_norm``, ``initial_avg_ref_norm``,
+    ``final_avg_query_norm``, ``final_avg_ref_norm``, the mean norms before and after the
+    normalisation) and computes :meth:`pairwise`, which by default is PML's recipe: the
+    embeddings normalised (``normalize_embeddings``, ``p``-norm), :meth:`compute_mat`, then the
+    ``power``. dmlkit's own measures override :meth:`pairwise`.
 
     ``matrix(x, refs)`` is the same matrix by the fastest route this measure knows (losses call
     it). A measure with a closed-form gradient (``has_closed_form``) also computes the matrix
@@ -32,9 +57,90 @@ class BaseDistance(torch.nn.Module):
     #: itself; otherwise the losses pass the selected rows and columns as two sets.
     supports_blocks: bool = False
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        return self.pairwise(x, x if y is None else y)
+    def __init__(
+        self,
+        normalize_embeddings: bool = True,
+        p: float = 2,
+        power: float = 1,
+        is_inverted: bool | None = None,
+        collect_stats: bool | None = None,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        validate_params(
+            owner,
+            {"normalize_embeddings": normalize_embeddings, "p": p, "power": power},
+            {
+                "normalize_embeddings": [BOOL],
+                "p": [Interval(float, 0, None, closed="neither")],
+                "power": [Interval(float, 0, None, closed="neither")],
+            },
+        )
+        self.normalize_embeddings = bool(normalize_embeddings)
+        self.p = p
+        self.power = power
+        if is_inverted is not None:
+            self.is_inverted = bool(is_inverted)
+        init_stats(self, collect_stats, _STATS)
 
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_shapes(x, y)
+        ref = x if y is None else y
+        if getattr(self, "collect_stats", False):
+            self.record_stats(x, ref)
+        return self.pairwise(x, ref)
+
+    # -- PML's hooks ----------------------------------------------------------------------------
+    def check_shapes(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None) -> None:
+        """Embeddings must be 2-D ``[B, D]`` (a ``ValueError``); a subclass may accept others."""
+        for name, t in (("embeddings", query_emb), ("ref_emb", ref_emb)):
+            if t is not None and t.dim() != 2:
+                raise DataError(f"{name} must be a 2-D tensor [batch_size, embedding_size]. Got shape {tuple(t.shape)}.")
+
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """``[B, R]`` between the (maybe normalised) embeddings, before the ``power`` (PML's hook)."""
+        raise NotImplementedError
+
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """``[N]`` between row ``i`` of each set (PML's hook)."""
+        raise NotImplementedError
+
+    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The ``[B, R]`` matrix: maybe-normalise, :meth:`compute_mat`, then the ``power``."""
+        query = self.maybe_normalize(x)
+        ref = query if y is x else self.maybe_normalize(y)
+        mat = self.compute_mat(query, ref)
+        power = getattr(self, "power", 1)
+        return mat if power == 1 else mat**power
+
+    def normalize(self, embeddings: torch.Tensor, dim: int = 1, **kwargs) -> torch.Tensor:
+        """``x / max(|x|_p, eps)`` (``l2_normalize`` for ``p = 2``)."""
+        p = getattr(self, "p", 2)
+        if p == 2 and dim in (1, -1) and embeddings.dim() == 2 and not kwargs:
+            return l2_normalize(embeddings)
+        return torch.nn.functional.normalize(embeddings, p=p, dim=dim, **kwargs)
+
+    def maybe_normalize(self, embeddings: torch.Tensor, dim: int = 1, **kwargs) -> torch.Tensor:
+        return self.normalize(embeddings, dim=dim, **kwargs) if getattr(self, "normalize_embeddings", False) else embeddings
+
+    def get_norm(self, embeddings: torch.Tensor, dim: int = 1, **kwargs) -> torch.Tensor:
+        return torch.linalg.vector_norm(embeddings, ord=getattr(self, "p", 2), dim=dim, **kwargs)
+
+    def smallest_dist(self, *args, **kwargs):
+        """``min`` for a distance, ``max`` for a similarity (as ``torch.min``/``torch.max``)."""
+        return torch.max(*args, **kwargs) if self.is_inverted else torch.min(*args, **kwargs)
+
+    def largest_dist(self, *args, **kwargs):
+        return torch.min(*args, **kwargs) if self.is_inverted else torch.max(*args, **kwargs)
+
+    def record_stats(self, x: torch.Tensor, ref: torch.Tensor) -> None:
+        """The mean norms of both sets before and after the normalisation."""
+        with torch.no_grad():
+            values = (x, ref, self.maybe_normalize(x), self.maybe_normalize(ref))
+            for name, t in zip(_STATS, values):
+                setattr(self, name, self.get_norm(t).mean().item())
+
+    # -- dmlkit's fast routes -------------------------------------------------------------------
     @property
     def has_closed_form(self) -> bool:
         """Whether :meth:`matrix_forward` / :meth:`matrix_backward` (and the fast :meth:`matrix`) apply.
@@ -81,21 +187,42 @@ class BaseDistance(torch.nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} has no closed-form gradient; use autograd")
 
-    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
-        raise NotImplementedError
+    def margin(self, x: torch.Tensor | float, y: torch.Tensor | float) -> torch.Tensor:
+        """How much farther ``x`` is than ``y`` in this measure's direction (PML's ``margin``):
+        ``x - y`` for a distance, ``y - x`` for a similarity. ``margin(d_an, d_ap)`` is how far the
+        negative lies beyond the positive."""
+        return y - x if self.is_inverted else x - y
 
-    def margin(self, closer: torch.Tensor, farther: torch.Tensor) -> torch.Tensor:
-        """How much ``farther`` exceeds ``closer`` in this measure's direction (distance of neg - pos)."""
-        return closer - farther if self.is_inverted else farther - closer
+
+def _own_recipe(distance: BaseDistance, cls: type) -> bool:
+    """Whether ``distance`` keeps ``cls``'s own matrix (a subclass overriding PML's ``compute_mat``
+    gets PML's recipe through it instead)."""
+    return getattr(type(distance), "compute_mat") is getattr(cls, "compute_mat")
 
 
 class CosineSimilarity(BaseDistance):
-    """Cosine similarity ``<x/|x|, y/|y|>``; computes the normalisation itself."""
+    """Cosine similarity ``<x/|x|, y/|y|>`` (PML's ``CosineSimilarity``: ``normalize_embeddings`` is always True)."""
 
     is_inverted = True
     supports_blocks = True
 
+    def __init__(self, **kwargs):
+        super().__init__(normalize_embeddings=True, **kwargs)
+        _require(self, self.is_inverted, "is_inverted", "True")
+
+    @property
+    def has_closed_form(self) -> bool:
+        return BaseDistance.has_closed_form.fget(self) and self.p == 2 and self.power == 1
+
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        return query_emb @ ref_emb.T
+
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        return (query_emb * ref_emb).sum(1)
+
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not (self.p == 2 and self.power == 1 and _own_recipe(self, CosineSimilarity)):
+            return super().pairwise(x, y)
         return l2_normalize(x) @ l2_normalize(y).T
 
     def matrix(self, x: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
@@ -122,13 +249,25 @@ class CosineSimilarity(BaseDistance):
 
 
 class DotProductSimilarity(BaseDistance):
-    """Plain inner product ``<x, y>`` (no normalisation)."""
+    """Inner product ``<x, y>``, between normalised embeddings unless ``normalize_embeddings=False``
+    (PML's ``DotProductSimilarity``; its default, True, makes it the cosine)."""
 
     is_inverted = True
     supports_blocks = True
 
-    def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return x @ y.T
+    def __init__(self, **kwargs):
+        super().__init__(is_inverted=True, **kwargs)
+
+    @property
+    def has_closed_form(self) -> bool:
+        plain = not self.normalize_embeddings and self.power == 1
+        return BaseDistance.has_closed_form.fget(self) and plain
+
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        return query_emb @ ref_emb.T
+
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        return (query_emb * ref_emb).sum(1)
 
     def matrix_forward(self, x, refs, same_set=False, rows=None, cols=None) -> MatrixContext:
         """``x r^T``, one product."""
@@ -142,24 +281,41 @@ class DotProductSimilarity(BaseDistance):
 
 
 class LpDistance(BaseDistance):
-    """Euclidean distance ``||x - y||`` (``power=1``) or its square (``power=2``).
+    """``||x - y||_p ** power`` between the embeddings, L_p-normalised by default (PML's ``LpDistance``).
 
-    Computed as ``|x|^2 + |y|^2 - 2<x, y>`` (one matrix product); the square root has a
-    zero subgradient at coincident points instead of NaN.
+    Any ``p > 0`` (``float("inf")`` included) and ``power > 0``. The Euclidean distance
+    (``p=2``) and its square (``power=2``) are computed as ``|x|^2 + |y|^2 - 2<x, y>`` (one
+    matrix product, with a closed-form gradient); the square root has a zero subgradient at
+    coincident points instead of NaN. Other settings use ``torch.cdist`` and autograd.
     """
 
-    def __init__(self, p: int = 2, power: int = 1, normalize_embeddings: bool = False):
-        super().__init__()
-        validate_params(
-            type(self).__name__,
-            {"p": p, "power": power},
-            {"p": [Options((2,))], "power": [Options((1, 2))]},
-        )
-        self.p = p
-        self.power = power
-        self.normalize_embeddings = normalize_embeddings
+    def __init__(
+        self,
+        p: float = 2,
+        power: float = 1,
+        normalize_embeddings: bool = True,
+        is_inverted: bool = False,
+        collect_stats: bool | None = None,
+    ):
+        super().__init__(normalize_embeddings, p, power, is_inverted, collect_stats)
+        _require(self, not self.is_inverted, "is_inverted", "False")
+
+    @property
+    def has_closed_form(self) -> bool:
+        euclidean = self.p == 2 and self.power in (1, 2)
+        return BaseDistance.has_closed_form.fget(self) and euclidean
+
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        if query_emb.dtype in (torch.float16, torch.bfloat16):  # cdist has no half kernel
+            return torch.linalg.vector_norm(query_emb.unsqueeze(1) - ref_emb.unsqueeze(0), ord=self.p, dim=2)
+        return torch.cdist(query_emb, ref_emb, p=self.p)
+
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pairwise_distance(query_emb, ref_emb, p=self.p)
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not (self.p == 2 and self.power in (1, 2) and _own_recipe(self, LpDistance)):
+            return super().pairwise(x, y)
         if self.normalize_embeddings:
             x, y = l2_normalize(x), l2_normalize(y)
         sq = squared_euclidean(x, y)
@@ -271,14 +427,21 @@ def squared_euclidean(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class CallableDistance(BaseDistance):
     """Wraps any object called as ``distance(x, y) -> [B, R]`` with an ``is_inverted`` flag.
 
-    This is how a pytorch-metric-learning distance other than the standard three (for
-    example ``SNRDistance`` or a user's own ``BaseDistance`` subclass) plugs into dmlkit's losses.
+    This is how a pytorch-metric-learning distance dmlkit does not convert (a user's own PML
+    ``BaseDistance`` subclass, for example) plugs into dmlkit's losses; its own ``check_shapes``
+    is honoured.
     """
 
     def __init__(self, distance: object):
-        super().__init__()
+        super().__init__(normalize_embeddings=bool(getattr(distance, "normalize_embeddings", False)))
         self.wrapped = distance
         self.is_inverted = bool(getattr(distance, "is_inverted", False))
+
+    def check_shapes(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None) -> None:
+        own = getattr(self.wrapped, "check_shapes", None)
+        if own is None:
+            return super().check_shapes(query_emb, ref_emb)
+        own(query_emb, ref_emb)
 
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.wrapped(x, y)
@@ -287,43 +450,13 @@ class CallableDistance(BaseDistance):
         return f"wrapped={self.wrapped!r}"
 
 
-def as_distance(distance: object, owner: str = "distance") -> BaseDistance:
-    """A dmlkit distance for ``distance``: dmlkit's own as is, PML's standard ones converted.
-
-    pytorch-metric-learning's ``CosineSimilarity``, ``DotProductSimilarity`` and
-    ``LpDistance(p=2)`` become dmlkit's classes with the same settings (so the losses keep their
-    fast paths); any other callable with an ``is_inverted`` attribute is wrapped in
-    :class:`CallableDistance`.
-    """
-    from dmlkit.exceptions import InvalidParameterError
-
-    if isinstance(distance, BaseDistance):
-        return distance
-    kind = type(distance).__name__
-    module = type(distance).__module__
-    if module.startswith("pytorch_metric_learning"):
-        normalize = bool(getattr(distance, "normalize_embeddings", True))
-        if kind == "CosineSimilarity":
-            return CosineSimilarity()
-        if kind == "DotProductSimilarity" and not normalize:
-            return DotProductSimilarity()
-        if kind == "DotProductSimilarity":
-            return CosineSimilarity()
-        if kind == "LpDistance" and getattr(distance, "p", 2) == 2 and getattr(distance, "power", 1) in (1, 2):
-            return LpDistance(power=int(distance.power), normalize_embeddings=normalize)
-    if callable(distance) and hasattr(distance, "is_inverted"):
-        return CallableDistance(distance)
-    raise InvalidParameterError(
-        f"The 'distance' parameter of {owner} must be a dmlkit or pytorch-metric-learning distance "
-        f"(called as distance(x, y) -> [B, R], with an is_inverted flag). Got {distance!r} instead."
-    )
-
-
 DISTANCES: Registry[BaseDistance] = Registry("distance")
 DISTANCES.register("cosine")(CosineSimilarity)
-DISTANCES.register("dot")(DotProductSimilarity)
-DISTANCES.register("euclidean")(lambda **kw: LpDistance(power=1, **kw))
-DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(power=2, **kw))
+# The registry names keep their meaning: "dot" and the Euclidean names are between raw embeddings
+# unless normalize_embeddings=True is given.
+DISTANCES.register("dot")(lambda **kw: DotProductSimilarity(**{"normalize_embeddings": False, **kw}))
+DISTANCES.register("euclidean")(lambda **kw: LpDistance(**{"power": 1, "normalize_embeddings": False, **kw}))
+DISTANCES.register("squared_euclidean")(lambda **kw: LpDistance(**{"power": 2, "normalize_embeddings": False, **kw}))
 
 
 def create_distance(name: str, **kwargs) -> BaseDistance:

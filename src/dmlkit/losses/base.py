@@ -16,6 +16,7 @@ from torch import nn
 
 from dmlkit._registry import Registry
 from dmlkit._validation import check_embeddings_labels, validate_params
+from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.regularizers import check_reg_weight, check_regularizer
 
 LOSSES: Registry[nn.Module] = Registry("loss")
@@ -83,7 +84,8 @@ class MetricLoss(nn.Module):
         **kwargs,
     ) -> torch.Tensor:
         if indices_tuple is not None:
-            raise TypeError(
+            # A ValueError as in PML, and a TypeError as before (InvalidParameterError is both).
+            raise InvalidParameterError(
                 f"{type(self).__name__} takes no indices_tuple: it compares the batch with its proxies, "
                 "not mined pairs or triplets."
             )

@@ -58,7 +58,7 @@ def empty_pairs(num_anchors: int, num_refs: int, device: torch.device | str) -> 
 def triplet_margins(distance: BaseDistance, mat: torch.Tensor, anchor: torch.Tensor,
                     positive: torch.Tensor) -> torch.Tensor:
     """``[P, R]`` margins ``d(a, n) - d(a, p)`` (or ``s(a, p) - s(a, n)``) for each pair ``(a, p)``."""
-    return distance.margin(mat[anchor, positive][:, None], mat[anchor])
+    return distance.margin(mat[anchor], mat[anchor, positive][:, None])
 
 
 class BaseMiner(nn.Module):

@@ -109,7 +109,7 @@ class EasyPositiveMiner(SeededMinerMixin, BaseMiner):
         if anchor.numel() == 0:
             return empty_triplets(mat.device)
         pos = easy_pos[anchor]
-        margins = self.distance.margin(mat[anchor, pos][:, None], mat[anchor])
+        margins = self.distance.margin(mat[anchor], mat[anchor, pos][:, None])
         kept = negative[anchor] & (margins > 0) & (margins < self.margin)
         row, neg = kept.nonzero(as_tuple=True)
         return TripletSelection(anchor[row], pos[row], neg)

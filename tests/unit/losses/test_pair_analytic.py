@@ -15,11 +15,11 @@ from dmlkit.mining.selection import PairSelection
 
 DISTANCES = {
     "cosine": CosineSimilarity,
-    "dot": DotProductSimilarity,
+    "dot": lambda: DotProductSimilarity(normalize_embeddings=False),
     "euclidean_normalised": lambda: LpDistance(power=1, normalize_embeddings=True),
     "squared_euclidean_normalised": lambda: LpDistance(power=2, normalize_embeddings=True),
-    "euclidean": lambda: LpDistance(power=1),
-    "squared_euclidean": lambda: LpDistance(power=2),
+    "euclidean": lambda: LpDistance(power=1, normalize_embeddings=False),
+    "squared_euclidean": lambda: LpDistance(power=2, normalize_embeddings=False),
 }
 LOSSES = {
     "contrastive": lambda d: ContrastiveLoss(0.1, 0.8, distance=d),
@@ -167,8 +167,8 @@ def test_each_distance_owns_its_matrix_and_its_closed_form_gradient():
     g = torch.Generator().manual_seed(3)
     x, r = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g, dtype=torch.float64)
     r[2] = 0.0  # a zero row maps to the origin on both routes
-    for distance in [CosineSimilarity(), DotProductSimilarity(), LpDistance(power=1, normalize_embeddings=True),
-                     LpDistance(power=2, normalize_embeddings=True), LpDistance(power=1)]:
+    for distance in [CosineSimilarity(), DotProductSimilarity(normalize_embeddings=False), LpDistance(power=1, normalize_embeddings=True),
+                     LpDistance(power=2, normalize_embeddings=True), LpDistance(power=1, normalize_embeddings=False)]:
         assert distance.has_closed_form
         torch.testing.assert_close(distance.matrix(x, r), distance(x, r))
         torch.testing.assert_close(distance.matrix_forward(x, r).mat, distance(x, r))

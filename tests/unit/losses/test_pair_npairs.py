@@ -18,12 +18,12 @@ def test_matches_pml_on_shuffled_labels():
 def test_equation_with_raw_inner_products():
     x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([3, 1, 3, 1, 7, 7])
-    loss = NPairsLoss(distance=DotProductSimilarity())(x, y)
+    loss = NPairsLoss(distance=DotProductSimilarity(normalize_embeddings=False))(x, y)
     anchors, positives = x[[1, 0, 4]], x[[3, 2, 5]]  # classes 1, 3, 7: first sample and its first positive
     logits = anchors @ positives.T
     expected = sum(torch.log(torch.exp(logits[i] - logits[i, i]).sum()) for i in range(3)) / 3
     torch.testing.assert_close(loss, expected)
-    assert torch.autograd.gradcheck(lambda e: NPairsLoss(distance=DotProductSimilarity())(e, y), (x,))
+    assert torch.autograd.gradcheck(lambda e: NPairsLoss(distance=DotProductSimilarity(normalize_embeddings=False))(e, y), (x,))
 
 
 def test_reference_set_is_rejected_and_no_pair_gives_zero():

@@ -232,7 +232,14 @@ def test_pml_distances_keep_dmlkit_fast_paths():
     assert type(raw) is LpDistance and not raw.normalize_embeddings
     assert type(as_distance(pml_distances.DotProductSimilarity(normalize_embeddings=False))).__name__ == "DotProductSimilarity"
     snr = as_distance(pml_distances.SNRDistance())
-    assert isinstance(snr, CallableDistance) and not snr.is_inverted
+    assert type(snr).__name__ == "SNRDistance" and not snr.is_inverted
+
+    class Own(pml_distances.BaseDistance):
+        def compute_mat(self, query_emb, ref_emb):
+            return query_emb @ ref_emb.T
+
+    own = as_distance(Own(is_inverted=True))
+    assert isinstance(own, CallableDistance) and own.is_inverted
     x, y = batch(torch.float64)
     assert_same(dml_losses.ContrastiveLoss(distance=pml_distances.SNRDistance()),
                 pml_losses.ContrastiveLoss(distance=pml_distances.SNRDistance()), x, torch.float64, y)

@@ -16,7 +16,7 @@ from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
 from dmlkit.losses.pair.batch import PairBatch, Selection
-from dmlkit.losses.reducers import get_reducer
+from dmlkit.losses.reducers import get_reducer, per_sub_loss
 from dmlkit.mining.selection import PairSelection, TripletSelection, selection_from_indices_tuple
 
 
@@ -81,7 +81,7 @@ class PairLoss(MetricLoss):
         self.distance = self.default_distance() if distance is None else as_distance(distance, name)
         self.miner = miner
         reducer = get_reducer(reduction if reducer is None else reducer, name, self.reductions, self.reduces_terms)
-        self.reducer = reducer.split(self.sub_loss_names) if len(self.sub_loss_names) > 1 else reducer
+        self.reducer = per_sub_loss(reducer, self.sub_loss_names) if len(self.sub_loss_names) > 1 else reducer
         self.reduction = self.reducer.for_sub_loss(self.sub_loss_names[0]).name
         self.set_regularizers(embedding_regularizer, embedding_reg_weight)
 
@@ -130,16 +130,24 @@ class PairLoss(MetricLoss):
         return reducer(terms, mask, kind=kind, indices=indices, labels=batch.labels, embeddings=batch.embeddings)
 
     def reduces_from_counts(self) -> bool:
-        """Whether every sub-loss's reducer divides a sum by a count (the closed-form paths)."""
-        return all(getattr(self.reducer.for_sub_loss(n), "reduces_from_counts", False) for n in self.sub_loss_names)
+        """Whether every sub-loss's reducer divides a sum by a count (the closed-form paths) and
+        records no statistics (a reducer with ``collect_stats`` sees the terms)."""
+        reducers = [self.reducer.for_sub_loss(n) for n in self.sub_loss_names]
+        return all(getattr(r, "reduces_from_counts", False) and not getattr(r, "collect_stats", False) for r in reducers)
 
     # -- input handling -------------------------------------------------------------------
     def _prepare(self, embeddings, labels, pairs, weights, ref_emb, ref_labels, pos_mask) -> PairBatch:
         name = type(self).__name__
-        check_embeddings_labels(embeddings, None)
+        if isinstance(embeddings, torch.Tensor) and (ref_emb is None or isinstance(ref_emb, torch.Tensor)):
+            self.distance.check_shapes(embeddings, ref_emb)  # PML: the distance decides the shapes
+        check_embeddings_labels(embeddings, None, ndim=None)
         num = embeddings.shape[0]
         if labels is not None:
             _check_label_tensor(labels, num, "labels", "embeddings")
+        if ref_emb is embeddings and ref_labels is None and pairs is not None:
+            # Explicit pairs against the batch itself: the same-set route gives the same pairs
+            # with the same rounding as ref_emb=None (PML's losses agree exactly between the two).
+            ref_emb = None
         same_set = ref_emb is None
         if ref_emb is None:
             if ref_labels is not None:
@@ -148,7 +156,7 @@ class PairLoss(MetricLoss):
         else:
             if not self.supports_references:
                 raise InvalidParameterError(f"{name} does not support ref_emb (it is defined within the batch only).")
-            check_embeddings_labels(ref_emb, None, name="ref_emb")
+            check_embeddings_labels(ref_emb, None, name="ref_emb", ndim=None)
             if ref_emb.shape[1] != embeddings.shape[1]:
                 raise DataError(
                     f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."

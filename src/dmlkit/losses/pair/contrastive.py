@@ -108,8 +108,8 @@ class ContrastiveLoss(PairLoss):
         """The hinges on the autograd graph, handed to each sub-loss's reducer (any reducer object)."""
         masks = batch.pair_masks()
         mat = self.distance.matrix(batch.embeddings, batch.references)
-        pos_terms = self.distance.margin(self.pos_margin, mat).clamp_min(0.0)
-        neg_terms = self.distance.margin(mat, self.neg_margin).clamp_min(0.0)
+        pos_terms = self.distance.margin(mat, self.pos_margin).clamp_min(0.0)
+        neg_terms = self.distance.margin(self.neg_margin, mat).clamp_min(0.0)
         return self.reduce("pos_loss", pos_terms, masks.positive, batch, "pos_pair") + self.reduce(
             "neg_loss", neg_terms, masks.negative, batch, "neg_pair"
         )

@@ -2,7 +2,7 @@
 
 PML vs paper: Sohn uses raw inner products plus an L2 penalty on the embeddings; PML's
 default distance is a dot product of L2-normalised embeddings (a cosine) and no penalty.
-dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity()`` for
+dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity(normalize_embeddings=False)`` for
 the paper's logits. The pair of a class is its first sample and that sample's first positive
 (batch order), as in PML, so the values match.
 """

@@ -43,6 +43,7 @@ from dmlkit.losses.reducers.composite import (
     PerAnchorReducer,
     PMLReducer,
     average_per_row,
+    per_sub_loss,
 )
 
 REDUCTIONS: dict[str, type[BaseReducer]] = {
@@ -131,4 +132,5 @@ __all__ = [
     "average_per_row",
     "from_pml",
     "get_reducer",
+    "per_sub_loss",
 ]

@@ -66,8 +66,9 @@ class ThresholdReducer(BaseReducer):
     """
 
     name = "threshold"
+    stats = ("losses_size", "num_past_filter", "num_above_low", "num_below_high")
 
-    def __init__(self, low: float | None = None, high: float | None = None, collect_stats: bool = False):
+    def __init__(self, low: float | None = None, high: float | None = None, collect_stats: bool | None = None):
         super().__init__(collect_stats=collect_stats)
         owner = type(self).__name__
         if low is None and high is None:
@@ -79,7 +80,6 @@ class ThresholdReducer(BaseReducer):
                 )
         self.low = None if low is None else float(low)
         self.high = None if high is None else float(high)
-        self.num_past_filter = self.num_above_low = self.num_below_high = 0
 
     def _in_range(self, terms: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         above = terms > self.low if self.low is not None else None
@@ -122,7 +122,7 @@ class AvgNonZeroReducer(ThresholdReducer):
     name = "mean_nonzero"
     reduces_from_counts = True
 
-    def __init__(self, collect_stats: bool = False):
+    def __init__(self, collect_stats: bool | None = None):
         super().__init__(low=0, collect_stats=collect_stats)
 
     def divisor(self, num_selected, num_nonzero):
@@ -137,15 +137,16 @@ class DivisorReducer(BaseReducer):
 
     PML's losses that use it put ``"divisor"`` in their loss dict; a divisor of 0 gives a 0 on
     the graph. A dmlkit loss that gives no divisor gets the plain sum (divisor 1). The last
-    divisor seen is kept as ``self.divisor_value`` (PML: the stat ``divisor``).
+    divisor seen is recorded as ``divisor_value`` with ``collect_stats`` (PML: the stat ``divisor``,
+    a name dmlkit's reducers use for the count rule).
     """
 
     name = "divisor"
     reduces_from_counts = True
+    stats = ("losses_size", "divisor_value")
 
-    def __init__(self, collect_stats: bool = False):
+    def __init__(self, collect_stats: bool | None = None):
         super().__init__(collect_stats=collect_stats)
-        self.divisor_value = 0
 
     def reduce_entry(self, entry, embeddings, labels):
         if entry["reduction_type"] != "already_reduced" and "divisor" not in entry:
@@ -161,7 +162,8 @@ class DivisorReducer(BaseReducer):
         return self._divide(selected.losses.sum(), divisor, selected.zero)
 
     def _divide(self, total: torch.Tensor, divisor, zero) -> torch.Tensor:
-        self.divisor_value = divisor
+        if self.collect_stats:
+            self.divisor_value = divisor
         if divisor == 0:
             return zero()
         if total.dtype == torch.float16:
@@ -180,7 +182,7 @@ class ClassWeightedReducer(BaseReducer):
 
     name = "class_weighted"
 
-    def __init__(self, weights: torch.Tensor, collect_stats: bool = False):
+    def __init__(self, weights: torch.Tensor, collect_stats: bool | None = None):
         super().__init__(collect_stats=collect_stats)
         self.weights = torch.as_tensor(weights)
 

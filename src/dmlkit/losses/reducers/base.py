@@ -21,12 +21,12 @@ reducer hands its terms over instead (it asks the reducer, never tests its type)
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from dmlkit._records import init_stats
 from dmlkit.exceptions import DataError
 
 #: PML's ``reduction_type`` values.
@@ -119,10 +119,12 @@ class BaseReducer(torch.nn.Module):
     #: Whether the rule is ``sum(terms) / divisor(counts)`` (see :meth:`divisor`).
     reduces_from_counts: bool = False
 
-    def __init__(self, collect_stats: bool = False):
+    #: Statistics recorded with ``collect_stats`` (PML's names).
+    stats: tuple[str, ...] = ("losses_size",)
+
+    def __init__(self, collect_stats: bool | None = None):
         super().__init__()
-        self.collect_stats = bool(collect_stats)
-        self.losses_size = 0
+        init_stats(self, collect_stats, self.stats)
 
     # -- the two calls ------------------------------------------------------------------------
     def forward(self, terms, *args, **kwargs):
@@ -183,13 +185,6 @@ class BaseReducer(torch.nn.Module):
     def for_sub_loss(self, name: str) -> BaseReducer:
         """The reducer of the sub-loss ``name`` (itself; :class:`MultipleReducers` looks it up)."""
         return self
-
-    def split(self, names: tuple[str, ...]) -> BaseReducer:
-        """One copy of this reducer per sub-loss (PML gives a loss with several sub-losses a
-        ``MultipleReducers`` of copies)."""
-        from dmlkit.losses.reducers.composite import MultipleReducers
-
-        return MultipleReducers({n: copy.deepcopy(self) for n in names})
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and repr(other) == repr(self)

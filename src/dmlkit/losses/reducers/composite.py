@@ -3,6 +3,7 @@ wrapper that lets any pytorch-metric-learning reducer object reduce a dmlkit los
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Mapping
 
 import torch
@@ -33,7 +34,7 @@ class MultipleReducers(BaseReducer):
     name = "multiple"
 
     def __init__(self, reducers: Mapping[str, torch.nn.Module], default_reducer: torch.nn.Module | None = None,
-                 collect_stats: bool = False):
+                 collect_stats: bool | None = None):
         super().__init__(collect_stats=collect_stats)
         self.reducers = torch.nn.ModuleDict(dict(reducers))
         self.default_reducer = MeanReducer() if default_reducer is None else default_reducer
@@ -58,8 +59,14 @@ class MultipleReducers(BaseReducer):
         parts = [*self.reducers.values(), self.default_reducer]
         return [leaf for part in parts for leaf in (part.leaves() if isinstance(part, BaseReducer) else [part])]
 
-    def split(self, names: tuple[str, ...]) -> BaseReducer:
-        return self
+
+
+def per_sub_loss(reducer: BaseReducer, names: tuple[str, ...]) -> BaseReducer:
+    """One copy of ``reducer`` per sub-loss (PML gives a loss with several sub-losses a
+    ``MultipleReducers`` of copies); a :class:`MultipleReducers` is kept as given."""
+    if isinstance(reducer, MultipleReducers):
+        return reducer
+    return MultipleReducers({name: copy.deepcopy(reducer) for name in names})
 
 
 def average_per_row(matrix: torch.Tensor, num_per_row: torch.Tensor) -> torch.Tensor:
@@ -82,7 +89,7 @@ class PerAnchorReducer(BaseReducer):
         self,
         reducer: torch.nn.Module | None = None,
         aggregation_func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = average_per_row,
-        collect_stats: bool = False,
+        collect_stats: bool | None = None,
     ):
         super().__init__(collect_stats=collect_stats)
         self.reducer = MeanReducer() if reducer is None else reducer
