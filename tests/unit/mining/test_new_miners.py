@@ -193,3 +193,14 @@ def test_packaged_triplets_reads_rows_in_threes():
     assert triplets_of(sel) == {(0, 1, 2), (3, 4, 5), (6, 7, 8)}
     with pytest.raises(DataError, match="multiple of 3"):
         EmbeddingsAlreadyPackagedAsTriplets()(x[:8], labels[:8])
+
+
+def test_pml_style_mine_reads_the_batch_passed_as_its_own_reference_as_one_set():
+    x, labels = batch(9)
+    miner = BatchEasyHardMiner("hard", "hard").as_pml()
+    via_mine = miner.mine(x, labels, x, labels)
+    assert all(torch.equal(a, b) for a, b in zip(via_mine, miner(x, labels)))
+    assert not any(i == j for i, j in zip(via_mine[0].tolist(), via_mine[1].tolist()))  # no self-pairs
+    other = x.clone()  # a distinct reference tensor is a reference set: the anchor's own copy is a positive
+    a1, p, _, _ = BatchEasyHardMiner("easy", "hard").as_pml().mine(x, labels, other, labels.clone())
+    assert torch.equal(a1, p)  # the easiest (closest) positive of each anchor is its own copy, at distance 0
