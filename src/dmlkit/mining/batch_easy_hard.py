@@ -102,13 +102,20 @@ class BatchEasyHardMiner(BaseMiner):
             if self.neg_strategy != "all":
                 neg_pick = self._pick(mat, neg_ok, farthest=self.neg_strategy == "easy")
         rows = torch.arange(mat.shape[0], device=mat.device)
+        if pos_pick is None and neg_pick is None:  # "all" and "all": every pair
+            return PairSelection(positive, negative, listed=(*positive.nonzero(as_tuple=True),
+                                                             *negative.nonzero(as_tuple=True)))
         if pos_pick is not None and neg_pick is not None:
             keep = pos_pick[2] & neg_pick[2]
             a = rows[keep]
             return PairSelection.from_pairs(a, pos_pick[1][keep], a, neg_pick[1][keep], *mat.shape)
-        # "all" takes every pair, outside the allowed range too (as pytorch-metric-learning does).
-        a1, p = (positive.nonzero(as_tuple=True) if pos_pick is None
-                 else (rows[pos_pick[2]], pos_pick[1][pos_pick[2]]))
-        a2, n = (negative.nonzero(as_tuple=True) if neg_pick is None
-                 else (rows[neg_pick[2]], neg_pick[1][neg_pick[2]]))
-        return PairSelection.from_pairs(a1, p, a2, n, *mat.shape)
+        # "all" takes every pair, outside the allowed range too (as pytorch-metric-learning does);
+        # its mask is the label mask itself, the picked side one entry per kept anchor.
+        picked = pos_pick if pos_pick is not None else neg_pick
+        keep = picked[2]
+        a, other = rows[keep], picked[1][keep]
+        one = torch.zeros_like(positive)
+        one[a, other] = True
+        if pos_pick is None:
+            return PairSelection(positive, one, listed=(*positive.nonzero(as_tuple=True), a, other))
+        return PairSelection(one, negative, listed=(a, other, *negative.nonzero(as_tuple=True)))

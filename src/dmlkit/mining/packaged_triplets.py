@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._validation import check_embeddings_labels
 from dmlkit.exceptions import DataError
 from dmlkit.mining.base import BaseMiner
 from dmlkit.mining.selection import TripletSelection
@@ -14,6 +15,11 @@ class EmbeddingsAlreadyPackagedAsTriplets(BaseMiner):
 
     Labels are not read (as in pytorch-metric-learning); the batch size must be a multiple of 3.
     """
+
+    def forward(self, embeddings, labels, ref_emb=None, ref_labels=None) -> TripletSelection:
+        # only the row count matters: no reference resolution, no [B, B] label masks
+        check_embeddings_labels(embeddings, labels)
+        return self.mine(embeddings, embeddings, None, None)
 
     def mine(self, embeddings, ref_emb, positive, negative) -> TripletSelection:
         size = embeddings.shape[0]
