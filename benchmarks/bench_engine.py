@@ -91,7 +91,8 @@ def hand_loop(steps: int, threads: int) -> Iterator[float]:
     base_lrs = [g["lr"] for g in optimizer.param_groups]
     translate = RandomTranslate(cfg.data.max_shift)
     sampler = create_sampler("m_per_class", labels=train.labels, m=cfg.sampler.m,
-                             batch_size=cfg.sampler.batch_size, seed=cfg.seed)
+                             batch_size=cfg.sampler.batch_size, length_before_new_iter=len(train.labels),
+                             seed=cfg.seed)
 
     def batches():
         epoch = 0

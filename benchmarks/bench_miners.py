@@ -28,6 +28,12 @@ def cases():
         ("MultiSimilarityMiner", dml.MultiSimilarityMiner(0.1), pml.MultiSimilarityMiner(0.1)),
         ("PairMarginMiner", dml.PairMarginMiner(0.2, 0.8), pml.PairMarginMiner(0.2, 0.8)),
         ("DistanceWeightedMiner", dml.DistanceWeightedMiner(), pml.DistanceWeightedMiner()),
+        ("AngularMiner", dml.AngularMiner(20), pml.AngularMiner(20)),
+        ("BatchEasyHardMiner", dml.BatchEasyHardMiner(), pml.BatchEasyHardMiner()),
+        ("BatchEasyHardMiner(all,hard)", dml.BatchEasyHardMiner("all", "hard"), pml.BatchEasyHardMiner("all", "hard")),
+        ("HDCMiner", dml.HDCMiner(0.5), pml.HDCMiner(0.5)),
+        ("UniformHistogramMiner", dml.UniformHistogramMiner(), pml.UniformHistogramMiner()),
+        ("EmbeddingsAlreadyPackaged", dml.EmbeddingsAlreadyPackagedAsTriplets(), pml.EmbeddingsAlreadyPackagedAsTriplets()),
     ]
 
 
@@ -47,12 +53,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch, args.dim, generator=g)
-    labels = torch.arange(args.batch) // args.samples_per_class
-    print(f"B={args.batch} D={args.dim} classes={labels.unique().numel()} repeats={args.repeats} "
+    x_all = torch.randn(args.batch, args.dim, generator=g)
+    labels_all = torch.arange(args.batch) // args.samples_per_class
+    print(f"B={args.batch} D={args.dim} classes={labels_all.unique().numel()} repeats={args.repeats} "
           f"threads={torch.get_num_threads()} torch={torch.__version__}")
     print(f"{'miner':<30} {'dmlkit ms':>10} {'PML ms':>10} {'ratio':>7}")
     for name, ours, theirs in cases():
+        if name.startswith("EmbeddingsAlreadyPackaged"):  # whole triplets only: the first 3 * (B // 3) rows
+            x, labels = x_all[: len(x_all) // 3 * 3], labels_all[: len(x_all) // 3 * 3]
+        else:
+            x, labels = x_all, labels_all
         for _ in range(3):  # warm-up
             ours(x, labels)
             theirs(x, labels)

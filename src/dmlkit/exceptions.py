@@ -41,3 +41,9 @@ class CheckpointError(DmlkitError, RuntimeError):
 
 class NonFiniteError(DmlkitError, FloatingPointError):
     """A loss or gradient became NaN or infinite during training."""
+
+
+class BatchCompositionError(InvalidParameterError, DataError, AssertionError):
+    """A sampler's settings cannot build the batches asked for (``batch_size`` not a multiple of
+    ``m``, fewer classes than a batch needs, an epoch shorter than a batch). Also an
+    ``AssertionError``, the type pytorch-metric-learning's samplers raise for the same settings."""

@@ -72,8 +72,8 @@ def make_objective(case: str) -> TrainingObjective:
 def run_steps(case: str, variant: str, rank: int, world_size: int) -> dict:
     """``STEPS`` SGD steps on this rank's part of each global batch; returns losses and final parameters."""
     features, labels = dataset()
-    sampler = create_sampler("m_per_class", labels=labels, m=M_PER_CLASS, batch_size=GLOBAL_BATCH, seed=5,
-                             rank=rank, world_size=world_size)
+    sampler = create_sampler("m_per_class", labels=labels, m=M_PER_CLASS, batch_size=GLOBAL_BATCH,
+                             length_before_new_iter=len(labels), seed=5, rank=rank, world_size=world_size)
     batches = sampler.batches(0)
     model = make_model()
     objective = make_objective(case)

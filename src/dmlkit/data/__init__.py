@@ -6,6 +6,7 @@ takes to add a data set.
 
 from dmlkit._registry import import_submodules
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
+from dmlkit.data.hierarchical_sampler import HierarchicalSampler
 from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
 from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset
@@ -19,6 +20,7 @@ from dmlkit.data.samplers import (
 )
 from dmlkit.data.splits import build_splits, class_disjoint_folds, write_manifest
 from dmlkit.data.transforms import BackboneNormalize, Preprocessing, build_transforms, eval_transform, train_transform
+from dmlkit.data.triplet_samplers import FixedSetOfTriplets, TuplesToWeightsSampler
 
 import_submodules(__name__, __path__)  # the reader modules register their data sets
 
@@ -29,6 +31,8 @@ __all__ = [
     "DataSplits",
     "DatasetSpec",
     "EpochSampler",
+    "FixedSetOfTriplets",
+    "HierarchicalSampler",
     "ImageFileDataset",
     "MPerClassSampler",
     "OnePerClassSampler",
@@ -36,6 +40,7 @@ __all__ = [
     "ShuffledSampler",
     "SplitSource",
     "TensorImageDataset",
+    "TuplesToWeightsSampler",
     "build_splits",
     "build_transforms",
     "class_disjoint_folds",

@@ -16,7 +16,7 @@ from torch.utils.data import Sampler
 
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, as_class_ids, validate_params
-from dmlkit.exceptions import CheckpointError, DataError, InvalidParameterError
+from dmlkit.exceptions import BatchCompositionError, CheckpointError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
 
 SAMPLERS: Registry = Registry("sampler")
@@ -41,6 +41,7 @@ class EpochSampler(Sampler[int]):
     """
 
     def __init__(self, batch_size: int, seed: int, rank: int, world_size: int):
+        """``batch_size`` is the global batch (split over ``world_size`` ranks)."""
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
@@ -133,22 +134,29 @@ class EpochSampler(Sampler[int]):
 class MPerClassSampler(EpochSampler):
     """Batches of ``batch_size // m`` distinct classes with ``m`` images each (e.g. 32 = 8 x 4).
 
+    pytorch-metric-learning's arguments and defaults: ``MPerClassSampler(labels, m,
+    batch_size=None, length_before_new_iter=100000)``. An epoch has ``length_before_new_iter //
+    batch_size`` batches (``length_before_new_iter=None``: one pass over ``labels``). Without
+    ``batch_size`` a "batch" is one pass over every class (``m`` images each), so any
+    ``DataLoader`` batch size that divides ``m * num_classes`` gets whole classes; the epoch is
+    then ``length_before_new_iter`` rounded down to whole passes (as in PML).
+
     Classes are visited in seeded random rounds (every class once per round, so over an epoch
-    class appearances differ by at most one);
+    class appearances differ by at most one, where PML draws each batch's classes anew);
     within a class, images are taken in a seeded shuffled cycle, so a class with ``n >= m`` images
     gives ``m`` distinct images per batch and a class with ``n < m`` images repeats them (each
-    appears ``floor(m/n)`` or ``ceil(m/n)`` times). An epoch has ``length_before_new_iter //
-    batch_size`` batches (default: ``len(labels) // batch_size``).
+    appears ``floor(m/n)`` or ``ceil(m/n)`` times). Randomness comes from ``seed`` (keyword-only)
+    and the epoch, never from a global generator.
     """
 
     def __init__(
         self,
         labels: torch.Tensor | Sequence[int],
         m: int,
-        batch_size: int,
-        seed: int = 0,
-        length_before_new_iter: int | None = None,
+        batch_size: int | None = None,
+        length_before_new_iter: int | None = 100000,
         *,
+        seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
     ):
@@ -159,7 +167,7 @@ class MPerClassSampler(EpochSampler):
                  rank=rank, world_size=world_size),
             dict(
                 m=[Interval(int, 1, None)],
-                batch_size=[Interval(int, 1, None)],
+                batch_size=[Interval(int, 1, None), NONE],
                 seed=[Interval(int, 0, None)],
                 length_before_new_iter=[Interval(int, 1, None), NONE],
                 rank=[Interval(int, 0, None)],
@@ -167,23 +175,31 @@ class MPerClassSampler(EpochSampler):
             ),
         )
         labels = _as_labels(labels, owner)
-        if batch_size % m:
-            raise InvalidParameterError(f"batch_size {batch_size} of {owner} is not divisible by m {m}.")
-        super().__init__(batch_size, seed, rank, world_size)
-        self.m = m
-        self.classes_per_batch = batch_size // m
         classes, class_of_sample, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        if self.classes_per_batch > len(classes):
-            raise DataError(
-                f"batch_size {batch_size} with m={m} needs {self.classes_per_batch} distinct classes per batch "
-                f"but labels has {len(classes)} classes."
-            )
-        self.length_before_new_iter = len(labels) if length_before_new_iter is None else length_before_new_iter
-        self.num_batches = self.length_before_new_iter // batch_size
-        if self.num_batches == 0:
-            raise InvalidParameterError(
-                f"length_before_new_iter {self.length_before_new_iter} of {owner} is smaller than batch_size {batch_size}."
-            )
+        one_pass = m * len(classes)
+        length = len(labels) if length_before_new_iter is None else length_before_new_iter
+        if batch_size is None:
+            batch = one_pass
+            num_batches = max(length // one_pass, 1)
+        else:
+            batch = batch_size
+            if batch_size % m:
+                raise BatchCompositionError(f"batch_size {batch_size} of {owner} is not divisible by m {m}.")
+            if batch_size > one_pass:
+                raise BatchCompositionError(
+                    f"batch_size {batch_size} with m={m} needs {batch_size // m} distinct classes per batch "
+                    f"but labels has {len(classes)} classes."
+                )
+            num_batches = length // batch_size
+            if num_batches == 0:
+                raise BatchCompositionError(
+                    f"length_before_new_iter {length} of {owner} is smaller than batch_size {batch_size}.")
+        super().__init__(batch, seed, rank, world_size)
+        self.batch_size = batch_size
+        self.m = m
+        self.classes_per_batch = batch // m
+        self.length_before_new_iter = length
+        self.num_batches = num_batches
         self.num_samples = len(labels)
         self._class_of_sample = class_of_sample
         self._counts = counts
@@ -231,19 +247,22 @@ class MPerClassSampler(EpochSampler):
 
 @SAMPLERS.register("one_per_class")
 class OnePerClassSampler(MPerClassSampler):
-    """Batches of ``batch_size`` distinct classes, one image each (for proxy losses); ``m = 1``."""
+    """Batches of ``batch_size`` distinct classes, one image each (for proxy losses); ``m = 1``.
+
+    An epoch is one pass over ``labels`` unless ``length_before_new_iter`` is given.
+    """
 
     def __init__(
         self,
         labels: torch.Tensor | Sequence[int],
         batch_size: int,
-        seed: int = 0,
         length_before_new_iter: int | None = None,
         *,
+        seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
     ):
-        super().__init__(labels, 1, batch_size, seed, length_before_new_iter, rank=rank, world_size=world_size)
+        super().__init__(labels, 1, batch_size, length_before_new_iter, seed=seed, rank=rank, world_size=world_size)
 
 
 @SAMPLERS.register("random")
@@ -258,9 +277,9 @@ class ShuffledSampler(EpochSampler):
         self,
         num_samples: int,
         batch_size: int,
-        seed: int = 0,
         drop_last: bool = True,
         *,
+        seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
     ):

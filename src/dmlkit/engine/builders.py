@@ -375,7 +375,8 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
         )
     common = dict(batch_size=s.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":
-        return create_sampler("m_per_class", labels=labels, m=s.m, **common)
+        # an epoch is one pass over the training split (PML's default length is 100000 images)
+        return create_sampler("m_per_class", labels=labels, m=s.m, length_before_new_iter=len(labels), **common)
     if s.name == "one_per_class":
         return create_sampler("one_per_class", labels=labels, **common)
     return create_sampler("random", num_samples=len(labels), **common)

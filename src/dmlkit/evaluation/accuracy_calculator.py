@@ -8,11 +8,20 @@ k-NN metrics; ``k=None`` ranks every reference, ``"max_bin_count"`` the largest 
 looks at the first ``R`` neighbours (Musgrave et al. 2020, MAP@R); NMI/AMI come from seeded
 k-means with PML's settings. Neighbours are exact (ties broken by the smaller reference index);
 labels are compared by equality.
+
+PML's way to extend it works too: a subclass adds a metric with a ``calculate_<name>(**kwargs)``
+method (listing it in ``requires_knn()`` or ``requires_clustering()``), and ``knn_func``,
+``kmeans_func`` and ``label_comparison_fn`` replace the k-NN search, the k-means and label
+equality. Those calls (and overridden metrics) take the general path: every metric function gets
+PML's keyword arguments (``knn_labels``, ``query_labels``, ``not_lone_query_mask``,
+``label_counts``, ``ref_includes_query``, ``cluster_labels``, ...). Without them the built-in
+metrics take the fast path, which never materialises more than the k-NN indices.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import logging
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,14 +41,17 @@ METRICS = (
     "r_precision",
 )
 _CLUSTERING = ("AMI", "NMI")
+_LOG = logging.getLogger(__name__)
+_PREFIX = "calculate_"
 
 
 class AccuracyCalculator:
     """Drop-in for ``pytorch_metric_learning.utils.accuracy_calculator.AccuracyCalculator``.
 
-    ``device`` is accepted and ignored (dmlkit's k-NN runs on the embeddings' device);
-    ``label_comparison_fn``, ``knn_func`` and ``kmeans_func`` are not supported (labels are
-    compared by equality, neighbours are exact, k-means is faiss's with PML's seed).
+    ``device`` is accepted and ignored (dmlkit's k-NN runs on the embeddings' device).
+    ``knn_func(query, k, reference, ref_includes_query) -> (distances, indices)`` (PML's
+    ``FaissKNN``/``CustomKNN`` or any such callable), ``kmeans_func(query, num_clusters) -> cluster
+    ids`` and ``label_comparison_fn(a, b) -> bool tensor`` are used when given.
     """
 
     def __init__(
@@ -49,18 +61,17 @@ class AccuracyCalculator:
         avg_of_avgs: bool = False,
         return_per_class: bool = False,
         k: int | str | None = None,
-        label_comparison_fn: object | None = None,
+        label_comparison_fn: Callable | None = None,
         device: object | None = None,
-        knn_func: object | None = None,
-        kmeans_func: object | None = None,
+        knn_func: Callable | None = None,
+        kmeans_func: Callable | None = None,
     ):
         for name, value in (("label_comparison_fn", label_comparison_fn), ("knn_func", knn_func),
                             ("kmeans_func", kmeans_func)):
-            if value is not None:
+            if value is not None and not callable(value):
                 raise InvalidParameterError(
-                    f"AccuracyCalculator does not take '{name}': dmlkit compares labels by equality, finds "
-                    f"exact neighbours and runs PML's seeded k-means. Got {value!r}."
-                )
+                    f"The '{name}' parameter of AccuracyCalculator must be callable or None. Got {value!r} instead.")
+        self.original_function_dict = self._all_metric_functions()
         self._check_names(include, exclude)
         if avg_of_avgs and return_per_class:
             raise InvalidParameterError("avg_of_avgs and return_per_class are mutually exclusive; set one.")
@@ -69,28 +80,112 @@ class AccuracyCalculator:
                 f"The 'k' parameter of AccuracyCalculator must be an int > 0, None or 'max_bin_count'. Got {k!r} instead."
             )
         self.include, self.exclude = tuple(include), tuple(exclude)
+        self.original_function_dict = self.get_function_dict(include, exclude)
+        self.curr_function_dict = self.get_function_dict()
         self.avg_of_avgs = bool(avg_of_avgs)
         self.return_per_class = bool(return_per_class)
         self.k = k
         self.device = device
+        self.knn_func = knn_func
+        self.kmeans_func = kmeans_func
+        self.label_comparison_fn = label_comparison_fn
+        if label_comparison_fn is not None and any(m in self.requires_clustering() for m in self.get_curr_metrics()):
+            raise NotImplementedError("AccuracyCalculator: clustering metrics (AMI, NMI) cannot use a custom "
+                                      "label_comparison_fn; exclude them.")
 
-    @staticmethod
-    def _check_names(include: Sequence[str], exclude: Sequence[str]) -> None:
+    def _check_names(self, include: Sequence[str], exclude: Sequence[str]) -> None:
+        known = list(self.original_function_dict)
         for key, names in (("include", include), ("exclude", exclude)):
             if not isinstance(names, (tuple, list)):
                 raise TypeError(f"AccuracyCalculator '{key}' must be a tuple or list. Got {type(names).__name__}.")
-            unknown = sorted(set(names) - set(METRICS))
+            unknown = sorted(set(names) - set(known))
             if unknown:
                 raise InvalidParameterError(
-                    f"AccuracyCalculator '{key}' names unknown metrics {unknown}; choose from {list(METRICS)}."
+                    f"AccuracyCalculator '{key}' names unknown metrics {unknown}; choose from {known}."
                 )
 
     def get_curr_metrics(self, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[str]:
-        """The metrics a call computes: ``include`` (default: all) minus ``exclude``."""
+        """The metrics a call computes: ``include`` (default: the constructor's) minus ``exclude``."""
         self._check_names(include, exclude)
-        include = tuple(include) or self.include or METRICS
-        exclude = set(exclude) | set(self.exclude)
-        return [m for m in METRICS if m in include and m not in exclude]
+        return list(self.get_function_dict(include, exclude))
+
+    # ------------------------------------------------------------------ PML's metric protocol
+    def _all_metric_functions(self) -> dict[str, Callable]:
+        """``{name: bound calculate_<name>}`` for every ``calculate_`` method, built-ins in PML's order first."""
+        names = [m for m in METRICS if hasattr(self, _PREFIX + m)]
+        names += sorted(a[len(_PREFIX):] for a in dir(type(self)) if a.startswith(_PREFIX) and a[len(_PREFIX):] not in names)
+        return {name: getattr(self, _PREFIX + name) for name in names}
+
+    def get_function_dict(self, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> dict[str, Callable]:
+        """``{metric: calculate_<metric>}`` of the metrics kept by ``include`` (default: all) minus ``exclude``."""
+        include = list(include) or list(self.original_function_dict)
+        return {k: v for k, v in self.original_function_dict.items() if k in include and k not in exclude}
+
+    def requires_knn(self) -> list[str]:
+        """Metrics that read the k-NN kwargs (a subclass adds its own k-NN metrics here)."""
+        return [m for m in METRICS if m not in _CLUSTERING]
+
+    def requires_clustering(self) -> list[str]:
+        """Metrics that read ``cluster_labels`` (a subclass adds its own clustering metrics here)."""
+        return list(_CLUSTERING)
+
+    def get_cluster_labels(self, query: torch.Tensor, query_labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        """Cluster ids of ``query``: ``kmeans_func`` or dmlkit's seeded k-means, one cluster per class."""
+        num_clusters = int(torch.unique(query_labels.reshape(len(query_labels), -1), dim=0).shape[0])
+        if self.kmeans_func is not None:
+            return torch.as_tensor(np.asarray(_to_numpy(self.kmeans_func(query, num_clusters))))
+        return kmeans_assignments(query.float(), num_clusters)
+
+    def calculate_AMI(self, query_labels, cluster_labels, **kwargs) -> float:
+        from sklearn.metrics import adjusted_mutual_info_score
+
+        return float(adjusted_mutual_info_score(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels)))
+
+    def calculate_NMI(self, query_labels, cluster_labels, **kwargs) -> float:
+        from sklearn.metrics import normalized_mutual_info_score
+
+        return float(normalized_mutual_info_score(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels)))
+
+    def calculate_precision_at_1(self, **kwargs):
+        return self._knn_metric_from_kwargs("precision_at_1", **kwargs)
+
+    def calculate_r_precision(self, **kwargs):
+        return self._knn_metric_from_kwargs("r_precision", **kwargs)
+
+    def calculate_mean_average_precision_at_r(self, **kwargs):
+        return self._knn_metric_from_kwargs("mean_average_precision_at_r", **kwargs)
+
+    def calculate_mean_average_precision(self, **kwargs):
+        return self._knn_metric_from_kwargs("mean_average_precision", **kwargs)
+
+    def calculate_mean_reciprocal_rank(self, **kwargs):
+        return self._knn_metric_from_kwargs("mean_reciprocal_rank", **kwargs)
+
+    def _knn_metric_from_kwargs(self, name, knn_labels, query_labels, not_lone_query_mask, label_counts,
+                                ref_includes_query=False, **kwargs):
+        """A built-in k-NN metric from PML's kwargs: neighbour labels ``[Nq, k]`` and reference class sizes."""
+        keep = torch.as_tensor(not_lone_query_mask, dtype=torch.bool, device=query_labels.device)
+        if not bool(keep.any()):
+            nan = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
+            return nan
+        labels, knn_labels = query_labels[keep], knn_labels[keep]
+        hits = self._same_label(labels[:, None], knn_labels)
+        relevant = _match_counts_of(labels, *label_counts) - int(ref_includes_query)
+        return self._average(_per_query_metrics([name], hits, relevant)[name], labels)
+
+    def _same_label(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``[Nq, k]`` bool: ``label_comparison_fn(a, b)``, or equality over every label dimension."""
+        if self.label_comparison_fn is not None:
+            return self.label_comparison_fn(a, b).bool()
+        same = a == b
+        return same.reshape(*same.shape[:2], -1).all(-1)
+
+    def _uses_fast_path(self) -> bool:
+        """True when only built-in metrics, exact k-NN, dmlkit's k-means and label equality are in play."""
+        if self.knn_func is not None or self.kmeans_func is not None or self.label_comparison_fn is not None:
+            return False
+        return all(name in METRICS and getattr(type(self), _PREFIX + name) is getattr(AccuracyCalculator, _PREFIX + name)
+                   for name in self.original_function_dict)
 
     def get_accuracy(
         self,
@@ -104,11 +199,15 @@ class AccuracyCalculator:
     ) -> dict[str, float | list[float]]:
         """PML's result dict for ``query [Nq, D]`` against ``reference [Nr, D]`` (default: the query set itself)."""
         metrics = self.get_curr_metrics(include, exclude)
+        self.curr_function_dict = self.get_function_dict(include, exclude)
         if reference is None:
             reference, reference_labels, ref_includes_query = query, query_labels, True
         query, reference = _as_float(query, "query"), _as_float(reference, "reference")
-        query_labels = _as_labels(query_labels, "query_labels")
-        reference_labels = _as_labels(reference_labels, "reference_labels")
+        common = torch.promote_types(query.dtype, reference.dtype)
+        query, reference = query.to(common), reference.to(common)
+        fast = self._uses_fast_path()
+        query_labels = _as_labels(query_labels, "query_labels", any_shape=not fast)
+        reference_labels = _as_labels(reference_labels, "reference_labels", any_shape=not fast)
         if len(query) != len(query_labels) or len(reference) != len(reference_labels):
             raise DataError(
                 f"embeddings and labels must have the same length: query {len(query)} vs query_labels "
@@ -120,20 +219,87 @@ class AccuracyCalculator:
             and torch.equal(query_labels, reference_labels[: len(query)])
         ):
             raise DataError("With ref_includes_query=True the first len(query) rows of reference (and labels) must be the query.")
+        if not fast:  # PML's protocol on float32, as PML converts every input
+            query, reference = query.float(), reference.float()
+            return self._general_accuracy(metrics, query, query_labels, reference, reference_labels, ref_includes_query)
         results: dict[str, float | list[float]] = {}
         knn_metrics = [m for m in metrics if m not in _CLUSTERING]
         if knn_metrics:
             results.update(self._knn_metrics(knn_metrics, query, query_labels, reference, reference_labels, ref_includes_query))
         if any(m in _CLUSTERING for m in metrics):
-            from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
-
-            truth = query_labels.numpy()
-            clusters = kmeans_assignments(query, int(np.unique(truth).size)).numpy()
-            scores = {"AMI": adjusted_mutual_info_score, "NMI": normalized_mutual_info_score}
+            clusters = self.get_cluster_labels(query, query_labels)
             for m in metrics:
                 if m in _CLUSTERING:
-                    results[m] = float(scores[m](truth, clusters))
+                    results[m] = self.original_function_dict[m](query_labels=query_labels, cluster_labels=clusters)
         return {m: results[m] for m in metrics}
+
+    def _get_accuracy(self, function_dict: dict[str, Callable], **kwargs) -> dict:
+        """PML's hook: every metric function of ``function_dict`` called with the same keyword arguments."""
+        return {name: fn(**kwargs) for name, fn in function_dict.items()}
+
+    def _general_accuracy(self, metrics, query, query_labels, reference, reference_labels, ref_includes_query):
+        """PML's protocol: build the k-NN and clustering kwargs the metrics need, then call each metric."""
+        kwargs = {"query": query, "reference": reference, "query_labels": query_labels,
+                  "reference_labels": reference_labels, "ref_includes_query": ref_includes_query,
+                  "label_comparison_fn": self.label_comparison_fn or torch.eq}
+        if any(m in self.requires_knn() for m in metrics):
+            label_counts = self._label_match_counts(query_labels, reference_labels)
+            kwargs["label_counts"] = label_counts
+            kwargs["not_lone_query_mask"] = self._not_lone_mask(query_labels, label_counts, ref_includes_query)
+            k = self._num_neighbours(label_counts[1], len(reference), ref_includes_query, metrics)
+            distances, indices = self._search(query, k, reference, ref_includes_query)
+            kwargs["knn_distances"], kwargs["knn_labels"] = distances, reference_labels[indices]
+            if not bool(kwargs["not_lone_query_mask"].any()):
+                _LOG.warning("None of the query labels are in the reference set.")
+        if any(m in self.requires_clustering() for m in metrics):
+            kwargs["cluster_labels"] = self.get_cluster_labels(**kwargs)
+        return self._get_accuracy(self.curr_function_dict, **kwargs)
+
+    def _label_match_counts(self, query_labels, reference_labels) -> tuple[torch.Tensor, torch.Tensor]:
+        """PML's ``label_counts``: (unique query labels ``[C, ...]``, references matching each ``[C]``)."""
+        unique = torch.unique(query_labels, dim=0)
+        if self.label_comparison_fn is None:
+            return unique, _match_counts_of(unique, reference_labels, None)
+        counts = [int(self.label_comparison_fn(unique[i : i + 1], reference_labels).sum()) for i in range(len(unique))]
+        return unique, torch.tensor(counts, dtype=torch.long)
+
+    def _not_lone_mask(self, query_labels, label_counts, ref_includes_query) -> torch.Tensor:
+        """``[Nq]`` bool: the query's class has a reference other than the query itself."""
+        unique, counts = label_counts
+        if ref_includes_query:
+            itself = self._same_label(unique[:, None], unique[:, None])[:, 0].long()
+            lone = unique[counts - itself <= 0]
+        else:
+            lone = unique[counts == 0]
+        if len(lone) == 0:
+            return torch.ones(len(query_labels), dtype=torch.bool)
+        same = query_labels[:, None] == lone[None]
+        return ~same.reshape(*same.shape[:2], -1).all(-1).any(1)
+
+    def _num_neighbours(self, counts, num_references, ref_includes_query, metrics) -> int:
+        """PML's ``k``: all references (``None``), the largest class (``"max_bin_count"``) or ``k``."""
+        self_count = int(ref_includes_query)
+        largest = int(counts.max()) if len(counts) else 0
+        if self.k == "max_bin_count":
+            k = largest - self_count
+        elif self.k is None:
+            k = num_references - self_count
+        else:
+            k = self.k
+            _warn_if_k_cuts_r(k, largest, metrics)
+        _LOG.info("AccuracyCalculator: %d nearest neighbours of %d references", k, num_references)
+        return k
+
+    def _search(self, query, k, reference, ref_includes_query) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(distances, indices)`` ``[Nq, k]``: ``knn_func`` or dmlkit's exact search (own row left out)."""
+        if self.knn_func is not None:
+            distances, indices = self.knn_func(query, k, reference, ref_includes_query)
+            return torch.as_tensor(distances), torch.as_tensor(indices).long().cpu()
+        k = max(1, min(k, len(reference) - int(ref_includes_query)))
+        indices = self._neighbours(query, reference, k, ref_includes_query, torch.ones(len(query), dtype=torch.bool))
+        distances = torch.cat([torch.cdist(query[s : s + 1024].double(), reference.double()).gather(1, indices[s : s + 1024])
+                               for s in range(0, len(query), 1024)])
+        return distances, indices
 
     # ------------------------------------------------------------------------------ k-NN
     def _knn_metrics(self, metrics, query, query_labels, reference, reference_labels, ref_includes_query):
@@ -152,27 +318,14 @@ class AccuracyCalculator:
             k = int(counts.max()) - self_count
         else:
             k = self.k
+            _warn_if_k_cuts_r(k, int(counts.max()), metrics)
+        _LOG.info("AccuracyCalculator: %d nearest neighbours of %d references", k, len(reference))
         k = max(1, min(k, available))
         idx = self._neighbours(query, reference, k, ref_includes_query, keep)
         labels = query_labels[keep]
         hits = reference_labels[idx] == labels[:, None]  # [Nq, k]
-        r = relevant[keep]
-        ranks = torch.arange(1, k + 1, dtype=torch.float64)
-        within_r = ranks[None, :] <= r[:, None]
-        per_query = {}
-        if "precision_at_1" in metrics:
-            per_query["precision_at_1"] = hits[:, 0].double()
-        if "r_precision" in metrics:
-            per_query["r_precision"] = (hits & within_r).sum(1).double() / within_r.sum(1).double()
-        for name, mask in (("mean_average_precision_at_r", within_r), ("mean_average_precision", None)):
-            if name in metrics:
-                correct = hits if mask is None else hits & mask
-                precision = correct.cumsum(1).double() * correct / ranks
-                per_query[name] = precision.sum(1) / r.double()
-        if "mean_reciprocal_rank" in metrics:
-            first = hits.double().argmax(1)
-            per_query["mean_reciprocal_rank"] = torch.where(hits.any(1), 1.0 / (first + 1).double(), 0.0)
-        return {m: self._average(v, labels) for m, v in per_query.items()}
+        per_query = _per_query_metrics(metrics, hits, relevant[keep])
+        return {m: self._average(per_query[m], labels) for m in metrics}
 
     @staticmethod
     def _neighbours(query, reference, k, ref_includes_query, keep) -> torch.Tensor:
@@ -194,10 +347,70 @@ class AccuracyCalculator:
         """Mean over queries, or over classes (``avg_of_avgs``), or the per-class list (``return_per_class``)."""
         if not (self.avg_of_avgs or self.return_per_class):
             return float(per_query.mean())
-        classes, inverse = torch.unique(labels, return_inverse=True)
-        sums = torch.zeros(len(classes), dtype=torch.float64).index_add_(0, inverse, per_query)
+        classes, inverse = torch.unique(labels, dim=0, return_inverse=True)
+        sums = torch.zeros(len(classes), dtype=torch.float64).index_add_(0, inverse, per_query.double())
         per_class = sums / torch.bincount(inverse, minlength=len(classes)).double()
         return per_class.tolist() if self.return_per_class else float(per_class.mean())
+
+
+def _per_query_metrics(metrics, hits: torch.Tensor, relevant: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-query k-NN metrics ``[Nq]`` float64 from ``hits [Nq, k]`` (neighbour shares the class) and the
+    class sizes ``relevant [Nq]`` (``R``, the query itself not counted).
+
+    precision@1; R-precision = hits among the first ``min(R, k)`` over ``min(R, k)``; MAP@R and MAP =
+    sum of precision@i at each hit (within ``R`` / within ``k``) over ``R`` (Musgrave et al. 2020, Sec. 3.2);
+    MRR = 1 / rank of the first hit (0 without one).
+    """
+    k = hits.shape[1]
+    ranks = torch.arange(1, k + 1, dtype=torch.float64, device=hits.device)
+    within_r = ranks[None, :] <= relevant[:, None]
+    out = {}
+    if "precision_at_1" in metrics:
+        out["precision_at_1"] = hits[:, 0].double()
+    if "r_precision" in metrics:
+        out["r_precision"] = (hits & within_r).sum(1).double() / within_r.sum(1).double()
+    for name, mask in (("mean_average_precision_at_r", within_r), ("mean_average_precision", None)):
+        if name in metrics:
+            correct = hits if mask is None else hits & mask
+            precision = correct.cumsum(1).double() * correct / ranks
+            out[name] = precision.sum(1) / relevant.double()
+    if "mean_reciprocal_rank" in metrics:
+        first = hits.double().argmax(1)
+        out["mean_reciprocal_rank"] = torch.where(hits.any(1), 1.0 / (first + 1).double(), 0.0)
+    return out
+
+
+def _warn_if_k_cuts_r(k: int, largest_class: int, metrics) -> None:
+    """PML's warning: R-based metrics need ``k`` at least the largest class size."""
+    cut = sorted(set(metrics) & {"r_precision", "mean_average_precision_at_r"})
+    if k < largest_class and cut:
+        _LOG.warning("AccuracyCalculator computes %s with k=%d, below the largest class (%d references): "
+                     "those values are wrong. Use k='max_bin_count' (or mean_average_precision for MAP@k).",
+                     cut, k, largest_class)
+
+
+def _match_counts_of(labels: torch.Tensor, classes, counts) -> torch.Tensor:
+    """``[N]`` reference count of each label: ``counts`` at its row of ``classes`` (0 if absent); with
+    ``counts=None``, ``classes`` are the reference labels themselves and equal rows are counted."""
+    classes = torch.as_tensor(classes, device=labels.device)
+    if labels.dim() == 1 and classes.dim() == 1:
+        if counts is None:
+            uniq, per = torch.unique(classes, return_counts=True)
+        else:
+            order = torch.argsort(classes)
+            uniq, per = classes[order], torch.as_tensor(counts, device=labels.device)[order]
+        if len(uniq) == 0:
+            return torch.zeros(len(labels), dtype=torch.long, device=labels.device)
+        pos = torch.searchsorted(uniq, labels).clamp_max(len(uniq) - 1)
+        return torch.where(uniq[pos] == labels, per[pos].long(), 0)
+    same = (labels.reshape(len(labels), -1)[:, None, :] == classes.reshape(len(classes), -1)[None, :, :]).all(-1)
+    if counts is None:
+        return same.sum(1)
+    return (same.long() * torch.as_tensor(counts, device=labels.device)[None, :]).sum(1)
+
+
+def _to_numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def _counts_in(classes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -208,16 +421,24 @@ def _counts_in(classes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _as_float(x: object, name: str) -> torch.Tensor:
+    """``[N, D]`` floats on the CPU; integer embeddings become float32 (as PML converts them)."""
     t = torch.as_tensor(x)
-    if t.dim() != 2 or not t.is_floating_point():
-        raise DataError(f"{name} must be a float array of shape [N, D]. Got {tuple(t.shape)} {t.dtype}.")
+    if t.dim() != 2 or t.is_complex() or t.dtype == torch.bool:
+        raise DataError(f"{name} must be a real array of shape [N, D]. Got {tuple(t.shape)} {t.dtype}.")
+    if not t.is_floating_point():
+        t = t.float()
     return t.detach().cpu()
 
 
-def _as_labels(x: object, name: str) -> torch.Tensor:
+def _as_labels(x: object, name: str, any_shape: bool = False) -> torch.Tensor:
+    """Class ids ``[N]`` int64 (``any_shape``: ``[N, ...]`` labels for a custom comparison, kept as given)."""
     t = torch.as_tensor(x)
     if t.dim() == 2 and t.shape[1] == 1:
         t = t[:, 0]
+    if any_shape and t.dim() >= 1:
+        if t.is_floating_point() and torch.equal(t, t.round()):
+            t = t.long()
+        return t.cpu()
     if t.dim() != 1:
         raise DataError(f"{name} must be class ids of shape [N]. Got shape {tuple(t.shape)}.")
     if t.is_floating_point():

@@ -5,7 +5,12 @@ Every step the batch is enqueued first (detached), then the loss compares the ba
 (anchors) with the whole filled memory (references), the batch's own fresh copies excluded.
 All state — embeddings, labels, queue pointer, fill count, step count — is a registered
 buffer, so ``state_dict()`` / ``load_state_dict()`` resume exactly (PML keeps the pointer
-outside the state dict). During the first ``warmup_steps`` calls the memory is filled but
+outside the state dict). PML's interface is here too: ``forward(embeddings, labels,
+indices_tuple=None, enqueue_mask=None)``, ``add_to_memory``, ``curr_batch_idx`` (the slots of the
+last enqueued rows), ``create_indices_tuple``, ``supported_losses()``; miners may return PML tuples
+or dmlkit selections, and the wrapped loss may be PML's (it then gets PML's tuple).
+
+During the first ``warmup_steps`` calls the memory is filled but
 the loss uses the batch alone (the XBM paper's "slow drift" warm-up; ASAP trains 1K steps
 before switching XBM on).
 """
@@ -19,7 +24,14 @@ from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, va
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
-from dmlkit.mining.selection import PairSelection, TripletSelection
+from dmlkit.mining.selection import PairSelection, TripletSelection, selection_from_indices_tuple
+
+#: The losses PML's CrossBatchMemory lists as supported (PML's names).
+PML_SUPPORTED_LOSSES = (
+    "AngularLoss", "CircleLoss", "ContrastiveLoss", "GeneralizedLiftedStructureLoss", "IntraPairVarianceLoss",
+    "LiftedStructureLoss", "MarginLoss", "MultiSimilarityLoss", "NCALoss", "NTXentLoss",
+    "SignalToNoiseRatioContrastiveLoss", "SupConLoss", "TripletMarginLoss", "TupletMarginLoss",
+)
 
 
 class CrossBatchMemory(nn.Module):
@@ -66,6 +78,20 @@ class CrossBatchMemory(nn.Module):
         self.register_buffer("queue_idx", torch.zeros((), dtype=torch.long))
         self.register_buffer("num_filled", torch.zeros((), dtype=torch.long))
         self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
+        # slots written by the last enqueue (PML's curr_batch_idx); rebuilt every step, so not saved
+        self.register_buffer("curr_batch_idx", torch.zeros(0, dtype=torch.long), persistent=False)
+
+    @staticmethod
+    def supported_losses() -> list[str]:
+        """PML's list of losses it supports with a memory (dmlkit wraps any loss taking ``ref_emb``)."""
+        return list(PML_SUPPORTED_LOSSES)
+
+    @classmethod
+    def check_loss_support(cls, loss_name: str) -> None:
+        """PML's check: raise for a loss name outside :meth:`supported_losses`."""
+        if loss_name not in cls.supported_losses():
+            raise InvalidParameterError(f"CrossBatchMemory does not list {loss_name} among its supported losses "
+                                        f"{cls.supported_losses()}.")
 
     def extra_repr(self) -> str:
         return f"embedding_size={self.embedding_size}, memory_size={self.memory_size}, warmup_steps={self.warmup_steps}"
@@ -78,9 +104,10 @@ class CrossBatchMemory(nn.Module):
         """Empty the memory (step count included)."""
         self.embedding_memory.zero_()
         self.label_memory.zero_()
-        self.queue_idx.zero_()
-        self.num_filled.zero_()
+        self.queue_idx = torch.zeros_like(self.queue_idx)
+        self.num_filled = torch.zeros_like(self.num_filled)
         self.num_steps.zero_()
+        self.curr_batch_idx = self.curr_batch_idx[:0]
 
     def memory(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The filled part of the memory: ``(embeddings [F, D], labels [F])`` (views, no copy)."""
@@ -89,27 +116,38 @@ class CrossBatchMemory(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Write ``embeddings [n, D]`` (detached) at the queue pointer; return their slots ``[n]``."""
+        """Write ``embeddings [n, D]`` (detached) at the queue pointer; return their slots ``[n]``
+        (also kept as ``curr_batch_idx``). The pointer and fill count are replaced, not updated in
+        place, so a value read before the call keeps its meaning (as PML's integer does)."""
         n = embeddings.shape[0]
         slots = (self.queue_idx + torch.arange(n, device=self.queue_idx.device)) % self.memory_size
         self.embedding_memory.index_copy_(0, slots, embeddings.detach().to(self.embedding_memory.dtype))
-        self.label_memory.index_copy_(0, slots, labels.to(self.label_memory.dtype))
-        self.queue_idx.copy_((self.queue_idx + n) % self.memory_size)
-        self.num_filled.copy_(torch.clamp_max(self.num_filled + n, self.memory_size))
+        self.label_memory.index_copy_(0, slots, labels.to(self.label_memory.device, self.label_memory.dtype))
+        self.queue_idx = (self.queue_idx + n) % self.memory_size
+        self.num_filled = torch.clamp_max(self.num_filled + n, self.memory_size)
+        self.curr_batch_idx = slots
         return slots
+
+    def add_to_memory(self, embeddings: torch.Tensor, labels: torch.Tensor, batch_size: int | None = None) -> None:
+        """PML's name for :meth:`enqueue` (the first ``batch_size`` rows; default all)."""
+        n = embeddings.shape[0] if batch_size is None else int(batch_size)
+        self.enqueue(embeddings[:n], labels[:n])
 
     def forward(
         self,
         embeddings: torch.Tensor,
         labels: torch.Tensor,
-        *,
+        indices_tuple: tuple | PairSelection | TripletSelection | None = None,
         enqueue_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Enqueue the batch, then return the wrapped loss of the batch against the memory.
 
         ``enqueue_mask [B]`` (bool): only those rows go to the memory and only the others are
-        anchors (MoCo-style); no self-pair then needs excluding.
+        anchors (MoCo-style); no self-pair then needs excluding. ``indices_tuple`` (PML's): extra
+        pairs or triplets (anchor rows, memory slots) added to the mined ones, as PML concatenates them.
         """
+        if indices_tuple is not None and enqueue_mask is not None:
+            raise InvalidParameterError("CrossBatchMemory takes indices_tuple or enqueue_mask, not both.")
         check_embeddings_labels(embeddings, labels)
         if embeddings.shape[1] != self.embedding_size:
             raise DataError(
@@ -131,6 +169,9 @@ class CrossBatchMemory(nn.Module):
             )
         if self.embedding_memory.device != embeddings.device:
             self.to(embeddings.device)
+        wanted = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+        if self.embedding_memory.dtype != wanted:  # float64 batches get a float64 memory (as PML's)
+            self.embedding_memory = self.embedding_memory.to(wanted)
         warming_up = int(self.num_steps) < self.warmup_steps
         slots = self.enqueue(queued_emb, queued_labels)
         self.num_steps += 1
@@ -138,8 +179,32 @@ class CrossBatchMemory(nn.Module):
             return self.loss(embeddings, labels)
         mem_emb, mem_labels = self.memory()
         own_slots = None if enqueue_mask is not None else slots
-        pairs = self._select(embeddings, labels, mem_emb, mem_labels, own_slots)
-        return self.loss(embeddings, labels, pairs=pairs, ref_emb=mem_emb, ref_labels=mem_labels)
+        if indices_tuple is not None:
+            pairs = self.create_indices_tuple(embeddings, labels, mem_emb, mem_labels, indices_tuple, True)
+        else:
+            pairs = self._select(embeddings, labels, mem_emb, mem_labels, own_slots)
+        if isinstance(self.loss, MetricLoss):  # dmlkit losses take a selection (or PML's tuple) as indices_tuple
+            return self.loss(embeddings, labels, pairs, mem_emb, mem_labels)
+        if isinstance(pairs, (PairSelection, TripletSelection)):
+            pairs = pairs.to_indices_tuple()
+        return self.loss(embeddings, labels, pairs, mem_emb, mem_labels)
+
+    def create_indices_tuple(self, embeddings, labels, mem_emb, mem_labels, input_indices_tuple=None,
+                             do_remove_self_comparisons: bool = True) -> tuple[torch.Tensor, ...]:
+        """PML's tuple of the mined (or all) pairs against the memory, the batch's own slots left out
+        when ``do_remove_self_comparisons``, followed by ``input_indices_tuple`` (PML's order; triplets
+        given with mined pairs become pairs ``(a, p, a, n)``, pairs given with mined triplets make the
+        mined triplets pairs too)."""
+        own = self.curr_batch_idx if do_remove_self_comparisons and len(self.curr_batch_idx) == len(embeddings) else None
+        mined = self._select(embeddings, labels, mem_emb, mem_labels, own).to_indices_tuple()
+        if input_indices_tuple is None:
+            return mined
+        given = input_indices_tuple
+        if isinstance(given, (PairSelection, TripletSelection)):
+            given = given.to_indices_tuple()
+        if len(given) != len(mined):
+            mined, given = _as_pairs(mined), _as_pairs(given)
+        return tuple(torch.cat([m, g.to(m.device).long()]) for m, g in zip(mined, given))
 
     def _select(self, embeddings, labels, mem_emb, mem_labels, own_slots):
         """Pairs of the batch against the memory (mined or all), without each row's own slot."""
@@ -155,6 +220,8 @@ class CrossBatchMemory(nn.Module):
                 neg[rows, own_slots] = 0.0
             return PairSelection(pos, neg)
         mined = self.miner(embeddings, labels, mem_emb, mem_labels)
+        if not isinstance(mined, (PairSelection, TripletSelection)):  # a PML miner's tuple
+            mined = selection_from_indices_tuple(mined, embeddings.shape[0], mem_emb.shape[0])
         if own_slots is None:
             return mined
         self_pairs = torch.zeros(embeddings.shape[0], mem_emb.shape[0], dtype=torch.bool, device=embeddings.device)
@@ -174,6 +241,11 @@ class CrossBatchMemory(nn.Module):
         raise InvalidParameterError(
             f"CrossBatchMemory's miner must return a PairSelection or TripletSelection. Got {type(mined).__name__}."
         )
+
+
+def _as_pairs(indices: tuple) -> tuple:
+    """PML's pair tuple ``(a1, p, a2, n)`` of a pair or triplet tuple (``(a, p, n)`` -> ``(a, p, a, n)``)."""
+    return tuple(indices) if len(indices) == 4 else (indices[0], indices[1], indices[0], indices[2])
 
 
 _INT32 = torch.iinfo(torch.int32)

@@ -5,7 +5,9 @@ Every miner is registered in :data:`MINERS` under a snake_case name and is calle
 :class:`PairSelection` or :class:`TripletSelection` (``miner.as_pml()`` returns PML's index tuples).
 """
 
+from dmlkit.mining.angular import AngularMiner
 from dmlkit.mining.base import MINERS, BaseMiner, PMLStyleMiner, SeededMinerMixin
+from dmlkit.mining.batch_easy_hard import BatchEasyHardMiner
 from dmlkit.mining.batch_hard import BatchHardMiner
 from dmlkit.mining.distance_weighted import DistanceWeightedMiner, distance_weighted_log_weights
 from dmlkit.mining.dro import (
@@ -18,10 +20,13 @@ from dmlkit.mining.dro import (
     DROTopKPNMiner,
 )
 from dmlkit.mining.easy_positive import EasyPositiveMiner
+from dmlkit.mining.hdc import HDCMiner
 from dmlkit.mining.multi_similarity import MultiSimilarityMiner
+from dmlkit.mining.packaged_triplets import EmbeddingsAlreadyPackagedAsTriplets
 from dmlkit.mining.pair_margin import PairMarginMiner
 from dmlkit.mining.selection import PairSelection, TripletSelection, label_masks, selection_from_indices_tuple
 from dmlkit.mining.triplet_margin import TripletMarginMiner
+from dmlkit.mining.uniform_histogram import UniformHistogramMiner
 
 _REGISTERED = {
     "triplet_margin": TripletMarginMiner,
@@ -34,6 +39,11 @@ _REGISTERED = {
     "dro_top_k_pn": DROTopKPNMiner,
     "dro_kl": DROKLMiner,
     "dro_kl_grouped": DROKLGroupedMiner,
+    "angular": AngularMiner,
+    "batch_easy_hard": BatchEasyHardMiner,
+    "hdc": HDCMiner,
+    "uniform_histogram": UniformHistogramMiner,
+    "embeddings_already_packaged_as_triplets": EmbeddingsAlreadyPackagedAsTriplets,
 }
 for _name, _cls in _REGISTERED.items():
     MINERS.register(_name)(_cls)
@@ -51,6 +61,11 @@ def list_miners(pattern: str = "*") -> list[str]:
 
 __all__ = [
     "MINERS",
+    "AngularMiner",
+    "BatchEasyHardMiner",
+    "EmbeddingsAlreadyPackagedAsTriplets",
+    "HDCMiner",
+    "UniformHistogramMiner",
     "BaseMiner",
     "BatchHardMiner",
     "DRO_WEIGHTINGS",

@@ -134,6 +134,15 @@ class PMLStyleMiner(nn.Module):
         selection = self.miner(embeddings, labels, ref_emb, ref_labels)
         return selection.to_indices_tuple()
 
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
+             ref_labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """PML's ``mine(embeddings, labels, ref_emb, ref_labels)``: the batch passed as its own
+        reference set (the same tensors) is mined as one set, without self-pairs, as in PML."""
+        if ref_emb is embeddings and ref_labels is labels:
+            ref_emb = ref_labels = None
+        with torch.no_grad():
+            return self(embeddings, labels, ref_emb, ref_labels)
+
 
 class SeededMinerMixin:
     """Owns a private ``torch.Generator`` (from ``seed`` or a caller's ``generator``).

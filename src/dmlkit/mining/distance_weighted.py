@@ -27,7 +27,9 @@ def distance_weighted_log_weights(distances: torch.Tensor, dim: int, cutoff: flo
     d = distances.clamp_min(cutoff)
     one_minus = (1.0 - 0.25 * d * d).clamp_min(torch.finfo(d.dtype).tiny)
     log_weights = -(dim - 2.0) * d.log() - ((dim - 3.0) / 2.0) * one_minus.log()
-    return log_weights.masked_fill(distances >= nonzero_loss_cutoff, float("-inf"))
+    # A coincident pair (d = 0 with cutoff 0) has no finite weight: it is never drawn.
+    excluded = (distances >= nonzero_loss_cutoff) | ~torch.isfinite(log_weights)
+    return log_weights.masked_fill(excluded, float("-inf"))
 
 
 def row_probabilities(log_weights: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,12 +52,11 @@ class DistanceWeightedMiner(SeededMinerMixin, BaseMiner):
 
     _repr_keys = ("cutoff", "nonzero_loss_cutoff", "seed")
 
-    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, seed: int = 0,
+    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, *, seed: int = 0,
                  generator: torch.Generator | None = None):
         super().__init__()
         validate_params(type(self).__name__, {"cutoff": cutoff, "nonzero_loss_cutoff": nonzero_loss_cutoff},
-                        {"cutoff": [Interval(float, 0, 2, closed="neither")],
-                         "nonzero_loss_cutoff": [Interval(float, 0, None, closed="neither")]})
+                        {"cutoff": [Interval(float)], "nonzero_loss_cutoff": [Interval(float)]})
         self.cutoff = float(cutoff)
         self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
         self._init_generator(seed, generator)

@@ -48,7 +48,7 @@ class MultiSimilarityMiner(BaseMiner):
     def __init__(self, epsilon: float = 0.1, distance: BaseDistance | None = None):
         super().__init__()
         validate_params(type(self).__name__, {"epsilon": epsilon, "distance": distance},
-                        {"epsilon": [Interval(float, 0, None)], "distance": [DISTANCE, NONE]})
+                        {"epsilon": [Interval(float)], "distance": [DISTANCE, NONE]})
         self.epsilon = float(epsilon)
         self.distance = as_distance(distance) if distance is not None else CosineSimilarity()
 

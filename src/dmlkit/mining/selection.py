@@ -24,13 +24,30 @@ class PairSelection:
     negative: torch.Tensor
     positive_weight: torch.Tensor | None = None
     negative_weight: torch.Tensor | None = None
+    #: PML's ``(a1, p, a2, n)`` as the miner listed it (its order, pairs drawn twice listed twice:
+    #: HDC's hardest-first order, the uniform histogram's draws with replacement). The masks are
+    #: its set of pairs; losses read the masks, :meth:`to_indices_tuple` returns this list.
+    listed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def from_pairs(cls, a1: torch.Tensor, p: torch.Tensor, a2: torch.Tensor, n: torch.Tensor,
+                   num_anchors: int, num_references: int) -> "PairSelection":
+        """The selection of the listed pairs, keeping the list (order and repeats) for PML."""
+        positive = torch.zeros(num_anchors, num_references, dtype=torch.bool, device=a1.device)
+        negative = torch.zeros_like(positive)
+        positive[a1, p] = True
+        negative[a2, n] = True
+        return cls(positive, negative, listed=(a1, p, a2, n))
 
     @property
     def num_pairs(self) -> int:
         return int(self.positive.sum()) + int(self.negative.sum())
 
     def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PML's pair tuple ``(a1, p, a2, n)`` of int64 index tensors (row-major order of the masks)."""
+        """PML's pair tuple ``(a1, p, a2, n)`` of int64 index tensors (the miner's list when it kept
+        one, otherwise the row-major order of the masks)."""
+        if self.listed is not None:
+            return self.listed
         a1, p = self.positive.bool().nonzero(as_tuple=True)
         a2, n = self.negative.bool().nonzero(as_tuple=True)
         return a1, p, a2, n
@@ -55,7 +72,7 @@ class TripletSelection:
 def selection_from_indices_tuple(
     indices_tuple: tuple, num_anchors: int, num_references: int
 ) -> PairSelection | TripletSelection:
-    """A selection from a pytorch-metric-learning miner's output.
+    """A selection from a miner's output: a dmlkit selection (returned as it is) or PML's tuple.
 
     ``(a1, p, a2, n)`` (pairs) becomes a :class:`PairSelection` over ``[num_anchors,
     num_references]`` (a pair listed twice counts once); ``(a, p, n)`` (triplets) becomes a
@@ -63,11 +80,14 @@ def selection_from_indices_tuple(
     """
     from dmlkit.exceptions import DataError
 
+    if isinstance(indices_tuple, (PairSelection, TripletSelection)):
+        return indices_tuple
     if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4) or not all(
         isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point() for t in indices_tuple
     ):
         raise DataError(
-            "indices_tuple must be PML's (a1, p, a2, n) pairs or (a, p, n) triplets: 3 or 4 one-dimensional "
+            "indices_tuple must be a dmlkit miner's PairSelection/TripletSelection (also accepted as pairs=) "
+            "or PML's (a1, p, a2, n) pairs or (a, p, n) triplets: 3 or 4 one-dimensional "
             f"integer tensors. Got {_describe(indices_tuple)} instead."
         )
     index = [t.long() for t in indices_tuple]
@@ -83,12 +103,8 @@ def selection_from_indices_tuple(
     a1, p, a2, n = index
     if a1.shape != p.shape or a2.shape != n.shape:
         raise DataError("indices_tuple (a1, p, a2, n) needs len(a1) == len(p) and len(a2) == len(n).")
-    device = a1.device
-    positive = torch.zeros(num_anchors, num_references, dtype=torch.bool, device=device)
-    negative = torch.zeros_like(positive)
-    positive[a1, p] = True
-    negative[a2, n] = True
-    return PairSelection(positive, negative)
+    selection = PairSelection.from_pairs(a1, p, a2, n, num_anchors, num_references)
+    return PairSelection(selection.positive, selection.negative)
 
 
 def _describe(value: object) -> str:

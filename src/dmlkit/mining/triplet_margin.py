@@ -17,10 +17,10 @@ class TripletMarginMiner(BaseMiner):
 
     Schroff et al. (FaceNet) Sec. 3.2 for semi-hard. With ``t`` the triplet margin:
 
-    * ``"all"``: ``t < margin`` (the triplet loss ``[margin - t]_+`` is positive),
-    * ``"hard"``: ``t <= 0`` (the negative is at least as close as the positive),
-    * ``"semihard"``: ``0 < t < margin``, i.e. ``d(a,p) < d(a,n) < d(a,p) + margin``,
-    * ``"easy"``: ``t >= margin`` (the complement of ``"all"``).
+    * ``"all"``: ``t <= margin`` (the triplet loss ``[margin - t]_+`` is not negative; PML's boundary),
+    * ``"hard"``: ``t <= 0`` and ``t <= margin`` (the negative is at least as close as the positive),
+    * ``"semihard"``: ``0 < t <= margin``, i.e. ``d(a,p) < d(a,n) <= d(a,p) + margin``,
+    * ``"easy"``: ``t > margin`` (the complement of ``"all"``).
 
     For similarities ``t = s(a, p) - s(a, n)``. Work is ``O(P R)`` for ``P`` positive pairs,
     never ``O(B R^2)``. Triplets come out sorted by ``(anchor, positive, negative)``.
@@ -33,7 +33,7 @@ class TripletMarginMiner(BaseMiner):
         super().__init__()
         validate_params(type(self).__name__,
                         {"margin": margin, "type_of_triplets": type_of_triplets, "distance": distance},
-                        {"margin": [Interval(float, 0, None)], "type_of_triplets": [Options(TRIPLET_TYPES)],
+                        {"margin": [Interval(float)], "type_of_triplets": [Options(TRIPLET_TYPES)],
                          "distance": [DISTANCE, NONE]})
         self.margin = float(margin)
         self.type_of_triplets = type_of_triplets
@@ -42,8 +42,8 @@ class TripletMarginMiner(BaseMiner):
     def keep(self, margins: torch.Tensor) -> torch.Tensor:
         """Boolean mask of the triplet margins kept by ``type_of_triplets``."""
         if self.type_of_triplets == "easy":
-            return margins >= self.margin
-        kept = margins < self.margin
+            return margins > self.margin
+        kept = margins <= self.margin
         if self.type_of_triplets == "hard":
             kept &= margins <= 0
         elif self.type_of_triplets == "semihard":

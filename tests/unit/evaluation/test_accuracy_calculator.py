@@ -106,8 +106,10 @@ def test_bad_arguments_are_named():
         AccuracyCalculator(avg_of_avgs=True, return_per_class=True)
     with pytest.raises(InvalidParameterError, match="'k' parameter of AccuracyCalculator"):
         AccuracyCalculator(k=0)
-    with pytest.raises(InvalidParameterError, match="knn_func"):
-        AccuracyCalculator(knn_func=lambda *a: None)
+    with pytest.raises(InvalidParameterError, match="The 'knn_func' parameter of AccuracyCalculator must be callable"):
+        AccuracyCalculator(knn_func="faiss")
+    with pytest.raises(NotImplementedError, match="label_comparison_fn"):
+        AccuracyCalculator(label_comparison_fn=torch.eq)  # clustering metrics are included by default
     with pytest.raises(DataError, match="same length"):
         AccuracyCalculator().get_accuracy(torch.randn(5, 2), torch.zeros(4))
     with pytest.raises(DataError, match="ref_includes_query"):

@@ -110,7 +110,7 @@ def test_indices_tuple_positional_and_keyword_agree_with_selection():
 
 def test_bad_indices_tuple_names_the_problem():
     x, y = batch(torch.float64)
-    with pytest.raises(DataError, match="indices_tuple must be PML's"):
+    with pytest.raises(DataError, match=r"indices_tuple must be a dmlkit miner's .*pairs=.* or PML's"):
         dml_losses.ContrastiveLoss()(x, y, (torch.tensor([0]), torch.tensor([1])))
     with pytest.raises(DataError, match="outside"):
         dml_losses.ContrastiveLoss()(x, y, (torch.tensor([0]), torch.tensor([99]), torch.tensor([0]), torch.tensor([1])))

@@ -16,6 +16,7 @@ from dmlkit.mining import (
     PairSelection,
     TripletMarginMiner,
     TripletSelection,
+    UniformHistogramMiner,
     create_miner,
     list_miners,
 )
@@ -24,13 +25,22 @@ EPS_VARIANTS = [("easy_positive", {"negative": v}) for v in ("random", "distance
 TRIPLET_VARIANTS = [("triplet_margin", {"type_of_triplets": v}) for v in ("all", "hard", "semihard", "easy")]
 DRO_VARIANTS = [("dro_kl", {"sample": True}), ("dro_kl_grouped", {"pseudo_pairs": True}),
                 ("dro_top_k", {"base": "binomial"})]
-CONFIGS = [(name, {}) for name in list_miners()] + EPS_VARIANTS + TRIPLET_VARIANTS + DRO_VARIANTS
+EASY_HARD_VARIANTS = [("batch_easy_hard", {"pos_strategy": p, "neg_strategy": n})
+                      for p in ("easy", "hard", "semihard", "all") for n in ("easy", "hard", "semihard", "all")
+                      if not ({p, n} == {"semihard"} or {p, n} == {"semihard", "all"})]
+#: Reads no labels: the batch is read as consecutive (anchor, positive, negative) rows.
+LABEL_FREE = {"embeddings_already_packaged_as_triplets"}
+CONFIGS = ([(name, {}) for name in list_miners() if name not in LABEL_FREE] + EPS_VARIANTS + TRIPLET_VARIANTS
+           + DRO_VARIANTS + EASY_HARD_VARIANTS)
+#: Select positive and negative pairs independently (a one-sided batch still gives one-sided pairs).
+ONE_SIDED = {"pair_margin", "hdc", "uniform_histogram"}
 
 
 def test_all_expected_miners_are_registered():
     assert set(list_miners()) == {
         "triplet_margin", "batch_hard", "distance_weighted", "multi_similarity", "pair_margin",
-        "easy_positive", "dro_top_k", "dro_top_k_pn", "dro_kl", "dro_kl_grouped",
+        "easy_positive", "dro_top_k", "dro_top_k_pn", "dro_kl", "dro_kl_grouped", "angular",
+        "batch_easy_hard", "hdc", "uniform_histogram", "embeddings_already_packaged_as_triplets",
     }
     with pytest.raises(InvalidParameterError, match="Did you mean 'batch_hard'"):
         create_miner("batch_hardd")
@@ -94,8 +104,8 @@ def test_degenerate_batches_give_empty_selections(case, config):
     name, kwargs = config
     x, labels = DEGENERATE[case]
     sel = create_miner(name, **kwargs)(x, labels)
-    if name == "pair_margin":
-        # a pure contrastive threshold (as in PML): a one-sided batch still has one-sided pairs
+    if name in ONE_SIDED or "all" in kwargs.values():
+        # positives and negatives chosen apart (as in PML): a one-sided batch still has one-sided pairs
         assert not (sel.negative.any() if case == "one_class" else sel.positive.any())
         return
     assert selection_size(sel) == 0
@@ -125,9 +135,16 @@ def test_data_errors_quote_both_operands():
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
-    ("triplet_margin", {"margin": -1}, "The 'margin' parameter of TripletMarginMiner must be a float >= 0. Got -1 instead."),
+    ("triplet_margin", {"margin": "1"}, "The 'margin' parameter of TripletMarginMiner must be a float. Got '1' instead."),
     ("triplet_margin", {"type_of_triplets": "semi"}, "'type_of_triplets' parameter of TripletMarginMiner must be one of"),
-    ("distance_weighted", {"cutoff": 3.0}, "'cutoff' parameter of DistanceWeightedMiner"),
+    ("distance_weighted", {"cutoff": float("nan")}, "'cutoff' parameter of DistanceWeightedMiner"),
+    ("batch_easy_hard", {"pos_strategy": "medium"}, "'pos_strategy' parameter of BatchEasyHardMiner must be one of"),
+    ("batch_easy_hard", {"pos_strategy": "semihard", "neg_strategy": "semihard"}, "cannot both be 'semihard'"),
+    ("batch_easy_hard", {"pos_strategy": "all", "neg_strategy": "semihard"}, "cannot be combined with 'all'"),
+    ("batch_easy_hard", {"allowed_pos_range": (0, 1, 2)}, "'allowed_pos_range' parameter of BatchEasyHardMiner"),
+    ("hdc", {"filter_percentage": 1.5}, "The 'filter_percentage' parameter of HDCMiner must be a float"),
+    ("uniform_histogram", {"num_bins": 0}, "The 'num_bins' parameter of UniformHistogramMiner must be an int >= 1"),
+    ("angular", {"angle": "20"}, "The 'angle' parameter of AngularMiner must be a float"),
     ("easy_positive", {"negative": "hard"}, "'negative' parameter of EasyPositiveMiner"),
     ("easy_positive", {"negatives_per_anchor": 0}, "'negatives_per_anchor'"),
     ("dro_top_k", {"k": 0}, "The 'k' parameter of DROTopKMiner must be an int >= 1. Got 0 instead."),
@@ -146,6 +163,7 @@ def test_invalid_parameters_are_rejected(name, kwargs, message):
     lambda: DistanceWeightedMiner(seed=5, nonzero_loss_cutoff=2.0),
     lambda: EasyPositiveMiner(negative="random", seed=5),
     lambda: DROKLMiner(gamma=1.0, sample=True, seed=5),
+    lambda: UniformHistogramMiner(num_bins=3, pos_per_bin=2, neg_per_bin=2, seed=5),
 ])
 def test_seeded_miners_are_reproducible_and_resume_from_state_dict(factory):
     g = torch.Generator().manual_seed(0)
@@ -153,7 +171,9 @@ def test_seeded_miners_are_reproducible_and_resume_from_state_dict(factory):
 
     def draw(miner):
         sel = miner(x, labels)
-        return sel.negative.tolist() if isinstance(sel, TripletSelection) else sel.negative_weight.tolist()
+        if isinstance(sel, TripletSelection):
+            return sel.negative.tolist()
+        return sel.negative_weight.tolist() if sel.listed is None else [t.tolist() for t in sel.listed]
 
     first = factory()
     a1 = draw(first)
@@ -180,7 +200,7 @@ def test_explicit_generator_is_used():
 def test_global_rng_is_untouched():
     x, labels = torch.randn(12, 4), torch.arange(12) % 3
     state = torch.get_rng_state()
-    for name in ("distance_weighted", "easy_positive", "dro_kl"):
+    for name in ("distance_weighted", "easy_positive", "dro_kl", "uniform_histogram"):
         kwargs = {"sample": True} if name == "dro_kl" else {}
         kwargs.update({"negative": "random"} if name == "easy_positive" else {})
         create_miner(name, **kwargs)(x, labels)
