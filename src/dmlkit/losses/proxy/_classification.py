@@ -90,8 +90,10 @@ class ClassificationLoss(ProxyLoss):
         self.bank.weight = value if isinstance(value, torch.nn.Parameter) else torch.nn.Parameter(value)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if prefix + "W" in state_dict and prefix + "bank.weight" not in state_dict:  # a PML checkpoint
+        if prefix + "W" in state_dict and prefix + "bank.weight" not in state_dict:  # a PML checkpoint: W only
             state_dict[prefix + "bank.weight"] = state_dict.pop(prefix + "W")
+            for key, value in self.state_dict().items():  # what PML does not save keeps its current value
+                state_dict.setdefault(prefix + key, value)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------ PML's call
