@@ -61,7 +61,7 @@ def test_float32_chunked_equals_dense():
 def test_gradcheck_of_the_chunked_function(margin, k, columns):
     g = torch.Generator().manual_seed(3)
     xn = torch.nn.functional.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1).requires_grad_(True)
-    w = torch.randn(C * k, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, C * k, generator=g, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([0, 2, 3, 3, 6, 2]) if columns is None or 0 in columns.tolist() else torch.tensor([1, 2, 3, 3, 6, 2])
 
     def f(a, b):

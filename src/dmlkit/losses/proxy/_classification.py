@@ -128,6 +128,10 @@ class ClassificationLoss(ProxyLoss):
         """``proxies [C*K, D]`` in the embeddings' dtype (differentiable cast)."""
         return self.proxies.to(torch.promote_types(embeddings.dtype, self.proxies.dtype))
 
+    def W_as(self, embeddings: torch.Tensor) -> torch.Tensor:  # noqa: N802 - PML's name
+        """``W [D, C*K]`` in the embeddings' dtype (differentiable cast)."""
+        return self.W.to(torch.promote_types(embeddings.dtype, self.W.dtype))
+
 
 class MarginSoftmaxLoss(ClassificationLoss):
     """Softmax cross-entropy over ``scale * cos`` with a margin on the target class, computed
@@ -182,12 +186,12 @@ class MarginSoftmaxLoss(ClassificationLoss):
 
     def per_sample_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, chunked: bool = True) -> torch.Tensor:
         """``[B]`` margin-softmax cross-entropy (``chunked=False``: the dense autograd twin)."""
-        weights = self.weights_as(embeddings)
-        embeddings = embeddings.to(weights.dtype)
+        weight = self.W_as(embeddings)
+        embeddings = embeddings.to(weight.dtype)
         xn = embeddings / torch.linalg.vector_norm(embeddings, dim=1, keepdim=True).clamp_min(1e-12)
         columns = self.sample_classes(labels)
         k = int(self.proxies_per_class)
         if not chunked:
-            return dense_margin_softmax(xn, weights, labels, self.target_margin(), self.scale, k, columns)
-        return chunked_margin_softmax(xn, weights, labels, self.target_margin(), self.scale, k, self.chunk_size,
+            return dense_margin_softmax(xn, weight, labels, self.target_margin(), self.scale, k, columns)
+        return chunked_margin_softmax(xn, weight, labels, self.target_margin(), self.scale, k, self.chunk_size,
                                       columns)

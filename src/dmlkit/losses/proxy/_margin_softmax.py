@@ -1,7 +1,7 @@
 """Margin-softmax cross-entropy over many classes, one chunk of classes at a time.
 
 The loss of ArcFace, sub-centre ArcFace, CosFace and the cosine normalised softmax. For a unit
-embedding ``x_i`` and class weights ``w_jk`` (``K`` sub-centres per class, class-major rows), the
+embedding ``x_i`` and class weights ``w_jk`` (columns of PML's ``W [D, C*K]``, ``K`` sub-centres per class), the
 cosine to class ``j`` is ``c_ij = max_k <x_i, w_jk / |w_jk|>`` (Sub-center ArcFace Eq. (1); plain
 cosine when ``K = 1``) and
 
@@ -24,9 +24,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from dmlkit._cpu_ops import matmul_nt
-from dmlkit.losses.proxy._math import inverse_row_norms, tangent_
 
 MARGIN_KINDS = ("none", "additive_cosine", "additive_angular")
 #: Smallest ``sin(theta)`` in ArcFace's derivative ``cos m + sin m cos(theta) / sin(theta)`` (a unit
@@ -69,22 +66,22 @@ class TargetMargin:
         return psi, dpsi
 
 
-def _class_rows(weights: torch.Tensor, columns: torch.Tensor | None, start: int, stop: int, k: int) -> torch.Tensor:
-    """Rows ``[n * K, D]`` of classes ``start .. stop-1`` of the iteration (of ``columns`` if given)."""
+def _class_columns(weight: torch.Tensor, columns: torch.Tensor | None, start: int, stop: int, k: int) -> torch.Tensor:
+    """Columns ``[D, n * K]`` of classes ``start .. stop-1`` of the iteration (of ``columns`` if given)."""
     if columns is None:
-        return weights[start * k: stop * k]
-    return weights.index_select(0, _row_index(columns[start:stop], k))
+        return weight[:, start * k: stop * k]
+    return weight.index_select(1, _column_index(columns[start:stop], k))
 
 
-def _row_index(classes: torch.Tensor, k: int) -> torch.Tensor:
+def _column_index(classes: torch.Tensor, k: int) -> torch.Tensor:
     return (classes[:, None] * k + torch.arange(k, device=classes.device)[None, :]).flatten()
 
 
-def _chunk_cosines(xn: torch.Tensor, rows: torch.Tensor, k: int):
-    """``(c [B, n], unit rows [n K, D], 1/|rows| [n K], argmax over sub-centres [B, n] or None)``."""
-    inv = inverse_row_norms(rows)
-    unit = rows * inv[:, None]
-    cos = matmul_nt(xn, unit)
+def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
+    """``(c [B, n], unit columns [D, n K], 1/|column| [n K], argmax over sub-centres [B, n] or None)``."""
+    inv = torch.linalg.vector_norm(block, dim=0).clamp_min(1e-12).reciprocal_()
+    unit = block * inv
+    cos = xn @ unit
     if k == 1:
         return cos, unit, inv, None
     cos, arg = cos.view(xn.shape[0], -1, k).max(dim=2)
@@ -95,9 +92,9 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
     """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, xn, weights, labels, columns, k, scale, margin, chunk):
+    def forward(ctx, xn, weight, labels, columns, k, scale, margin, chunk):
         batch = xn.shape[0]
-        num = weights.shape[0] // k if columns is None else columns.numel()
+        num = weight.shape[1] // k if columns is None else columns.numel()
         pos = labels if columns is None else torch.searchsorted(columns, labels)
         running_max = xn.new_full((batch,), float("-inf"))
         total = xn.new_zeros(batch)
@@ -105,36 +102,36 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         with torch.no_grad():
             for start in range(0, num, chunk):
                 stop = min(start + chunk, num)
-                cos, _, _, _ = _chunk_cosines(xn, _class_rows(weights, columns, start, stop, k), k)
+                cos, _, _, _ = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
                 rows, local = _targets_in(pos, start, stop)
                 target[rows] = cos[rows, local]
                 z = cos.mul_(scale)
                 z[rows, local] = margin(target[rows])[0] * scale
                 new_max = torch.maximum(running_max, z.amax(dim=1))
-                total = total * torch.exp(running_max - new_max) + torch.exp(z - new_max[:, None]).sum(dim=1)
+                total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
                 running_max = new_max
             lse = running_max + torch.log(total)
             loss = lse - scale * margin(target)[0]
-        ctx.save_for_backward(xn, weights, pos, lse, target, columns)
+        ctx.save_for_backward(xn, weight, pos, lse, target, columns)
         ctx.k, ctx.scale, ctx.margin, ctx.chunk, ctx.num = k, scale, margin, chunk, num
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        xn, weights, pos, lse, target, columns = ctx.saved_tensors
+        xn, weight, pos, lse, target, columns = ctx.saved_tensors
         k, scale, margin, chunk = ctx.k, ctx.scale, ctx.margin, ctx.chunk
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.zeros_like(xn) if need_x else None
-        grad_w = torch.zeros_like(weights) if need_w else None
+        grad_w = torch.zeros_like(weight) if need_w else None
         psi_target, dpsi_target = margin(target)
         for start in range(0, ctx.num, chunk):
             stop = min(start + chunk, ctx.num)
-            cos, unit, inv, arg = _chunk_cosines(xn, _class_rows(weights, columns, start, stop, k), k)
+            cos, unit, inv, arg = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
             rows, local = _targets_in(pos, start, stop)
             z = cos.mul_(scale)
             z[rows, local] = psi_target[rows] * scale
             # dl/dz = softmax - onehot (times the incoming gradient); dz/dc = s, s psi' on the target
-            dc = torch.exp(z.sub_(lse[:, None])).mul_(grad_loss[:, None])
+            dc = z.sub_(lse[:, None]).exp_().mul_(grad_loss[:, None])
             dc[rows, local] -= grad_loss[rows]
             dc.mul_(scale)
             dc[rows, local] *= dpsi_target[rows]
@@ -142,14 +139,14 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
                 dc = torch.zeros(*dc.shape, k, dtype=dc.dtype, device=dc.device).scatter_(
                     2, arg[:, :, None], dc[:, :, None]).view(dc.shape[0], -1)
             if need_x:
-                grad_x.addmm_(dc, unit)
-            if need_w:
-                grad_unit = dc.T @ xn
-                grad_rows = tangent_(grad_unit, unit).mul_(inv[:, None])
+                grad_x.addmm_(dc, unit.T)
+            if need_w:  # through unit = w / |w|: (g - unit <unit, g>) / |w|, column by column
+                grad_unit = xn.T @ dc
+                grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
                 if columns is None:
-                    grad_w[start * k: stop * k] = grad_rows
+                    grad_w[:, start * k: stop * k] = grad_unit
                 else:
-                    grad_w.index_copy_(0, _row_index(columns[start:stop], k), grad_rows)
+                    grad_w.index_copy_(1, _column_index(columns[start:stop], k), grad_unit)
         return grad_x, grad_w, None, None, None, None, None, None
 
 
@@ -161,23 +158,24 @@ def _targets_in(pos: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor,
 
 def chunked_margin_softmax(
     xn: torch.Tensor,
-    weights: torch.Tensor,
+    weight: torch.Tensor,
     labels: torch.Tensor,
     margin: TargetMargin,
     scale: float,
     proxies_per_class: int = 1,
-    chunk_size: int = 4096,
+    chunk_size: int = 1024,
     columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-sample loss ``[B]`` of unit embeddings ``xn [B, D]`` against ``weights [C*K, D]`` (class-major,
-    un-normalised), ``chunk_size`` classes at a time; ``columns [U]`` restricts the softmax (partial FC)."""
-    return _ChunkedMarginSoftmax.apply(xn, weights, labels, columns, proxies_per_class, float(scale), margin,
+    """Per-sample loss ``[B]`` of unit embeddings ``xn [B, D]`` against the class weights ``weight [D, C*K]``
+    (PML's ``W``: class ``c`` owns columns ``c*K .. c*K+K-1``, un-normalised), ``chunk_size`` classes at a
+    time; ``columns [U]`` restricts the softmax (partial FC)."""
+    return _ChunkedMarginSoftmax.apply(xn, weight, labels, columns, proxies_per_class, float(scale), margin,
                                        int(chunk_size))
 
 
 def dense_margin_softmax(
     xn: torch.Tensor,
-    weights: torch.Tensor,
+    weight: torch.Tensor,
     labels: torch.Tensor,
     margin: TargetMargin,
     scale: float,
@@ -186,8 +184,8 @@ def dense_margin_softmax(
 ) -> torch.Tensor:
     """The same per-sample loss with all ``[B, C]`` logits at once, through autograd (the reference twin)."""
     k = proxies_per_class
-    unit = weights / torch.linalg.vector_norm(weights, dim=1, keepdim=True).clamp_min(1e-12)
-    cos = (xn @ unit.T).view(xn.shape[0], -1, k).amax(dim=2)
+    unit = weight / torch.linalg.vector_norm(weight, dim=0, keepdim=True).clamp_min(1e-12)
+    cos = (xn @ unit).view(xn.shape[0], -1, k).amax(dim=2)
     pos = labels
     if columns is not None:
         cos, pos = cos[:, columns], torch.searchsorted(columns, labels)

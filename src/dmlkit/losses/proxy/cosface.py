@@ -27,7 +27,7 @@ class CosFaceLoss(MarginSoftmaxLoss):
         embedding_size: int,
         margin: float = 0.35,
         scale: float = 64,
-        chunk_size: int = 4096,
+        chunk_size: int = 1024,
         sample_rate: float = 1.0,
         proxy_init: str = "standard_normal",
         seed: int = 0,

@@ -32,7 +32,7 @@ class NormalizedSoftmaxLoss(MarginSoftmaxLoss):
         num_classes: int,
         embedding_size: int,
         temperature: float = 0.05,
-        chunk_size: int = 4096,
+        chunk_size: int = 1024,
         sample_rate: float = 1.0,
         proxy_init: str = "standard_normal",
         seed: int = 0,

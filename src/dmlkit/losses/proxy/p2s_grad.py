@@ -93,7 +93,7 @@ class P2SGradLoss(ClassificationLoss):
             cos = self.distance(embeddings, weights)
         else:
             unit = embeddings / torch.linalg.vector_norm(embeddings, dim=1, keepdim=True).clamp_min(1e-12)
-            cos = (unit @ weights.T).clamp(-1.0, 1.0)
-        target = torch.nn.functional.one_hot(labels, self.num_classes).to(cos.dtype)
-        squared = (cos - target).square()
-        return squared.sum(dim=1) / 2 if self.paper_gradient else squared.mean(dim=1)
+            cos = (unit @ weights.T).clamp_(-1.0, 1.0)
+        # sum_j (cos_ij - [j = y_i])^2 = sum_j cos_ij^2 - 2 cos_iy + 1 (no one-hot matrix)
+        squared = cos.square().sum(dim=1) - 2.0 * cos.gather(1, labels[:, None])[:, 0] + 1.0
+        return squared / 2 if self.paper_gradient else squared / self.num_classes
