@@ -306,3 +306,23 @@ def test_weight_init_func_sees_pml_layout():
     seen = []
     loss = CosFaceLoss(6, 3, weight_init_func=lambda w: (seen.append(tuple(w.shape)), torch.nn.init.ones_(w)))
     assert seen == [(3, 6)] and bool((loss.W == 1).all())
+
+
+# ----------------------------------------------------------------------------- configs and the trainer
+@pytest.mark.parametrize("name", ["arcface", "subcenter_arcface", "cosface", "sphereface", "large_margin_softmax",
+                                  "normalized_softmax", "p2sgrad"])
+def test_config_builds_the_loss_and_its_weights_get_the_loss_group(name):
+    from dmlkit.config import load_config
+    from dmlkit.engine.builders import build_objective
+    from dmlkit.engine.optim import parameter_groups
+
+    cfg = load_config(overrides=[f"loss.name={name}", "model.embedding_size=8", "optimizer.lr=0.001",
+                                 "optimizer.loss_lr_multiplier=100"])
+    cfg.loss.args = {}
+    objective = build_objective(cfg, num_classes=6)
+    loss = objective.loss
+    assert loss.W.shape[0] == 8 and loss.num_classes == 6
+    groups = parameter_groups(torch.nn.Linear(4, 8), loss, cfg.optimizer)
+    (group,) = [g for g in groups if g["name"] == "loss"]
+    assert group["params"] == [loss.W]
+    assert group["lr"] == pytest.approx(cfg.optimizer.lr * cfg.optimizer.loss_lr_multiplier)
