@@ -326,3 +326,28 @@ def test_config_builds_the_loss_and_its_weights_get_the_loss_group(name):
     (group,) = [g for g in groups if g["name"] == "loss"]
     assert group["params"] == [loss.W]
     assert group["lr"] == pytest.approx(cfg.optimizer.lr * cfg.optimizer.loss_lr_multiplier)
+
+
+def test_bank_rules_work_through_the_feature_major_view():
+    """Initialising from samples and overwriting per class write into ``W`` through the class-major view."""
+    loss = SubCenterArcFaceLoss(num_classes=3, embedding_size=4, sub_centers=2)
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(8))
+    y = torch.arange(12) % 3
+    assert loss.init_proxies_from(x, y).all()
+    for c in range(3):
+        for k in range(2):
+            column = loss.W[:, c * 2 + k].detach()
+            assert any(torch.equal(column, x[i]) for i in range(12) if y[i] == c)
+    centers = torch.randn(3, 2, 4)
+    loss.bank.set_proxies(centers)
+    torch.testing.assert_close(loss.W.detach(), centers.reshape(6, 4).T)
+    assert loss.bank.parameter is loss.W
+    loss.double()
+    assert loss.W.dtype == torch.float64 and loss.proxies.dtype == torch.float64
+
+
+@pytest.mark.parametrize("factor", [1e30, 1e-30])
+def test_cosine_losses_ignore_the_embeddings_scale_even_at_float32_extremes(factor):
+    x, y = batch(9, torch.float32)
+    for loss in (ArcFaceLoss(C, D), CosFaceLoss(C, D), P2SGradLoss(D, C)):
+        assert loss(x * factor, y).item() == pytest.approx(loss(x, y).item(), rel=1e-5)

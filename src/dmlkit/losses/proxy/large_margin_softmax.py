@@ -10,6 +10,7 @@ from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import ClassificationLoss
+from dmlkit.losses.proxy._math import safe_norms
 
 
 def multiplicative_angular_margin(cos: torch.Tensor, margin: int) -> torch.Tensor:
@@ -72,25 +73,26 @@ class LargeMarginSoftmaxLoss(ClassificationLoss):
     def default_distance(self) -> BaseDistance:
         return CosineSimilarity()
 
-    def magnitudes(self, embeddings: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``[B, C]`` (or broadcastable) factor each cosine is multiplied by before ``scale``."""
-        x_norm = torch.linalg.vector_norm(embeddings, dim=1)[:, None]
-        return x_norm * torch.linalg.vector_norm(weights, dim=1)[None, :] if self.weight_norms else x_norm
+    def cosines_and_magnitudes(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos [B, C], factor)``: the cosines and what each is multiplied by before ``scale``
+        (``|x_i| |W_j|``, or ``|x_i|`` alone for SphereFace), with norms safe from over- and underflow."""
+        weight = self.W_as(embeddings)
+        embeddings = embeddings.to(weight.dtype)
+        x_norm = safe_norms(embeddings, 1).clamp_min(1e-12)
+        w_norm = safe_norms(weight, 0).clamp_min(1e-12)
+        cos = (embeddings / x_norm[:, None]) @ (weight / w_norm)
+        return cos, x_norm[:, None] * w_norm[None, :] if self.weight_norms else x_norm[:, None]
 
     def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         """``[B, C]`` ``scale * magnitudes * cos`` (no margin), as PML's ``get_logits``."""
-        weights = self.weights_as(embeddings)
-        embeddings = embeddings.to(weights.dtype)
-        return self.distance(embeddings, weights) * self.magnitudes(embeddings, weights) * self.scale
+        cos, factor = self.cosines_and_magnitudes(embeddings)
+        return cos * factor * self.scale
 
     def per_sample_loss(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        weights = self.weights_as(embeddings)
-        embeddings = embeddings.to(weights.dtype)
-        cos = self.distance(embeddings, weights)
+        cos, factor = self.cosines_and_magnitudes(embeddings)
         target = cos.gather(1, labels[:, None])
         cos = torch.scatter(cos, 1, labels[:, None], multiplicative_angular_margin(target, self.margin))
-        logits = cos * self.magnitudes(embeddings, weights) * self.scale
-        return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        return torch.nn.functional.cross_entropy(cos * factor * self.scale, labels, reduction="none")
 
 
 @LOSSES.register("sphereface")
