@@ -29,7 +29,14 @@ FP16_MAX = float(torch.finfo(torch.float16).max)
 
 #: Extreme constructor arguments per loss (huge and tiny margins, scales, temperatures).
 LOSS_VARIANTS: dict[str, list[dict]] = {
+    "arcface": [{}, dict(margin=179.0, scale=1e4, chunk_size=3), dict(margin=0.0, scale=1e-6, monotonic=False)],
     "binomial_deviance": [{}, dict(alpha=1e3, beta=1e3, base=0.0), dict(alpha=1e-6, beta=1e-6)],
+    "cosface": [{}, dict(margin=10.0, scale=1e4, sample_rate=0.5), dict(margin=0.0, scale=1e-6)],
+    "large_margin_softmax": [{}, dict(margin=9, scale=1e3), dict(margin=1, scale=1e-6)],
+    "normalized_softmax": [{}, dict(temperature=1e-6, chunk_size=1), dict(temperature=1e6)],
+    "p2sgrad": [{}, dict(paper_gradient=True)],
+    "sphereface": [{}, dict(margin=9, scale=1e3), dict(margin=1, scale=1e-6)],
+    "subcenter_arcface": [dict(sub_centers=2), dict(sub_centers=2, margin=90.0, scale=1e4, chunk_size=1)],
     "contrastive": [{}, dict(pos_margin=0.0, neg_margin=1e6), dict(pos_margin=1e-9, neg_margin=1e-9)],
     "dro": [dict(weighting="top_k", k=4), dict(weighting="top_k_pn", k_pos=2, k_neg=2),
             dict(weighting="kl", gamma=1e-4), dict(weighting="kl", gamma=1e4),

@@ -184,7 +184,7 @@ class AsapHooks(MethodHooks):
         pool, mask = self.pool_embeddings(trainer)
         # the first projection starts from scratch; later ones keep the converged proxies as centres
         refresh_proxies_k_center(self.bank, pool, mask, keep_current=self.projection > 0)
-        proxies = self.bank.proxies
+        proxies = self.bank.parameter  # the leaf (a feature-major bank's proxies are a view of it)
         for group in trainer.optimizer.param_groups:
             for p in group["params"]:
                 if p is proxies:

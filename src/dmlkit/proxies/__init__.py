@@ -1,6 +1,6 @@
 """Proxies: class-major storage and assignment (ProxyBank), initialisers, greedy k-center (ASAP)."""
 
-from dmlkit.proxies.bank import ASSIGNMENTS, DynamicTriplets, ProxyBank, dynamic_triplets, num_proxies_for
+from dmlkit.proxies.bank import ASSIGNMENTS, LAYOUTS, DynamicTriplets, ProxyBank, dynamic_triplets, num_proxies_for
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
 from dmlkit.proxies.kcenter import (
     average_covering_radius,
@@ -13,6 +13,7 @@ from dmlkit.proxies.kcenter import (
 __all__ = [
     "ASSIGNMENTS",
     "DynamicTriplets",
+    "LAYOUTS",
     "PROXY_INITS",
     "ProxyBank",
     "average_covering_radius",

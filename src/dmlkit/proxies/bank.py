@@ -20,6 +20,9 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
 
 ASSIGNMENTS = ("static", "nearest", "dynamic")
+#: How the leaf parameter is stored: ``proxies [P, D]`` (dmlkit's) or ``weight [D, P]`` (PML's
+#: classification losses' ``W``); either way :attr:`ProxyBank.proxies` reads ``[P, D]`` class-major.
+LAYOUTS = ("class_major", "feature_major")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,11 @@ class ProxyBank(nn.Module):
     Proxy-NCA (Movshovitz-Attias et al. 2017) Sec. 4.1 and 6.5; ASAP Eq. (4.11) with K per class.
     ``seed`` drives the initialisation and the fractional pre-assignment; the generator state is
     not needed afterwards because everything it produced lives in ``state_dict``.
+
+    ``layout="feature_major"`` stores the leaf as ``weight [D, P]`` (the classification losses'
+    PML-shaped ``W``, so ``loss.W`` is the parameter itself: its ``.grad``, an optimiser over it);
+    ``proxies`` is then its transposed view, still ``[P, D]`` class-major, and every rule below is
+    the same.
     """
 
     def __init__(
@@ -92,16 +100,19 @@ class ProxyBank(nn.Module):
         proxy_init: str = "normal",
         seed: int = 0,
         owner: str = "ProxyBank",
+        layout: str = "class_major",
     ):
         super().__init__()
         validate_params(
             owner,
-            {"num_classes": num_classes, "embedding_size": embedding_size, "proxy_init": proxy_init, "seed": seed},
+            {"num_classes": num_classes, "embedding_size": embedding_size, "proxy_init": proxy_init, "seed": seed,
+             "layout": layout},
             {
                 "num_classes": [Interval(int, 1, None)],
                 "embedding_size": [Interval(int, 1, None)],
                 "proxy_init": [Options(PROXY_INITS)],
                 "seed": [Interval(int, 0, None)],
+                "layout": [Options(LAYOUTS)],
             },
         )
         validate_proxies_per_class(owner, proxies_per_class)
@@ -112,7 +123,11 @@ class ProxyBank(nn.Module):
         self.proxy_init = proxy_init
         self.seed = int(seed)
         self.num_proxies = num_proxies_for(self.num_classes, self.proxies_per_class)
-        self.proxies = nn.Parameter(torch.empty(self.num_proxies, self.embedding_size))
+        self.layout = layout
+        if layout == "feature_major":
+            self.weight = nn.Parameter(torch.empty(self.embedding_size, self.num_proxies))
+        else:
+            self.proxies = nn.Parameter(torch.empty(self.num_proxies, self.embedding_size))
         generator = torch.Generator().manual_seed(self.seed)
         init_proxies_(self.proxies, proxy_init, generator)
         if self.is_fractional:
@@ -128,6 +143,29 @@ class ProxyBank(nn.Module):
             self.class_to_proxy = None
 
     # ----------------------------------------------------------------------------- layout
+    def __getattr__(self, name: str):
+        if name == "proxies" and "weight" in self.__dict__["_parameters"]:
+            return self.__dict__["_parameters"]["weight"].t()  # feature-major: [P, D] view of weight [D, P]
+        return super().__getattr__(name)
+
+    @property
+    def parameter(self) -> nn.Parameter:
+        """The leaf parameter: ``proxies [P, D]``, or ``weight [D, P]`` in the feature-major layout."""
+        return self.weight if self.layout == "feature_major" else self.proxies
+
+    def replace_parameter(self, rows: torch.Tensor) -> None:
+        """Make ``rows [P, D]`` the proxies: the given Parameter itself (class-major), or its values
+        copied into a new ``weight [D, P]`` (feature-major; assign ``weight`` to share one)."""
+        if self.layout == "class_major":
+            self.proxies = rows if isinstance(rows, nn.Parameter) else nn.Parameter(rows)
+        else:
+            self.weight = nn.Parameter(rows.detach().t().contiguous())
+
+    @torch.no_grad()
+    def promote_(self, dtype: torch.dtype) -> None:
+        """Move the leaf parameter's values to ``dtype`` in place (it stays the same Parameter)."""
+        self.parameter.data = self.parameter.data.to(dtype)
+
     def groups(self, labels: torch.Tensor) -> torch.Tensor:
         """The proxy group of each sample ``[B]``: its class, or its pre-assigned proxy (fractional)."""
         self.check_labels(labels)

@@ -4,7 +4,8 @@
 ensure that they are uniformly distributed on the unit hypersphere"), implemented as
 kaiming-normal with ``mode="fan_out"`` like PML's ProxyAnchorLoss. ``"uniform"`` is
 kaiming-uniform with ``a=sqrt(5)`` (PML's SoftTripleLoss default). Both only matter up to
-scale for cosine losses. Every draw uses an explicit :class:`torch.Generator`.
+scale for cosine losses. ``"standard_normal"`` is ``N(0, 1)`` per entry (PML's classification
+losses: ``torch.nn.init.normal_`` on ``W``). Every draw uses an explicit :class:`torch.Generator`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 import torch
 
-PROXY_INITS = ("normal", "uniform")
+PROXY_INITS = ("normal", "uniform", "standard_normal")
 
 
 @torch.no_grad()
@@ -21,6 +22,8 @@ def init_proxies_(proxies: torch.Tensor, kind: str, generator: torch.Generator) 
     """Fill ``proxies [P, D]`` in place with the initialiser named ``kind``."""
     if kind == "normal":
         return torch.nn.init.kaiming_normal_(proxies, mode="fan_out", generator=generator)
+    if kind == "standard_normal":
+        return proxies.normal_(generator=generator)
     if kind == "uniform":
         return torch.nn.init.kaiming_uniform_(proxies, a=math.sqrt(5), generator=generator)
     raise ValueError(f"unknown proxy initialiser {kind!r}; expected one of {PROXY_INITS}")

@@ -30,6 +30,8 @@ class ProxyLoss(MetricLoss):
     supports_fractional: bool = True
     #: Reductions this loss implements (its equation's own averaging; ``reducer=`` may only name it).
     reductions: tuple[str, ...] = ("mean",)
+    #: Storage of the bank's leaf parameter (:data:`dmlkit.proxies.LAYOUTS`).
+    proxy_layout: str = "class_major"
 
     _parameter_constraints = {"matmul_precision": [Options(MATMUL_PRECISIONS)]}
 
@@ -59,7 +61,8 @@ class ProxyLoss(MetricLoss):
         self.reducer = get_reducer(self.reductions[0] if reducer is None else reducer, owner, self.reductions)
         self.set_regularizers(embedding_regularizer, embedding_reg_weight, weight_regularizer, weight_reg_weight)
         self.matmul_precision = matmul_precision
-        self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner)
+        self.bank = ProxyBank(num_classes, embedding_size, proxies_per_class, proxy_init, seed, owner=owner,
+                              layout=self.proxy_layout)
         self._workspace = Workspace()
         if self.bank.is_fractional and not self.supports_fractional:
             raise InvalidParameterError(
@@ -99,7 +102,7 @@ class ProxyLoss(MetricLoss):
             )
         if isinstance(embeddings, torch.Tensor) and embeddings.dtype == torch.float64 and self.proxies.dtype != torch.float64:
             # As in PML, a float64 batch moves the proxies to float64 (never down: fp16 inputs are upcast instead).
-            self.proxies.data = self.proxies.data.double()
+            self.bank.promote_(torch.float64)
         return super().forward(embeddings, labels, indices_tuple, **kwargs)
 
     @property
@@ -126,7 +129,7 @@ class ProxyLoss(MetricLoss):
                 f"{type(self).__name__}.proxies must be a float tensor of shape {list(expected)} "
                 f"(num_proxies x embedding_size). Got {shape} instead."
             )
-        self.bank.proxies = value if isinstance(value, torch.nn.Parameter) else torch.nn.Parameter(value)
+        self.bank.replace_parameter(value)
 
     def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         """``[B, num_proxies]`` measure between ``embeddings`` and the proxies (the loss's own ``distance``)."""

@@ -16,6 +16,12 @@ def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
 
 
+def safe_norms(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """L2 norms along ``dim`` that neither overflow nor underflow (rows scaled by their largest entry first)."""
+    top = x.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    return torch.linalg.vector_norm(x / top, dim=dim) * top.squeeze(dim)
+
+
 def row_dots(a: torch.Tensor, b: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``<a_r, b_r>`` for every row of ``a, b [N, D]`` (product then sum, which beats ``bmm`` on CPU).
 

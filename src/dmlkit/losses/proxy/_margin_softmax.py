@@ -1,0 +1,210 @@
+"""Margin-softmax cross-entropy over many classes, one chunk of classes at a time.
+
+The loss of ArcFace, sub-centre ArcFace, CosFace and the cosine normalised softmax. For a unit
+embedding ``x_i`` and class weights ``w_jk`` (columns of PML's ``W [D, C*K]``, ``K`` sub-centres per class), the
+cosine to class ``j`` is ``c_ij = max_k <x_i, w_jk / |w_jk|>`` (Sub-center ArcFace Eq. (1); plain
+cosine when ``K = 1``) and
+
+    ``l_i = log sum_j exp(z_ij) - z_iy``,  ``z_ij = s c_ij`` (``j != y_i``),  ``z_iy = s psi(c_iy)``
+
+with ``psi`` the target margin (:class:`TargetMargin`: CosFace Eq. (4) ``c - m``, ArcFace Eq. (3)
+``cos(theta + m)``, none). :func:`chunked_margin_softmax` never holds more than ``[B, chunk * K]``
+logits: the forward keeps an online log-sum-exp (running max and rescaled sum per sample), the
+backward recomputes each chunk's cosines and applies ``dl/dz_ij = softmax_ij - [j = y_i]``, then
+the chain rule through both normalisations. :func:`dense_margin_softmax` is the same loss with every
+logit at once through autograd: the plain twin the chunked one is tested against.
+
+``columns`` (partial FC, An et al. 2021): only these classes (sorted, including every label of the
+batch) enter the softmax; the others get a zero gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MARGIN_KINDS = ("none", "additive_cosine", "additive_angular")
+#: Smallest ``sin(theta)`` in ArcFace's derivative ``cos m + sin m cos(theta) / sin(theta)`` (a unit
+#: embedding exactly on its class weight would otherwise get an infinite gradient).
+SIN_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class TargetMargin:
+    """The target logit's margin ``psi(c)`` and its derivative.
+
+    * ``"none"``: ``psi(c) = c``;
+    * ``"additive_cosine"`` (CosFace Eq. (4)): ``c - m``;
+    * ``"additive_angular"`` (ArcFace Eq. (3)): ``cos(theta + m)`` with ``theta = acos(c)``
+      (``c`` clamped to [-1, 1], zero gradient outside as PML's clamp); with ``monotonic`` (PML and
+      the official code) ``c - m sin m`` once ``theta > pi - m``, where ``cos(theta + m)`` would rise
+      again.
+    """
+
+    kind: str = "none"
+    margin: float = 0.0
+    monotonic: bool = True
+
+    def __call__(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(psi(c), psi'(c))`` elementwise."""
+        if self.kind == "none":
+            return c, torch.ones_like(c)
+        if self.kind == "additive_cosine":
+            return c - self.margin, torch.ones_like(c)
+        m = self.margin
+        inside = ((c >= -1) & (c <= 1)).to(c.dtype)
+        cc = c.clamp(-1.0, 1.0)
+        sin = (1.0 - cc * cc).clamp_min(0.0).sqrt()
+        psi = cc * math.cos(m) - sin * math.sin(m)
+        dpsi = (math.cos(m) + math.sin(m) * cc / sin.clamp_min(SIN_EPS)) * inside
+        if self.monotonic:
+            beyond = cc < -math.cos(m)  # theta > pi - m
+            psi = torch.where(beyond, cc - m * math.sin(m), psi)
+            dpsi = torch.where(beyond, inside, dpsi)
+        return psi, dpsi
+
+
+def _class_columns(weight: torch.Tensor, columns: torch.Tensor | None, start: int, stop: int, k: int) -> torch.Tensor:
+    """Columns ``[D, n * K]`` of classes ``start .. stop-1`` of the iteration (of ``columns`` if given)."""
+    if columns is None:
+        return weight[:, start * k: stop * k]
+    return weight.index_select(1, _column_index(columns[start:stop], k))
+
+
+def _column_index(classes: torch.Tensor, k: int) -> torch.Tensor:
+    return (classes[:, None] * k + torch.arange(k, device=classes.device)[None, :]).flatten()
+
+
+def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
+    """``(c [B, n], unit columns [D, n K], 1/|column| [n K], argmax over sub-centres [B, n] or None)``."""
+    inv = torch.linalg.vector_norm(block, dim=0).clamp_min(1e-12).reciprocal_()
+    unit = block * inv
+    cos = xn @ unit
+    if k == 1:
+        return cos, unit, inv, None
+    cos, arg = cos.view(xn.shape[0], -1, k).max(dim=2)
+    return cos, unit, inv, arg
+
+
+class _ChunkedMarginSoftmax(torch.autograd.Function):
+    """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, xn, weight, labels, columns, k, scale, margin, chunk):
+        batch = xn.shape[0]
+        num = weight.shape[1] // k if columns is None else columns.numel()
+        pos = labels if columns is None else torch.searchsorted(columns, labels)
+        running_max = xn.new_full((batch,), float("-inf"))
+        total = xn.new_zeros(batch)
+        target = xn.new_zeros(batch)
+        with torch.no_grad():
+            for start in range(0, num, chunk):
+                stop = min(start + chunk, num)
+                cos, _, _, _ = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
+                rows, local = _targets_in(pos, start, stop)
+                target[rows] = cos[rows, local]
+                z = cos.mul_(scale)
+                z[rows, local] = margin(target[rows])[0] * scale
+                new_max = torch.maximum(running_max, z.amax(dim=1))
+                total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
+                running_max = new_max
+            lse = running_max + torch.log(total)
+            loss = lse - scale * margin(target)[0]
+        ctx.save_for_backward(xn, weight, pos, lse, target, columns)
+        ctx.k, ctx.scale, ctx.margin, ctx.chunk, ctx.num = k, scale, margin, chunk, num
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        xn, weight, pos, lse, target, columns = ctx.saved_tensors
+        k, scale, margin, chunk = ctx.k, ctx.scale, ctx.margin, ctx.chunk
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_x = torch.zeros_like(xn) if need_x else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        psi_target, dpsi_target = margin(target)
+        for start in range(0, ctx.num, chunk):
+            stop = min(start + chunk, ctx.num)
+            cos, unit, inv, arg = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
+            rows, local = _targets_in(pos, start, stop)
+            z = cos.mul_(scale)
+            z[rows, local] = psi_target[rows] * scale
+            # dl/dz = softmax - onehot (times the incoming gradient); dz/dc = s, s psi' on the target
+            dc = z.sub_(lse[:, None]).exp_().mul_(grad_loss[:, None])
+            dc[rows, local] -= grad_loss[rows]
+            dc.mul_(scale)
+            dc[rows, local] *= dpsi_target[rows]
+            if arg is not None:  # only the nearest sub-centre of each class receives the gradient
+                dc = torch.zeros(*dc.shape, k, dtype=dc.dtype, device=dc.device).scatter_(
+                    2, arg[:, :, None], dc[:, :, None]).view(dc.shape[0], -1)
+            if need_x:
+                grad_x.addmm_(dc, unit.T)
+            if need_w:  # through unit = w / |w|: (g - unit <unit, g>) / |w|, column by column
+                grad_unit = xn.T @ dc
+                grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
+                if columns is None:
+                    grad_w[:, start * k: stop * k] = grad_unit
+                else:
+                    grad_w.index_copy_(1, _column_index(columns[start:stop], k), grad_unit)
+        return grad_x, grad_w, None, None, None, None, None, None
+
+
+def _targets_in(pos: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples whose class lies in the chunk ``[start, stop)`` and that class's column in it."""
+    rows = ((pos >= start) & (pos < stop)).nonzero(as_tuple=True)[0]
+    return rows, pos[rows] - start
+
+
+def chunked_margin_softmax(
+    xn: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    margin: TargetMargin,
+    scale: float,
+    proxies_per_class: int = 1,
+    chunk_size: int = 1024,
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-sample loss ``[B]`` of unit embeddings ``xn [B, D]`` against the class weights ``weight [D, C*K]``
+    (PML's ``W``: class ``c`` owns columns ``c*K .. c*K+K-1``, un-normalised), ``chunk_size`` classes at a
+    time; ``columns [U]`` restricts the softmax (partial FC)."""
+    return _ChunkedMarginSoftmax.apply(xn, weight, labels, columns, proxies_per_class, float(scale), margin,
+                                       int(chunk_size))
+
+
+def dense_margin_softmax(
+    xn: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    margin: TargetMargin,
+    scale: float,
+    proxies_per_class: int = 1,
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same per-sample loss with all ``[B, C]`` logits at once, through autograd (the reference twin)."""
+    k = proxies_per_class
+    unit = weight / torch.linalg.vector_norm(weight, dim=0, keepdim=True).clamp_min(1e-12)
+    cos = (xn @ unit).view(xn.shape[0], -1, k).amax(dim=2)
+    pos = labels
+    if columns is not None:
+        cos, pos = cos[:, columns], torch.searchsorted(columns, labels)
+    target = cos.gather(1, pos[:, None])
+    psi = _TargetLogit.apply(target, margin)
+    logits = torch.scatter(cos, 1, pos[:, None], psi) * scale
+    return torch.nn.functional.cross_entropy(logits, pos, reduction="none")
+
+
+class _TargetLogit(torch.autograd.Function):
+    """``psi(c)`` with :class:`TargetMargin`'s derivative (so both twins share the margin's gradient)."""
+
+    @staticmethod
+    def forward(ctx, c, margin):
+        psi, dpsi = margin(c)
+        ctx.save_for_backward(dpsi)
+        return psi
+
+    @staticmethod
+    def backward(ctx, grad):
+        (dpsi,) = ctx.saved_tensors
+        return grad * dpsi, None
