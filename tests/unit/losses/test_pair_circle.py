@@ -35,20 +35,15 @@ def circle_reference(x, y, m, gamma, weights_from=None):
     return sum(terms) / len(terms)
 
 
-def batch(seed=0, n=10, d=5, classes=3, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g, dtype=dtype), torch.randint(0, classes, (n,), generator=g)
-
-
 @pytest.mark.parametrize("m,gamma", [(0.25, 4.0), (0.4, 8.0)])
-def test_equals_the_equation(m, gamma):
-    x, y = batch()
+def test_equals_the_equation(m, gamma, make_batch):
+    x, y = make_batch(0, n=10, d=5, classes=3)
     assert CircleLoss(m=m, gamma=gamma)(x, y).item() == pytest.approx(circle_reference(x, y, m, gamma), rel=1e-10)
 
 
-def test_gradient_with_the_weights_held_constant():
+def test_gradient_with_the_weights_held_constant(make_batch):
     """Central differences of the equation with a_p, a_n frozen at x (the paper's Sec. 3.2) equal autograd's."""
-    x, y = batch(1, n=8, d=4)
+    x, y = make_batch(1, n=8, d=4, classes=3)
     x.requires_grad_(True)
     CircleLoss(m=0.3, gamma=4)(x, y).backward()
     x0, h = x.detach(), 1e-6
@@ -64,9 +59,9 @@ def test_gradient_with_the_weights_held_constant():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_matches_pml(dtype):
-    x, y = batch(2, n=32, d=8, classes=6, dtype=dtype)
-    refs, ry = batch(3, n=12, d=8, classes=6, dtype=dtype)
+def test_matches_pml(dtype, make_batch):
+    x, y = make_batch(2, n=32, d=8, classes=6, dtype=dtype)
+    refs, ry = make_batch(3, n=12, d=8, classes=6, dtype=dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
     for kwargs in ({}, dict(m=0.25, gamma=256)):
         torch.testing.assert_close(CircleLoss(**kwargs)(x, y), pml_losses.CircleLoss(**kwargs)(x, y), **tol)

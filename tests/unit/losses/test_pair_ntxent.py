@@ -43,26 +43,21 @@ def supcon_reference(x, y, t):
     return sum(terms) / len(terms)
 
 
-def batch(seed=0, n=10, d=5, classes=4, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g, dtype=dtype), torch.randint(0, classes, (n,), generator=g)
-
-
 @pytest.mark.parametrize("t", [0.07, 0.5])
-def test_ntxent_equals_the_equation(t):
-    x, y = batch()
+def test_ntxent_equals_the_equation(t, make_batch):
+    x, y = make_batch(0, n=10, d=5, classes=4)
     assert NTXentLoss(temperature=t)(x, y).item() == pytest.approx(ntxent_reference(x, y, t), rel=1e-10)
 
 
 @pytest.mark.parametrize("t", [0.1, 0.5])
-def test_supcon_equals_the_equation(t):
-    x, y = batch(1)
+def test_supcon_equals_the_equation(t, make_batch):
+    x, y = make_batch(1, n=10, d=5, classes=4)
     assert SupConLoss(temperature=t)(x, y).item() == pytest.approx(supcon_reference(x, y, t), rel=1e-10)
 
 
 @pytest.mark.parametrize("cls", [NTXentLoss, SupConLoss])
-def test_gradcheck(cls):
-    x, y = batch(2, n=8, d=4, classes=3)
+def test_gradcheck(cls, make_batch):
+    x, y = make_batch(2, n=8, d=4, classes=3)
     x.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda e: cls(temperature=0.3)(e, y), (x,))
     refs = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
@@ -72,9 +67,9 @@ def test_gradcheck(cls):
 
 @pytest.mark.parametrize("name", ["NTXentLoss", "SupConLoss"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_matches_pml(name, dtype):
-    x, y = batch(3, n=24, d=8, classes=5, dtype=dtype)
-    refs, ry = batch(4, n=9, d=8, classes=6, dtype=dtype)
+def test_matches_pml(name, dtype, make_batch):
+    x, y = make_batch(3, n=24, d=8, classes=5, dtype=dtype)
+    refs, ry = make_batch(4, n=9, d=8, classes=6, dtype=dtype)
     ours, theirs = getattr(__import__("dmlkit.losses", fromlist=[name]), name), getattr(pml_losses, name)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(ours(temperature=0.2)(x, y), theirs(temperature=0.2)(x, y), **tol)

@@ -33,26 +33,21 @@ def rll_reference(x, y, margin, Tn, imbalance=0.5, alpha=None, Tp=0.0):
     return total / len(x)
 
 
-def batch(seed=0, n=10, d=5, classes=3, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g, dtype=dtype), torch.randint(0, classes, (n,), generator=g)
-
-
 @pytest.mark.parametrize("kwargs", [dict(margin=0.4, Tn=10), dict(margin=0.2, Tn=3, imbalance=0.3, alpha=1.3, Tp=2)])
-def test_equals_the_equation(kwargs):
-    x, y = batch()
+def test_equals_the_equation(kwargs, make_batch):
+    x, y = make_batch(0, n=10, d=5, classes=3)
     assert RankedListLoss(**kwargs)(x, y).item() == pytest.approx(rll_reference(x, y, **kwargs), rel=1e-10)
 
 
-def test_gradcheck():
-    x, y = batch(1, n=8, d=4)
+def test_gradcheck(make_batch):
+    x, y = make_batch(1, n=8, d=4, classes=3)
     x.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda e: RankedListLoss(margin=0.4, Tn=2, Tp=1)(e, y), (x,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_matches_pml(dtype):
-    x, y = batch(2, n=32, d=8, classes=6, dtype=dtype)
+def test_matches_pml(dtype, make_batch):
+    x, y = make_batch(2, n=32, d=8, classes=6, dtype=dtype)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
     for kwargs in (dict(margin=0.4, Tn=10), dict(margin=0.3, Tn=2, imbalance=0.8, alpha=1.1, Tp=3)):
         torch.testing.assert_close(RankedListLoss(**kwargs)(x, y), pml_losses.RankedListLoss(**kwargs)(x, y), **tol)

@@ -10,8 +10,10 @@ PML vs paper: PML (after the paper's code) counts the query itself in its rankin
 its positives and in ``A``; the paper's equation leaves it out. dmlkit follows PML by default
 (``query_in_ranking=True``); ``query_in_ranking=False`` is the paper's equation (queries without
 other positives are then skipped). PML also requires a batch grouped by class with equal counts
-(and reads the positives from the positions); dmlkit reads them from the labels, so it gives PML's
-value on such batches and is defined on any batch. PML's ``indices_tuple`` weights the queries.
+and reads the positives from positions: blocks of ``C`` consecutive samples for ``C`` classes of
+``m`` samples, which are the classes only when ``C == m``. dmlkit reads them from the labels: the
+same value as PML when ``C == m``, the label-defined one on any other batch (a deliberate difference).
+PML's ``indices_tuple`` weights the queries.
 """
 
 from __future__ import annotations
