@@ -30,10 +30,16 @@ WEIGHT_EPS = 1e-5
 
 
 def _weighted_ratio(terms: torch.Tensor, temperature: float, mask: torch.Tensor) -> torch.Tensor:
-    """``sum_mask w t / (sum_mask w + 1e-5 R)`` per row, ``w = exp(temperature t)``."""
-    terms = torch.where(mask, terms, terms.new_zeros(()))  # no exp overflow outside the mask
-    weights = torch.where(mask, torch.exp(temperature * terms), terms.new_zeros(()))
-    return (weights * terms).sum(1) / (weights.sum(1) + WEIGHT_EPS * terms.shape[1])
+    """``sum_mask w t / (sum_mask w + 1e-5 R)`` per row, ``w = exp(temperature t)``.
+
+    Numerator and denominator are both scaled by ``exp(-shift)``, ``shift`` the row's largest
+    positive exponent, so no weight overflows; the ratio is unchanged.
+    """
+    exponent = torch.where(mask, temperature * terms, terms.new_full((), float("-inf")))
+    shift = exponent.detach().amax(1, keepdim=True).clamp_min(0.0)
+    weights = torch.exp(exponent - shift)  # 0 outside the mask
+    guard = WEIGHT_EPS * terms.shape[1] * torch.exp(-shift.squeeze(1))
+    return (weights * torch.where(mask, terms, terms.new_zeros(()))).sum(1) / (weights.sum(1) + guard)
 
 
 @LOSSES.register("ranked_list")
