@@ -97,3 +97,18 @@ def test_registered_with_pml_defaults_and_validated():
     assert SupConLoss().temperature == 0.1 and SupConLoss().reduction == "mean_nonzero"
     with pytest.raises(InvalidParameterError, match=r"The 'temperature' parameter of NTXentLoss must be a float > 0. Got 0 instead."):
         NTXentLoss(temperature=0)
+
+
+@pytest.mark.parametrize("cls", [NTXentLoss, SupConLoss])
+def test_terms_handed_to_a_reducer_equal_the_closed_form_path(cls, make_batch):
+    """A reducer that needs the terms (here a threshold below every term: the mean) takes the autograd path."""
+    from dmlkit.losses.reducers import MeanReducer, ThresholdReducer
+
+    x, y = make_batch(5, n=16, d=6, classes=4)
+    grads = []
+    for reducer in (MeanReducer(), ThresholdReducer(low=-1.0)):
+        e = x.clone().requires_grad_(True)
+        value = cls(temperature=0.3, reducer=reducer)(e, y)
+        value.backward()
+        grads.append((value.detach(), e.grad))
+    torch.testing.assert_close(grads[0], grads[1])

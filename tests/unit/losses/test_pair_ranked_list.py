@@ -60,3 +60,17 @@ def test_parameters():
         RankedListLoss(margin=1, Tn=0, imbalance=2)
     with pytest.raises(InvalidParameterError, match="must be a distance"):
         RankedListLoss(margin=1, Tn=0, distance=CosineSimilarity())
+
+
+def test_terms_handed_to_a_reducer_equal_the_closed_form_path(make_batch):
+    """A reducer that needs the terms (a threshold below every term: the mean) takes the autograd path."""
+    from dmlkit.losses.reducers import MeanReducer, ThresholdReducer
+
+    x, y = make_batch(5, n=16, d=6, classes=4)
+    results = []
+    for reducer in (MeanReducer(), ThresholdReducer(low=-1.0)):
+        e = x.clone().requires_grad_(True)
+        value = RankedListLoss(margin=0.4, Tn=3, Tp=2, reducer=reducer)(e, y)
+        value.backward()
+        results.append((value.detach(), e.grad))
+    torch.testing.assert_close(results[0], results[1])

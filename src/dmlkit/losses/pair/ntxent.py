@@ -21,7 +21,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import dissimilarity
+from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts
 
 ELEMENT_REDUCTIONS = ("mean", "mean_nonzero", "sum", "threshold")
 
@@ -51,16 +51,37 @@ class _TemperatureLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        if not (masks.positive.any() and masks.negative.any()):  # nothing to contrast
+        pos, neg = masks.positive, masks.negative
+        if not (pos.any() and neg.any()):  # nothing to contrast
             return zero_loss(batch.embeddings, batch.references)
-        mat = self.distance.matrix(batch.embeddings, batch.references)
-        logits = dissimilarity(mat, self.distance).neg() / self.temperature
-        terms, selected = self.terms(masks.positive, masks.negative, logits)
-        return self.reducer(terms, selected)
+        sign = 1.0 if self.distance.is_inverted else -1.0  # logits: s / T, or -d / T
+        if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer
+            mat = self.distance.matrix(batch.embeddings, batch.references)
+            terms, selected = self.terms(pos, neg, mat * (sign / self.temperature))
+            return self.reducer(terms, selected)
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        with torch.no_grad():
+            logits = pairs.mat * (sign / self.temperature)
+            terms, selected, grad = self.closed_form(pos, neg, logits)
+            kept = terms if selected is None else terms[selected]
+            divisor = max(float(self.reducer.divisor(kept.numel(), int((kept > 0).sum()))), 1.0)
+            grad.mul_(sign / (self.temperature * divisor))
+        return pairs.attach(kept.sum() / divisor, grad)
 
     def terms(self, pos: torch.Tensor, neg: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(terms, mask)`` the reducer receives, from the pair masks and the logits ``[B, R]``."""
         raise NotImplementedError  # pragma: no cover - interface
+
+    def closed_form(self, pos, neg, logits) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`terms` and ``d(sum of the selected terms) / d(logits)`` ``[B, R]``, without autograd."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+
+def _shifted_exp(logits: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(exp(z - m), m)``: ``m [B, 1]`` the row max over ``mask`` (``-inf`` for an empty row),
+    the exponentials 0 outside ``mask``."""
+    shift = logits.masked_fill(~mask, float("-inf")).amax(1, keepdim=True)
+    return torch.exp(logits - shift).masked_fill_(~mask, 0.0), shift
 
 
 @LOSSES.register("ntxent")
@@ -78,6 +99,17 @@ class NTXentLoss(_TemperatureLoss):
         """Pair terms ``[B, R]`` over the positive pairs."""
         negatives = masked_logsumexp(logits, neg, dim=1)  # [B]; -inf for an anchor without negatives
         return torch.logaddexp(logits, negatives[:, None]) - logits, pos
+
+    def closed_form(self, pos, neg, logits):
+        """With ``e = exp(z - m)`` and ``D_ap = e_ap + sum_n e_an``: term ``log D_ap + m - z_ap``,
+        gradient ``e_ap / D_ap - 1`` on (a, p) and ``e_an sum_p 1 / D_ap`` on (a, n)."""
+        exps, shift = _shifted_exp(logits, pos | neg)
+        denominator = exps.masked_fill(pos, 0.0).sum(1, keepdim=True) + exps  # D_ap on the positives
+        denominator.masked_fill_(~pos, 1.0)
+        terms = denominator.log().add_(shift).sub_(logits).masked_fill_(~pos, 0.0)
+        inverse = denominator.reciprocal_().masked_fill_(~pos, 0.0)
+        grad = torch.where(pos, exps * inverse - 1.0, exps * inverse.sum(1, keepdim=True))
+        return terms, pos, grad
 
 
 @LOSSES.register("supcon")
@@ -100,3 +132,14 @@ class SupConLoss(_TemperatureLoss):
         normaliser = masked_logsumexp(logits, pos | neg, dim=1).masked_fill(num_pos == 0, 0.0)
         positive_sum = torch.where(pos, logits, logits.new_zeros(())).sum(1)
         return (num_pos * normaliser - positive_sum) / num_pos.clamp_min(1), None
+
+    def closed_form(self, pos, neg, logits):
+        """Term ``log sum_k e^{z_ak} - mean_p z_ap``; gradient ``softmax_ak - [k in P(a)] / |P(a)|``."""
+        exps, shift = _shifted_exp(logits, pos | neg)
+        num_pos = pos.sum(1, keepdim=True)
+        total = exps.sum(1, keepdim=True)
+        without = num_pos == 0
+        mean_positive = torch.where(pos, logits, 0.0).sum(1, keepdim=True) / num_pos.clamp_min(1)
+        terms = (total.log() + shift - mean_positive).masked_fill_(without, 0.0).squeeze(1)
+        grad = (exps / total - pos / num_pos.clamp_min(1)).masked_fill_(without, 0.0)
+        return terms, None, grad

@@ -23,23 +23,28 @@ from dmlkit.exceptions import AssertedParameterError, InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import require_orientation
+from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts, require_orientation
 
 #: PML's guard, added once per reference to each anchor's weight sums.
 WEIGHT_EPS = 1e-5
 
 
-def _weighted_ratio(terms: torch.Tensor, temperature: float, mask: torch.Tensor) -> torch.Tensor:
-    """``sum_mask w t / (sum_mask w + 1e-5 R)`` per row, ``w = exp(temperature t)``.
+def _weighted_ratio(terms: torch.Tensor, temperature: float, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(L, dL/dt)`` per row: ``L = sum_mask w t / (sum_mask w + 1e-5 R)``, ``w = exp(temperature t)``.
 
     Numerator and denominator are both scaled by ``exp(-shift)``, ``shift`` the row's largest
-    positive exponent, so no weight overflows; the ratio is unchanged.
+    positive exponent, so no weight overflows; the ratio is unchanged. The derivative
+    ``w_k (1 + T t_k - T L) / (sum w + guard)`` is exact without autograd.
     """
     exponent = torch.where(mask, temperature * terms, terms.new_full((), float("-inf")))
     shift = exponent.detach().amax(1, keepdim=True).clamp_min(0.0)
     weights = torch.exp(exponent - shift)  # 0 outside the mask
-    guard = WEIGHT_EPS * terms.shape[1] * torch.exp(-shift.squeeze(1))
-    return (weights * torch.where(mask, terms, terms.new_zeros(()))).sum(1) / (weights.sum(1) + guard)
+    guard = WEIGHT_EPS * terms.shape[1] * torch.exp(-shift)
+    total = weights.sum(1, keepdim=True) + guard
+    ratio = (weights * torch.where(mask, terms, terms.new_zeros(()))).sum(1, keepdim=True) / total
+    with torch.no_grad():
+        slope = weights * (1 + temperature * (terms - ratio)) / total
+    return ratio.squeeze(1), slope.masked_fill_(~mask, 0.0)
 
 
 @LOSSES.register("ranked_list")
@@ -80,11 +85,21 @@ class RankedListLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        d = self.distance.matrix(batch.embeddings, batch.references)
+        closed_form = reduces_from_counts(self.reducer)
+        if closed_form:
+            pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+            d = pairs.mat
+        else:  # the terms themselves go to the reducer: autograd
+            d = self.distance.matrix(batch.embeddings, batch.references)
         boundary = self.alpha - self.margin
         nonzero = d > 0
         pos = masks.positive & (d > boundary) & nonzero
         neg = masks.negative & (d < self.alpha) & nonzero
-        loss_p = _weighted_ratio(d - boundary, self.Tp, pos)
-        loss_n = _weighted_ratio(self.alpha - d, self.Tn, neg)
-        return self.reducer((1 - self.imbalance) * loss_p + self.imbalance * loss_n)
+        loss_p, slope_p = _weighted_ratio(d - boundary, self.Tp, pos)
+        loss_n, slope_n = _weighted_ratio(self.alpha - d, self.Tn, neg)
+        terms = (1 - self.imbalance) * loss_p + self.imbalance * loss_n
+        if not closed_form:
+            return self.reducer(terms)
+        divisor = max(float(self.reducer.divisor(terms.numel(), int((terms > 0).sum()))), 1.0)
+        grad = ((1 - self.imbalance) * slope_p - self.imbalance * slope_n) / divisor  # dt/dd: +1, -1
+        return pairs.attach(terms.sum() / divisor, grad)

@@ -131,3 +131,16 @@ def require_orientation(distance: BaseDistance, owner: str, similarity: bool, wh
     """Refuse a measure of the wrong direction for a loss whose equation fixes it (``what`` describes it)."""
     if distance.is_inverted != similarity:
         raise InvalidParameterError(f"The 'distance' parameter of {owner} must be {what}. Got {distance!r} instead.")
+
+
+def reduces_from_counts(reducer: object) -> bool:
+    """Whether ``reducer`` divides the sum of the terms by a count (``reducer.divisor``), so a loss
+    with a closed-form gradient need not hand it the terms."""
+    flag = getattr(reducer, "reduces_from_counts", None)
+    if flag is not None:
+        return bool(flag)
+    try:
+        reducer.divisor(1, 1)
+    except (TypeError, AttributeError):
+        return False
+    return True

@@ -82,6 +82,16 @@ class RankingLoss(PairLoss):
         raise NotImplementedError
 
 
+def node_shares(values: torch.Tensor, start: float, delta: float, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(below, share)``: each value's lower node ``below`` of the grid ``start + r delta`` (``r < num_nodes``)
+    and the share ``(v - t_below) / delta`` it gives the node above (``1 - share`` to ``below``): the
+    triangular kernels of FastAP Eq. (10) and the histogram loss's Eq. (2). Values on the grid's last
+    node go to it whole; ``share`` carries the gradient."""
+    scaled = (values - start) / delta
+    below = scaled.detach().floor().clamp_(0, num_nodes - 2)
+    return below.long(), scaled - below
+
+
 def sigmoid_rank_sums(
     sim: torch.Tensor, index: torch.Tensor, masks: torch.Tensor, temperature: float, clamp: float | None = None
 ) -> torch.Tensor:

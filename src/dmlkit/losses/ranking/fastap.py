@@ -19,7 +19,7 @@ from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.ranking._base import RankingLoss
+from dmlkit.losses.ranking._base import RankingLoss, node_shares
 
 
 @LOSSES.register("fastap")
@@ -58,12 +58,14 @@ class FastAPLoss(RankingLoss):
         x = batch.embeddings
         d = self.distance.matrix(x, x)
         top = float(2**self.distance.power)
-        centres = torch.linspace(0.0, top, self.num_edges, dtype=d.dtype, device=d.device)
-        pulse = (1 - (d[:, :, None] - centres).abs() / (top / self.num_bins)).clamp_min(0.0)  # [B, B, L]
-        selected = torch.stack((positive, positive | negative), dim=2).to(d.dtype)  # [B, B, 2]
-        hist = torch.bmm(pulse.transpose(1, 2), selected)  # [B, L, 2]: h+ and h per anchor and bin
-        h_pos = hist[:, :, 0]
-        cum_pos, cum_all = h_pos.cumsum(1), hist[:, :, 1].cumsum(1)
+        # Each distance's two triangular bins (Eq. (10)): one [B, B] pass, not [B, B, L].
+        index, share = node_shares(d.clamp(0.0, top), 0.0, top / self.num_bins, self.num_edges)
+        empty = d.new_zeros(d.shape[0], self.num_edges)
+        h_pos, h_all = (  # per anchor and bin: the positives' and everything's counts
+            empty.scatter_add(1, index + 1, share * w).scatter_add(1, index, (1 - share) * w)
+            for w in (positive.to(d.dtype), (positive | negative).to(d.dtype))
+        )
+        cum_pos, cum_all = h_pos.cumsum(1), h_all.cumsum(1)
         product = h_pos * cum_pos
         safe = (product > 0) & (cum_all > 0)
         ratio = torch.where(safe, product / torch.where(safe, cum_all, torch.ones_like(cum_all)), 0.0)

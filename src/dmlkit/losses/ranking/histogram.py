@@ -24,16 +24,13 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
 from dmlkit.losses.pair.terms import require_orientation
+from dmlkit.losses.ranking._base import node_shares
 
 
 def interpolated_histogram(values: torch.Tensor, delta: float, num_nodes: int) -> torch.Tensor:
     """``[num_nodes]``: each value in ``[-1, 1]`` split between its two nearest nodes, then normalised (Eq. (2))."""
-    scaled = (values + 1) / delta
-    below = scaled.detach().floor().clamp(0, num_nodes - 2)
-    upper_share = scaled - below  # weight of node below + 1
-    index = below.long()
-    hist = values.new_zeros(num_nodes)
-    hist = hist.index_add(0, index + 1, upper_share).index_add(0, index, 1 - upper_share)
+    index, share = node_shares(values, -1.0, delta, num_nodes)
+    hist = values.new_zeros(num_nodes).index_add(0, index + 1, share).index_add(0, index, 1 - share)
     return hist / values.numel()
 
 
