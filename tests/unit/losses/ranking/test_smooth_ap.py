@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
 
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses import LOSSES, SmoothAPLoss
@@ -60,6 +61,8 @@ def test_matches_pml_on_grouped_batches(dtype):
     tol = dict(rtol=1e-6, atol=1e-7)  # PML accumulates AP in float32 whatever the input
     for t in (0.01, 0.1):
         torch.testing.assert_close(SmoothAPLoss(t)(x, y), pml_losses.SmoothAPLoss(t)(x, y).to(dtype), **tol)
+    triplets = pml_miners.TripletMarginMiner(margin=0.1)(x, y)  # per-query weights: count / max count
+    torch.testing.assert_close(SmoothAPLoss()(x, y, triplets), pml_losses.SmoothAPLoss()(x, y, triplets).to(dtype), **tol)
 
 
 def test_defined_from_labels_on_any_batch_order():
