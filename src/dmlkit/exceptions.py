@@ -47,3 +47,8 @@ class BatchCompositionError(InvalidParameterError, DataError, AssertionError):
     """A sampler's settings cannot build the batches asked for (``batch_size`` not a multiple of
     ``m``, fewer classes than a batch needs, an epoch shorter than a batch). Also an
     ``AssertionError``, the type pytorch-metric-learning's samplers raise for the same settings."""
+
+
+class AssertedParameterError(InvalidParameterError, AssertionError):
+    """An argument that pytorch-metric-learning checks with ``assert``: also an ``AssertionError``,
+    so code written for PML (its own tests included) catches it where it caught PML's."""

@@ -55,6 +55,15 @@ LOSS_VARIANTS: dict[str, list[dict]] = {
     "soft_triple": [dict(centers_per_class=2), dict(centers_per_class=2, la=1e4, gamma=1e-6, margin=10.0),
                     dict(centers_per_class=2, la=1e-6, gamma=1e4)],
     "triplet_margin": [{}, dict(margin=1e6, smooth_loss=True), dict(margin=1e-9, swap=True)],
+    # issue 30 (i30-rank): contrastive, circle, ranked-list and ranking losses
+    "ntxent": [{}, dict(temperature=1e-6), dict(temperature=1e4)],
+    "supcon": [{}, dict(temperature=1e-6), dict(temperature=1e4)],
+    "circle": [{}, dict(m=0.25, gamma=1e4), dict(m=1e-9, gamma=1e-6)],
+    "ranked_list": [dict(margin=0.4, Tn=10), dict(margin=1e6, Tn=5, Tp=5), dict(margin=1e-9, Tn=1e-6, imbalance=0.0)],
+    "fastap": [{}, dict(num_bins=1), dict(num_bins=1000)],
+    "smooth_ap": [{}, dict(temperature=1e-6), dict(temperature=1e4, query_in_ranking=False)],
+    "pnp": [{}, dict(variant="Dq", anneal=1e-6), dict(variant="Ib", b=1e4, anneal=1e4), dict(variant="Iu")],
+    "histogram": [{}, dict(n_bins=1), dict(n_bins=1000)],
 }
 
 MINER_VARIANTS: dict[str, list[dict]] = {

@@ -1,4 +1,5 @@
-"""Losses: pair-based (``losses.pair``), proxy-based (``losses.proxy``) and DRO (``losses.dro``).
+"""Losses: pair-based (``losses.pair``), proxy-based (``losses.proxy``), ranking (``losses.ranking``),
+self-supervised (``losses.self_supervised``) and DRO (``losses.dro``).
 
 Every loss is called ``loss(embeddings [B, D], labels [B])`` and is registered in
 :data:`LOSSES` under a snake_case name usable in configs (``loss.name: proxy_anchor``).
@@ -11,6 +12,9 @@ from dmlkit.losses.pair import *  # noqa: F401,F403
 from dmlkit.losses.pair import __all__ as _pair_all
 from dmlkit.losses.proxy import *  # noqa: F401,F403
 from dmlkit.losses.proxy import __all__ as _proxy_all
+from dmlkit.losses.ranking import *  # noqa: F401,F403
+from dmlkit.losses.ranking import __all__ as _ranking_all
+from dmlkit.losses.self_supervised import SelfSupervisedLoss, VICRegLoss
 
 
 def create_loss(name: str, **kwargs):
@@ -23,4 +27,5 @@ def list_losses(pattern: str = "*") -> list[str]:
     return LOSSES.names(pattern)
 
 
-__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_pair_all, *_proxy_all, *_dro_all]
+__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_pair_all, *_proxy_all, *_dro_all,
+           *_ranking_all, "SelfSupervisedLoss", "VICRegLoss"]

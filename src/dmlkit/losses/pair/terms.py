@@ -14,6 +14,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from dmlkit.distances import BaseDistance
+from dmlkit.exceptions import InvalidParameterError
 
 #: Largest number of elements one chunk of a [chunk, R] working tensor may hold.
 CHUNK_ELEMENTS = 1 << 22
@@ -124,3 +125,22 @@ class _AttachPairwise(torch.autograd.Function):
         gx = None if gx is None or not ctx.needs_input_grad[2] else gx * grad
         gr = None if gr is None or not ctx.needs_input_grad[3] else gr * grad
         return None, None, gx, gr, None, None
+
+
+def require_orientation(distance: BaseDistance, owner: str, similarity: bool, what: str) -> None:
+    """Refuse a measure of the wrong direction for a loss whose equation fixes it (``what`` describes it)."""
+    if distance.is_inverted != similarity:
+        raise InvalidParameterError(f"The 'distance' parameter of {owner} must be {what}. Got {distance!r} instead.")
+
+
+def reduces_from_counts(reducer: object) -> bool:
+    """Whether ``reducer`` divides the sum of the terms by a count (``reducer.divisor``), so a loss
+    with a closed-form gradient need not hand it the terms."""
+    flag = getattr(reducer, "reduces_from_counts", None)
+    if flag is not None:
+        return bool(flag)
+    try:
+        reducer.divisor(1, 1)
+    except (TypeError, AttributeError):
+        return False
+    return True
