@@ -41,3 +41,8 @@ class CheckpointError(DmlkitError, RuntimeError):
 
 class NonFiniteError(DmlkitError, FloatingPointError):
     """A loss or gradient became NaN or infinite during training."""
+
+
+class AssertedParameterError(InvalidParameterError, AssertionError):
+    """An argument that pytorch-metric-learning checks with ``assert``: also an ``AssertionError``,
+    so code written for PML (its own tests included) catches it where it caught PML's."""

@@ -1,0 +1,73 @@
+"""Angular loss (Wang et al., "Deep Metric Learning with Angular Loss", ICCV 2017).
+
+Eq. (8) (the N-pair form, ``f_{a,p,n} = 4 tan^2(alpha) (x_a + x_p)^T x_n - 2 (1 + tan^2(alpha)) x_a^T x_p``)
+per positive pair ``(a, p)``: ``log(1 + sum_n exp(f_{a,p,n}))`` over every negative ``n`` of the
+anchor. As in PML: embeddings L2-normalised, ``alpha`` in degrees, the negatives are all the
+anchor's differently-labelled references even when pairs are mined (mined pairs choose the
+``(a, p)``), mean over positive pairs. The paper adds an N-pair term (Eq. (9)); that is
+``NPairsLoss`` combined through ``MultipleLosses``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dmlkit._validation import Interval
+from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
+from dmlkit.losses.base import LOSSES, zero_loss
+from dmlkit.losses.logsumexp import log1p_sum_exp
+from dmlkit.losses.pair._fixed_distance import require_distance
+from dmlkit.losses.pair.base import PairLoss
+from dmlkit.losses.pair.batch import PairBatch
+
+
+@LOSSES.register("angular")
+class AngularLoss(PairLoss):
+    """``log(1 + sum_n exp(4 tan^2(alpha) (x_a + x_p)^T x_n - 2 (1 + tan^2(alpha)) x_a^T x_p))`` per positive pair.
+
+    Wang et al. (2017) Eq. (8); mean over positive pairs (PML's ``MeanReducer``).
+    """
+
+    reductions = ("mean", "mean_nonzero", "sum")
+    _repr_keys = ("alpha", "reduction")
+    _parameter_constraints = {"alpha": [Interval(float, 0, 90, closed="neither")]}
+
+    def __init__(
+        self,
+        alpha: float = 40,
+        *,
+        distance: BaseDistance | None = None,
+        miner: object | None = None,
+        reduction: str = "mean",
+        reducer: object | None = None,
+        embedding_regularizer: object | None = None,
+        embedding_reg_weight: float = 1.0,
+    ):
+        super().__init__(
+            distance=distance, miner=miner, reduction=reduction, reducer=reducer,
+            embedding_regularizer=embedding_regularizer, embedding_reg_weight=embedding_reg_weight,
+        )
+        require_distance("AngularLoss", self.distance, LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.alpha = float(alpha)
+
+    def default_distance(self) -> BaseDistance:
+        return LpDistance(power=1, normalize_embeddings=True)
+
+    def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
+        positive = batch.pair_masks().positive
+        has_labels = batch.labels is not None or batch.pos_mask is not None
+        negative = batch.label_pair_masks()[1] if has_labels else batch.pair_masks().negative
+        anchors, positives = positive.nonzero(as_tuple=True)
+        if anchors.numel() == 0 or not negative[anchors].any():
+            return zero_loss(batch.embeddings, batch.references)
+        x = l2_normalize(batch.embeddings)
+        refs = x if batch.same_set else l2_normalize(batch.references)
+        x_refs = x @ refs.T  # [B, R]
+        refs_refs = x_refs if batch.same_set else refs @ refs.T  # [R, R]
+        sq_tan = math.tan(math.radians(self.alpha)) ** 2
+        a_dot_p = x_refs[anchors, positives].unsqueeze(1)  # [P, 1]
+        f = (4.0 * sq_tan) * (x_refs[anchors] + refs_refs[positives]) - (2.0 * (1.0 + sq_tan)) * a_dot_p  # [P, R]
+        terms = log1p_sum_exp(f, negative[anchors], dim=1)
+        return self.reducer(terms)
