@@ -2,9 +2,12 @@
 
 Eq. (8) (the N-pair form, ``f_{a,p,n} = 4 tan^2(alpha) (x_a + x_p)^T x_n - 2 (1 + tan^2(alpha)) x_a^T x_p``)
 per positive pair ``(a, p)``: ``log(1 + sum_n exp(f_{a,p,n}))`` over every negative ``n`` of the
-anchor. As in PML: embeddings L2-normalised, ``alpha`` in degrees, the negatives are all the
-anchor's differently-labelled references even when pairs are mined (mined pairs choose the
-``(a, p)``), mean over positive pairs. The paper adds an N-pair term (Eq. (9)); that is
+anchor. As in PML: ``alpha`` in degrees, the negatives are all the anchor's
+differently-labelled references even when pairs are mined (mined pairs choose the ``(a, p)``),
+mean over positive pairs. Paper vs PML: the paper L2-normalises every feature; PML normalises
+the anchor and the positive but takes the negatives ``x_n`` as given (the same when the model
+already outputs unit vectors). dmlkit follows PML by default; ``normalize_negatives=True`` is
+the paper's form. The paper adds an N-pair term (Eq. (9)); that is
 ``NPairsLoss`` combined through ``MultipleLosses``.
 """
 
@@ -14,7 +17,7 @@ import math
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit._validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import log1p_sum_exp
@@ -31,12 +34,13 @@ class AngularLoss(PairLoss):
     """
 
     reductions = ("mean", "mean_nonzero", "sum")
-    _repr_keys = ("alpha", "reduction")
-    _parameter_constraints = {"alpha": [Interval(float, 0, 90, closed="neither")]}
+    _repr_keys = ("alpha", "normalize_negatives", "reduction")
+    _parameter_constraints = {"alpha": [Interval(float, 0, 90, closed="neither")], "normalize_negatives": [BOOL]}
 
     def __init__(
         self,
         alpha: float = 40,
+        normalize_negatives: bool = False,
         *,
         distance: BaseDistance | None = None,
         miner: object | None = None,
@@ -51,6 +55,7 @@ class AngularLoss(PairLoss):
         )
         require_distance("AngularLoss", self.distance, LpDistance, p=2, power=1, normalize_embeddings=True)
         self.alpha = float(alpha)
+        self.normalize_negatives = normalize_negatives
 
     def default_distance(self) -> BaseDistance:
         return LpDistance(power=1, normalize_embeddings=True)
@@ -64,10 +69,11 @@ class AngularLoss(PairLoss):
             return zero_loss(batch.embeddings, batch.references)
         x = l2_normalize(batch.embeddings)
         refs = x if batch.same_set else l2_normalize(batch.references)
-        x_refs = x @ refs.T  # [B, R]
-        refs_refs = x_refs if batch.same_set else refs @ refs.T  # [R, R]
+        negatives = refs if self.normalize_negatives else batch.references  # [R, D], PML: as given
+        x_neg = x @ negatives.T  # [B, R]
+        refs_neg = x_neg if batch.same_set and self.normalize_negatives else refs @ negatives.T  # [R, R]
         sq_tan = math.tan(math.radians(self.alpha)) ** 2
-        a_dot_p = x_refs[anchors, positives].unsqueeze(1)  # [P, 1]
-        f = (4.0 * sq_tan) * (x_refs[anchors] + refs_refs[positives]) - (2.0 * (1.0 + sq_tan)) * a_dot_p  # [P, R]
+        a_dot_p = (x[anchors] * refs[positives]).sum(1, keepdim=True)  # [P, 1]
+        f = (4.0 * sq_tan) * (x_neg[anchors] + refs_neg[positives]) - (2.0 * (1.0 + sq_tan)) * a_dot_p  # [P, R]
         terms = log1p_sum_exp(f, negative[anchors], dim=1)
         return self.reducer(terms)
