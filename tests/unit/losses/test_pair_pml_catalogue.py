@@ -174,8 +174,8 @@ def test_dynamic_soft_margin_gradcheck_with_settled_histogram():
 def test_agrees_with_pml(name, dtype):
     make, _, make_pml = CASES[name]
     ours, theirs = (dl.AngularLoss() if name == "angular" else make()), make_pml()
-    x1 = X.to(dtype).requires_grad_(True)
-    x2 = X.to(dtype).requires_grad_(True)
+    x1 = X.to(dtype).clone().requires_grad_(True)
+    x2 = X.to(dtype).clone().requires_grad_(True)
     for step in range(2 if name == "dynamic_soft_margin" else 1):  # the histogram's history too
         v1, v2 = ours(x1, Y), theirs(x2, Y)
         assert torch.allclose(v1, v2, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=1e-7), (step, v1, v2)
@@ -268,3 +268,32 @@ def test_parameter_errors_use_the_template(make, message):
 def test_instance_loss_refuses_mined_pairs():
     with pytest.raises(InvalidParameterError, match="no mined pairs"):
         dl.InstanceLoss()(X, Y, (torch.tensor([0]), torch.tensor([1]), torch.tensor([3])))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "mean_nonzero", "sum"])
+@pytest.mark.parametrize("make", [
+    lambda r: dl.IntraPairVarianceLoss(0.01, 0.02, reduction=r),
+    lambda r: dl.IntraPairVarianceLoss(0.3, 0.2, reduction=r, distance=dl.ContrastiveLoss().distance),
+    lambda r: dl.NCALoss(softmax_scale=3.0, reduction=r),
+    lambda r: dl.NCALoss(softmax_scale=3.0, reduction=r, distance=dl.TupletMarginLoss().distance),
+])
+def test_analytic_gradients_for_every_reduction_and_measure(make, reduction):
+    loss = make(reduction)
+    x = X[:8].clone().requires_grad_(True)
+    refs = REF.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda v: loss(v, Y[:8]), (x,), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(lambda v, r: loss(v, Y[:8], ref_emb=r, ref_labels=REF_Y), (x, refs), eps=1e-6, atol=1e-6)
+    triplets = (torch.tensor([0, 0, 3]), torch.tensor([1, 2, 4]), torch.tensor([3, 5, 0]))
+    assert torch.autograd.gradcheck(lambda v: loss(v, Y[:8], triplets), (x,), eps=1e-6, atol=1e-6)
+
+
+def test_intra_pair_variance_on_a_distance_agrees_with_pml():
+    from pytorch_metric_learning.distances import LpDistance
+
+    ours = dl.IntraPairVarianceLoss(0.3, 0.2, distance=LpDistance())
+    theirs = pml.IntraPairVarianceLoss(0.3, 0.2, distance=LpDistance())
+    x1, x2 = X.clone().requires_grad_(True), X.clone().requires_grad_(True)
+    v1, v2 = ours(x1, Y), theirs(x2, Y)
+    v1.backward()
+    v2.backward()
+    assert torch.allclose(v1, v2, rtol=1e-10) and torch.allclose(x1.grad, x2.grad, rtol=1e-8, atol=1e-12)

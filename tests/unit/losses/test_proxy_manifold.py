@@ -84,7 +84,7 @@ def test_agrees_with_pml_given_the_same_assignment(dtype):
     theirs = pml.ManifoldLoss(l=6, K=4, alpha=0.9).to(dtype)
     ours.proxies.data = PROXIES.to(dtype)
     theirs.proxies.data = PROXIES.to(dtype)
-    x1, x2 = X.to(dtype).requires_grad_(True), X.to(dtype).requires_grad_(True)
+    x1, x2 = X.to(dtype).clone().requires_grad_(True), X.to(dtype).clone().requires_grad_(True)
     v1, v2 = ours(x1, indices_tuple=OWN), theirs(x2, indices_tuple=OWN)
     v1.backward()
     v2.backward()

@@ -20,10 +20,11 @@ import torch
 from dmlkit._validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
-from dmlkit.losses.logsumexp import log1p_sum_exp
+from dmlkit.losses.logsumexp import softmax_with_one
 from dmlkit.losses.pair._fixed_distance import require_distance
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import attach_gradient
 
 
 @LOSSES.register("angular")
@@ -72,8 +73,20 @@ class AngularLoss(PairLoss):
         negatives = refs if self.normalize_negatives else batch.references  # [R, D], PML: as given
         x_neg = x @ negatives.T  # [B, R]
         refs_neg = x_neg if batch.same_set and self.normalize_negatives else refs @ negatives.T  # [R, R]
+        a_dot_p = (x[anchors] * refs[positives]).sum(1)  # [P]
         sq_tan = math.tan(math.radians(self.alpha)) ** 2
-        a_dot_p = (x[anchors] * refs[positives]).sum(1, keepdim=True)  # [P, 1]
-        f = (4.0 * sq_tan) * (x_neg[anchors] + refs_neg[positives]) - (2.0 * (1.0 + sq_tan)) * a_dot_p  # [P, R]
-        terms = log1p_sum_exp(f, negative[anchors], dim=1)
-        return self.reducer(terms)
+        outer, inner = 4.0 * sq_tan, 2.0 * (1.0 + sq_tan)
+        # The [P, R] exponent and its log-sum-exp without autograd; d(loss)/d(f) = softmax-with-one / divisor
+        # reaches x_neg, refs_neg and a_dot_p through index-adds (one autograd node, no [P, R] graph).
+        with torch.no_grad():
+            f = x_neg[anchors].add_(refs_neg[positives]).mul_(outer).sub_(inner * a_dot_p.unsqueeze(1))
+            terms, weight = softmax_with_one(f.masked_fill_(~negative[anchors], float("-inf")))
+            divisor = self.reducer.divisor(anchors.new_tensor(anchors.numel()), (terms > 0).sum())
+            divisor = divisor.to(terms.dtype).clamp_min(1.0)
+            weight.div_(divisor)
+            grad_x_neg = torch.zeros_like(x_neg).index_add_(0, anchors, weight).mul_(outer)
+            grad_refs_neg = torch.zeros_like(refs_neg).index_add_(0, positives, weight).mul_(outer)
+            grad_a_dot_p = weight.sum(1).mul_(-inner)
+        return attach_gradient(
+            terms.sum() / divisor, (x_neg, grad_x_neg), (refs_neg, grad_refs_neg), (a_dot_p, grad_a_dot_p)
+        )

@@ -11,15 +11,16 @@ computes exactly that (PML's behaviour) and needs labels, as PML does; no refere
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
+from dmlkit.losses.logsumexp import softmax_rows
 from dmlkit.losses.pair._fixed_distance import require_distance
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import Pairwise
 
 
 @LOSSES.register("instance")
@@ -57,6 +58,14 @@ class InstanceLoss(PairLoss):
             raise InvalidParameterError(
                 "InstanceLoss needs class-id labels [B] and takes no mined pairs (indices_tuple / pairs)."
             )
-        logits = self.gamma * self.distance.matrix(batch.embeddings, batch.embeddings)
+        pairs = Pairwise(self.distance, batch.embeddings, batch.embeddings, same_set=True)
         target = torch.unique(batch.labels, return_inverse=True)[1]
-        return self.reducer(F.cross_entropy(logits, target, reduction="none"))
+        rows = torch.arange(target.numel(), device=target.device)
+        logits = pairs.mat * self.gamma
+        picked = logits[rows, target]
+        # cross-entropy per row and its gradient softmax - one-hot, without autograd
+        lse, soft = softmax_rows(logits)
+        terms = lse - picked
+        divisor = self.reducer.divisor(rows.new_tensor(rows.numel()), (terms > 0).sum()).to(terms.dtype).clamp_min(1.0)
+        soft[rows, target] -= 1.0
+        return pairs.attach(terms.sum() / divisor, soft.mul_(self.gamma / divisor))

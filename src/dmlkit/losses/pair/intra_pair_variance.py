@@ -16,6 +16,7 @@ from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import Pairwise
 
 
 @LOSSES.register("intra_pair_variance")
@@ -49,15 +50,27 @@ class IntraPairVarianceLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        mat = self.distance.matrix(batch.embeddings, batch.references)
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         similarity = self.distance.is_inverted
-        positive = self._half(mat, masks.positive, self.pos_eps, pulls_up=similarity)
-        negative = self._half(mat, masks.negative, self.neg_eps, pulls_up=not similarity)
-        return positive + negative
+        value_p, coef_p = self._half(pairs.mat, masks.positive, self.pos_eps, pulls_up=similarity)
+        value_n, coef_n = self._half(pairs.mat, masks.negative, self.neg_eps, pulls_up=not similarity)
+        return pairs.attach(value_p + value_n, coef_p.add_(coef_n))
 
-    def _half(self, mat: torch.Tensor, mask: torch.Tensor, eps: float, pulls_up: bool) -> torch.Tensor:
-        """``reduce [(1 - eps) mu - v]_+^2`` (``pulls_up``) or ``reduce [v - (1 + eps) mu]_+^2`` over ``mask``."""
+    def _half(self, mat: torch.Tensor, mask: torch.Tensor, eps: float, pulls_up: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sum g^2 / k`` over ``mask`` and its derivative w.r.t. ``mat``, ``g = [(1 - eps) mu - v]_+`` (``pulls_up``)
+        or ``[v - (1 + eps) mu]_+``, ``mu`` the mask's mean, ``k`` the reducer's divisor.
+
+        With ``n`` selected pairs and ``G = sum g``: ``d/dv_q = (2 / k) ((1 - eps) G / n - g_q)`` (pulls up) or
+        ``(2 / k) (g_q - (1 + eps) G / n)``, on the mask (``mu`` depends on every selected ``v``).
+        """
         selected = mask.to(mat.dtype)
-        mean = (mat * selected).sum() / selected.sum().clamp_min(1.0)
+        count = selected.sum()
+        mean = (mat * selected).sum() / count.clamp_min(1.0)
         gap = (1.0 - eps) * mean - mat if pulls_up else mat - (1.0 + eps) * mean
-        return self.reducer(gap.clamp_min(0.0).square(), mask)
+        g = gap.clamp_min_(0.0).mul_(selected)
+        total = g.sum()
+        divisor = self.reducer.divisor(count, (g > 0).sum()).to(mat.dtype).clamp_min(1.0)
+        value = g.square().sum() / divisor
+        shared = total / count.clamp_min(1.0) * ((1.0 - eps) if pulls_up else (1.0 + eps))
+        coefficient = (shared - g) if pulls_up else (g - shared)
+        return value, coefficient.mul_(selected).mul_(2.0 / divisor)

@@ -17,9 +17,10 @@ from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.logsumexp import masked_logsumexp
+from dmlkit.losses.logsumexp import softmax_rows
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
+from dmlkit.losses.pair.terms import Pairwise
 from dmlkit.mining.selection import PairSelection
 
 
@@ -54,15 +55,23 @@ class NCALoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         if batch.labels is None and batch.pos_mask is None:
             raise InvalidParameterError("NCALoss needs labels (or pos_mask): the classes C_i of Eq. (1).")
-        mat = self.distance.matrix(batch.embeddings, batch.references)
-        logits = self.softmax_scale * (mat if self.distance.is_inverted else -mat)
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        scale = self.softmax_scale if self.distance.is_inverted else -self.softmax_scale
+        logits = pairs.mat * scale
         positive, negative = batch.label_pair_masks()
-        terms = masked_logsumexp(logits, positive | negative) - masked_logsumexp(logits, positive)
+        # L_i = LSE_{j != i} z_ij - LSE_{j in C_i} z_ij; dL_i/dz_ij = softmax_all_ij - softmax_pos_ij
+        lse_all, soft_all = softmax_rows(logits.masked_fill(~(positive | negative), float("-inf")))
+        lse_pos, soft_pos = softmax_rows(logits.masked_fill_(~positive, float("-inf")))
         has_positive = positive.any(1)
-        terms = torch.where(has_positive, terms, terms.new_zeros(()))
+        terms = torch.where(has_positive, lse_all - lse_pos, logits.new_zeros(()))
+        weight = has_positive.to(logits.dtype)
         if batch.selection is not None:
-            terms = terms * self._anchor_weights(batch).to(terms.dtype)
-        return self.reducer(terms, has_positive)
+            weight = weight * self._anchor_weights(batch).to(logits.dtype)
+        terms = terms * weight
+        divisor = self.reducer.divisor(has_positive.sum(), ((terms > 0) & has_positive).sum())
+        divisor = divisor.to(logits.dtype).clamp_min(1.0)
+        coefficient = soft_all.sub_(soft_pos).mul_((weight * (scale / divisor)).unsqueeze(1))
+        return pairs.attach(terms.sum() / divisor, coefficient)
 
     @staticmethod
     def _anchor_weights(batch: PairBatch) -> torch.Tensor:

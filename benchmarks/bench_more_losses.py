@@ -1,0 +1,128 @@
+"""Forward+backward time of the rest of PML's loss catalogue in dmlkit against PML (same run, one table).
+
+    .venv/bin/python benchmarks/bench_more_losses.py [--repeats 15] [--threads 2] [--only NAME ...]
+
+B=256, D=128, 64 classes x 4 samples. Each case is ``(name, dmlkit factory, PML factory)`` and
+may take the call's inputs from ``inputs(name)``; calls are interleaved (dmlkit, PML, dmlkit, ...)
+and the median of ``--repeats`` timed calls is reported after warm-up, with PML / dmlkit.
+Cases live in lists by origin (one block per engineer's slice) so they merge without conflict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from pytorch_metric_learning import losses as pml
+
+import dmlkit.losses as dml
+
+B, D, PER_CLASS = 256, 128, 4
+
+Case = tuple[str, Callable[[], torch.nn.Module], Callable[[], torch.nn.Module]]
+
+#: Issue 30, the pair losses, NCA, Manifold and MultipleLosses.
+REST_CASES: list[Case] = [
+    ("angular", lambda: dml.AngularLoss(), lambda: pml.AngularLoss()),
+    ("tuplet_margin", lambda: dml.TupletMarginLoss(), lambda: pml.TupletMarginLoss()),
+    ("threshold_consistent_margin", lambda: dml.ThresholdConsistentMarginLoss(),
+     lambda: pml.ThresholdConsistentMarginLoss()),
+    ("instance", lambda: dml.InstanceLoss(), lambda: pml.InstanceLoss()),
+    ("snr_contrastive", lambda: dml.SignalToNoiseRatioContrastiveLoss(), lambda: pml.SignalToNoiseRatioContrastiveLoss()),
+    ("intra_pair_variance", lambda: dml.IntraPairVarianceLoss(), lambda: pml.IntraPairVarianceLoss()),
+    ("dynamic_soft_margin", lambda: dml.DynamicSoftMarginLoss(), lambda: _DetachedHistogram(pml.DynamicSoftMarginLoss())),
+    ("nca", lambda: dml.NCALoss(), lambda: pml.NCALoss()),
+    ("manifold (K=64)", lambda: _manifold(dml.ManifoldLoss), lambda: _manifold(pml.ManifoldLoss)),
+    ("multiple (contrastive + 0.5 NCA)",
+     lambda: dml.MultipleLosses([dml.ContrastiveLoss(), dml.NCALoss()], weights=[1, 0.5]),
+     lambda: pml.MultipleLosses([pml.ContrastiveLoss(), pml.NCALoss()], weights=[1, 0.5])),
+]
+
+CASES: list[Case] = [*REST_CASES]
+
+
+class _DetachedHistogram(torch.nn.Module):
+    """PML's DynamicSoftMarginLoss keeps its histogram on the graph, so a second backward fails; detach it between calls."""
+
+    def __init__(self, loss: torch.nn.Module):
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, *args, **kwargs):
+        self.loss.hist_ = self.loss.hist_.detach()
+        return self.loss(*args, **kwargs)
+
+
+def _manifold(cls):
+    loss = cls(D, K=64)
+    loss.proxies.data = torch.randn(64, D, generator=torch.Generator().manual_seed(1))
+    return loss
+
+
+def inputs(name: str, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Keyword inputs of one call: ManifoldLoss takes the proxy of each sample as indices_tuple (PML's form)."""
+    if name.startswith("manifold"):
+        return {"indices_tuple": y % 64}
+    return {"labels": y}
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, D, generator=g)
+    y = (torch.arange(B) // PER_CLASS)[torch.randperm(B, generator=g)]
+    return x, y
+
+
+def forward_backward(loss: torch.nn.Module, x: torch.Tensor, kwargs: dict) -> Callable[[], None]:
+    def run() -> None:
+        e = x.detach().requires_grad_(True)
+        loss(e, **kwargs).backward()
+
+    return run
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(case: Case, repeats: int) -> tuple[float, float]:
+    name, make_ours, make_pml = case
+    x, y = batch()
+    kwargs = inputs(name, x, y)
+    ours = forward_backward(make_ours(), x, kwargs)
+    theirs = forward_backward(make_pml(), x, kwargs)
+    for _ in range(2):  # warm-up
+        ours(), theirs()
+    t_ours, t_pml = [], []
+    for _ in range(repeats):
+        t_ours.append(timed(ours))
+        t_pml.append(timed(theirs))
+    return statistics.median(t_ours), statistics.median(t_pml)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=None, help="case names (prefixes) to run")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cases = [c for c in CASES if not args.only or any(c[0].startswith(o) for o in args.only)]
+    print(f"forward+backward, B={B}, D={D}, {args.threads} threads, median of {args.repeats}\n")
+    print(f"| loss | dmlkit ms | PML ms | PML / dmlkit |\n| --- | --- | --- | --- |")
+    ratios = []
+    for case in cases:
+        ours, theirs = measure(case, args.repeats)
+        ratios.append(theirs / ours)
+        print(f"| {case[0]} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.1f}x |", flush=True)
+    if ratios:
+        print(f"\nmedian ratio: {statistics.median(ratios):.1f}x over {len(ratios)} cases")
+
+
+if __name__ == "__main__":
+    main()
