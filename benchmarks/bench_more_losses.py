@@ -114,7 +114,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cases = [c for c in CASES if not args.only or any(c[0].startswith(o) for o in args.only)]
     print(f"forward+backward, B={B}, D={D}, {args.threads} threads, median of {args.repeats}\n")
-    print(f"| loss | dmlkit ms | PML ms | PML / dmlkit |\n| --- | --- | --- | --- |")
+    print("| loss | dmlkit ms | PML ms | PML / dmlkit |\n| --- | --- | --- | --- |")
     ratios = []
     for case in cases:
         ours, theirs = measure(case, args.repeats)
