@@ -19,6 +19,7 @@ import torch
 
 from dmlkit._validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
+from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import softmax_with_one
 from dmlkit.losses.pair._fixed_distance import require_distance
@@ -62,9 +63,10 @@ class AngularLoss(PairLoss):
         return LpDistance(power=1, normalize_embeddings=True)
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
+        if batch.labels is None and batch.pos_mask is None:
+            raise InvalidParameterError("AngularLoss needs labels (or pos_mask): its negatives are every other class.")
         positive = batch.pair_masks().positive
-        has_labels = batch.labels is not None or batch.pos_mask is not None
-        negative = batch.label_pair_masks()[1] if has_labels else batch.pair_masks().negative
+        negative = batch.label_pair_masks()[1]
         anchors, positives = positive.nonzero(as_tuple=True)
         if anchors.numel() == 0 or not negative[anchors].any():
             return zero_loss(batch.embeddings, batch.references)

@@ -11,16 +11,17 @@ computes exactly that (PML's behaviour) and needs labels, as PML does; no refere
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from dmlkit._validation import Interval
-from dmlkit.distances import BaseDistance, CosineSimilarity
+from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.distances._closed_form import EPS, unnormalise
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import softmax_rows
 from dmlkit.losses.pair._fixed_distance import require_distance
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise
 
 
 @LOSSES.register("instance")
@@ -58,14 +59,42 @@ class InstanceLoss(PairLoss):
             raise InvalidParameterError(
                 "InstanceLoss needs class-id labels [B] and takes no mined pairs (indices_tuple / pairs)."
             )
-        pairs = Pairwise(self.distance, batch.embeddings, batch.embeddings, same_set=True)
         target = torch.unique(batch.labels, return_inverse=True)[1]
+        terms, coefficient = _cross_entropy_terms(batch.embeddings, target, self.gamma)
+        divisor = self.reducer.divisor(target.new_tensor(target.numel()), (terms > 0).sum()).to(terms.dtype).clamp_min(1.0)
+        return _BatchCosineCrossEntropy.apply(terms.sum() / divisor, batch.embeddings, coefficient.mul_(self.gamma / divisor))
+
+
+def _cross_entropy_terms(x: torch.Tensor, target: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ``CE(gamma * cos(x_i, X), target_i)`` ``[B]`` and ``d(sum CE)/d(logits) = softmax - one-hot`` ``[B, B]``."""
+    with torch.no_grad():
+        unit = l2_normalize(x.detach())
+        logits = (unit @ unit.T).mul_(gamma)
         rows = torch.arange(target.numel(), device=target.device)
-        logits = pairs.mat * self.gamma
         picked = logits[rows, target]
-        # cross-entropy per row and its gradient softmax - one-hot, without autograd
         lse, soft = softmax_rows(logits)
-        terms = lse - picked
-        divisor = self.reducer.divisor(rows.new_tensor(rows.numel()), (terms > 0).sum()).to(terms.dtype).clamp_min(1.0)
         soft[rows, target] -= 1.0
-        return pairs.attach(terms.sum() / divisor, soft.mul_(self.gamma / divisor))
+    return lse - picked, soft
+
+
+class _BatchCosineCrossEntropy(torch.autograd.Function):
+    """The loss value; backward maps ``G = d(loss)/d(cos)`` through ``x_n x_n^T`` and the L2 normalisation.
+
+    ``d/dx_n = (G + G^T) x_n`` (one product, where autograd would take two), then
+    ``dx = (d/dx_n - x_n <x_n, d/dx_n>) / |x|`` (:func:`~dmlkit.distances._closed_form.unnormalise`).
+    """
+
+    @staticmethod
+    def forward(ctx, value, x, coefficient):  # noqa: D102 - autograd protocol
+        ctx.save_for_backward(x, coefficient)
+        return value.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # noqa: D102 - autograd protocol
+        x, coefficient = ctx.saved_tensors
+        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        scale = norm.clamp_min(EPS).reciprocal_()
+        unit = x * scale
+        grad_unit = (coefficient + coefficient.T) @ unit
+        return None, unnormalise(grad_unit, unit, scale, (norm > EPS).to(x.dtype)).mul_(grad), None

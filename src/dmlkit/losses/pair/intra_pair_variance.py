@@ -50,7 +50,9 @@ class IntraPairVarianceLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        # the two-set product even within the batch: a mined tuple gives bit-identical values with and
+        # without ref_emb=embeddings (PML's own test compares them exactly)
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, same_set=False)
         similarity = self.distance.is_inverted
         value_p, coef_p = self._half(pairs.mat, masks.positive, self.pos_eps, pulls_up=similarity)
         value_n, coef_n = self._half(pairs.mat, masks.negative, self.neg_eps, pulls_up=not similarity)
