@@ -64,6 +64,16 @@ LOSS_VARIANTS: dict[str, list[dict]] = {
     "smooth_ap": [{}, dict(temperature=1e-6), dict(temperature=1e4, query_in_ranking=False)],
     "pnp": [{}, dict(variant="Dq", anneal=1e-6), dict(variant="Ib", b=1e4, anneal=1e4), dict(variant="Iu")],
     "histogram": [{}, dict(n_bins=1), dict(n_bins=1000)],
+    "angular": [{}, dict(alpha=89.9, normalize_negatives=True), dict(alpha=1e-6)],
+    "tuplet_margin": [{}, dict(margin=90.0, scale=1e4), dict(margin=0.0, scale=1e-6)],
+    "tcm": [{}, dict(lambda_plus=1e6, lambda_minus=0.0, margin_plus=1.0, margin_minus=-1.0)],
+    "threshold_consistent_margin": [{}],
+    "intra_pair_variance": [{}, dict(pos_eps=1e6, neg_eps=-1e6)],
+    "snr_contrastive": [{}, dict(pos_margin=0.0, neg_margin=1e6)],
+    "nca": [{}, dict(softmax_scale=1e4), dict(softmax_scale=1e-6)],
+    "instance": [{}, dict(gamma=1e4), dict(gamma=1e-6)],
+    "dynamic_soft_margin": [{}, dict(min_val=-1e-6, num_bins=1), dict(min_val=-1e6, num_bins=1000, momentum=1.0)],
+    "manifold": [dict(l=DIM, K=NUM_CLASSES), dict(l=DIM, K=NUM_CLASSES, alpha=0.999, lambdaC=1e6, margin=1e3)],
 }
 
 MINER_VARIANTS: dict[str, list[dict]] = {

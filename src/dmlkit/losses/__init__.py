@@ -6,10 +6,13 @@ Every loss is called ``loss(embeddings [B, D], labels [B])`` and is registered i
 """
 
 from dmlkit.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlkit.losses.combine import MultipleLosses
 from dmlkit.losses.dro import *  # noqa: F401,F403
 from dmlkit.losses.dro import __all__ as _dro_all
 from dmlkit.losses.pair import *  # noqa: F401,F403
 from dmlkit.losses.pair import __all__ as _pair_all
+from dmlkit.losses.pml_bases import *  # noqa: F401,F403
+from dmlkit.losses.pml_bases import __all__ as _pml_bases_all
 from dmlkit.losses.proxy import *  # noqa: F401,F403
 from dmlkit.losses.proxy import __all__ as _proxy_all
 from dmlkit.losses.ranking import *  # noqa: F401,F403
@@ -27,5 +30,7 @@ def list_losses(pattern: str = "*") -> list[str]:
     return LOSSES.names(pattern)
 
 
-__all__ = ["LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_pair_all, *_proxy_all, *_dro_all,
-           *_ranking_all, "SelfSupervisedLoss", "VICRegLoss"]
+__all__ = [
+    "LOSSES", "MetricLoss", "create_loss", "list_losses", "zero_loss", *_pair_all, *_proxy_all, *_dro_all,
+    *_ranking_all, "SelfSupervisedLoss", "VICRegLoss", "MultipleLosses", *_pml_bases_all,
+]
