@@ -95,9 +95,10 @@ def require_tensorboard():
 class MLflowLogger(Callback):
     """An MLflow run: config as parameters, records as metrics, report and best checkpoint as artifacts.
 
-    ``tracking_uri=None`` writes a local file store in ``RUN_DIR/mlruns`` (no server;
-    ``mlflow ui --backend-store-uri RUN_DIR/mlruns`` shows it); otherwise the given URI
-    (``http://...``, ``sqlite:///...``, ``databricks``).
+    ``tracking_uri=None`` writes a local store in ``RUN_DIR/mlruns`` (no server): runs in
+    ``mlflow.db`` (SQLite: MLflow 3 no longer develops its file store) and artifacts in
+    ``artifacts/``; ``mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlruns/mlflow.db`` shows it.
+    Otherwise the given URI (``http://...``, ``sqlite:///...``, ``databricks``).
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "dmlkit", run_name: str | None = None):
@@ -112,13 +113,18 @@ class MLflowLogger(Callback):
 
         from dmlkit.config.schema import config_to_dict
 
-        uri = self.tracking_uri or (trainer.run.path / "mlruns").resolve().as_uri()
+        store = (trainer.run.path / "mlruns").resolve()
+        if self.tracking_uri is None:  # MLflow 3 keeps a local store in SQLite (its file store is frozen)
+            store.mkdir(parents=True, exist_ok=True)
+        uri = self.tracking_uri or f"sqlite:///{store / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=uri)
         if self.run_id is not None:  # a resumed run continues its MLflow run
             self.client.update_run(self.run_id, status="RUNNING")
             return
         found = self.client.get_experiment_by_name(self.experiment)
-        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        artifacts = (store / "artifacts").as_uri() if self.tracking_uri is None else None
+        experiment_id = (found.experiment_id if found is not None
+                         else self.client.create_experiment(self.experiment, artifact_location=artifacts))
         run = self.client.create_run(experiment_id, run_name=self.run_name or trainer.cfg.name or trainer.run.path.name)
         self.run_id = run.info.run_id
         params = [Param(key, value[:6000]) for key, value in flat_params(config_to_dict(trainer.cfg)).items()]
