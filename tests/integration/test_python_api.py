@@ -124,11 +124,12 @@ def tracked_run(tmp_path_factory):
     return out, [(r["step"], r["map_at_r"]) for r in log if r.get("split") == "val"]
 
 
-def test_mlflow_run_holds_the_recipe_the_metrics_and_the_artifacts(tracked_run):
+def test_mlflow_run_holds_the_recipe_the_metrics_and_the_artifacts(tracked_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     out, val = tracked_run
-    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlruns' / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(out / "mlruns").as_uri())  # the file store in the run directory
     [run] = client.search_runs([client.get_experiment_by_name("dmlkit").experiment_id])
     params = run.data.params
     assert params["sampler.m"] == "16" and params["protocol.val_class_fraction"] == "0.0"  # filled by the recipe

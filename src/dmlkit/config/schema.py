@@ -177,7 +177,7 @@ class TrainConfig:
     (needs the ``tensorboard`` package). ``loggers`` names experiment trackers
     (``[tensorboard, mlflow, wandb]``, :mod:`dmlkit.engine.loggers`): the config as parameters,
     every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
-    (``None``: a file store in ``RUN_DIR/mlruns``).
+    (``None``: MLflow's file store in ``RUN_DIR/mlruns``).
     """
 
     max_steps: Optional[int] = None

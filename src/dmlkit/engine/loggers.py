@@ -95,10 +95,11 @@ def require_tensorboard():
 class MLflowLogger(Callback):
     """An MLflow run: config as parameters, records as metrics, report and best checkpoint as artifacts.
 
-    ``tracking_uri=None`` writes a local store in ``RUN_DIR/mlruns`` (no server): runs in
-    ``mlflow.db`` (SQLite: MLflow 3 no longer develops its file store) and artifacts in
-    ``artifacts/``; ``mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlruns/mlflow.db`` shows it.
-    Otherwise the given URI (``http://...``, ``sqlite:///...``, ``databricks``).
+    ``tracking_uri=None`` writes MLflow's file store in ``RUN_DIR/mlruns`` (no server, no database:
+    ``mlflow ui --backend-store-uri RUN_DIR/mlruns`` shows it). MLflow 3 keeps that store in
+    maintenance and wants ``MLFLOW_ALLOW_FILE_STORE=true``, which this logger then sets for the
+    process unless it is set already (a SQLite store costs about half a minute of schema
+    migrations at first use). Otherwise the given URI (``sqlite:///...``, ``http://...``).
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "dmlkit", run_name: str | None = None):
@@ -113,18 +114,14 @@ class MLflowLogger(Callback):
 
         from dmlkit.config.schema import config_to_dict
 
-        store = (trainer.run.path / "mlruns").resolve()
-        if self.tracking_uri is None:  # MLflow 3 keeps a local store in SQLite (its file store is frozen)
-            store.mkdir(parents=True, exist_ok=True)
-        uri = self.tracking_uri or f"sqlite:///{store / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=uri)
+        if self.tracking_uri is None:  # MLflow 3 asks to be told that its file store is wanted
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=self.tracking_uri or local_store_uri(trainer.run.path))
         if self.run_id is not None:  # a resumed run continues its MLflow run
             self.client.update_run(self.run_id, status="RUNNING")
             return
         found = self.client.get_experiment_by_name(self.experiment)
-        artifacts = (store / "artifacts").as_uri() if self.tracking_uri is None else None
-        experiment_id = (found.experiment_id if found is not None
-                         else self.client.create_experiment(self.experiment, artifact_location=artifacts))
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
         run = self.client.create_run(experiment_id, run_name=self.run_name or trainer.cfg.name or trainer.run.path.name)
         self.run_id = run.info.run_id
         params = [Param(key, value[:6000]) for key, value in flat_params(config_to_dict(trainer.cfg)).items()]
@@ -158,6 +155,11 @@ class MLflowLogger(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.run_id = state.get("run_id") or None
+
+
+def local_store_uri(run_dir: Path) -> str:
+    """The URI of the MLflow file store a run keeps in ``RUN_DIR/mlruns``."""
+    return (Path(run_dir) / "mlruns").resolve().as_uri()
 
 
 def wandb_logged_in() -> bool:
