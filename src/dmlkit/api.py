@@ -43,9 +43,9 @@ def embedding_size_of(model: nn.Module, dataset) -> int:
     return int(out.shape[1])
 
 
-def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, *, miner: nn.Module | None = None,
-                       **sections: Any) -> RunConfig:
-    """The run config of a training from objects: ``sections`` validated as a config, then the objects named.
+def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, sections: dict, *,
+                       miner: nn.Module | None = None) -> RunConfig:
+    """The run config of a training from objects: ``sections`` (a nested config dict) validated, then the objects named.
 
     The fields an object makes moot are set so the recipe leaves them alone: a model object means
     one model, no shift averaging and the model's own embedding size; a user's dataset (not one of
@@ -91,7 +91,8 @@ def fit(
     resume: bool | None = None,
     report: bool = True,
     echo: Callable[[str], None] = print,
-    **config: Any,
+    config: dict | None = None,
+    **sections: Any,
 ) -> TrainResult:
     """Train ``model`` with ``loss`` on ``train_data`` into the run directory ``out``; returns the test result.
 
@@ -104,12 +105,14 @@ def fit(
     no test evaluation). ``optimizer``: an optimiser over the model's and the loss's parameters
     (default: the config's, with its parameter groups). ``callbacks`` and ``loggers`` run at the
     loop's events (:mod:`dmlkit.engine.callbacks`, :mod:`dmlkit.engine.loggers`), after the report
-    is written. ``**config``: config sections as dicts (``train={"max_steps": 100}``). ``resume``:
+    is written. ``**sections``: config sections as dicts (``train={"max_steps": 100}``); ``config``:
+    the same as one nested dict, for every section including ``model`` and ``loss``, whose names
+    the objects take (``config={"loss": {"memory": {"memory_size": 1024}}}``). ``resume``:
     continue ``out``'s last checkpoint (``None``: when there is one); give the same objects and
     settings as the interrupted call.
     """
     splits = user_splits(train_data, val_data, test_data)
-    cfg = config_for_objects(model, loss, splits, miner=miner, **config)
+    cfg = config_for_objects(model, loss, splits, {**(config or {}), **sections}, miner=miner)
     run_dir = Path(out)
     if resume is None:
         resume = (run_dir / "checkpoints" / "last.pt").exists()

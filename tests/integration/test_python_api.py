@@ -180,3 +180,14 @@ def test_wandb_offline_run_is_written_with_config_metrics_and_artifacts(tracked_
     assert [v for _, v in logged] == pytest.approx([v for _, v in val])
     [artifact] = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
     assert {"report.html", "checkpoints/best.pt"} <= {entry.path for entry in artifact.manifest.contents}
+
+
+def test_a_model_name_and_the_config_loss_with_a_user_dataset(tmp_path):
+    digits = USER_CLASSES["Digits"]
+    result = dmlkit.fit("small_cnn", None, digits(range(5)), test_data=digits([7, 8, 9]), out=tmp_path, report=False,
+                        config={"model": {"args": {"width": 8}}, "loss": {"name": "multi_similarity"}},
+                        train={"max_steps": 2, "progress": False}, sampler={"batch_size": 32},
+                        eval={"clustering": False}, echo=lambda _: None)
+    assert result.steps == 2 and 0 < result.test_metrics["map_at_r"] <= 1
+    config = (tmp_path / "config.yaml").read_text()
+    assert "name: small_cnn\n" in config and "name: multi_similarity\n" in config and "augment: none" in config
