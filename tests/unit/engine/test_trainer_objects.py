@@ -134,3 +134,10 @@ def test_train_patience_is_an_early_stopping_callback(tmp_path, tiny_config):
     trainer = Trainer(tiny_config(*DIGITS, "train.patience=1"), tmp_path, **QUIET)
     assert [type(c).__name__ for c in trainer.callbacks] == ["EarlyStopping"]
     assert trainer.callbacks.callbacks[0].patience == 1
+
+
+def test_train_patience_stops_a_run_that_does_not_improve(tmp_path, tiny_config):
+    cfg = tiny_config(*DIGITS, "train.patience=1", "train.eval_every=1", "train.max_steps=6", "optimizer.lr=0.000000000001")
+    trainer = Trainer(cfg, tmp_path, **QUIET)
+    result = trainer.fit()  # step 1 is the best; step 2 does not beat it: one validation without improvement
+    assert result.steps == 2 and trainer.stopped_early and result.best_step == 1
