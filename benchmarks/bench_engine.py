@@ -36,10 +36,10 @@ from dmlkit.config import load_config
 from dmlkit.data.samplers import create_sampler
 from dmlkit.data.transforms import RandomTranslate
 from dmlkit.engine import builders
-from dmlkit.engine.hooks import MethodHooks
 from dmlkit.engine.seeding import seed_everything
 from dmlkit.engine.trainer import Trainer
 from dmlkit.losses import create_loss
+from dmlkit.methods.hooks import MethodHooks
 
 PRESET = "mnist-proxy-anchor"
 

@@ -56,7 +56,7 @@ TRAIN = r"""
 import json, sys, torch
 from pathlib import Path
 from dmlkit.config import load_config
-from dmlkit.engine.hooks import MethodHooks
+from dmlkit.methods.hooks import MethodHooks
 from dmlkit.engine.trainer import Trainer
 
 def rss():

@@ -2,9 +2,30 @@
 
 __version__ = "0.1.0"
 
+#: Public names imported on first use (``import dmlkit`` stays light): name -> module.
+_LAZY = {
+    "fit": "dmlkit.api",
+    "Trainer": "dmlkit.engine.trainer",
+    "TrainResult": "dmlkit.engine.trainer",
+    "Callback": "dmlkit.engine.callbacks",
+    "EarlyStopping": "dmlkit.engine.callbacks",
+    "TensorBoardLogger": "dmlkit.engine.loggers",
+    "MLflowLogger": "dmlkit.engine.loggers",
+    "WandbLogger": "dmlkit.engine.loggers",
+}
+
 
 def load(run_dir, checkpoint: str = "best"):
     """The trained embedding model of a run directory, with its preprocessing (see :mod:`dmlkit.engine.loading`)."""
     from dmlkit.engine.loading import load as _load
 
     return _load(run_dir, checkpoint)
+
+
+def __getattr__(name: str):
+    """``dmlkit.fit``, ``dmlkit.Callback``...: the object API (docs/python-api.md), imported when first used."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'dmlkit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

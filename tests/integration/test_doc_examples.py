@@ -13,6 +13,10 @@ their own data, :data:`SMALL_DATA`; ``--seeds`` keeps its
 first seed, ``--trials`` becomes 2 and ``crossval`` runs fold 0 only. Files the examples read but no
 example writes are made by :data:`FIXTURES`.
 
+Python: a ```` ```python ```` block whose fence is preceded by the line ``<!-- runs in CI -->`` runs
+as written (``../shared/`` made absolute), in a temporary directory; the blocks of one page share
+one namespace, in page order (docs/python-api.md: its complete example).
+
 Opting out: a block whose fence is preceded by the line ``<!-- not run in CI: REASON -->`` is
 skipped. Only for what cannot run on a CI machine (benchmark images, a GPU); every marker must
 give a reason and the list of markers is checked below (:data:`KNOWN_OPT_OUTS`).
@@ -76,6 +80,21 @@ def examples() -> list[Example]:
                     argv = shlex.split(line, comments=True)
                     argv = argv[argv.index("dmlkit") + 1 if "dmlkit" in argv else 1:]
                     found.append(Example(str(page.relative_to(ROOT)), line.strip(), argv, block["reason"]))
+    return found
+
+
+#: The line before a Python block that the documented-examples test runs.
+RUNS_IN_CI = "<!-- runs in CI -->"
+PYTHON_BLOCK = re.compile(r"^" + re.escape(RUNS_IN_CI) + r"\n```python\n(?P<body>.*?)^```", re.S | re.M)
+
+
+def python_examples() -> dict[str, list[str]]:
+    """``{page: [code, ...]}``: the Python blocks marked to run, in page order."""
+    found = {}
+    for page in pages():
+        blocks = [m["body"] for m in PYTHON_BLOCK.finditer(page.read_text())]
+        if blocks:
+            found[str(page.relative_to(ROOT))] = blocks
     return found
 
 
@@ -197,3 +216,21 @@ def test_every_documented_command_runs(tmp_path, monkeypatch):
         if code != 0:
             failures.append(f"{ex.page}: {ex.line}\n  ran: dmlkit {' '.join(argv)}\n  exit {code}: {output[-600:]}")
     assert not failures, "documented commands that fail:\n" + "\n".join(failures)
+
+
+def test_documented_python_runs(tmp_path, monkeypatch):
+    found = python_examples()
+    assert len(found.get("docs/python-api.md", [])) >= 2
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network, whatever a page's trackers do
+    threads = torch.get_num_threads()
+    try:
+        for page, blocks in found.items():
+            namespace: dict = {"__name__": "__doc_example__"}
+            for code in blocks:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    exec(compile(code.replace("../shared/", f"{ROOT.parent / 'shared'}/"), page, "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "runs" / "pets-python" / "report.html").exists()
+    assert (tmp_path / "runs" / "pets-arcface" / "metrics.json").exists()

@@ -238,7 +238,7 @@ class FakeTrainer:
 
 
 def test_reporting_hooks_report_every_validation_and_stop_pruned_trials():
-    from dmlkit.engine.hooks import MethodHooks
+    from dmlkit.methods.hooks import MethodHooks
     from dmlkit.sweep.study import ReportingHooks
 
     hooks = ReportingHooks(MethodHooks(), FakeTrial(threshold=0.3), prune=True)

@@ -1,7 +1,13 @@
-"""No import cycle among dmlkit's modules, counting imports inside functions (deferred) too.
+"""No import cycle among dmlkit's modules or packages, counting deferred imports and package ``__init__`` files.
 
 A deferred import only postpones a cycle to the first call; the modules still depend on each
 other, so the graph holds every ``import`` in a module (except under ``if TYPE_CHECKING:``).
+Importing ``dmlkit.a.b.c`` also runs ``dmlkit/a/__init__.py`` and ``dmlkit/a/b/__init__.py``, so
+an import depends on every package on the way to its target (:func:`with_package_chain`). The
+root ``dmlkit/__init__.py`` is on every such way; it imports nothing of dmlkit at module level
+(checked below), so it is left out of the chain. Packages must not depend on each other in a
+circle either (:func:`package_graph`): ``engine -> methods -> engine`` is a cycle even when no
+two modules form one.
 """
 
 from __future__ import annotations
@@ -58,6 +64,44 @@ def import_graph() -> dict[str, set[str]]:
     return graph | {name: set() for name in extensions}
 
 
+def with_package_chain(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` plus an edge from each importer to every package ``__init__`` on the way to what it imports.
+
+    The importer's own packages are left out: they are already being imported when its code runs.
+    """
+    packages = set(graph)
+    chained = {}
+    for name, targets in graph.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        edges = set(targets)
+        for target in targets:
+            parts = target.split(".")
+            edges.update(".".join(parts[:i]) for i in range(2, len(parts)))
+        chained[name] = {t for t in edges if t in packages and t not in own}
+    return chained
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which of dmlkit's top-level packages and modules (``dmlkit.engine``, ``dmlkit.api``) import which others."""
+
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        if name == "dmlkit":
+            continue
+        out.setdefault(top(name), set()).update(top(t) for t in targets if t != "dmlkit" and top(t) != top(name))
+    return out
+
+
+def module_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """dmlkit modules imported by ``path`` at module level (what importing it runs at once)."""
+    tree = ast.parse(path.read_text())
+    top_level = ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], type_ignores=[])
+    return imports_of(ast.unparse(top_level), "dmlkit", modules, is_package=True)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -85,10 +129,35 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_in_dmlkit():
-    graph = import_graph()
+    modules = import_graph()
+    graph = with_package_chain(modules)
     assert len(graph) > 50 and "dmlkit.losses.base" in graph["dmlkit.losses.pair.base"]
+    # importing dmlkit.losses.base runs dmlkit/losses/__init__.py first
+    assert "dmlkit.losses" in graph["dmlkit.memory.cross_batch"] and "dmlkit.losses" not in modules["dmlkit.memory.cross_batch"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages():
+    graph = package_graph(import_graph())
+    assert "dmlkit.methods" in graph["dmlkit.engine"] and "dmlkit.engine" in graph["dmlkit.report"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
+def test_the_root_package_imports_nothing_of_dmlkit_at_module_level():
+    modules = set(import_graph())
+    assert module_level_imports(SRC / "dmlkit" / "__init__.py", modules) == set()
+
+
+def test_the_package_chain_and_the_package_graph_see_what_modules_alone_do_not():
+    graph = {"dmlkit.a.x": {"dmlkit.b.y"}, "dmlkit.b.y": {"dmlkit.a.z"}, "dmlkit.a.z": set(), "dmlkit.a": set(),
+             "dmlkit.b": set(), "dmlkit.c.p": {"dmlkit.c.q.r"}, "dmlkit.c.q": {"dmlkit.c.p"}, "dmlkit.c.q.r": set()}
+    assert find_cycle(graph) is None
+    assert find_cycle(with_package_chain(graph)) == ["dmlkit.c.p", "dmlkit.c.q", "dmlkit.c.p"]
+    assert find_cycle(with_package_chain({"dmlkit.c": {"dmlkit.c.p"}, "dmlkit.c.p": {"dmlkit.c.q"},
+                                          "dmlkit.c.q": set()})) is None  # a package's own modules: no cycle
+    assert find_cycle(package_graph(graph)) == ["dmlkit.a", "dmlkit.b", "dmlkit.a"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -108,5 +177,6 @@ def test_deferred_and_type_checking_imports():
 
 def test_the_engine_and_methods_do_not_import_each_other_in_a_circle():
     graph = import_graph()
-    assert "dmlkit.methods" in graph["dmlkit.engine.builders"]  # the engine asks the method registry (deferred)
-    assert "dmlkit.engine.builders" not in graph["dmlkit.methods.asap"]
+    assert "dmlkit.methods" in graph["dmlkit.engine.builders"]  # the engine asks the method registry
+    assert not any(t.startswith("dmlkit.engine") for name, targets in graph.items()
+                   if name.startswith("dmlkit.methods") for t in targets)  # the hook contract is methods/hooks.py

@@ -71,20 +71,22 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.quiet:
         cfg.train.progress = False
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume))
+    callbacks = []
+    if not args.no_report:  # before the config's trackers, which store the report as an artifact
+        try:
+            from dmlkit.report import WriteReport
+
+            callbacks.append(WriteReport())
+        except ImportError:
+            pass
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), callbacks=callbacks)
     result = trainer.fit()
     if not trainer.dist.is_main:
         return 0
     print()
     print(f"test metrics ({cfg.name}; weights selected on: {result.selected_on}, step {result.best_step} of {result.steps})")
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))
-    if not args.no_report:
-        try:
-            from dmlkit.report import write_report
-
-            path = write_report(run_dir)
-            print(f"report: {path}")
-        except ImportError:
-            pass
+    if callbacks and callbacks[0].path is not None:
+        print(f"report: {callbacks[0].path}")
     print(f"run directory: {run_dir}")
     return 0

@@ -104,6 +104,11 @@ def profile_split(dataset: Any) -> DataProfile:
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         channels, height, width = x.shape[1:]
         in_memory = True
+    elif hasattr(dataset, "sample_images"):  # a user's dataset (dmlkit.data.user): items as it returns them
+        first = dataset[0][0]
+        channels, height, width = first.shape[-3:] if first.dim() >= 3 else (1, *first.shape[-2:])
+        x = dataset.sample_images(DECODE_SAMPLE)
+        in_memory = False
     else:
         channels = 1 if getattr(dataset, "mode", "RGB") == "L" else 3
         height, width = _median_file_size(dataset.paths)

@@ -174,7 +174,10 @@ class TrainConfig:
     bf16) and ``none`` elsewhere. ``compile`` wraps the model in ``torch.compile``.
     Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
     ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
-    (needs the ``tensorboard`` package).
+    (needs the ``tensorboard`` package). ``loggers`` names experiment trackers
+    (``[tensorboard, mlflow, wandb]``, :mod:`dmlkit.engine.loggers`): the config as parameters,
+    every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
+    (``None``: MLflow's file store in ``RUN_DIR/mlruns``).
     """
 
     max_steps: Optional[int] = None
@@ -189,6 +192,8 @@ class TrainConfig:
     num_threads: Optional[int] = None
     progress: bool = True
     tensorboard: bool = False
+    loggers: list = field(default_factory=list)
+    tracking_uri: Optional[str] = None
 
 
 @dataclass
@@ -283,6 +288,8 @@ CONSTRAINTS: dict[str, list] = {
     "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
     "train.num_threads": [NONE, Interval(int, 1, None)],
+    "train.loggers": [ListOf(OptionsFrom("dmlkit.engine.loggers", "LOGGERS"),
+                             "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],
     "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
     "eval.backend": [OptionsFrom("dmlkit.evaluation._checks", "BACKENDS")],
     "eval.batch_size": [Interval(int, 1, None)],

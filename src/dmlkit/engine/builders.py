@@ -150,6 +150,9 @@ def _hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
 def _evaluate_like_test(splits) -> None:
     """A validation split cut from the training split gets the evaluation transform (no random crops or flips)."""
     evaluation = splits.test if splits.test is not None else splits.query
+    if evaluation is None:  # a user's data without a test split: val keeps the training split's transform
+        splits.val.augmentation_seed = None
+        return
     splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
@@ -282,38 +285,33 @@ def _nested_loss(spec):
     )
 
 
-def build_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective | EnsembleObjective:
+def build_objective(cfg: RunConfig, num_classes: int, *, loss: nn.Module | None = None,
+                    miner: nn.Module | None = None) -> TrainingObjective | EnsembleObjective:
     """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory.
 
-    With ``model.ensemble=N > 1``: N such objectives, one per member (:class:`EnsembleObjective`).
+    A ``loss`` or ``miner`` object (dmlkit's or pytorch-metric-learning's) is used instead of the
+    config's. With ``model.ensemble=N > 1``: N such objectives, one per member
+    (:class:`EnsembleObjective`; config-built losses only).
     """
     size = cfg.model.ensemble or 1
     if size > 1:
+        if loss is not None or miner is not None:
+            raise ConfigError(f"model.ensemble={size} trains one loss per member; it cannot share one loss or "
+                              "miner object. Set model.ensemble=1, or name the loss in the config.")
         return EnsembleObjective([_member_objective(cfg, num_classes) for _ in range(size)],
                                  [cfg.model.embedding_size] * size)
-    return _member_objective(cfg, num_classes)
+    return _member_objective(cfg, num_classes, loss, miner)
 
 
-def _member_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
-    from dmlkit.losses import LOSSES
+def _member_objective(cfg: RunConfig, num_classes: int, loss: nn.Module | None = None,
+                      miner: nn.Module | None = None) -> TrainingObjective:
     from dmlkit.mining import MINERS
 
     lc = cfg.loss
-    factory = LOSSES.get(lc.name)
-    args = _resolve_distance(dict(lc.args))
-    for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
-        if key not in args and key in inspect.signature(factory).parameters:
-            args[key] = value
-    if "pair_loss" in args:
-        args["pair_loss"] = _nested_loss(args["pair_loss"])
-    from dmlkit.methods import loss_arguments  # deferred: methods build on the engine
-
-    args = loss_arguments(cfg, factory, args)
-    try:
-        loss = factory(**args)
-    except TypeError as exc:
-        raise ConfigError(f"loss.args do not fit loss {lc.name!r}: {exc}") from None
-    miner = MINERS.create(lc.miner.name, **_resolve_distance(dict(lc.miner.args))) if lc.miner.name else None
+    if loss is None:
+        loss = _config_loss(cfg, num_classes)
+    if miner is None and lc.miner.name:
+        miner = MINERS.create(lc.miner.name, **_resolve_distance(dict(lc.miner.args)))
     memory = None
     if lc.memory.memory_size > 0:
         from dmlkit.memory import CrossBatchMemory
@@ -326,6 +324,26 @@ def _member_objective(cfg: RunConfig, num_classes: int) -> TrainingObjective:
             warmup_steps=lc.memory.warmup_steps,
         )
     return TrainingObjective(loss, miner, memory)
+
+
+def _config_loss(cfg: RunConfig, num_classes: int) -> nn.Module:
+    """The loss ``cfg.loss`` names, with the arguments the run and the enabled method add."""
+    from dmlkit.losses import LOSSES
+    from dmlkit.methods import loss_arguments
+
+    lc = cfg.loss
+    factory = LOSSES.get(lc.name)
+    args = _resolve_distance(dict(lc.args))
+    for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
+        if key not in args and key in inspect.signature(factory).parameters:
+            args[key] = value
+    if "pair_loss" in args:
+        args["pair_loss"] = _nested_loss(args["pair_loss"])
+    args = loss_arguments(cfg, factory, args)
+    try:
+        return factory(**args)
+    except TypeError as exc:
+        raise ConfigError(f"loss.args do not fit loss {lc.name!r}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- batches

@@ -8,21 +8,45 @@ from torch import nn
 from dmlkit.models.ensemble import split_embeddings
 
 
+def is_dmlkit(component: nn.Module | None) -> bool:
+    """Whether ``component`` is one of dmlkit's own classes (else pytorch-metric-learning's, or PML-style)."""
+    return component is not None and type(component).__module__.startswith("dmlkit.")
+
+
 class TrainingObjective(nn.Module):
-    """Loss + optional miner + optional cross-batch memory, called as ``objective(emb, labels)``."""
+    """Loss + optional miner + optional cross-batch memory, called as ``objective(emb, labels)``.
+
+    ``loss`` and ``miner`` are dmlkit's or pytorch-metric-learning's (any object with PML's calls:
+    ``miner(embeddings, labels) -> indices_tuple``, ``loss(embeddings, labels, indices_tuple)``).
+    dmlkit's miners hand dmlkit's losses their selection directly; across the two libraries the
+    selection travels as PML's index tuple. A PML loss gets fp32 embeddings with autocast off, as
+    dmlkit's losses do to themselves.
+    """
 
     def __init__(self, loss: nn.Module, miner: nn.Module | None = None, memory: nn.Module | None = None):
         super().__init__()
         self.loss = loss
         self.miner = miner
         self.memory = memory
+        native_miner = miner is None or is_dmlkit(miner)
+        # a dmlkit miner called PML's way, kept out of the module tree (it holds ``miner`` again)
+        self.__dict__["_indices_miner"] = miner.as_pml() if miner is not None and native_miner else miner
+        self._native = (is_dmlkit(loss), native_miner)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.memory is not None:
             return self.memory(embeddings, labels)
-        if self.miner is not None:
+        native_loss, native_miner = self._native
+        if not native_loss:
+            with torch.autocast(embeddings.device.type, enabled=False):
+                embeddings = embeddings.float()
+                indices = None if self.miner is None else self._indices_miner(embeddings, labels)
+                return self.loss(embeddings, labels, indices)
+        if self.miner is None:
+            return self.loss(embeddings, labels)
+        if native_miner:
             return self.loss(embeddings, labels, pairs=self.miner(embeddings, labels))
-        return self.loss(embeddings, labels)
+        return self.loss(embeddings, labels, indices_tuple=self.miner(embeddings, labels))
 
     @property
     def proxies(self) -> torch.Tensor | None:

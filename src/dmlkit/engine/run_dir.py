@@ -8,6 +8,7 @@ Layout::
                                    skipped, eval_input (how evaluation reads an image: inference does the same)
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
+    RUN_DIR/mlruns/, RUN_DIR/wandb/  experiment trackers' local stores (train.loggers=[mlflow, wandb])
     RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
     RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails
     RUN_DIR/checkpoints/last.pt    full training state (resume)
@@ -60,64 +61,13 @@ def environment_record(seed: int) -> dict:
     }
 
 
-def require_tensorboard():
-    """``torch.utils.tensorboard.SummaryWriter``, or a ConfigError naming the package to install."""
-    from dmlkit._validation import require_module
-
-    return require_module("torch.utils.tensorboard", "tensorboard", "train.tensorboard=true", "tensorboard").SummaryWriter
-
-
-class TensorBoardLog:
-    """Mirrors ``log.jsonl`` records into TensorBoard event files under ``RUN_DIR/tensorboard``.
-
-    Every numeric field of a record becomes the scalar ``<split or kind>/<field>`` at the record's
-    step (``train/loss``, ``train/lr``, ``val/map_at_r``, ``test/map_at_r``, ``projection/...``).
-    Event files are append-only streams (like ``log.jsonl``); after a resume, ``purge_step`` (the
-    first replayed step) tells TensorBoard to drop what an earlier session wrote from that step on,
-    as ``log.jsonl`` is truncated after the checkpoint's step.
-    """
-
-    def __init__(self, log_dir: str | Path, purge_step: int | None = None):
-        self.writer = require_tensorboard()(log_dir=str(log_dir), purge_step=purge_step)
-
-    def write(self, record: dict) -> None:
-        prefix = record.get("split") or record.get("kind", "log")
-        step = int(record.get("step", 0))
-        for key, value in record.items():
-            if key in ("kind", "split", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            self.writer.add_scalar(f"{prefix}/{key}", value, global_step=step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class RunDirectory:
     """Writes the files of one run; every write of results is atomic."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.tensorboard: TensorBoardLog | None = None
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.path / "tensorboard"
-
-    def open_tensorboard(self, purge_step: int | None = None) -> None:
-        """Mirror every later :meth:`log` record into TensorBoard event files."""
-        if self.tensorboard is None:
-            self.tensorboard = TensorBoardLog(self.tensorboard_dir, purge_step=purge_step)
-
-    def flush(self) -> None:
-        """Push pending TensorBoard events to disk (at each checkpoint: a resume replays only later steps)."""
-        if self.tensorboard is not None:
-            self.tensorboard.writer.flush()
-
-    def close(self) -> None:
-        """Flush and close the TensorBoard writer, if any."""
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-            self.tensorboard = None
+        #: called with every record :meth:`log` writes (the trainer's callbacks: trackers, TensorBoard)
+        self.listeners: list = []
 
     @property
     def last_checkpoint(self) -> Path:
@@ -169,8 +119,8 @@ class RunDirectory:
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        for listener in self.listeners:
+            listener(record)
 
     def read_log(self) -> list[dict]:
         """Every complete record of ``log.jsonl`` (a torn last line is dropped)."""

@@ -17,27 +17,32 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
+from torch import nn
 
 from dmlkit.config.recipe import uses_pretrained_weights
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
+from dmlkit.engine.callbacks import Callback, CallbackList, EarlyStopping
 from dmlkit.engine.checkpoint import (
     atomic_write_json,
     config_fingerprint,
     load_checkpoint,
     save_checkpoint,
 )
-from dmlkit.engine.hooks import MethodHooks, overrides_hook
-from dmlkit.engine.run_dir import RunDirectory, require_tensorboard
+from dmlkit.engine.loggers import build_loggers
+from dmlkit.engine.optim import build_optimizer, build_scheduler
+from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.exceptions import CheckpointError, NonFiniteError
+from dmlkit.methods import build_method_hooks, enabled_methods
+from dmlkit.methods.hooks import MethodHooks, overrides_hook
 from dmlkit.seeds import derive_generator
 
 
@@ -54,7 +59,17 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains ``cfg`` into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint."""
+    """Trains into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
+
+    The one engine of both ways in. From a config, ``Trainer(cfg, run_dir)`` builds every part
+    (data, model, loss, miner, optimiser) from ``cfg``. From objects, any of ``model`` (an
+    ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and ``miner``
+    (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
+    user's datasets) and ``optimizer`` replace what the config would build; the recipe fills the
+    fields nobody set, as for a config (``dmlkit.fit`` is the short way). ``callbacks``
+    (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the config's own
+    (``train.patience``, ``train.loggers``).
+    """
 
     def __init__(
         self,
@@ -64,6 +79,12 @@ class Trainer:
         resume: bool = False,
         hooks: MethodHooks | None = None,
         echo: Callable[[str], None] = print,
+        model: nn.Module | None = None,
+        loss: nn.Module | None = None,
+        miner: nn.Module | None = None,
+        data=None,
+        optimizer: torch.optim.Optimizer | None = None,
+        callbacks: Iterable[Callback] = (),
     ):
         self.cfg = cfg
         # the device first (a ConfigError for a missing GPU comes before anything heavy); under
@@ -77,29 +98,31 @@ class Trainer:
         self.resume = resume
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
-        if cfg.train.tensorboard and self.dist.is_main:
-            require_tensorboard()  # a missing package fails here, before anything heavy
+        # the config's loggers first: a missing package fails here, before anything heavy
+        loggers = build_loggers(cfg) if self.dist.is_main else []
         seed_everything(cfg.seed)
-        survey = builders.survey_data(cfg)  # a first look at the data: which model, which image size
-        model_choices = builders.apply_model_recipe(cfg, survey, self.echo, accelerator=self.device.type == "cuda")
-        model = builders.build_model(cfg)  # built (seeded) on the CPU: same weights on any device
-        self.splits = builders.build_splits(cfg, model, survey)  # transforms follow the model's preprocessing
+        survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+        model_choices = {} if model is not None else builders.apply_model_recipe(
+            cfg, survey, self.echo, accelerator=self.device.type == "cuda")
+        built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
+        # transforms follow the model's preprocessing
+        self.splits = data if data is not None else builders.build_splits(cfg, built, survey)
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),
-                                            model=model, model_choices=model_choices,
+                                            model=built, model_choices=model_choices,
                                             accelerator=self.device.type == "cuda")
         chose = {key: value for key, (value, _) in self.recipe.choices.items()}
-        if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):  # the recipe asked for more
-            seed_everything(cfg.seed)
-            model = builders.build_model(cfg)
-        self.model = model.to(self.device)
+        if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
+            seed_everything(cfg.seed)  # the recipe asked for more
+            built = builders.build_model(cfg)
+        self.model = built.to(self.device)
         train_labels = self.splits.train.labels
         self.label_map = builders.LabelMap(train_labels)
-        self.objective = builders.build_objective(cfg, num_classes=len(self.label_map)).to(self.device)
+        self.objective = builders.build_objective(cfg, num_classes=len(self.label_map), loss=loss,
+                                                  miner=miner).to(self.device)
         self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
-        from dmlkit.engine.optim import build_optimizer, build_scheduler
-
-        self.optimizer = build_optimizer(self.model, self.objective, cfg.optimizer)
+        self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, self.objective,
+                                                                                 cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.train.max_steps)
         self.sampler = builders.build_batch_sampler(cfg, train_labels, rank=self.dist.rank, world_size=self.dist.world_size)
         self.position = builders.BatchPosition()
@@ -108,14 +131,14 @@ class Trainer:
         self.best_step = 0
         self.evals_since_best = 0
         self.stopped_early = False
+        self.should_stop = False  # a callback sets it to end training after the current step
         self.elapsed = 0.0
         self.eval_seconds: list[float] = []  # wall time of each validation this session (the progress bar's ETA)
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
-        if hooks is None:
-            from dmlkit.methods import build_method_hooks  # methods build on the engine, not the reverse
-
-            hooks = build_method_hooks(cfg, self)
-        self.hooks = hooks
+        self.hooks = hooks if hooks is not None else build_method_hooks(cfg, self)
+        patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not enabled_methods(cfg) else []
+        self.callbacks = CallbackList([*patience, *callbacks, *loggers])
+        self.run.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
         from dmlkit.data.transforms import batch_augmentation
 
         # the warp fills with the background as the model sees it: after the split's normalisation
@@ -154,6 +177,7 @@ class Trainer:
             "evals_since_best": self.evals_since_best,
             "elapsed": self.elapsed,
             "hooks": self.hooks.state_dict(),
+            "callbacks": self.callbacks.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "pretrained_val_ap": self.pretrained_val_ap,
         }
@@ -180,6 +204,7 @@ class Trainer:
         self.evals_since_best = int(state["evals_since_best"])
         self.elapsed = float(state["elapsed"])
         self.hooks.load_state_dict(state["hooks"])
+        self.callbacks.load_state_dict(state.get("callbacks", {}))
         if self.scaler is not None and state.get("scaler"):  # the loss scale and its growth counter
             self.scaler.load_state_dict(state["scaler"])
         self.pretrained_val_ap = state.get("pretrained_val_ap")
@@ -196,9 +221,9 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Write ``checkpoints/last.pt`` atomically (and flush TensorBoard up to this step)."""
+        """Write ``checkpoints/last.pt`` atomically (then ``on_checkpoint``: TensorBoard flushes up to this step)."""
         save_checkpoint(self.run.last_checkpoint, self.state_dict())
-        self.run.flush()
+        self.callbacks.call("on_checkpoint", self, self.step)
 
     # ------------------------------------------------------------------ loop
 
@@ -367,7 +392,8 @@ class Trainer:
             self.evals_since_best += 1
         self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
         stop = self.hooks.on_evaluation(self, score, improved)
-        return stop
+        self.callbacks.call("on_evaluation_end", self, self.step, metrics)
+        return stop or self.should_stop
 
     def val_history(self) -> list[tuple[int, float]]:
         """``(step, validation MAP@R)`` of every validation evaluation logged so far."""
@@ -388,17 +414,21 @@ class Trainer:
         elif self.dist.is_main:
             self.run.prepare(cfg, self.splits)
         distributed.barrier()
-        if cfg.train.tensorboard and self.dist.is_main:  # after a resume, TensorBoard drops the replayed steps
-            self.run.open_tensorboard(purge_step=self.step + 1 if self.resume else None)
+        finished = False
         try:
-            return self._train()
+            result = self._train()
+            finished = True
+            return result
         finally:
-            self.run.close()
+            if not finished:  # trackers mark their run failed; a resume continues it
+                for callback in self.callbacks:
+                    getattr(callback, "close", lambda: None)()
 
     def _train(self) -> TrainResult:
         """The loop of :meth:`fit`, then :meth:`finish` on rank 0."""
         cfg = self.cfg
         self.hooks.on_train_start(self)
+        self.callbacks.call("on_train_start", self)
         has_val = self.splits.val is not None
         batches = builders.iterate_training_batches(
             self.splits.train, self.sampler, self.position, cfg.data.num_workers
@@ -436,12 +466,14 @@ class Trainer:
             t_last = now
             if math.isfinite(value):
                 running = value if running is None else 0.9 * running + 0.1 * value
+            lr = self.optimizer.param_groups[0]["lr"]
             if self.step % cfg.train.log_every == 0:
                 record = {"kind": "train", "step": self.step, "epoch": self.position.epoch, "time": self.elapsed,
-                          "loss": value, "lr": self.optimizer.param_groups[0]["lr"]}
+                          "loss": value, "lr": lr}
                 if self.scaler is not None:  # fp16: a falling scale means overflowing (skipped) steps
                     record["grad_scale"] = self.scaler.get_scale()
                 self.run.log(record)
+            self.callbacks.call("on_step_end", self, self.step, {"loss": value, "lr": lr})
             if bar is not None:
                 bar.update(1)
                 if running is not None:
@@ -451,7 +483,7 @@ class Trainer:
                 stop = self._timed_validation()
                 evaluated = True
                 t_last = self.clock()  # evaluation time is not training time
-            stop = stop or self.step >= cfg.train.max_steps
+            stop = stop or self.should_stop or self.step >= cfg.train.max_steps
             if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
                 self.save()
         if bar is not None:
@@ -482,18 +514,19 @@ class Trainer:
         if getattr(self.splits, "eval_mode", "leave_one_out") == "query_gallery":
             embedded = {"test": self.splits.query, "gallery": self.splits.gallery}
         else:
-            embedded = {"test": self.splits.test}
+            embedded = {"test": self.splits.test} if self.splits.test is not None else {}  # objects: test optional
         progress = bool(self.cfg.train.progress and self.dist.is_main)  # the test split: a bar with its own ETA
         embedded = {split: (dataset, *self.embed(dataset, progress)) for split, dataset in embedded.items()}
         reference = embedded["gallery"][1:] if "gallery" in embedded else None
-        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference)
+        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference) if embedded else {}
         metrics = _floats(metrics)
         result = dict(metrics)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
                       train_seconds=round(self.elapsed, 3))
         if kept_pretrained is not None:
             result["kept_pretrained"] = kept_pretrained
-        self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
+        if embedded:
+            self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
         # data.skip_bad_images: files found unreadable while reading per item (in this process; see ImageFileDataset)
         skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
         if skipped:
@@ -502,7 +535,10 @@ class Trainer:
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():
                 self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
-        return TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path)
+        result = TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path,
+                             val_history=self.val_history())
+        self.callbacks.call("on_fit_end", self, result)
+        return result
 
 
 #: A fine-tuned checkpoint replaces the pretrained embedding only when its validation MAP@R gain, paired

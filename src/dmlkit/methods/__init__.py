@@ -1,4 +1,4 @@
-"""Training methods that extend the engine through hooks (:mod:`dmlkit.engine.hooks`), by registry.
+"""Training methods that extend the engine through hooks (:mod:`dmlkit.methods.hooks`), by registry.
 
 The registry and the engine's questions to it live in :mod:`dmlkit.methods.registry`; every
 built-in method module is imported here, so it is registered whenever ``dmlkit.methods`` is.

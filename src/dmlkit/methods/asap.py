@@ -23,8 +23,8 @@ import math
 import torch
 
 from dmlkit.data.splits import shuffle_within_classes
-from dmlkit.engine.hooks import MethodHooks, TrainingState
 from dmlkit.exceptions import ConfigError
+from dmlkit.methods.hooks import MethodHooks, TrainingState
 from dmlkit.methods.registry import METHODS
 from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
 from dmlkit.seeds import derive_generator

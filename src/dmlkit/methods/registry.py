@@ -1,6 +1,6 @@
-"""The registry of training methods that extend the engine through hooks (:mod:`dmlkit.engine.hooks`).
+"""The registry of training methods that extend the engine through hooks (:mod:`dmlkit.methods.hooks`).
 
-A method registers a :class:`~dmlkit.engine.hooks.MethodHooks` subclass with two class methods:
+A method registers a :class:`~dmlkit.methods.hooks.MethodHooks` subclass with two class methods:
 ``enabled(cfg) -> bool`` (does the config ask for it) and ``loss_arguments(cfg, factory, args)``
 (arguments it adds to the loss, e.g. ASAP's ``proxies_per_class``). The engine asks this module,
 never a method by name.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 from dmlkit._registry import Registry
-from dmlkit.engine.hooks import MethodHooks
+from dmlkit.methods.hooks import MethodHooks
 
 METHODS: Registry[type] = Registry("method")
 

@@ -28,10 +28,10 @@ import yaml
 
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
-from dmlkit.engine.hooks import MethodHooks
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
+from dmlkit.methods.hooks import MethodHooks
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
 SAMPLERS = ("tpe", "gp", "random")

@@ -52,17 +52,10 @@ def test_missing_package_is_named_before_training(tmp_path, tiny_config, monkeyp
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path, tiny_config):
+def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path, tiny_config, crash_in_step):
     cfg = tiny_config("train.tensorboard=true", "train.max_steps=6", "train.checkpoint_every=2")
     crashing = Trainer(cfg, tmp_path, echo=lambda _: None)
-    step = crashing.training_step
-
-    def crash_in_step_4(*args):
-        if crashing.step == 3:
-            raise KeyboardInterrupt
-        return step(*args)
-
-    crashing.training_step = crash_in_step_4
+    crash_in_step(crashing, 4)
     with pytest.raises(KeyboardInterrupt):
         crashing.fit()  # steps 1-3 logged, last checkpoint at step 2
     Trainer(cfg, tmp_path, resume=True, echo=lambda _: None).fit()

@@ -156,7 +156,7 @@ def test_asap_reads_the_trainer_only_through_the_documented_training_state():
     import re
     from pathlib import Path
 
-    from dmlkit.engine.hooks import TrainingState
+    from dmlkit.methods.hooks import TrainingState
 
     source = (Path(__file__).resolve().parents[3] / "src" / "dmlkit" / "methods" / "asap.py").read_text()
     used = set(re.findall(r"trainer\.([a-z_]+)", source))

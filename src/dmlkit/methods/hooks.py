@@ -1,13 +1,16 @@
-"""The training loop's extension points: a method (ASAP) is a set of hooks the engine calls.
+"""The training loop's extension points for a method (ASAP): a set of hooks the engine calls.
 
-The engine never names a method: :func:`dmlkit.methods.build_method_hooks` picks the registered
-method the config enables and the :class:`~dmlkit.engine.trainer.Trainer` calls its hooks at the
-points below. Hook state is part of every checkpoint (``state_dict``), so resume is exact.
+The contract lives here, beside the registry of methods (:mod:`dmlkit.methods.registry`), so the
+methods package never imports the engine: the engine imports methods, never the reverse (no
+import cycle between the two packages). The engine never names a method:
+:func:`dmlkit.methods.build_method_hooks` picks the registered method the config enables and the
+:class:`~dmlkit.engine.trainer.Trainer` calls its hooks at the points below. Hook state is part of
+every checkpoint (``state_dict``), so resume is exact. User code extends the loop with callbacks
+(:mod:`dmlkit.engine.callbacks`) instead.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -68,8 +71,9 @@ class MethodHooks:
         """Called after ``loss.backward()``, before clipping and the optimiser step."""
 
     def on_evaluation(self, trainer: TrainingState, score: float, improved: bool) -> bool:
-        """Called after each validation; return True to stop training."""
-        return trainer.evals_since_best >= (trainer.cfg.train.patience or math.inf)
+        """Called after each validation; return True to stop training (``train.patience`` is the
+        :class:`~dmlkit.engine.callbacks.EarlyStopping` callback of plain training)."""
+        return False
 
     def on_train_end(self, trainer: TrainingState) -> None:
         """Called once after the last step, before the selected weights are tested."""

@@ -1,0 +1,130 @@
+"""``dmlkit.fit``: train a user's own model, loss and data with the engine a config runs.
+
+The objects replace what a config would build; every other field comes from the config sections
+given as keyword arguments (``train={"max_steps": 200}``, ``sampler={"batch_size": 32}``,
+``seed=1``), then from the recipe, exactly as ``dmlkit train`` fills them. The run directory,
+checkpoints, exact resume, validation and selection, the test evaluation and the report are
+the config path's (:class:`dmlkit.engine.trainer.Trainer`; docs/python-api.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from dmlkit.config.schema import RunConfig, config_from_dict
+from dmlkit.data.user import UserDataset, user_splits
+from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.trainer import Trainer, TrainResult
+from dmlkit.exceptions import ConfigError
+
+
+def object_name(component: object) -> str:
+    """``object:module.Class``: how a run's config names a component passed as an object."""
+    kind = type(component)
+    return f"object:{kind.__module__}.{kind.__qualname__}"
+
+
+@torch.no_grad()
+def embedding_size_of(model: nn.Module, dataset) -> int:
+    """The width ``D`` of ``model``'s embedding of the first training image (eval mode, no gradient)."""
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(dataset[0][0].unsqueeze(0))
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        raise ConfigError(f"The model must map images [B, C, H, W] to embeddings [B, D]; {type(model).__name__} "
+                          f"returned {getattr(out, 'shape', type(out).__name__)} for one image.")
+    return int(out.shape[1])
+
+
+def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, sections: dict, *,
+                       miner: nn.Module | None = None) -> RunConfig:
+    """The run config of a training from objects: ``sections`` (a nested config dict) validated, then the objects named.
+
+    The fields an object makes moot are set so the recipe leaves them alone: a model object means
+    one model, no shift averaging and the model's own embedding size; a user's dataset (not one of
+    dmlkit's) applies its own transforms, so no batch augmentation.
+    """
+    data: dict = {key: dict(value) if isinstance(value, dict) else value for key, value in sections.items()}
+    for key in ("model", "data", "loss"):
+        data.setdefault(key, {})
+    if isinstance(model, str):
+        data["model"].setdefault("name", model)
+    else:
+        data["model"].setdefault("ensemble", 1)
+        data["model"].setdefault("shift_average", 0)
+        data["model"].setdefault("embedding_size", embedding_size_of(model, splits.train))
+    if isinstance(splits.train, UserDataset):
+        data["data"].setdefault("augment", "none")
+    cfg = config_from_dict(data)
+    if not isinstance(model, str):
+        cfg.model.name = object_name(model)
+    if isinstance(splits.train, UserDataset):
+        cfg.data.name = splits.name
+    if loss is not None:
+        cfg.loss.name, cfg.loss.args = object_name(loss), {}
+    if miner is not None:
+        cfg.loss.miner.name, cfg.loss.miner.args = object_name(miner), {}
+    if "name" not in sections:
+        cfg.name = f"{type(model).__name__ if not isinstance(model, str) else model}-{cfg.loss.name.rsplit('.', 1)[-1]}"
+    return cfg
+
+
+def fit(
+    model: nn.Module | str,
+    loss: nn.Module | None,
+    train_data,
+    *,
+    val_data=None,
+    test_data=None,
+    miner: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    out: str | Path,
+    callbacks: Iterable[Callback] = (),
+    loggers: Iterable[Callback] = (),
+    resume: bool | None = None,
+    report: bool = True,
+    echo: Callable[[str], None] = print,
+    config: dict | None = None,
+    **sections: Any,
+) -> TrainResult:
+    """Train ``model`` with ``loss`` on ``train_data`` into the run directory ``out``; returns the test result.
+
+    ``model``: an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]`` (or a model
+    name: ``"resnet50"``, ``"small_cnn"``); ``loss`` and ``miner``: dmlkit's or
+    pytorch-metric-learning's objects (``loss=None``: the config's ``loss``; a loss's own
+    parameters, such as proxies or ArcFace's ``W``, train in the optimiser's loss group);
+    ``train_data`` / ``val_data`` / ``test_data``: map-style datasets of ``(image tensor, label)``
+    (``val_data=None``: the recipe holds out validation classes of ``train_data``; ``test_data=None``:
+    no test evaluation). ``optimizer``: an optimiser over the model's and the loss's parameters
+    (default: the config's, with its parameter groups). ``callbacks`` and ``loggers`` run at the
+    loop's events (:mod:`dmlkit.engine.callbacks`, :mod:`dmlkit.engine.loggers`), after the report
+    is written. ``**sections``: config sections as dicts (``train={"max_steps": 100}``); ``config``:
+    the same as one nested dict, for every section including ``model`` and ``loss``, whose names
+    the objects take (``config={"loss": {"memory": {"memory_size": 1024}}}``). ``resume``:
+    continue ``out``'s last checkpoint (``None``: when there is one); give the same objects and
+    settings as the interrupted call.
+    """
+    splits = user_splits(train_data, val_data, test_data)
+    cfg = config_for_objects(model, loss, splits, {**(config or {}), **sections}, miner=miner)
+    run_dir = Path(out)
+    if resume is None:
+        resume = (run_dir / "checkpoints" / "last.pt").exists()
+    first = []
+    if report:
+        from dmlkit.report import WriteReport
+
+        first.append(WriteReport(echo))
+    trainer = Trainer(cfg, run_dir, resume=resume, echo=echo, model=None if isinstance(model, str) else model,
+                      loss=loss, miner=miner, data=splits, optimizer=optimizer,
+                      callbacks=[*first, *callbacks, *loggers])
+    return trainer.fit()
+
+
+__all__ = ["config_for_objects", "embedding_size_of", "fit", "object_name"]

@@ -1,0 +1,27 @@
+"""``report.html`` written as the training loop's last callback (before trackers store it as an artifact)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dmlkit.engine.callbacks import Callback
+from dmlkit.report.run_report import write_report
+
+
+class WriteReport(Callback):
+    """Writes ``RUN_DIR/report.html`` when training ends with test metrics; ``path`` is where it went.
+
+    Put it before the trackers (``Trainer`` adds the config's loggers after the user's callbacks),
+    so they find the report among the run's artifacts.
+    """
+
+    def __init__(self, echo=None):
+        self.echo = echo
+        self.path: Path | None = None
+
+    def on_fit_end(self, trainer, result) -> None:
+        if not result.test_metrics:  # no test split: nothing to report on
+            return
+        self.path = write_report(trainer.run.path)
+        if self.echo is not None:
+            self.echo(f"report: {self.path}")
