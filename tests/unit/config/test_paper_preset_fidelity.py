@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.loading import list_presets
+from dmlkit.config.recipe import selects_by_significance
 from dmlkit.engine.builders import build_objective
 
 PROXY_NCA = ["proxy-nca-cars", "proxy-nca-cub", "proxy-nca-sop", "proxy-nca-cars-fractional"]
