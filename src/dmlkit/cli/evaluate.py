@@ -18,6 +18,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         help="override data fields, e.g. --set data.root=/data/CUB_200_2011 --set protocol.fold=1",
     )
     p.add_argument("--backend", choices=["torch", "faiss"], help="nearest-neighbour backend")
+    p.add_argument("--over-cluster", type=int, metavar="K", dest="over_cluster",
+                   help="also report NMI+ (k-means with K times the class count; EPS uses 30); "
+                        "default: the run's eval.over_cluster")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         metrics.update(verification_metrics(emb, labels, seed=cfg.seed))
         if cfg.eval.clustering:
-            metrics.update(clustering_metrics(emb, labels, seed=cfg.seed))
+            over_cluster = cfg.eval.over_cluster if args.over_cluster is None else args.over_cluster
+            if over_cluster < 1:
+                raise ConfigError(f"--over-cluster must be an int >= 1. Got {over_cluster}.")
+            metrics.update(clustering_metrics(emb, labels, over_cluster=over_cluster, seed=cfg.seed))
     metrics = _floats(metrics)
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
     out = new_output_file(Path(args.run_dir) / "evaluations", args.split, ".json")

@@ -20,7 +20,8 @@ field                              rule
 ``data.augment``                   glyphs/digits held in memory: ``affine`` (fill = the
                                    background) with fewer than 100 images per class, else
                                    ``translate``; photos on disk: none (their per-item
-                                   transform is random resized crop + flip)
+                                   transform is random resized crop + flip); with a paper
+                                   ``data.pipeline``: its crops (``crop`` in memory, ``none`` on disk)
 ``model.shift_average``            small images (16 to 64 px a side): embeddings averaged over
                                    shifts of up to 2 px; else 0
 ``model.ensemble``                 small images with fewer than 100 images per class: 3 members
@@ -246,6 +247,12 @@ def uses_pretrained_weights(cfg: Any) -> bool:
     return bool(cfg.model.pretrained) or cfg.model.weights is not None
 
 
+def selects_by_significance(cfg: Any) -> bool:
+    """Whether validation keeps a checkpoint only when it beats the pretrained embedding of step 0
+    significantly (``protocol.selection=significant`` with trained starting weights), rather than the best MAP@R."""
+    return cfg.protocol.selection == "significant" and uses_pretrained_weights(cfg)
+
+
 def photo_eval_size(profile: DataProfile) -> int:
     """:data:`PHOTO_EVAL_SIZES`-bounded multiple of 32 that a centre crop of the median image holds."""
     side = min(profile.height, profile.width)
@@ -424,7 +431,12 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
             else (1.0, "head and backbone learn together"))
     if cfg.optimizer.loss_lr_multiplier is None:
         out["optimizer.loss_lr_multiplier"] = (100.0, "proxies learn 100x faster than the model")
-    if cfg.data.augment == "auto":
+    photos = cfg.data.crop_size is not None and cfg.data.image_size is not None  # read through a photo pipeline
+    if cfg.data.augment == "auto" and cfg.data.pipeline != "recipe" and photos:
+        out["data.augment"] = (("crop", f"the {cfg.data.pipeline} pipeline's random crops + flips of the photos "
+                                        "held in memory") if profile.in_memory else
+                               ("none", f"photos on disk: the {cfg.data.pipeline} pipeline's crops + flips per item"))
+    elif cfg.data.augment == "auto":
         if profile.in_memory and profile.kind == "photo" and cfg.data.crop_size:
             out["data.augment"] = ("crop", "photos in memory: random resized crops (area 16-100 %) + flips")
         elif profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:

@@ -32,6 +32,11 @@ class DataConfig:
     evaluation size (shorter side resized to ``image_size * 256 / 224``, centre crop) and
     ``crop_size`` the training crop; ``None`` lets the recipe choose both from the images' size.
     ``num_workers=None`` lets the recipe choose DataLoader workers (on a GPU, for images read from disk).
+    ``pipeline`` names who decides the photos' train and evaluation transforms
+    (:func:`dmlkit.data.transforms.photo_pipeline`), in memory and on disk alike: ``recipe`` (the
+    above) or a paper's own (``musgrave``, ``proxy_anchor``, ``proxy_nca``: ``image_size`` is then the
+    evaluation crop, ``crop_size`` the training crop, and the training crops are the pipeline's,
+    so ``augment`` must stay ``auto`` or be ``crop``).
     """
 
     name: str = "mnist"
@@ -44,6 +49,7 @@ class DataConfig:
     skip_bad_images: bool = False
     augment: str = "auto"
     max_shift: int = 2
+    pipeline: str = "recipe"
 
 
 @dataclass
@@ -58,6 +64,11 @@ class ProtocolConfig:
     training digits of MNIST). ``val_class_fraction=f`` holds out a seeded fraction ``f`` of the
     training classes (class-disjoint); ``None`` lets the recipe decide (0.2 with >= 20 classes,
     else 0). The test classes are never used for selection.
+
+    ``selection`` is how the validation MAP@R picks the kept checkpoint (and drives early stopping):
+    ``significant`` (dmlkit's rule for pretrained backbones: a checkpoint must beat the untrained
+    embedding of step 0 by 2 standard errors of the paired per-query gain) or ``best`` (the highest
+    validation MAP@R, Musgrave et al.'s protocol that the paper presets follow; step 0 is not scored).
     """
 
     fold: Optional[int] = None
@@ -65,6 +76,7 @@ class ProtocolConfig:
     seed: int = 0
     val_fraction: float = 0.0
     val_class_fraction: Optional[float] = None
+    selection: str = "significant"
 
 
 @dataclass
@@ -198,11 +210,16 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation of the validation and test splits."""
+    """Evaluation of the validation and test splits.
+
+    ``over_cluster=k > 1`` adds NMI+ to the clustering metrics: NMI of k-means with ``k`` times the
+    class count (EPS Tables 2-3 use 30), which does not reward collapsing a class to one point.
+    """
 
     ks: list = field(default_factory=lambda: [1, 2, 4, 8])
     backend: str = "torch"
     clustering: bool = True
+    over_cluster: int = 1
     batch_size: int = 512
     save_embeddings: bool = True
 
@@ -253,6 +270,9 @@ CONSTRAINTS: dict[str, list] = {
     "data.crop_size": [NONE, Interval(int, 0, None, closed="neither")],
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
+    "data.pipeline": [OptionsFrom("dmlkit.data.transforms", "PIPELINES")],
+    "protocol.selection": [Options(("significant", "best"))],
+    "eval.over_cluster": [Interval(int, 1, None)],
     "protocol.num_folds": [Interval(int, 2, None)],
     "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
     "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
@@ -329,6 +349,11 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("asap.enabled needs a validation split: set protocol.fold (or protocol.val_fraction).")
     if cfg.asap.enabled and (cfg.model.ensemble or 1) > 1:
         problems.append("asap.enabled trains one model's proxies: set model.ensemble=1 (or leave ASAP off).")
+    if cfg.data.pipeline != "recipe" and cfg.data.augment not in ("auto", "crop"):
+        problems.append(
+            f"data.pipeline={cfg.data.pipeline} decides the training crops: data.augment must be auto or crop. "
+            f"Got {cfg.data.augment!r}."
+        )
     if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0:
         problems.append("train.patience needs a validation split: set protocol.fold (or protocol.val_fraction).")
     return problems

@@ -101,7 +101,7 @@ MEMORY_CACHE_BYTES = 2 * 2**30
 
 def _decode_into_memory(
     source: SplitSource, mode: str, image_size: int | None, *, split: str, skip_bad_images: bool = False,
-    center_crop: bool = False, interpolation: str = "bilinear",
+    center_crop: bool = False, interpolation: str = "bilinear", view=None,
 ) -> SplitSource | None:
     """``source`` with its image files decoded (and resized to ``image_size``) into a uint8 tensor.
 
@@ -113,7 +113,8 @@ def _decode_into_memory(
     :func:`~dmlkit.data.transforms.photo_view` (with the backbone's ``interpolation``), whatever its
     size and aspect. Files are decoded by :func:`~dmlkit.data.base.decode_image`, as per item: an
     unreadable file is a ``DataError`` naming it, or, with ``skip_bad_images``, left out and listed
-    in ``skipped``. The paths are kept.
+    in ``skipped``. The paths are kept. ``view`` (PIL -> PIL; a :class:`~dmlkit.data.transforms.PhotoPipeline`'s
+    stored view) replaces the recipe's photo view.
     """
     import numpy as np
     from PIL import Image
@@ -128,7 +129,8 @@ def _decode_into_memory(
     channels = 1 if mode == "L" else 3
     if image_size and len(source.paths) * channels * image_size * image_size > MEMORY_CACHE_BYTES:
         return None
-    view = photo_view(image_size, interpolation) if center_crop else None
+    if view is None and center_crop:
+        view = photo_view(image_size, interpolation)
     arrays, kept, skipped, size = [], [], [], None
     for index, path in enumerate(source.paths):
         try:
@@ -217,6 +219,7 @@ def build_splits(
     cache_in_memory: bool = False,
     center_crop: bool = False,
     crop_size: int | None = None,
+    pipeline: str = "recipe",
     **dataset_options: Any,
 ) -> DataSplits:
     """Read data set ``name`` from ``root`` and return its class-disjoint splits.
@@ -231,7 +234,9 @@ def build_splits(
     :func:`_decode_into_memory`; a data set read from a zip is in memory anyway).
     ``center_crop=True`` (photos) decodes every split as its :func:`photo_view` at ``image_size``;
     splits too large for memory then stay on disk, training on random resized crops of
-    ``crop_size`` and evaluating on that same view.
+    ``crop_size`` and evaluating on that same view. ``pipeline`` (``data.pipeline``) names the
+    :func:`~dmlkit.data.transforms.photo_pipeline` that decides, for both storages, the stored view,
+    the training crops and the evaluation crop of photos (``recipe``: the view just described).
     ``dataset_options`` go to the reader (e.g. ``allow_outside_root=True``
     for ``name="csv"``). Labels of every split are int64 ids ``0..C-1`` over its own classes,
     except query and gallery, which share one label space. Transforms default to
@@ -275,27 +280,36 @@ def build_splits(
         raise
 
     decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
+    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
+    photos = None
+    if center_crop:
+        from dmlkit.data.transforms import photo_pipeline
+
+        photos = photo_pipeline(pipeline, image_size, crop_size, interpolation)
     if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
-        interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
         cached = {k: _decode_into_memory(v, spec.image_mode, image_size, split=k, skip_bad_images=skip_bad_images,
-                                         center_crop=center_crop, interpolation=interpolation)
+                                         center_crop=center_crop, interpolation=interpolation,
+                                         view=photos.view_transform() if photos is not None else None)
                   for k, v in sources.items()}
         if all(c is not None for c in cached.values()):
             sources, decoded_here = cached, True
     in_memory = all(src.images is not None for src in sources.values())
     record_eval_input = eval_transform is None  # new images can be prepared as the default evaluation is
     if train_transform is None or eval_transform is None:
-        from dmlkit.data.transforms import default_transforms, photo_transforms, tensor_transform
+        from dmlkit.data.transforms import default_transforms, tensor_transform
 
-        if in_memory:
+        if in_memory and photos is not None and decoded_here:
+            default_train, default_eval = photos.tensor_transforms(preprocessing)
+        elif in_memory:
             default_train = default_eval = tensor_transform(preprocessing)
-        elif center_crop:
-            default_train, default_eval = photo_transforms(preprocessing, image_size, crop_size or image_size)
+        elif photos is not None:
+            default_train, default_eval = photos.item_transforms(preprocessing)
         else:
             default_train, default_eval = default_transforms(spec, image_size, preprocessing)
         train_transform = default_train if train_transform is None else train_transform
         eval_transform = default_eval if eval_transform is None else eval_transform
-    tensor_size = image_size if in_memory else None
+    stored = photos.view if photos is not None and decoded_here else image_size  # photos: their stored view
+    tensor_size = stored if in_memory else None
 
     train_source = sources["train"]
     group = spec.group_of(label, eval_label)
@@ -342,7 +356,7 @@ def build_splits(
         splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
         if center_crop:  # photos: the centre-crop view, with the backbone's interpolation
             splits.info["eval_input"].update(view="photo", crop_size=crop_size or image_size,
-                                             interpolation=str((preprocessing or {}).get("interpolation", "bilinear")))
+                                             interpolation=interpolation, pipeline=pipeline)
     return splits
 
 
@@ -408,24 +422,32 @@ def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any],
                                              size)[0])
             else:
                 pixels.append(torch.from_numpy(decode_resized(img, eval_input["mode"], size)))
-        return TensorImageDataset(torch.stack(pixels), labels, ["?"], tensor_transform(preprocessing),
-                                  name=f"{name}/query")
-    from dmlkit.data.transforms import default_transforms, photo_transforms
+        photos = _photo_pipeline_of(eval_input)
+        transform = tensor_transform(preprocessing) if photos is None else photos.tensor_transforms(preprocessing)[1]
+        return TensorImageDataset(torch.stack(pixels), labels, ["?"], transform, name=f"{name}/query")
+    from dmlkit.data.transforms import default_transforms
 
     if eval_input.get("view") == "photo":
-        transform = photo_transforms(preprocessing, eval_input["image_size"], eval_input["crop_size"])[1]
+        transform = _photo_pipeline_of(eval_input).item_transforms(preprocessing)[1]
     else:
         transform = default_transforms(spec, eval_input["image_size"], preprocessing)[1]
     return _QueryImages(list(images), labels, ["?"], transform, mode=spec.image_mode, name=f"{name}/query")
 
 
-def _photo_view_of(eval_input: Mapping[str, Any]):
-    """The photo view a run's in-memory evaluation splits were decoded as, or None (not photos)."""
+def _photo_pipeline_of(eval_input: Mapping[str, Any]):
+    """The :class:`~dmlkit.data.transforms.PhotoPipeline` of a run's photos, or None (not photos)."""
     if eval_input.get("view") != "photo":
         return None
-    from dmlkit.data.transforms import photo_view
+    from dmlkit.data.transforms import photo_pipeline
 
-    return photo_view(int(eval_input["image_size"]), str(eval_input.get("interpolation", "bilinear")))
+    return photo_pipeline(str(eval_input.get("pipeline", "recipe")), int(eval_input["image_size"]),
+                          eval_input.get("crop_size"), str(eval_input.get("interpolation", "bilinear")))
+
+
+def _photo_view_of(eval_input: Mapping[str, Any]):
+    """The photo view a run's in-memory evaluation splits were decoded as, or None (not photos)."""
+    photos = _photo_pipeline_of(eval_input)
+    return None if photos is None else photos.view_transform()
 
 
 def _read_query_image(image):

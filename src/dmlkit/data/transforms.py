@@ -400,3 +400,164 @@ def batch_augmentation(name: str, max_shift: int = 2, fill: float | list[float] 
             raise InvalidParameterError("data.augment=crop needs data.crop_size (the training crop in pixels).")
         return RandomResizedCropFlip(crop_size)
     raise InvalidParameterError(f"data.augment must be one of {BATCH_AUGMENTATIONS}. Got {name!r}.")
+
+
+# ----------------------------------------------------------------------------- photo pipelines
+
+
+#: ``data.pipeline``: ``recipe`` (dmlkit's photo recipe) or a paper's own train/evaluation pipeline.
+PIPELINES = ("recipe", "musgrave", "proxy_anchor", "proxy_nca")
+
+#: Each paper pipeline's published crop and the shorter side (or, ``square``, both sides) it is cut from.
+_PAPER_PIPELINES = {
+    # ASAP App. A.2 after Musgrave et al. 2020: shorter side 256, random resized crop (area 16-100 %,
+    # aspect 3/4-4/3) to 227 + flip; evaluation: shorter side 256, centre crop 227.
+    "musgrave": dict(crop=227, scale=(0.16, 1.0), square=False),
+    # Proxy-Anchor Sec. 4.2 / its official code: random resized crop (area 8-100 %) to 224 + flip;
+    # evaluation: shorter side 256, centre crop 224.
+    "proxy_anchor": dict(crop=224, scale=(0.08, 1.0), square=False),
+    # Proxy-NCA Sec. 5: "resized to 256x256, then randomly cropped to 227x227"; centre crop at test.
+    "proxy_nca": dict(crop=227, scale=None, square=True),
+}
+
+
+class BatchedSequence(nn.Sequential):
+    """Deterministic batch-capable steps in order (``[C, H, W]`` or ``[B, C, H, W]``): one ``batched`` transform."""
+
+    batched = True
+
+
+class RandomCropFlip(nn.Module):
+    """Batched random ``size x size`` crop at a uniform integer position, plus a horizontal flip of half the images.
+
+    Proxy-NCA Sec. 5's plain random crop (no resampling: pixels are copied). Randomness comes only
+    from ``generator`` (the global generator when None, which per-item seeding sets).
+    """
+
+    batched = True
+
+    def __init__(self, size: int):
+        super().__init__()
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidParameterError(f"The 'size' parameter of RandomCropFlip must be an int >= 1. Got {size!r}.")
+        self.size = size
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        b, _, h, w = images.shape
+        if h < self.size or w < self.size:
+            raise InvalidParameterError(f"RandomCropFlip({self.size}) needs images of at least that size. Got {h}x{w}.")
+        u = torch.rand(b, 3, generator=generator, dtype=torch.float64)
+        top = (u[:, 0] * (h - self.size + 1)).long().clamp_max(h - self.size)
+        left = (u[:, 1] * (w - self.size + 1)).long().clamp_max(w - self.size)
+        steps = torch.arange(self.size)
+        rows = (top[:, None] + steps[None, :])[:, :, None]  # [B, S, 1]
+        cols = left[:, None] + steps[None, :]  # [B, S]
+        cols = torch.where((u[:, 2] < 0.5)[:, None], cols.flip(1), cols)[:, None, :]  # [B, 1, S]
+        batch = torch.arange(b)[:, None, None]
+        return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
+
+
+class PerItem(nn.Module):
+    """A batched random transform applied to one image ``[C, H, W]`` (global generator, seeded per item)."""
+
+    def __init__(self, batched_transform: nn.Module):
+        super().__init__()
+        self.inner = batched_transform
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.inner(image[None])[0]
+
+
+@dataclass(frozen=True)
+class PhotoPipeline:
+    """The one description of how a run's photos become training and evaluation inputs (``data.pipeline``).
+
+    A photo is first cut to its stored ``view``: shorter side ``resize`` (both sides with ``square``)
+    then a centre ``view x view`` square. Photos held in memory are stored as that view; photos on
+    disk are read through the same steps, so both paths give the model the same pixels. Training
+    takes a random crop of ``crop_size`` from the view and flips half of them (``crop_scale``: a
+    random resized crop with that area range and aspect 3/4-4/3; None: a plain crop at a random
+    position); evaluation takes the view's centre ``eval_size`` crop.
+
+    ``recipe`` stores the evaluation view itself (``view = eval_size = image_size``, shorter side
+    ``image_size * 256 / 224``). The paper pipelines store the 256 view (``view = resize``), a square
+    larger than the 227/224 crop, so a random crop reaches only the centre square of a wide photo where
+    the papers crop the whole 256-high image; evaluation (shorter side 256, centre 227/224) is theirs.
+    """
+
+    name: str
+    resize: int
+    square: bool
+    view: int
+    eval_size: int
+    crop_size: int
+    crop_scale: tuple[float, float] | None
+    interpolation: str = "bilinear"
+
+    def view_transform(self):
+        """PIL -> PIL: the stored view (resize, then centre square)."""
+        from torchvision import transforms as T
+
+        if self.name == "recipe":
+            return photo_view(self.view, self.interpolation)
+        mode = {"bicubic": T.InterpolationMode.BICUBIC, "nearest": T.InterpolationMode.NEAREST}.get(
+            self.interpolation, T.InterpolationMode.BILINEAR)
+        size = (self.resize, self.resize) if self.square else self.resize
+        return T.Compose([T.Resize(size, interpolation=mode), T.CenterCrop(self.view)])
+
+    def train_batch(self) -> nn.Module:
+        """Batched training crop + flip of stored views ``[B, C, view, view]`` (called with a generator)."""
+        if self.crop_scale is None:
+            return RandomCropFlip(self.crop_size)
+        return RandomResizedCropFlip(self.crop_size, scale=self.crop_scale)
+
+    def eval_crop(self) -> nn.Module:
+        """The deterministic centre ``eval_size`` crop of a view (identity when the view is that size)."""
+        from torchvision import transforms as T
+
+        return T.CenterCrop(self.eval_size) if self.eval_size != self.view else nn.Identity()
+
+    def tensor_transforms(self, preprocessing=None) -> tuple[nn.Module | None, nn.Module | None]:
+        """(train, eval) transforms of stored views held in memory: the training crop is the batch augmentation."""
+        normalise = tensor_transform(preprocessing)
+        if self.eval_size == self.view:
+            return normalise, normalise
+        steps = [self.eval_crop()] + ([normalise] if normalise is not None else [])
+        return normalise, BatchedSequence(*steps)
+
+    def item_transforms(self, preprocessing=None) -> tuple[nn.Module, nn.Module]:
+        """(train, eval) per-item transforms of photo files: the same view, crops and normalisation."""
+        if self.name == "recipe":
+            return photo_transforms(preprocessing, self.view, self.crop_size)
+        from torchvision import transforms as T
+
+        to_float = [self.view_transform(), T.PILToTensor(), T.ConvertImageDtype(torch.float32)]
+        normalise = BackboneNormalize(preprocessing)
+        train = T.Compose([*to_float, PerItem(self.train_batch()), normalise])
+        return train, T.Compose([*to_float, self.eval_crop(), normalise])
+
+
+def photo_pipeline(name: str, image_size: int | None, crop_size: int | None = None,
+                   interpolation: str = "bilinear") -> PhotoPipeline:
+    """The :class:`PhotoPipeline` of ``data.pipeline=name`` at ``data.image_size`` / ``data.crop_size``.
+
+    ``recipe``: evaluation at ``image_size`` (needed), training crops of ``crop_size`` (default
+    ``image_size``). A paper pipeline: evaluation crop ``image_size`` and training crop ``crop_size``
+    (both default to the paper's 227 or 224), cut from a view of side ``256 * crop / published crop``.
+    """
+    if name not in PIPELINES:
+        raise InvalidParameterError(f"data.pipeline must be one of {PIPELINES}. Got {name!r} instead.")
+    if name == "recipe":
+        if not image_size:
+            raise InvalidParameterError("data.pipeline=recipe needs data.image_size (the evaluation size).")
+        resize = int(round(image_size * 256 / 224))
+        return PhotoPipeline(name, resize, False, image_size, image_size, crop_size or image_size, (0.16, 1.0),
+                             interpolation)
+    paper = _PAPER_PIPELINES[name]
+    eval_size = image_size or paper["crop"]
+    crop = crop_size or eval_size
+    view = int(round(256 * max(eval_size, crop) / paper["crop"]))
+    return PhotoPipeline(name, view, paper["square"], view, eval_size, crop, paper["scale"], interpolation)

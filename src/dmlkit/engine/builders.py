@@ -107,8 +107,23 @@ def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
         d.name, root=d.root, label=d.label, eval_label=d.eval_label, image_size=d.image_size,
         fold=cfg.protocol.fold, num_folds=cfg.protocol.num_folds, seed=cfg.protocol.seed,
         skip_bad_images=d.skip_bad_images, preprocessing=preprocessing, cache_in_memory=decode,
-        center_crop=photos, crop_size=d.crop_size if photos else None,
+        center_crop=photos, crop_size=d.crop_size if photos else None, pipeline=d.pipeline,
     )
+
+
+def build_batch_augmentation(cfg: RunConfig, fill: list[float]):
+    """The batched training augmentation of ``data.augment`` (None for ``none``), called with a generator.
+
+    ``crop`` with a paper ``data.pipeline`` is that pipeline's training crop of the stored views
+    (:meth:`~dmlkit.data.transforms.PhotoPipeline.train_batch`); ``fill`` is the background as the
+    model sees it (the affine warp's fill).
+    """
+    from dmlkit.data.transforms import batch_augmentation, photo_pipeline
+
+    d = cfg.data
+    if d.augment == "crop" and d.pipeline != "recipe":
+        return photo_pipeline(d.pipeline, d.image_size, d.crop_size).train_batch()
+    return batch_augmentation(d.augment, d.max_shift, fill=fill, crop_size=d.crop_size)
 
 
 def survey_data(cfg: RunConfig):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dmlkit.config.recipe import uses_pretrained_weights
+from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.callbacks import Callback, CallbackList, EarlyStopping
@@ -145,7 +145,7 @@ class Trainer:
         background = torch.tensor(self.recipe.profile.background).view(1, -1, 1, 1)
         transform = self.splits.train.transform
         fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
-        self.augment = batch_augmentation(cfg.data.augment, cfg.data.max_shift, fill=fill, crop_size=cfg.data.crop_size)
+        self.augment = builders.build_batch_augmentation(cfg, fill)
         self.autocast_dtype = autocast_dtype(cfg.train.mixed_precision)
         self.autocast_device = self.device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
@@ -352,7 +352,8 @@ class Trainer:
         everything_labels = labels if gallery is None else torch.cat([labels, gallery_labels])
         metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
         if clustering:
-            metrics.update(clustering_metrics(everything, everything_labels, seed=self.cfg.seed))
+            metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
+                                              seed=self.cfg.seed))
         return metrics
 
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
@@ -369,7 +370,7 @@ class Trainer:
     def validate(self) -> float:
         """Score the validation fold; track the best weights; returns MAP@R."""
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
-        compare = uses_pretrained_weights(self.cfg)
+        compare = selects_by_significance(self.cfg)
         result = None
         if self.dist.is_main:
             embeddings, labels = self.embed(self.splits.val)
@@ -434,7 +435,7 @@ class Trainer:
             self.splits.train, self.sampler, self.position, cfg.data.num_workers
         )
         stop = self.step >= cfg.train.max_steps
-        if has_val and self.step == 0 and uses_pretrained_weights(cfg):
+        if has_val and self.step == 0 and selects_by_significance(cfg):
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
             stop = self._timed_validation() or stop
         start_step, start_elapsed = self.step, self.elapsed
@@ -502,7 +503,7 @@ class Trainer:
             self.model.load_state_dict(best["model"])
             self.objective.load_state_dict(best["objective"])
             selected_on = "val"
-            if uses_pretrained_weights(self.cfg):
+            if selects_by_significance(self.cfg):
                 kept_pretrained = self.best_step == 0
                 self.echo(_selection_message(self.val_history(), self.best_step))
         else:

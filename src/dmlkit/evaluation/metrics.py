@@ -30,6 +30,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("r_precision", "R-Precision", summary=True),
     Metric("map_at_r", "MAP@R", summary=True, curve=True),
     Metric("nmi", "NMI", summary=True),
+    Metric("nmi_plus", "NMI+"),  # eval.over_cluster > 1: k-means with over_cluster x the class count (EPS)
     # verification over all pairs of the split (evaluation/verification.py): pair scores = cosine similarity
     Metric("roc_auc", "ROC AUC"),
     Metric("eer", "EER", higher_is_better=False),

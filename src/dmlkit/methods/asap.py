@@ -3,9 +3,11 @@
 Algorithm 1 of the ASAP paper, on top of any proxy loss (``ProxyPairLoss`` around C1/C2/MS/
 triplet, Proxy-Anchor, Proxy-NCA):
 
+* before the first projection, rho* is the embeddings of ``K`` random samples per class (Alg. 1,
+  line 2);
 * at the start of each projection, the ``K`` proxies of every class are re-initialised by
-  greedy k-center (Alg. 2) on a pool of ``b`` fresh embeddings per class, given the class's
-  converged proxies, and the optimiser state of the proxies is reset;
+  greedy k-center (Alg. 2) on a pool of ``b`` fresh embeddings per class around rho* (the initial
+  samples, then the class's converged proxies), and the optimiser state of the proxies is reset;
 * during the projection the trunk and head get the proximal gradient ``lambda (theta - theta*)``
   of Eq. (4.11), independent of the optimiser's weight decay;
 * a projection ends when validation MAP@R has not improved for ``patience`` evaluations;
@@ -181,9 +183,10 @@ class AsapHooks(MethodHooks):
         self.projection_best_state = None
         self.projection_best_proxies = None
         self.projection_start_step = trainer.step
+        if self.projection == 0:
+            self.initialize_from_random_samples(trainer)
         pool, mask = self.pool_embeddings(trainer)
-        # the first projection starts from scratch; later ones keep the converged proxies as centres
-        refresh_proxies_k_center(self.bank, pool, mask, keep_current=self.projection > 0)
+        refresh_proxies_k_center(self.bank, pool, mask, keep_current=True)  # Alg. 2 around rho*
         proxies = self.bank.parameter  # the leaf (a feature-major bank's proxies are a view of it)
         for group in trainer.optimizer.param_groups:
             for p in group["params"]:
@@ -208,6 +211,27 @@ class AsapHooks(MethodHooks):
         rows = torch.full((num_classes, per_class), -1, dtype=torch.int64)
         rows[sorted_labels[keep], rank[keep]] = order[keep]
         return rows, rows >= 0
+
+    @torch.no_grad()
+    def initialize_from_random_samples(self, trainer: TrainingState) -> None:
+        """rho* <- embeddings of ``K`` random training samples per class (Alg. 1, line 2), on their own stream.
+
+        A class with fewer than ``K`` samples keeps its other proxies as they are.
+        """
+        from dmlkit.evaluation.embed import embed_dataset
+        from dmlkit.proxies.kcenter import gather_centers
+
+        generator = derive_generator(trainer.cfg.seed, "asap initial proxies")
+        labels = trainer.label_map(trainer.splits.train.labels)
+        k = int(self.bank.proxies_per_class)
+        rows, mask = self.per_class_rows(labels, len(trainer.label_map), k, generator)
+        subset = trainer.splits.train.subset(rows[mask], relabel=False)
+        emb, _ = embed_dataset(trainer.model, subset, trainer.cfg.eval.batch_size, trainer.cfg.data.num_workers)
+        samples = torch.zeros(rows.shape[0], k, emb.shape[1])
+        samples[mask] = emb
+        picks = torch.where(mask, torch.arange(k)[None, :], -1)
+        current = self.bank.per_class().detach().cpu()
+        self.bank.set_proxies(gather_centers(samples, picks, fallback=current).to(self.bank.proxies.device))
 
     @torch.no_grad()
     def pool_embeddings(self, trainer: TrainingState) -> tuple[torch.Tensor, torch.Tensor]:

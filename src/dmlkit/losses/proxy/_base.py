@@ -13,6 +13,17 @@ from dmlkit.losses.reducers import get_reducer
 from dmlkit.proxies import ProxyBank
 
 
+def describe_distance(distance: object) -> str:
+    """``LpDistance(power=2, normalize_embeddings=True)``: a distance with the settings that tell measures apart."""
+    settings = [f"{key}={vars(distance)[key]!r}" for key in ("power", "normalize_embeddings") if key in vars(distance)]
+    return f"{type(distance).__name__}({', '.join(settings)})"
+
+
+def _same_measure(given: object, expected: object) -> bool:
+    return type(given) is type(expected) and all(
+        vars(given).get(key) == vars(expected).get(key) for key in ("power", "normalize_embeddings"))
+
+
 class ProxyLoss(MetricLoss):
     """A metric loss with learnable proxies ``loss.proxies [num_proxies, embedding_size]`` (class-major).
 
@@ -70,22 +81,27 @@ class ProxyLoss(MetricLoss):
                 f"Got {proxies_per_class!r} instead."
             )
 
-    def _check_distance(self, distance: object | None, owner: str) -> BaseDistance | None:
-        """The loss's own measure; a ``distance=`` argument (dmlkit or PML) must be that same measure."""
+    def accepted_distances(self) -> tuple[BaseDistance, ...]:
+        """The measures a ``distance=`` argument may name: the equation's own (:meth:`default_distance`)."""
         expected = self.default_distance()
+        return () if expected is None else (expected,)
+
+    def _check_distance(self, distance: object | None, owner: str) -> BaseDistance | None:
+        """The loss's own measure; a ``distance=`` argument (dmlkit or PML) must be one of :meth:`accepted_distances`."""
         if distance is None:
-            return expected
-        if expected is None:
+            return self.default_distance()
+        accepted = self.accepted_distances()
+        if not accepted:
             raise InvalidParameterError(f"{owner} takes no 'distance' parameter. Got {distance!r}.")
         given = as_distance(distance, owner)
-        if type(given) is not type(expected) or vars(given).get("power") != vars(expected).get("power") or (
-            getattr(given, "normalize_embeddings", None) != getattr(expected, "normalize_embeddings", None)
-        ):
-            raise InvalidParameterError(
-                f"The 'distance' parameter of {owner} must be {expected!r} (the measure of its equation) or None. "
-                f"Got {distance!r} instead."
-            )
-        return expected
+        for measure in accepted:
+            if _same_measure(given, measure):
+                return measure
+        names = " or ".join(describe_distance(m) for m in accepted)
+        raise InvalidParameterError(
+            f"The 'distance' parameter of {owner} must be {names} (the measure of its equation) or None. "
+            f"Got {describe_distance(given)} instead."
+        )
 
     def forward(
         self,

@@ -78,6 +78,11 @@ class ProxyNCALoss(ProxyLoss):
       uses autograd and ignores ``matmul_precision``.
     * ``proxies_per_class`` may be a fraction ``f < 1`` (Sec. 6.5): ``ceil(C f)`` proxies and a
       seeded random pre-assignment of classes to them.
+    * ``distance``: ``LpDistance(power=2, normalize_embeddings=True)`` (default, PML's) measures
+      between L2-normalised embeddings and proxies; ``LpDistance(power=2, normalize_embeddings=False)``
+      (config: ``{name: squared_euclidean, args: {normalize_embeddings: false}}``) is the paper's
+      Eq. (4) on raw embeddings and proxies (its appendix: their norms grow "much larger than 1"),
+      computed with autograd (``matmul_precision`` does not apply).
     """
 
     _repr_keys = (
@@ -122,6 +127,28 @@ class ProxyNCALoss(ProxyLoss):
     def default_distance(self) -> BaseDistance:
         return LpDistance(power=2, normalize_embeddings=True)
 
+    def accepted_distances(self) -> tuple[BaseDistance, ...]:
+        """Squared Euclidean distance between normalised (default) or raw embeddings and proxies."""
+        return (self.default_distance(), LpDistance(power=2, normalize_embeddings=False))
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether embeddings and proxies are L2-normalised before the distance (False: Eq. (4) on raw vectors)."""
+        return bool(self.distance.normalize_embeddings)
+
+    def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``[B, num_proxies]`` squared distances ``||x - p||^2`` (normalised unless the distance says raw).
+
+        Computed as PML's ``LpDistance`` computes it, ``torch.cdist(x, p) ** 2`` on
+        ``F.normalize``-d rows, so that the values (small distances included, where a float32 result
+        carries an absolute rounding error of about ``1e-7``) are PML's own, bit for bit.
+        """
+        dtype = torch.promote_types(embeddings.dtype, self.proxies.dtype)
+        x, p = embeddings.to(dtype), self.proxies.to(dtype)
+        if self.normalizes:
+            x, p = torch.nn.functional.normalize(x, dim=1), torch.nn.functional.normalize(p, dim=1)
+        return torch.cdist(x, p) ** 2
+
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
@@ -130,16 +157,43 @@ class ProxyNCALoss(ProxyLoss):
             return self.dynamic_loss(embeddings, proxies, labels)
         if self.exclude_positive and self.bank.num_proxies == candidates.shape[1]:
             return zero_loss(embeddings, proxies)  # no negative proxy at all: Eq. (4) is undefined
+        if not self.normalizes:
+            return self.raw_loss(self.logits(embeddings, proxies), candidates)
         # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
         scale = 2.0 * self.softmax_scale
         kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
                          exclude_positive=self.exclude_positive, bound=scale)
         return self.fused(l2_normalize(embeddings), proxies, kernel, scale, labels)
 
+    def logits(self, embeddings: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
+        """``[B, P]`` logits ``-s ||x - p||^2`` up to a per-row constant (differentiable).
+
+        Normalised: ``2 s <x, p>`` (on the unit sphere ``-s ||x - p||^2 = 2 s <x, p> - 2 s``, and the
+        constant cancels in Eq. (4)'s ratio). Raw: ``-s (|x|^2 + |p|^2 - 2 <x, p>)``, clamped at 0.
+        """
+        if self.normalizes:
+            return (2.0 * self.softmax_scale) * (l2_normalize(embeddings) @ normalize_rows(proxies).T)
+        squared = (embeddings.square().sum(1, keepdim=True) + proxies.square().sum(1)[None, :]
+                   - 2.0 * embeddings @ proxies.T).clamp_min(0.0)
+        return -self.softmax_scale * squared
+
+    def raw_loss(self, logits: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Eq. (4) (or its softmax form) from ``logits [B, P]`` with autograd; ``candidates [B, Kc]`` as in the kernel."""
+        positive = logits.gather(1, candidates)  # [B, Kc]
+        denominator = logits
+        nearest = self.assignment == "nearest" and candidates.shape[1] > 1
+        if nearest or self.exclude_positive:
+            mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, candidates, True)
+            if nearest:  # the class's other proxies leave the denominator; the nearest one is the positive
+                kept = candidates.gather(1, positive.argmax(dim=1, keepdim=True))
+                positive = logits.gather(1, kept)
+                mask.scatter_(1, kept, self.exclude_positive)
+            denominator = logits.masked_fill(mask, float("-inf"))
+        return (denominator.logsumexp(dim=1) - positive.logsumexp(dim=1)).mean()
+
     def dynamic_loss(self, embeddings: torch.Tensor, proxies: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Eq. (4) on the proxy triplets ``(x_a, p(y), p(Z_a))`` of :func:`dynamic_triplets`, mean over triplets."""
-        # -s ||x - p||^2 = 2 s <x, p> - 2 s on the unit sphere; the constant cancels in the ratio
-        logits = (2.0 * self.softmax_scale) * (l2_normalize(embeddings) @ normalize_rows(proxies).T)  # [B, P]
+        logits = self.logits(embeddings, proxies)  # [B, P]
         triplets = dynamic_triplets(logits, labels)
         if triplets.anchors.numel() == 0:
             return zero_loss(embeddings, proxies)  # no (anchor, positive, negatives) triplet in the batch
@@ -196,3 +250,7 @@ class ProxyNCAPlusPlusLoss(ProxyNCALoss):
             weight_reg_weight=weight_reg_weight,
         )
         self.temperature = float(temperature)
+
+    def accepted_distances(self) -> tuple[BaseDistance, ...]:
+        """ProxyNCA++ normalises embeddings and proxies: only the default measure."""
+        return (self.default_distance(),)
