@@ -41,3 +41,8 @@ class CheckpointError(DmlkitError, RuntimeError):
 
 class NonFiniteError(DmlkitError, FloatingPointError):
     """A loss or gradient became NaN or infinite during training."""
+
+
+class StorageError(DmlkitError, OSError):
+    """A result could not be written: the disk (or the file-size limit) is full. Names the path and the
+    space needed; the previous version of the file is intact (writes are atomic)."""

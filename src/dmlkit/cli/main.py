@@ -56,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     except DmlkitError as exc:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full
+        from dmlkit.engine.checkpoint import raise_if_out_of_space
+
+        try:
+            raise_if_out_of_space(exc, exc.filename or "a file of this command")
+        except DmlkitError as full:
+            print(f"dmlkit {args.verb}: error: {full}", file=sys.stderr)
+            return 2
+        raise
     except KeyboardInterrupt:
         print(f"dmlkit {args.verb}: interrupted; the last checkpoint is kept (resume with --resume RUN_DIR)", file=sys.stderr)
         return 130

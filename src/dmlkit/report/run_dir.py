@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from dmlkit.exceptions import DataError
 
@@ -100,10 +99,13 @@ def _require(run_dir: Path, relative: str) -> Path:
 
 def read_config(path: Path) -> dict[str, Any]:
     """Parse ``config.yaml``; it must be a YAML mapping."""
+    from dmlkit.config.loading import read_yaml
+    from dmlkit.exceptions import ConfigError
+
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DataError(f"{str(path)!r} is not valid YAML: {exc}") from exc
+        config = read_yaml(path)
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
     if config is None:
         config = {}
     if not isinstance(config, dict):
