@@ -52,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tune_cpu_allocator()
     try:
+        return _dispatch(args)
+    finally:
+        from dmlkit.engine.run_dir import release_locks
+
+        release_locks()  # a command run in-process lets the next one claim its folder
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the verb; a DmlkitError (or a full disk) is a message and exit code 2, Ctrl-C exit code 130."""
+    try:
         return int(args._run(args) or 0)
     except DmlkitError as exc:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)

@@ -38,7 +38,7 @@ CLAIM_FILE = ".dmlkit-claim.json"
 #: any one of the groups, each group's files all present.
 _LEGACY_MARKS = {"train": (("config.yaml", "env.json", "manifest.json"),), "sweep": (("study.db",),),
                  "crossval": (("crossval.json",), ("seed0",))}
-_held_locks: dict[str, int] = {}  # folder -> open descriptor holding its lock until the process exits
+_held_locks: dict[str, int] = {}  # folder -> open descriptor holding its lock until the command ends
 
 PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "numpy", "scikit-learn", "dmlkit")
 
@@ -96,6 +96,12 @@ def _lock(path: Path) -> None:
     _held_locks[key] = fd
 
 
+def release_locks() -> None:
+    """Drop the folder locks this process holds (the end of a command run in-process; exiting drops them too)."""
+    while _held_locks:
+        os.close(_held_locks.popitem()[1])
+
+
 class Claim:
     """A folder claimed by :func:`claim_directory`; :meth:`release` undoes a fresh claim (nothing was written)."""
 
@@ -120,7 +126,8 @@ def claim_directory(path: str | Path, kind: str, *, resume: bool = False, option
     a folder of the user's files, a run of another kind, a finished or running run without
     ``resume`` — is a :class:`ConfigError` naming the folder and what is in it, and nothing is touched.
     The claim is the file :data:`CLAIM_FILE`, written atomically while an exclusive ``fcntl`` lock on the
-    folder is held; the lock is kept until the process exits, so two processes never write one folder.
+    folder is held; the lock is kept until the command ends (:func:`release_locks`, called by the CLI) or
+    the process exits, so two processes never write one folder.
     """
     path = Path(path)
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 claims the folder for every rank
