@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -49,6 +50,8 @@ class Interval:
         name = "an int" if self.kind is int else "a float"
         lo_op = ">=" if self.closed in ("both", "left") else ">"
         hi_op = "<=" if self.closed in ("both", "right") else "<"
+        if self.high == math.inf and self.closed in ("left", "neither"):  # finite: read as "a float > low"
+            return Interval(self.kind, self.low, None, self.closed).describe()
         if self.low is not None and self.high is not None:
             lo_b = "[" if self.closed in ("both", "left") else "("
             hi_b = "]" if self.closed in ("both", "right") else ")"
@@ -157,6 +160,17 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 60, 60, 40
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a short prefix (about 60 characters per string, 6 items per container, 3 levels):
+    an error message never quotes a whole huge value, and never builds its full repr."""
+    return _SHORT.repr(value)
+
+
 def validate_params(owner: str, params: Mapping[str, Any], constraints: Mapping[str, Iterable]) -> None:
     """Check every ``params[name]`` against the list of constraints ``constraints[name]``.
 
@@ -172,7 +186,7 @@ def validate_params(owner: str, params: Mapping[str, Any], constraints: Mapping[
             continue
         allowed = " or ".join(c.describe() for c in cons)
         raise InvalidParameterError(
-            f"The {name!r} parameter of {owner} must be {allowed}. Got {value!r} instead."
+            f"The {name!r} parameter of {owner} must be {allowed}. Got {short_repr(value)} instead."
         )
 
 

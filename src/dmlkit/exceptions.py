@@ -52,3 +52,8 @@ class BatchCompositionError(InvalidParameterError, DataError, AssertionError):
 class AssertedParameterError(InvalidParameterError, AssertionError):
     """An argument that pytorch-metric-learning checks with ``assert``: also an ``AssertionError``,
     so code written for PML (its own tests included) catches it where it caught PML's."""
+
+
+class StorageError(DmlkitError, OSError):
+    """A result could not be written: the disk (or the file-size limit) is full. Names the path and the
+    space needed; the previous version of the file is intact (writes are atomic)."""

@@ -118,6 +118,9 @@ def export_model(
         raise InvalidParameterError(f"The 'atol' parameter of export_model must be a float > 0. Got {atol!r} instead.")
     run_dir = Path(run_dir)
     out_path = Path(out_path) if out_path is not None else default_export_path(run_dir, fmt)
+    if out_path.is_dir():
+        raise InvalidParameterError(f"The 'out_path' parameter of export_model names a folder ({str(out_path)!r}); "
+                                    "give the file to write.")
     embedder = RunEmbedder.from_run(run_dir, checkpoint, device="cpu")
     cfg, model = embedder.cfg, embedder.model
     input_size = embedder.input_size  # the size the run evaluated at, not the model's nominal one
@@ -183,20 +186,29 @@ def export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretra
     }
 
 
+@contextlib.contextmanager
+def _temporary_beside(out_path: Path):
+    """A temporary name beside ``out_path``, renamed over it when the block succeeds and deleted when it fails."""
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    try:
+        yield tmp
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_torchscript(graph: nn.Module, example: torch.Tensor, out_path: Path, metadata: dict) -> None:
     """Trace ``graph`` on ``example`` and save it with the metadata as an extra file."""
     with torch.no_grad():
         traced = torch.jit.trace(graph, (example,), check_trace=False)
     extra = {"dmlkit.json": json.dumps(metadata, sort_keys=True)}
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    torch.jit.save(traced, str(tmp), _extra_files=extra)
-    tmp.replace(out_path)
+    with _temporary_beside(out_path) as tmp:
+        torch.jit.save(traced, str(tmp), _extra_files=extra)
 
 
 def write_onnx(graph: nn.Module, example: torch.Tensor, out_path: Path) -> None:
     """Export ``graph`` to ONNX (opset 17, dynamic batch axis) with the TorchScript-based exporter."""
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    with torch.no_grad():
+    with torch.no_grad(), _temporary_beside(out_path) as tmp:
         torch.onnx.export(
             graph,
             (example,),
@@ -208,7 +220,6 @@ def write_onnx(graph: nn.Module, example: torch.Tensor, out_path: Path) -> None:
             opset_version=ONNX_OPSET,
             do_constant_folding=True,
         )
-    tmp.replace(out_path)
 
 
 def run_exported(path: str | Path, fmt: str, images: torch.Tensor) -> torch.Tensor | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
@@ -53,6 +54,7 @@ def require_split(splits, name: str, cfg: RunConfig):
 
 def _timestamped_paths(parent: str | Path, name: str, suffix: str = "") -> Iterator[Path]:
     """``parent/<YYYYmmdd-HHMMSS>-<name><suffix>``, then the same with ``-2``, ``-3``... before ``suffix``."""
+    name = re.sub(r"[\\/\x00]+", "-", name)  # a name like exp/one stays one folder: exp-one
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
     yield Path(parent) / f"{stem}{suffix}"
     for n in itertools.count(2):
@@ -78,3 +80,20 @@ def new_output_file(parent: str | Path, name: str, suffix: str) -> Path:
     """``parent/<YYYYmmdd-HHMMSS>-<name><suffix>`` that does not exist yet (``-2``, ``-3``... appended
     before ``suffix`` when it does), so a result written in the same second never replaces another."""
     return next(path for path in _timestamped_paths(parent, name, suffix) if not path.exists())
+
+
+def check_output_file(path: str | Path, option: str, *, replaceable: Callable[[Path], bool] = lambda p: False,
+                      what: str = "a file this command wrote") -> Path:
+    """``path`` as a file this command may write: a ConfigError when it names a folder, when its folder
+    is a file, or when it exists and ``replaceable`` says it is not ``what`` (so the user's file is kept)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a folder; {option} names the file to write (e.g. "
+                          f"{str(path / 'NAME')!r}).")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{option} {str(path)!r}: {str(parent)!r} is a file, not a folder.")
+    if path.exists() and not replaceable(path):
+        raise ConfigError(f"{option} {str(path)!r} already exists and is not {what}; it is left as it is. "
+                          f"Choose another {option} (or remove the file).")
+    return path

@@ -36,6 +36,10 @@ def comparison_table(run_dirs: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dmlkit.cli.common import check_output_file
+
+    check_output_file(args.out, "--out", replaceable=lambda p: p.suffix.lower() in (".html", ".htm"),
+                      what="an HTML page")
     print(comparison_table(args.run_dirs))
     from dmlkit.report import write_comparison
 

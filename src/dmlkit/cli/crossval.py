@@ -18,18 +18,21 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_config_options(p)
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
     p.add_argument("--folds", type=int, nargs="+", help="fold indices (default: all protocol.num_folds)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: runs/<timestamp>-<name>-crossval; "
-        "-2, -3... appended when that exists)")
+    p.add_argument("--out", metavar="DIR", help="output directory: a new or empty folder, or this "
+        "cross-validation's own to resume it (default: runs/<timestamp>-<name>-crossval; -2, -3... appended when "
+        "that exists)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.crossval import format_crossval, run_crossval
+    from dmlkit.engine.run_dir import claim_directory
 
     cfg = config_from_args(args)
     if args.quiet:
         cfg.train.progress = False
     out = Path(args.out) if args.out else new_output_dir("runs", f"{cfg.name}-crossval")
+    claim_directory(out, "crossval", resume=True)  # rerunning the same command resumes its own folds
     summary = run_crossval(cfg, out, seeds=args.seeds, folds=args.folds)
     print(format_crossval(summary))
     print(f"summary: {out / 'crossval.json'}")

@@ -92,6 +92,14 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
         np.savez(buf, **arrays)
         atomic_write_bytes(out, buf.getvalue())
         return [out]
+    if paths:
+        broken = next((str(p) for p in paths if "\n" in str(p) or "\r" in str(p)), None)
+        if broken is not None:  # one line per path: a line break would shift every later row
+            from dmlkit.exceptions import DataError
+
+            raise DataError(f"the file name {broken[:80]!r} holds a line break, so FILE.paths.txt (one path per "
+                            "line) cannot list the paths row by row; write .npz or .parquet instead (they store "
+                            "each path as one value). Nothing was written.")
     written = []
     for target, array in ((out, emb), (out.with_suffix(".labels.npy"), lab)):
         buf = io.BytesIO()

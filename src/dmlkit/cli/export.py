@@ -19,7 +19,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="fmt", choices=["torchscript", "onnx"], default="torchscript",
                    help="file format (default: torchscript)")
     p.add_argument("--out", metavar="FILE",
-                   help="output file (default: RUN_DIR/export/embedder.pt or RUN_DIR/export/embedder.onnx)")
+                   help="output file, new or written by an earlier export (default: RUN_DIR/export/embedder.pt or "
+                   "RUN_DIR/export/embedder.onnx)")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default: best)")
     p.add_argument("--include-preprocessing", action="store_true",
                    help="put the normalisation in the graph; the input is then raw images in [0, 1]")
@@ -28,12 +29,16 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmlkit.export import export_model
+    from dmlkit.cli.common import check_output_file
+    from dmlkit.export import default_export_path, export_model, metadata_path_for
 
+    out = check_output_file(args.out or default_export_path(args.run_dir, args.fmt), "--out",
+                            replaceable=lambda p: metadata_path_for(p).is_file(),
+                            what="a model written by `dmlkit export` (no FILE.json beside it)")
     result = export_model(
         args.run_dir,
         args.fmt,
-        args.out,
+        out,
         checkpoint=args.checkpoint,
         include_preprocessing=args.include_preprocessing,
         atol=args.atol,

@@ -10,7 +10,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.description = (
         "A search index over a gallery embedded by a run: build it once, add images as they arrive, query\n"
         "new images. Images are embedded with the run's own evaluation preprocessing (size, crop, colour,\n"
-        "normalisation, autocast). Scores are cosine similarities, distance = 1 - score. The index file\n"
+        "normalisation, autocast). Scores are cosine similarities, distance = 1 - score; with\n"
+        "--query-expansion, --database-augmentation or --k-reciprocal the results are ordered by the re-ranked\n"
+        "distance, which is the one printed (the score stays the plain cosine similarity). The index file\n"
         "keeps each item's id, path and label and the run's model fingerprint; queries from another model\n"
         "are refused. Writes are atomic: an interrupted add leaves the previous index intact."
     )
@@ -21,7 +23,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     build.add_argument("--images", required=True, metavar="DIR_OR_CSV",
                        help="a folder (<class>/<image>: the label is the sub-folder; images directly inside are "
                             "unlabelled) or a CSV file with columns path[,label]")
-    build.add_argument("--out", required=True, metavar="INDEX", help="index file to write")
+    build.add_argument("--out", required=True, metavar="INDEX",
+                       help="index file to write (a new file, or an index to replace; never a folder or another file)")
     build.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
                        help="flat: exact; ivf (about sqrt(N) lists, 32 probed) / hnsw (M=20, efConstruction=64, "
                             "efSearch=256): approximate, their recall@10 against exact search is printed "
@@ -66,11 +69,25 @@ def _embedder(index, run_dir: str | None):
     return embedder
 
 
+def _is_index_file(path) -> bool:
+    from dmlkit.exceptions import DataError
+    from dmlkit.index.gallery import Index
+
+    try:
+        Index.load(path)
+    except DataError:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from dmlkit.index.gallery import Index, gallery_images
     from dmlkit.inference import RunEmbedder
 
     if args.action == "build":
+        from dmlkit.cli.common import check_output_file
+
+        check_output_file(args.out, "--out", replaceable=_is_index_file, what="a dmlkit index file")
         paths, labels = gallery_images(args.images)
         embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, progress=True)
         index = Index.build(embedder, paths, labels=labels, kind=args.kind)

@@ -52,10 +52,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tune_cpu_allocator()
     try:
+        return _dispatch(args)
+    finally:
+        from dmlkit.engine.run_dir import release_locks
+
+        release_locks()  # a command run in-process lets the next one claim its folder
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the verb; a DmlkitError (or a full disk) is a message and exit code 2, Ctrl-C exit code 130."""
+    try:
         return int(args._run(args) or 0)
     except DmlkitError as exc:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full
+        from dmlkit.engine.checkpoint import raise_if_out_of_space
+
+        try:
+            raise_if_out_of_space(exc, exc.filename or "a file of this command")
+        except DmlkitError as full:
+            print(f"dmlkit {args.verb}: error: {full}", file=sys.stderr)
+            return 2
+        raise
     except KeyboardInterrupt:
         print(f"dmlkit {args.verb}: interrupted; the last checkpoint is kept (resume with --resume RUN_DIR)", file=sys.stderr)
         return 130

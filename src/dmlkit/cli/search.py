@@ -15,12 +15,29 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _load_npz(path: str) -> dict:
+    """A gallery/query ``.npz``: ``embeddings [N, D]`` (floats), and when present ``labels [N]`` (integers) and
+    ``paths [N]``; a DataError names the file and what does not fit."""
+    import numpy as np
+
     from dmlkit.data._files import read_npz
     from dmlkit.exceptions import DataError
 
     data = read_npz(path, "gallery/query file")
+    where = f"{path!r}"
     if "embeddings" not in data:
-        raise DataError(f"{path!r} has no 'embeddings' array (write it with `dmlkit embed --out FILE.npz`).")
+        raise DataError(f"{where} has no 'embeddings' array (write it with `dmlkit embed --out FILE.npz`).")
+    emb = data["embeddings"]
+    if emb.ndim != 2 or emb.dtype.kind not in "fiu" or emb.shape[0] == 0:
+        raise DataError(f"{where}: 'embeddings' must be a non-empty [N, D] array of numbers. "
+                        f"Got shape {emb.shape}, dtype {emb.dtype}.")
+    if not np.isfinite(emb).all():
+        raise DataError(f"{where}: 'embeddings' contains NaN or infinite values.")
+    for key in ("labels", "paths"):
+        if key in data and (data[key].ndim != 1 or len(data[key]) != emb.shape[0]):
+            raise DataError(f"{where}: 'embeddings' has {emb.shape[0]} rows but '{key}' has shape {data[key].shape}; "
+                            "they must describe the same items.")
+    if "labels" in data and data["labels"].dtype.kind not in "iu":
+        raise DataError(f"{where}: 'labels' must hold integer class ids. Got dtype {data['labels'].dtype}.")
     return data
 
 

@@ -34,17 +34,19 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="random trials before tpe/gp model the scores (default: 10)")
     p.add_argument("--prune", action="store_true",
                    help="stop trials whose validation scores fall below the median of earlier trials")
-    p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<timestamp>-<name>; "
-        "-2, -3... appended when that exists)")
+    p.add_argument("--out", metavar="DIR", help="sweep directory: a new or empty folder, or this sweep's own to "
+        "resume it (default: sweeps/<timestamp>-<name>; -2, -3... appended when that exists)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
 
 
 def run(args: argparse.Namespace) -> int:
+    from dmlkit.engine.run_dir import claim_directory
     from dmlkit.sweep import parse_param, run_sweep, write_sweep_report
 
     specs = [parse_param(text) for text in args.params]
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else new_output_dir("sweeps", cfg.name)
+    claim_directory(out, "sweep", resume=True)  # rerunning the same command resumes its own sweep
     try:
         result = run_sweep(
             cfg, specs, out, trials=args.trials, sampler=args.sampler, seed=args.sampler_seed,

@@ -26,13 +26,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "and report.html."
     )
     add_config_options(p)
-    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<timestamp>-<name>; "
-        "-2, -3... appended when that exists)")
+    p.add_argument("--out", metavar="DIR", help="run directory: a new or empty folder, never one holding other "
+        "files or another run (default: runs/<timestamp>-<name>; -2, -3... appended when that exists)")
     p.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue an interrupted run from its last checkpoint (with its saved config; only "
-        "--set train.device=... may be added, e.g. to continue a GPU run on another device)",
+        help="continue an interrupted run from its last checkpoint (with its saved config, seed and folder; "
+        "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -41,6 +41,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
+    from dmlkit.engine.run_dir import claim_directory
     from dmlkit.engine.trainer import Trainer, format_metrics_table
 
     if args.resume:
@@ -48,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
         device_only = all(o.split("=", 1)[0].strip() == "train.device" for o in args.overrides)
-        if args.preset or args.config or not device_only:
+        if args.preset or args.config or not device_only or args.from_sweep:
             raise ConfigError(
-                "--resume takes the run's saved config.yaml; --preset/--config/--set cannot be combined with it "
-                "(except --set train.device=...)."
+                "--resume takes the run's saved config.yaml; --preset/--config/--set/--from-sweep cannot be combined "
+                "with it (except --set train.device=...)."
             )
+        if args.seed is not None or args.out is not None:
+            option = "--seed" if args.seed is not None else "--out"
+            raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
+                              "cannot be combined with it (start a new run with --out instead).")
         cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
     else:
         if args.from_sweep:
@@ -65,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
-        if (run_dir / "checkpoints" / "last.pt").exists():
-            raise ConfigError(
-                f"--out {str(run_dir)!r} already holds a run; use --resume {run_dir} to continue it or choose another --out."
-            )
+    claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
     if args.quiet:
         cfg.train.progress = False
     callbacks = []
@@ -79,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
             callbacks.append(WriteReport())
         except ImportError:
             pass
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), callbacks=callbacks)
+    try:
+        trainer = Trainer(cfg, run_dir, resume=bool(args.resume), callbacks=callbacks)
+    except BaseException:
+        claim.release()  # nothing was written: the folder is as it was
+        raise
     result = trainer.fit()
     if not trainer.dist.is_main:
         return 0

@@ -1,4 +1,4 @@
-"""Loading configs: packaged presets, YAML files (``yaml.safe_load``) and ``key=value`` overrides."""
+"""Loading configs: packaged presets, YAML files (safe tags, no aliases) and ``key=value`` overrides."""
 
 from __future__ import annotations
 
@@ -61,13 +61,62 @@ def preset_info(name: str) -> PresetInfo:
     return PresetInfo(name, summary, source, command, text)
 
 
+#: A config is a few kilobytes; a larger file is refused before it is parsed.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class _PlainYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without aliases: ``*name`` could expand a few hundred bytes into gigabytes
+    (a "billion laughs"), and a config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found the alias *{event.anchor[:40]}; aliases are not allowed in a dmlkit config "
+                "(write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` parsed as plain YAML: safe tags only (``!!python/...`` refused) and no aliases.
+
+    Raises ``yaml.YAMLError`` (the callers name the file or option it came from)."""
+    loader = _PlainYamlLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def decode_config_text(data: bytes, source: str) -> str:
+    """The text of a config file: UTF-8 (with or without a byte-order mark) or UTF-16 with its byte-order
+    mark; anything else (Latin-1, UTF-16 without a mark, binary) is a ConfigError naming ``source``."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding = "utf-16"
+    else:
+        encoding = "utf-8-sig"
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source} is not {encoding.replace('-sig', '')} text (byte {err.start} is "
+                          f"{data[err.start:err.start + 1]!r}); save it as UTF-8.") from None
+
+
 def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping safely; errors name the file."""
+    """Read a YAML mapping safely (no aliases, UTF-8 or UTF-16 with a byte-order mark); errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {str(path)!r} has {size} bytes, more than a config may have "
+                          f"({MAX_CONFIG_BYTES}); is it the right file?")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = decode_config_text(path.read_bytes(), f"Config file {str(path)!r}")
+        data = parse_yaml(text)
+    except OSError as exc:
+        raise ConfigError(f"Config file {str(path)!r} cannot be read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {exc}") from None
     if data is None:
@@ -97,7 +146,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"Override {text!r} has an empty key segment.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -128,7 +177,7 @@ def load_config(
     data: dict = {}
     if preset is not None:
         info = preset_info(preset)
-        data = merge_layer(data, yaml.safe_load(info.text) or {})
+        data = merge_layer(data, parse_yaml(info.text) or {})
     if path is not None:
         data = merge_layer(data, read_yaml(path))
     overrides = list(overrides)
@@ -156,6 +205,7 @@ __all__ = [
     "load_config",
     "merge_layer",
     "parse_override",
+    "parse_yaml",
     "preset_info",
     "read_yaml",
 ]

@@ -117,7 +117,7 @@ def profile_split(dataset: Any) -> DataProfile:
         in_memory = False
     background, kind = _background_and_kind(x)
     return DataProfile(
-        num_images=len(labels), num_classes=len(counts), median_per_class=int(counts.median()),
+        num_images=len(labels), num_classes=len(counts), median_per_class=median_count(counts),
         min_per_class=int(counts.min()), channels=int(channels), height=int(height), width=int(width),
         in_memory=in_memory, background=background, kind=kind,
     )
@@ -131,6 +131,14 @@ DECODE_SAMPLE = 48
 def _sample(paths: list[str], count: int) -> list[str]:
     step = max(1, len(paths) // count)
     return list(paths[::step][:count])
+
+
+def median_count(counts: torch.Tensor) -> int:
+    """The median of per-class image counts, halves rounded up: the mean of the two middle counts when
+    there is an even number of classes (``torch.median`` would take the lower one: 1, 1, 5, 5 -> 1, not 3)."""
+    import math
+
+    return int(math.floor(float(counts.double().quantile(0.5)) + 0.5))
 
 
 def _median_file_size(paths: list[str]) -> tuple[int, int]:
@@ -155,11 +163,12 @@ def _decoded_sample(paths: list[str], mode: str) -> torch.Tensor:
     import numpy as np
     from PIL import Image
 
+    from dmlkit.data.base import load_image
+
     arrays = []
     for path in _sample(paths, DECODE_SAMPLE):
-        try:
-            with Image.open(path) as img:
-                arr = np.asarray(img.convert(mode or "RGB").resize((64, 64), Image.BILINEAR), dtype=np.float32)
+        try:  # decoded as training decodes it (size budget, EXIF orientation, 16-bit scaled)
+            arr = np.asarray(load_image(path).convert(mode or "RGB").resize((64, 64), Image.BILINEAR), dtype=np.float32)
         except Exception:
             continue
         arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom
+from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr
 from dmlkit.exceptions import ConfigError
 
 
@@ -260,8 +260,11 @@ class RunConfig:
 #: Declared value constraints per dotted field, in the constraint language of every class's parameters
 #: (:mod:`dmlkit._validation`): a value is valid when one of its constraints accepts it. Option lists
 #: come from where the options live (registries, the modules that implement them).
+#: Seeds reach libraries that keep them in a C int (faiss k-means): 0 .. 2**31 - 1.
+MAX_SEED = 2**31 - 1
+
 CONSTRAINTS: dict[str, list] = {
-    "seed": [Interval(int, 0, None)],
+    "seed": [Interval(int, 0, MAX_SEED)],
     "data.name": [OptionsFrom("dmlkit.data", "DATASETS")],
     "loss.name": [OptionsFrom("dmlkit.losses", "LOSSES")],
     "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
@@ -274,6 +277,7 @@ CONSTRAINTS: dict[str, list] = {
     "protocol.selection": [Options(("significant", "best"))],
     "eval.over_cluster": [Interval(int, 1, None)],
     "protocol.num_folds": [Interval(int, 2, None)],
+    "protocol.seed": [Interval(int, 0, MAX_SEED)],
     "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
     "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
     "model.embedding_size": [NONE, Interval(int, 0, None, closed="neither")],
@@ -392,7 +396,7 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return list(value)
     if tp is dict and isinstance(value, dict):
         return dict(value)
-    problems.append(f"{path} must be {_type_name(tp)}. Got {value!r} ({type(value).__name__}).")
+    problems.append(f"{path} must be {_type_name(tp)}. Got {short_repr(value)} ({type(value).__name__}).")
     return dataclasses.MISSING
 
 
@@ -401,7 +405,7 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
     if data is None:
         return obj
     if not isinstance(data, dict):
-        problems.append(f"{prefix or 'the config'} must be a mapping. Got {data!r}.")
+        problems.append(f"{prefix or 'the config'} must be a mapping. Got {short_repr(data)}.")
         return obj
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -422,7 +426,7 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
             continue
         constraints = CONSTRAINTS.get(path)
         if constraints is not None and not any(c.accepts(coerced) for c in constraints):
-            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {coerced!r}.")
+            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}.")
             continue
         setattr(obj, key, coerced)
     return obj

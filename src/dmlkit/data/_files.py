@@ -18,17 +18,47 @@ def find_root(root: str | os.PathLike, marker: str, subdirs: tuple[str, ...]) ->
 
 
 def read_npz(path: str | os.PathLike, what: str = "file") -> dict:
-    """Every array of an ``.npz`` file (no pickles); a DataError names a missing or unreadable ``what``."""
+    """Every array of an ``.npz`` file (no pickles); a DataError names a missing or unreadable ``what``
+    (empty, truncated, bit-flipped, not a zip archive, an array that is not plain data)."""
     import numpy as np
 
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{what} {str(path)!r} does not exist.")
+    if p.stat().st_size == 0:
+        raise DataError(f"{what} {str(path)!r} is empty (0 bytes); was it copied completely?")
     try:
+        _check_npz_sizes(p)
         with np.load(p, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("it holds a single array, not an .npz archive of named arrays")
             return {k: z[k] for k in z.files}
-    except (ValueError, OSError) as exc:
-        raise DataError(f"{what} {str(path)!r} is not a readable .npz file: {exc}") from None
+    except (MemoryError, DataError):
+        raise
+    except Exception as exc:  # zipfile.BadZipFile (truncated, bad CRC), EOFError, zlib.error, ValueError, OSError
+        reason = str(exc)[:200] or type(exc).__name__
+        raise DataError(f"{what} {str(path)!r} is not a readable .npz file (truncated or corrupted?): {reason}") from None
+
+
+def _check_npz_sizes(path: Path) -> None:
+    """Refuse an ``.npz`` member whose header declares more bytes than the member holds (a damaged header
+    would otherwise make numpy allocate the declared size before reading a byte)."""
+    import zipfile
+
+    import numpy as np
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as f:
+                version = npy.read_magic(f)
+                read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+                declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                held = info.file_size - f.tell()
+                if declared > held:
+                    raise DataError(f"{str(path)!r} is damaged: its array {info.filename!r} declares shape {shape} "
+                                    f"({declared:,} bytes) but holds {held:,} bytes.")
 
 
 def missing_file_error(dataset: str, path: Path, layout: str, hint: str = "") -> DataError:

@@ -24,13 +24,54 @@ def contiguous_labels(names: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
     return labels, class_names
 
 
-def load_image(path: str) -> Any:
-    """Decode one image file with PIL (fully read, so a truncated file fails here)."""
+#: The most pixels an image file may have (PIL's own decompression-bomb limit, made an error).
+MAX_IMAGE_PIXELS = 89_478_485
+#: The most pixels the resized view of an image may have: views scale the shorter side to a fixed size,
+#: so a thin strip (20000 x 2 px) would become gigabytes; such a file is refused before it is decoded.
+MAX_VIEW_PIXELS = 1 << 25
+#: The shorter side assumed for the view when the caller does not say (the largest photo views dmlkit makes).
+DEFAULT_VIEW_SIDE = 512
+
+
+def check_image_budget(width: int, height: int, path: str, view_side: int | None = None) -> None:
+    """A DataError when an image of ``width x height`` px, or the view that scales its shorter side to
+    ``view_side`` (default :data:`DEFAULT_VIEW_SIDE`), would exceed the pixel budgets above."""
+    if width < 1 or height < 1:
+        raise DataError(f"Image {str(path)!r} has size {width} x {height} px.")
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(f"Image {str(path)!r} has {width} x {height} = {width * height:,} pixels, more than an "
+                        f"image may have ({MAX_IMAGE_PIXELS:,}); refused before decoding.")
+    side = view_side or DEFAULT_VIEW_SIDE
+    short, long = min(width, height), max(width, height)
+    view_pixels = side * side * long / short
+    if view_pixels > MAX_VIEW_PIXELS:
+        raise DataError(
+            f"Image {str(path)!r} is {width} x {height} px (aspect ratio {long / short:.0f}:1): scaling its shorter "
+            f"side to {side} px would make {view_pixels:,.0f} pixels, more than {MAX_VIEW_PIXELS:,}; refused "
+            "before decoding (crop it to a less extreme shape).")
+
+
+def _eight_bit(img: Any) -> Any:
+    """16-bit and 32-bit integer grey images scaled to 8-bit grey (``convert`` would clip them to white)."""
+    if img.mode not in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        return img
+    import numpy as np
     from PIL import Image
 
+    scaled = np.asarray(img, dtype=np.float64) / 257.0  # 65535 -> 255
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), mode="L")
+
+
+def load_image(path: str, view_side: int | None = None) -> Any:
+    """Decode one image file with PIL (fully read, so a truncated file fails here), as its pixels say:
+    its EXIF orientation applied, 16-bit grey scaled (not clipped) to 8 bits. The size is checked
+    against :func:`check_image_budget` from the header, before anything is decoded."""
+    from PIL import Image, ImageOps
+
     with Image.open(path) as img:
+        check_image_budget(img.width, img.height, path, view_side)
         img.load()
-        return img.copy()
+        return _eight_bit(ImageOps.exif_transpose(img))
 
 
 def decode_image(path: str, mode: str | None, where: str) -> Any:

@@ -413,7 +413,7 @@ def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any],
         pixels = []
         view = _photo_view_of(eval_input)
         for x in images:
-            img = _read_query_image(x)
+            img = _read_query_image(x, _view_side(eval_input))
             if view is not None:
                 pixels.append(torch.from_numpy(decode_resized(view(img.convert(eval_input["mode"])), eval_input["mode"],
                                                               None)))
@@ -431,7 +431,16 @@ def query_split(images: Sequence[Any], name: str, eval_input: Mapping[str, Any],
         transform = _photo_pipeline_of(eval_input).item_transforms(preprocessing)[1]
     else:
         transform = default_transforms(spec, eval_input["image_size"], preprocessing)[1]
-    return _QueryImages(list(images), labels, ["?"], transform, mode=spec.image_mode, name=f"{name}/query")
+    query = _QueryImages(list(images), labels, ["?"], transform, mode=spec.image_mode, name=f"{name}/query")
+    query.view_side = _view_side(eval_input)
+    return query
+
+
+def _view_side(eval_input: Mapping[str, Any]) -> int | None:
+    """The shorter side a run's evaluation view scales an image to (None: the default budget applies)."""
+    if eval_input.get("image_size") is None:
+        return None
+    return int(round(int(eval_input["image_size"]) * 256 / 224))
 
 
 def _photo_pipeline_of(eval_input: Mapping[str, Any]):
@@ -450,7 +459,7 @@ def _photo_view_of(eval_input: Mapping[str, Any]):
     return None if photos is None else photos.view_transform()
 
 
-def _read_query_image(image):
+def _read_query_image(image, view_side: int | None = None):
     """A path decoded with PIL (a DataError naming an unreadable file), or a PIL image as given."""
     from dmlkit.data.base import load_image
     from dmlkit.exceptions import DataError
@@ -458,7 +467,7 @@ def _read_query_image(image):
     if not isinstance(image, (str, os.PathLike)):
         return image
     try:
-        return load_image(image)
+        return load_image(image, view_side)
     except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
         raise DataError(f"Cannot read query image {str(image)!r}: {err}") from err
 
@@ -466,8 +475,10 @@ def _read_query_image(image):
 class _QueryImages(ImageFileDataset):
     """Query images given as paths or PIL images, transformed like an image-file split."""
 
+    view_side: int | None = None
+
     def _decode(self, index: int):
-        img = _read_query_image(self.paths[index])
+        img = _read_query_image(self.paths[index], self.view_side)
         return img.convert(self.mode) if self.mode else img
 
 

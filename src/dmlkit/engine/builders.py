@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -234,7 +235,21 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
     chosen.update(choices)
     if chosen:
         echo(recipe.format_choices(profile, chosen))
+    _warn_without_positive_pairs(cfg)
     return ResolvedRecipe(profile, chosen)
+
+
+def _warn_without_positive_pairs(cfg: RunConfig) -> None:
+    """Warn when batches of distinct classes (``sampler.m=1``) meet a loss that learns only from positive pairs."""
+    from dmlkit.losses import LOSSES
+
+    if cfg.sampler.name != "m_per_class" or cfg.sampler.m != 1:
+        return
+    if "num_classes" in inspect.signature(LOSSES.get(cfg.loss.name)).parameters:
+        return  # a proxy loss pulls each sample to its class's proxy: no pair of samples needed
+    warnings.warn(f"sampler.m=1 gives batches of distinct classes: loss {cfg.loss.name!r} sees no positive pair and "
+                  "learns nothing from them. Use a proxy loss or more images per class (sampler.m >= 2).",
+                  UserWarning, stacklevel=2)
 
 
 def hold_out_classes(dataset, fraction: float, seed: int):

@@ -7,17 +7,19 @@ leaves the previous checkpoint intact and a partial file is never loaded.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dmlkit.exceptions import CheckpointError
+from dmlkit.exceptions import CheckpointError, StorageError
 
 
 def _umask() -> int:
@@ -26,11 +28,36 @@ def _umask() -> int:
     return mask
 
 
+#: ``errno`` values that mean "no room for this write": disk full, quota exceeded, file-size limit.
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def raise_if_out_of_space(err: OSError, path: str | Path, needed: int | None = None) -> None:
+    """Turn a disk-full ``err`` met while writing ``path`` into a :class:`StorageError` naming the path, the
+    bytes needed and the bytes free; any other error is left to the caller."""
+    if err.errno not in OUT_OF_SPACE:
+        return
+    path = Path(path)
+    try:
+        free = f"{shutil.disk_usage(path.parent).free:,} bytes free there"
+    except OSError:
+        free = "free space unknown"
+    need = f"{needed:,} bytes needed, " if needed is not None else ""
+    reason = "file-size limit reached" if err.errno == errno.EFBIG else os.strerror(err.errno).lower()
+    raise StorageError(f"cannot write {str(path)!r}: {reason} ({need}{free}). Nothing was lost: the file keeps "
+                       "its previous version, if it had one (writes are atomic). Free some space and run the command again "
+                       "(a training continues with --resume RUN_DIR).") from None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise_if_out_of_space(err, path, len(data))
+        raise
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results should read like any other file
         with os.fdopen(fd, "wb") as f:
@@ -38,9 +65,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise_if_out_of_space(err, path, len(data))
         raise
     try:  # make the rename durable
         dfd = os.open(path.parent, os.O_RDONLY)

@@ -17,8 +17,10 @@ Layout::
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -28,7 +30,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text
+from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text, raise_if_out_of_space
+from dmlkit.exceptions import ConfigError
+
+#: The file that marks a folder as claimed by one dmlkit command (``{"kind": "train" | "sweep" | "crossval"}``).
+CLAIM_FILE = ".dmlkit-claim.json"
+#: What a folder written before claims existed holds when it is a run of each kind (so it may be resumed):
+#: any one of the groups, each group's files all present.
+_LEGACY_MARKS = {"train": (("config.yaml", "env.json", "manifest.json"),), "sweep": (("study.db",),),
+                 "crossval": (("crossval.json",), ("seed0",))}
+_held_locks: dict[str, int] = {}  # folder -> open descriptor holding its lock until the command ends
 
 PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "numpy", "scikit-learn", "dmlkit")
 
@@ -59,6 +70,99 @@ def environment_record(seed: int) -> dict:
         "seed": seed,
         "command": sys.argv,
     }
+
+
+def _listing(path: Path, limit: int = 5) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if p.name != CLAIM_FILE)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _lock(path: Path) -> None:
+    """Hold an exclusive ``fcntl`` lock on the folder for the rest of this process (released when it exits)."""
+    import fcntl
+
+    key = str(path.resolve())
+    if key in _held_locks:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ConfigError(f"{str(path)!r} is being written by another dmlkit process; wait for it to finish "
+                              "or choose another --out.") from None
+        raise
+    _held_locks[key] = fd
+
+
+def release_locks() -> None:
+    """Drop the folder locks this process holds (the end of a command run in-process; exiting drops them too)."""
+    while _held_locks:
+        os.close(_held_locks.popitem()[1])
+
+
+class Claim:
+    """A folder claimed by :func:`claim_directory`; :meth:`release` undoes a fresh claim (nothing was written)."""
+
+    def __init__(self, path: Path, fresh: bool, created: bool):
+        self.path, self.fresh, self.created = path, fresh, created
+
+    def release(self) -> None:
+        """Remove the claim file of a fresh claim, and the folder when this claim created it and it is empty."""
+        if not self.fresh:
+            return
+        (self.path / CLAIM_FILE).unlink(missing_ok=True)
+        if self.created and not any(self.path.iterdir()):
+            self.path.rmdir()
+
+
+def claim_directory(path: str | Path, kind: str, *, resume: bool = False, option: str = "--out") -> Claim:
+    """Claim ``path`` for one ``kind`` of command (``train``, ``sweep``, ``crossval``) before anything is written.
+
+    A folder is written into only when it is new (absent or empty) or already claimed by the same
+    kind of command being resumed (``resume=True``; a sweep or cross-validation rerun resumes); a
+    folder of the same kind written before claims existed counts as claimed. Anything else — a file,
+    a folder of the user's files, a run of another kind, a finished or running run without
+    ``resume`` — is a :class:`ConfigError` naming the folder and what is in it, and nothing is touched.
+    The claim is the file :data:`CLAIM_FILE`, written atomically while an exclusive ``fcntl`` lock on the
+    folder is held; the lock is kept until the command ends (:func:`release_locks`, called by the CLI) or
+    the process exits, so two processes never write one folder.
+    """
+    path = Path(path)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 claims the folder for every rank
+        return Claim(path, fresh=False, created=False)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a file, not a folder; choose a folder name.")
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {str(path)!r}: cannot create the folder ({err.strerror}).") from None
+    _lock(path)
+    marker = path / CLAIM_FILE
+    entries = [p for p in path.iterdir() if p.name != CLAIM_FILE]
+    claimed = None
+    if marker.is_file():
+        try:
+            claimed = json.loads(marker.read_text(encoding="utf-8")).get("kind")
+        except (ValueError, OSError, AttributeError):
+            claimed = "unreadable"
+        if claimed != kind:
+            raise ConfigError(f"{option} {str(path)!r} holds a {claimed} folder, not a {kind} run "
+                              f"({_listing(path)}); choose another {option}.")
+    elif entries and not any(all((path / name).exists() for name in group) for group in _LEGACY_MARKS[kind]):
+        raise ConfigError(f"{option} {str(path)!r} is not empty and is not a dmlkit {kind} run: it holds "
+                          f"{_listing(path)}. dmlkit writes only into a new folder or one of its own runs being "
+                          f"resumed; choose another {option}.")
+    if entries and not resume:
+        hint = f"use --resume {path} to continue it" if kind == "train" else "rerun the same command to resume it"
+        raise ConfigError(f"{option} {str(path)!r} already holds a run; {hint} or choose another {option} "
+                          f"(it holds {_listing(path)}).")
+    if claimed is None:
+        atomic_write_json(marker, {"kind": kind, "pid": os.getpid(), "command": sys.argv})
+    return Claim(path, fresh=not entries, created=created)
 
 
 class RunDirectory:
@@ -116,9 +220,14 @@ class RunDirectory:
 
     def log(self, record: dict) -> None:
         """Append one JSON line (flushed) to ``log.jsonl``."""
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+        line = json.dumps(record) + "\n"
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+        except OSError as err:
+            raise_if_out_of_space(err, self.log_path, len(line))
+            raise
         for listener in self.listeners:
             listener(record)
 

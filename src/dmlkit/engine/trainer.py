@@ -139,8 +139,6 @@ class Trainer:
         patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not enabled_methods(cfg) else []
         self.callbacks = CallbackList([*patience, *callbacks, *loggers])
         self.run.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
-        from dmlkit.data.transforms import batch_augmentation
-
         # the warp fills with the background as the model sees it: after the split's normalisation
         background = torch.tensor(self.recipe.profile.background).view(1, -1, 1, 1)
         transform = self.splits.train.transform

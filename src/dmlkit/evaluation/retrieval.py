@@ -11,8 +11,12 @@ number of true references (same label; in leave-one-out the query itself is not 
 
 Every metric is averaged over queries with ``R_i > 0``; the others are counted in
 ``num_queries_excluded`` (they can never score, so P@1 and Recall@K exclude them too).
-Neighbours are ranked exactly (see :mod:`dmlkit.evaluation.knn`): float64 keys, ties broken by
-the smaller reference index.
+Neighbours are ranked exactly (see :mod:`dmlkit.evaluation.knn`): float64 keys. Equal distances
+are ordered at random (seeded, so the metrics are deterministic), not by the references' positions:
+the references are taken in a fixed seeded permutation (which of many tied references reach the
+shortlist) and each query shuffles its own tied neighbours. Ties then favour no class: identical
+embeddings score what chance would, however the data set orders its classes. With a single class
+every neighbour matches and the metrics are 1 by construction: a warning says so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,35 @@ import torch
 from dmlkit._validation import Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
 from dmlkit.evaluation.knn import iter_knn_blocks
+
+#: Seed of the permutation that orders tied references (fixed: the metrics stay deterministic).
+TIE_SEED = 0
+
+
+def _tie_order(n: int) -> torch.Tensor:
+    """A fixed seeded permutation of ``n`` references: the order in which equal distances are ranked."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(TIE_SEED))
+
+
+def _shuffle_ties(keys: torch.Tensor, start: int) -> torch.Tensor:
+    """Column order ``[b, k]`` that shuffles each row's runs of equal ``keys`` (sorted best first) with a
+    generator seeded by :data:`TIE_SEED` and the block's first query: each query breaks its ties its own way."""
+    group = torch.zeros_like(keys, dtype=torch.float64)
+    if keys.shape[1] > 1:
+        group[:, 1:] = (keys[:, 1:] != keys[:, :-1]).cumsum(dim=1).to(torch.float64)
+    noise = torch.rand(keys.shape, generator=torch.Generator().manual_seed(TIE_SEED + start), dtype=torch.float64)
+    return torch.argsort(group + noise, dim=1)
+
+
+def _warn_single_class(labels: torch.Tensor, reference_labels: torch.Tensor) -> None:
+    """Warn when queries and references hold one class: every neighbour matches, every metric is 1."""
+    first = reference_labels[:1]
+    if bool((reference_labels == first).all()) and bool((labels == first).all()):
+        import warnings
+
+        warnings.warn(f"the evaluated split has a single class ({len(reference_labels)} samples): every neighbour "
+                      "matches, so P@1, Recall@K, MAP@R (and NMI) are 1 by construction and say nothing about the "
+                      "embedding. Evaluate on a split with several classes.", UserWarning, stacklevel=3)
 
 
 def true_reference_counts(
@@ -139,16 +172,24 @@ def retrieval_metrics(
     ks = check_ks(ks)
     check_evaluation_inputs(embeddings, labels, reference, reference_labels)
     leave_one_out = reference is None
-    if leave_one_out:
+    if leave_one_out:  # queries and references permuted together (self-exclusion needs the same order)
+        order = _tie_order(embeddings.shape[0]).to(embeddings.device)
+        embeddings, labels = embeddings.index_select(0, order), labels.index_select(0, order.to(labels.device))
         reference, reference_labels = embeddings, labels
+    else:
+        order = _tie_order(reference.shape[0]).to(reference.device)
+        reference = reference.index_select(0, order)
+        reference_labels = reference_labels.index_select(0, order.to(reference_labels.device))
     labels, reference_labels = labels.cpu().long(), reference_labels.cpu().long()
+    _warn_single_class(labels, reference_labels)
     r = true_reference_counts(labels, reference_labels, leave_one_out)
     available = reference.shape[0] - int(leave_one_out)
     k = min(available, max(max(ks), int(r.max()) if len(r) else 1))
     sums = _RetrievalSums(ks)
-    for start, end, _, idx in iter_knn_blocks(
+    for start, end, keys, idx in iter_knn_blocks(
         embeddings, reference, k, exclude_self=leave_one_out, metric=metric, backend=backend
     ):
         hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
+        hits = hits.gather(1, _shuffle_ties(keys.cpu(), start))
         sums.add(hits, r[start:end])
     return sums.result()

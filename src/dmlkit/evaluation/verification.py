@@ -102,6 +102,12 @@ def threshold_at_fmr(
     curve = _Curve(*pair_scores(embeddings, labels, max_pairs=max_pairs, seed=seed))
     if curve.n_impostor == 0:
         raise DataError("threshold_at_fmr needs at least one impostor pair (two different labels); all labels are equal.")
+    if curve.n_impostor * fmr < 1:
+        import warnings
+
+        warnings.warn(f"a false match rate of {fmr:g} needs at least {math.ceil(1 / fmr)} impostor pairs to be measured; "
+                      f"these embeddings give {curve.n_impostor}, so the threshold only separates the pairs seen "
+                      "(label more gallery classes for a meaningful threshold).", UserWarning, stacklevel=2)
     return curve.at_fmr(fmr)[0]
 
 

@@ -24,6 +24,8 @@ from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 
 KINDS = ("flat", "ivf", "hnsw")
 FORMAT = "dmlkit-index-1"
+#: The arrays of an index file (:meth:`Index.save`).
+INDEX_ARRAYS = ("header", "faiss", "ids", "paths", "has_path", "labels", "has_label")
 #: Queries used to measure an approximate index's recall@10 against exact search at build time.
 RECALL_SAMPLE = 1000
 #: Default HNSW graph: links per node (faiss's M), candidate list while building (efConstruction) and
@@ -266,10 +268,14 @@ class Index:
         ``database_augmentation=n`` (DBA) and ``k_reciprocal`` (Zhong et al.) re-rank exactly
         against the whole gallery in memory (see :mod:`dmlkit.index.rerank`).
         """
+        from dmlkit._validation import Interval, validate_params
         from dmlkit.index import rerank as rr
 
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidParameterError(f"The 'k' parameter of Index.query must be an int >= 1. Got {k!r} instead.")
+        validate_params("Index.query", {"k": k, "query_expansion": query_expansion,
+                                        "database_augmentation": database_augmentation, "alpha": alpha},
+                        {"k": [Interval(int, 1, None)], "query_expansion": [Interval(int, 0, None)],
+                         "database_augmentation": [Interval(int, 0, None)],
+                         "alpha": [Interval(float, 0, math.inf, closed="left")]})
         q = _unit_rows(queries)
         if q.shape[1] != self.dim:
             raise DataError(f"query embeddings have size {q.shape[1]} but the index holds size {self.dim}.")
@@ -354,25 +360,50 @@ class Index:
 
         faiss = _faiss()
         data = read_npz(path, "index file")
+        where = f"index file {str(path)!r}"
+        missing = [key for key in INDEX_ARRAYS if key not in data]
+        if missing:
+            raise DataError(f"{where} is not a dmlkit index file: it has no {', '.join(missing)} array(s).")
         try:
             header = json.loads(str(data["header"]))
-        except (ValueError, KeyError) as exc:
-            raise DataError(f"{str(path)!r} is not a dmlkit index file: {exc}") from None
-        if header.get("format") != FORMAT:
-            raise DataError(f"{str(path)!r} is not a dmlkit index file (format {header.get('format')!r}, expected {FORMAT!r}).")
-        p = header["params"]
-        index = cls(header["dim"], header["kind"], fingerprint=header["fingerprint"], run_dir=header["run_dir"], **p)
-        index.threshold, index.threshold_fmr = header["threshold"], header["threshold_fmr"]
-        index.next_id, index.build_recall_at_10 = header["next_id"], header["build_recall_at_10"]
-        index.ids = data["ids"].astype(np.int64)
+        except ValueError as exc:
+            raise DataError(f"{where} is not a dmlkit index file: its header is not JSON ({exc}).") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else type(header).__name__
+            raise DataError(f"{where} is not a dmlkit index file (format {found!r}, expected {FORMAT!r}).")
+        try:
+            p = dict(header["params"])
+            index = cls(header["dim"], header["kind"], fingerprint=header["fingerprint"], run_dir=header["run_dir"], **p)
+            index.threshold, index.threshold_fmr = header["threshold"], header["threshold_fmr"]
+            index.next_id, index.build_recall_at_10 = int(header["next_id"]), header["build_recall_at_10"]
+        except (KeyError, TypeError, ValueError) as exc:  # InvalidParameterError is a ValueError
+            raise DataError(f"{where} has a damaged header ({type(exc).__name__}: {str(exc)[:200]}).") from None
+        ids = data["ids"]
+        lengths = {key: len(data[key]) if data[key].ndim == 1 else -1
+                   for key in ("ids", "paths", "has_path", "labels", "has_label")}
+        if ids.dtype.kind not in "iu" or len(set(lengths.values())) != 1 or data["faiss"].dtype != np.uint8:
+            raise DataError(f"{where} is damaged: its arrays do not describe the same items "
+                            f"({', '.join(f'{k} {v}' for k, v in lengths.items())}; ids {ids.dtype}).")
+        index.ids = ids.astype(np.int64)
         index.paths = [str(v) if ok else None for v, ok in zip(data["paths"].tolist(), data["has_path"].tolist())]
         index.labels = [str(v) if ok else None for v, ok in zip(data["labels"].tolist(), data["has_label"].tolist())]
+        if len(index.ids) and (np.any(np.diff(index.ids) <= 0) or index.ids[-1] >= index.next_id):
+            raise DataError(f"{where} is damaged: its ids are not increasing below next_id={index.next_id}.")
         if data["faiss"].size:
-            index.faiss_index = faiss.deserialize_index(data["faiss"])
+            try:
+                index.faiss_index = faiss.deserialize_index(data["faiss"])
+            except Exception as exc:  # faiss raises RuntimeError on a payload cut short or corrupted
+                raise DataError(f"{where} is damaged: its faiss index cannot be read "
+                                f"({str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else exc!r}).") from None
+            if index.faiss_index.ntotal != len(index.ids) or index.faiss_index.d != index.dim:
+                raise DataError(f"{where} is damaged: its faiss index holds {index.faiss_index.ntotal} vectors of size "
+                                f"{index.faiss_index.d} but the file lists {len(index.ids)} items of size {index.dim}.")
             if index.kind == "hnsw":
                 faiss.downcast_index(index.faiss_index.index).hnsw.efSearch = int(p["ef_search"])
             elif index.kind == "ivf":
                 index.faiss_index.nprobe = int(p["nprobe"])
+        elif len(index.ids):
+            raise DataError(f"{where} is damaged: it lists {len(index.ids)} items but holds no vectors.")
         return index
 
 

@@ -83,19 +83,19 @@ def worst_queries(labels: np.ndarray, neighbours: np.ndarray, num_queries: int) 
 
 
 def _load_path_image(path_text: str, run_dir: Path | None) -> np.ndarray | None:
-    from PIL import Image
+    from dmlkit.data.base import load_image
+    from dmlkit.exceptions import DataError
 
     candidates = [Path(path_text)]
     if run_dir is not None and not Path(path_text).is_absolute():
         candidates.append(run_dir / path_text)
     for path in candidates:
         if path.is_file():
-            try:
-                with Image.open(path) as image:
-                    image = image.convert("RGB")
-                    image.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE))
-                    return np.asarray(image)
-            except OSError:
+            try:  # decoded as training decodes it: EXIF orientation, 16-bit scaled, size budget
+                image = load_image(str(path)).convert("RGB")
+                image.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE))
+                return np.asarray(image)
+            except (OSError, DataError):
                 return None
     return None
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from dmlkit.exceptions import DataError
 
@@ -100,10 +99,17 @@ def _require(run_dir: Path, relative: str) -> Path:
 
 def read_config(path: Path) -> dict[str, Any]:
     """Parse ``config.yaml``; it must be a YAML mapping."""
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    import yaml
+
+    from dmlkit.config.loading import decode_config_text, parse_yaml
+    from dmlkit.exceptions import ConfigError
+
+    try:  # as configs are read: no aliases, UTF-8 or UTF-16 with a byte-order mark
+        config = parse_yaml(decode_config_text(path.read_bytes(), repr(str(path))))
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
     except yaml.YAMLError as exc:
-        raise DataError(f"{str(path)!r} is not valid YAML: {exc}") from exc
+        raise DataError(f"{str(path)!r} is not valid YAML: {exc}") from None
     if config is None:
         config = {}
     if not isinstance(config, dict):

@@ -81,7 +81,9 @@ def _number(text: str, kind: str, spec_text: str) -> float | int:
 
 def _scalar(text: str) -> Any:
     """A choice value read as YAML, except that ``1e-4`` is the float 0.0001 (YAML 1.1 reads it as text)."""
-    value = yaml.safe_load(text)
+    from dmlkit.config.loading import parse_yaml
+
+    value = parse_yaml(text)
     if isinstance(value, str):
         try:
             number = float(text)

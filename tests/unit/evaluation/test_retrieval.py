@@ -50,15 +50,28 @@ def test_query_to_gallery_worked_example(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_distance_ties_resolve_to_smaller_index(backend):
-    # samples 1 (x=1) and 2 (x=-1) are both at distance 1 from sample 0; index 1 ranks first.
-    # labels [0, 1, 0]: q0 retrieves index 1 (label 1) -> miss; q2 retrieves 0 -> hit; q1 excluded -> 1/2
-    # labels [0, 0, 1]: q0 retrieves index 1 (label 0) -> hit;  q1 retrieves 0 -> hit; q2 excluded -> 1
-    x = line(0, 1, -1)
-    out = retrieval_metrics(x, torch.tensor([0, 1, 0]), ks=(1,), backend=backend)
-    assert out["precision_at_1"] == 0.5 and out["num_queries_excluded"] == 1
-    out = retrieval_metrics(x, torch.tensor([0, 0, 1]), ks=(1,), backend=backend)
-    assert out["precision_at_1"] == 1.0 and out["num_queries_excluded"] == 1
+def test_distance_ties_favour_no_class_by_index_order(backend):
+    # 200 identical embeddings listed class by class (as data sets list their images): a class of 60,
+    # then 20 classes of 7. Every other sample is a tied nearest neighbour, so P@1 must be what chance
+    # gives, (60*59 + 20*7*6) / (200*199) = 0.110; ties by the smaller index gave 0.30 (the big first
+    # class always found itself at index 0).
+    x = torch.zeros(200, 4)
+    labels = torch.cat([torch.zeros(60, dtype=torch.int64), torch.arange(1, 21).repeat_interleave(7)])
+    out = retrieval_metrics(x, labels, ks=(1,), backend=backend)
+    assert abs(out["precision_at_1"] - (60 * 59 + 20 * 7 * 6) / (200 * 199)) < 0.08
+    assert retrieval_metrics(x, labels, ks=(1,), backend=backend) == out  # a fixed order: deterministic
+    # query -> gallery: 50 queries of the first class and 50 of the others; chance 0.1675, index order 0.5
+    queries = torch.cat([torch.zeros(50, dtype=torch.int64), torch.arange(1, 21).repeat(3)[:50]])
+    gallery_out = retrieval_metrics(torch.zeros(100, 4), queries, reference=x, reference_labels=labels,
+                                    ks=(1,), backend=backend)
+    assert abs(gallery_out["precision_at_1"] - (0.3 * 50 + 0.035 * 50) / 100) < 0.1
+
+
+def test_a_single_class_warns_that_the_metrics_mean_nothing():
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=r"single class .* 1 by construction"):
+        out = retrieval_metrics(x, torch.zeros(6, dtype=torch.int64), ks=(1,))
+    assert out["precision_at_1"] == 1.0
 
 
 def clustered(n_classes, per_class, dim, seed, spread=1.2):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable, Tuple
 
@@ -84,8 +85,8 @@ class ProxyAnchorLoss(ProxyLoss):
     )
 
     _parameter_constraints = {
-        "margin": [Interval(float, 0, None, closed="left")],  # delta = 0 is studied in Fig. 6
-        "alpha": [Interval(float, 0, None, closed="neither")],
+        "margin": [Interval(float, 0, math.inf, closed="left")],  # delta = 0 is studied in Fig. 6
+        "alpha": [Interval(float, 0, math.inf, closed="neither")],  # finite: alpha = inf makes the loss NaN
         "assignment": [Options(("static", "nearest"))],
     }
 
