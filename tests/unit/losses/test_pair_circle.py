@@ -79,3 +79,17 @@ def test_pml_attributes_and_distance_check():
         CircleLoss(distance=LpDistance())
     with pytest.raises(InvalidParameterError, match="'gamma' parameter of CircleLoss must be a float > 0"):
         CircleLoss(gamma=0)
+
+
+def test_terms_handed_to_a_reducer_equal_the_closed_form_path(make_batch):
+    """A reducer that needs the terms (a threshold below every term: the mean) takes the autograd path."""
+    from dmlkit.losses.reducers import MeanReducer, ThresholdReducer
+
+    x, y = make_batch(5, n=16, d=6, classes=4)
+    results = []
+    for reducer in (MeanReducer(), ThresholdReducer(low=-1.0)):
+        e = x.clone().requires_grad_(True)
+        value = CircleLoss(m=0.3, gamma=6, reducer=reducer)(e, y)
+        value.backward()
+        results.append((value.detach(), e.grad))
+    torch.testing.assert_close(results[0], results[1])

@@ -20,7 +20,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import require_orientation
+from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts, require_orientation
 
 
 @LOSSES.register("circle")
@@ -59,12 +59,37 @@ class CircleLoss(PairLoss):
         valid = pos.any(1) & neg.any(1)
         if not valid.any():
             return zero_loss(batch.embeddings, batch.references)
-        s = self.distance.matrix(batch.embeddings, batch.references)
-        detached = s.detach()
-        positive = -self.gamma * (self.op - detached).clamp_min(0.0) * (s - self.delta_p)
-        negative = self.gamma * (detached - self.on).clamp_min(0.0) * (s - self.delta_n)
-        logits = torch.where(pos, positive, negative)
-        total = masked_logsumexp(logits, pos, dim=1) + masked_logsumexp(logits, neg, dim=1)
-        total = torch.where(valid, total, total.new_zeros(()))
-        terms = torch.where(valid, F.softplus(total), total.new_zeros(()))
-        return self.reducer(terms)
+        if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer: autograd
+            s = self.distance.matrix(batch.embeddings, batch.references)
+            slope = self._slopes(s.detach(), pos)
+            logits = slope * self._centred(s, pos)
+            total = masked_logsumexp(logits, pos, dim=1) + masked_logsumexp(logits, neg, dim=1)
+            total = torch.where(valid, total, total.new_zeros(()))
+            return self.reducer(torch.where(valid, F.softplus(total), total.new_zeros(())))
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+        with torch.no_grad():
+            slope = self._slopes(pairs.mat, pos)  # d(logit)/ds, the weights held constant
+            logits = slope * self._centred(pairs.mat, pos)
+            exps, totals, shifts = [], [], []
+            for group in (pos, neg):  # softmax within the positives and within the negatives
+                shift = logits.masked_fill(~group, float("-inf")).amax(1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)
+                e = torch.exp(logits - shift).masked_fill_(~group, 0.0)
+                exps.append(e)
+                totals.append(e.sum(1, keepdim=True))
+                shifts.append(shift)
+            valid = valid[:, None]
+            total = torch.where(valid, totals[0].log() + totals[1].log() + shifts[0] + shifts[1], 0.0)
+            terms = torch.where(valid, F.softplus(total), 0.0).squeeze(1)
+            divisor = max(float(self.reducer.divisor(terms.numel(), int((terms > 0).sum()))), 1.0)
+            weight = torch.where(valid, torch.sigmoid(total), 0.0) / divisor
+            softmax = exps[0] / totals[0].clamp_min(1e-300) + exps[1] / totals[1].clamp_min(1e-300)
+            grad = softmax.mul_(slope).mul_(weight)
+        return pairs.attach(terms.sum() / divisor, grad)
+
+    def _centred(self, s: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """``s - Delta_p`` on positives, ``s - Delta_n`` elsewhere (in ``s``'s dtype)."""
+        return torch.where(pos, s - self.delta_p, s - self.delta_n)
+
+    def _slopes(self, s: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """``-gamma a_p`` on positives, ``gamma a_n`` elsewhere (Eq. (5)'s weights, no gradient)."""
+        return torch.where(pos, -self.gamma * (self.op - s).clamp_min(0.0), self.gamma * (s - self.on).clamp_min(0.0))
