@@ -111,3 +111,15 @@ def test_partial_fc_samples_the_batch_classes_and_others():
     loss.load_state_dict(state)
     dense = loss.per_sample_loss(x.detach(), y, chunked=False).mean()  # same draw, every logit at once
     torch.testing.assert_close(value.detach(), dense, rtol=1e-12, atol=0)
+
+
+def test_tied_sub_centres_share_the_gradient_as_the_dense_twin():
+    """Identical sub-centres (init from a class with fewer samples than K) split the gradient evenly."""
+    loss = MAKERS["subcenter"](chunk_size=2).double()
+    with torch.no_grad():
+        loss.W[:, 1::3] = loss.W[:, 0::3]  # sub-centre 1 = sub-centre 0 in every class
+    x, y = batch(7)
+    (_, grads), (_, dense) = value_and_grads(loss, x, y, True), value_and_grads(loss, x, y, False)
+    for a, b in zip(grads, dense):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[1][:, 0::3], grads[1][:, 1::3])

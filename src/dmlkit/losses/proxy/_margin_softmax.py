@@ -78,14 +78,19 @@ def _column_index(classes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
-    """``(c [B, n], unit columns [D, n K], 1/|column| [n K], argmax over sub-centres [B, n] or None)``."""
+    """``(c [B, n], unit columns [D, n K], 1/|column| [n K], per-sub-centre cosines [B, K, n] or None,
+    the unit columns as multiplied: sub-centre-major [D, K n] when K > 1)``.
+
+    With sub-centres the product runs on the columns reordered sub-centre-major, so the max over
+    ``K`` is over a leading dimension of ``[B, K, n]`` (contiguous rows), not a length-K inner one.
+    """
     inv = torch.linalg.vector_norm(block, dim=0).clamp_min(1e-12).reciprocal_()
     unit = block * inv
-    cos = xn @ unit
     if k == 1:
-        return cos, unit, inv, None
-    cos, arg = cos.view(xn.shape[0], -1, k).max(dim=2)
-    return cos, unit, inv, arg
+        return xn @ unit, unit, inv, None, unit
+    by_sub_centre = unit.view(unit.shape[0], -1, k).transpose(1, 2).reshape(unit.shape[0], -1)
+    per_sub_centre = (xn @ by_sub_centre).view(xn.shape[0], k, -1)
+    return per_sub_centre.amax(dim=1), unit, inv, per_sub_centre, by_sub_centre
 
 
 class _ChunkedMarginSoftmax(torch.autograd.Function):
@@ -102,7 +107,7 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         with torch.no_grad():
             for start in range(0, num, chunk):
                 stop = min(start + chunk, num)
-                cos, _, _, _ = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
+                cos = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)[0]
                 rows, local = _targets_in(pos, start, stop)
                 target[rows] = cos[rows, local]
                 z = cos.mul_(scale)
@@ -126,7 +131,11 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         psi_target, dpsi_target = margin(target)
         for start in range(0, ctx.num, chunk):
             stop = min(start + chunk, ctx.num)
-            cos, unit, inv, arg = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
+            cos, unit, inv, per_sub_centre, product = _chunk_cosines(
+                xn, _class_columns(weight, columns, start, stop, k), k)
+            if per_sub_centre is not None:  # the nearest sub-centre takes the gradient (ties share it, as amax's)
+                share = (per_sub_centre == cos[:, None, :]).to(cos.dtype)
+                share.div_(share.sum(dim=1, keepdim=True))
             rows, local = _targets_in(pos, start, stop)
             z = cos.mul_(scale)
             z[rows, local] = psi_target[rows] * scale
@@ -135,13 +144,14 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
             dc[rows, local] -= grad_loss[rows]
             dc.mul_(scale)
             dc[rows, local] *= dpsi_target[rows]
-            if arg is not None:  # only the nearest sub-centre of each class receives the gradient
-                dc = torch.zeros(*dc.shape, k, dtype=dc.dtype, device=dc.device).scatter_(
-                    2, arg[:, :, None], dc[:, :, None]).view(dc.shape[0], -1)
+            if per_sub_centre is not None:
+                dc = share.mul_(dc[:, None, :]).view(dc.shape[0], -1)
             if need_x:
-                grad_x.addmm_(dc, unit.T)
+                grad_x.addmm_(dc, product.T)
             if need_w:  # through unit = w / |w|: (g - unit <unit, g>) / |w|, column by column
                 grad_unit = xn.T @ dc
+                if per_sub_centre is not None:  # back to class-major columns
+                    grad_unit = grad_unit.view(grad_unit.shape[0], k, -1).transpose(1, 2).reshape(grad_unit.shape[0], -1)
                 grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
                 if columns is None:
                     grad_w[:, start * k: stop * k] = grad_unit

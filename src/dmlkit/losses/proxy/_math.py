@@ -16,10 +16,24 @@ def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
 
 
+def _largest_entries(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``max |x|`` along ``dim`` (kept), detached; 1 for a zero vector (its gradient stays as ``F.normalize``'s)."""
+    top = x.detach().abs().amax(dim=dim, keepdim=True)
+    return torch.where(top > 0, top, torch.ones_like(top))
+
+
 def safe_norms(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """L2 norms along ``dim`` that neither overflow nor underflow (rows scaled by their largest entry first)."""
-    top = x.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    """L2 norms along ``dim`` that neither overflow nor underflow (each vector scaled by its largest entry
+    first, a detached factor: the norm is exact and so is its gradient)."""
+    top = _largest_entries(x, dim)
     return torch.linalg.vector_norm(x / top, dim=dim) * top.squeeze(dim)
+
+
+def unit_vectors(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x / |x|`` along ``dim`` for any magnitude (0 for a zero vector): scaled by its largest entry
+    first, a non-zero vector's norm is then at least 1, so nothing over- or underflows."""
+    scaled = x / _largest_entries(x, dim)
+    return scaled / torch.linalg.vector_norm(scaled, dim=dim, keepdim=True).clamp_min(1e-12)
 
 
 def row_dots(a: torch.Tensor, b: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:

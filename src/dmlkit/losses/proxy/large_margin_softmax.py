@@ -10,7 +10,7 @@ from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import ClassificationLoss
-from dmlkit.losses.proxy._math import safe_norms
+from dmlkit.losses.proxy._math import safe_norms, unit_vectors
 
 
 def multiplicative_angular_margin(cos: torch.Tensor, margin: int) -> torch.Tensor:
@@ -78,9 +78,8 @@ class LargeMarginSoftmaxLoss(ClassificationLoss):
         (``|x_i| |W_j|``, or ``|x_i|`` alone for SphereFace), with norms safe from over- and underflow."""
         weight = self.W_as(embeddings)
         embeddings = embeddings.to(weight.dtype)
-        x_norm = safe_norms(embeddings, 1).clamp_min(1e-12)
-        w_norm = safe_norms(weight, 0).clamp_min(1e-12)
-        cos = (embeddings / x_norm[:, None]) @ (weight / w_norm)
+        x_norm, w_norm = safe_norms(embeddings, 1), safe_norms(weight, 0)
+        cos = unit_vectors(embeddings, 1) @ unit_vectors(weight, 0)
         return cos, x_norm[:, None] * w_norm[None, :] if self.weight_norms else x_norm[:, None]
 
     def get_logits(self, embeddings: torch.Tensor) -> torch.Tensor:

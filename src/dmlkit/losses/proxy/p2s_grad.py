@@ -9,7 +9,7 @@ from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import ClassificationLoss
-from dmlkit.losses.proxy._math import safe_norms
+from dmlkit.losses.proxy._math import unit_vectors
 
 
 @LOSSES.register("p2sgrad")
@@ -93,7 +93,7 @@ class P2SGradLoss(ClassificationLoss):
         if self.paper_gradient:
             cos = self.distance(embeddings, weights)
         else:
-            unit = embeddings / safe_norms(embeddings, 1).clamp_min(1e-12)[:, None]
+            unit = unit_vectors(embeddings, 1)
             cos = (unit @ weights.T).clamp_(-1.0, 1.0)
         # sum_j (cos_ij - [j = y_i])^2 = sum_j cos_ij^2 - 2 cos_iy + 1 (no one-hot matrix)
         squared = cos.square().sum(dim=1) - 2.0 * cos.gather(1, labels[:, None])[:, 0] + 1.0
