@@ -26,12 +26,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
-    from dmlkit.engine.trainer import _floats, format_metrics_table
-    from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
+    from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows
+    from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
 
@@ -48,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.split == "test" and splits.eval_mode == "query_gallery":
         q, ql = embed(splits.query)
         g, gl = embed(splits.gallery)
-        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
-        metrics.update(verification_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=cfg.seed))
+        own = own_rows(splits)  # a query's own image is not in its gallery (CSV rows both query and gallery)
+        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend, own_reference=own)
+        metrics.update(verification_metrics(*query_gallery_union(q, ql, g, gl, own), seed=cfg.seed))
     else:
         emb, labels = embed(require_split(splits, args.split, cfg))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
