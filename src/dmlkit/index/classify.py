@@ -43,8 +43,8 @@ class Classification:
 
 
 def vote(scores: np.ndarray, codes: np.ndarray, names: Sequence[str], threshold: float | None) -> Classification:
-    """Distance-weighted vote of neighbours ``scores [Q, k]`` (cosine, best first) with label ``codes [Q, k]``
-    (indices into ``names``; -1 for a missing neighbour); neighbours below ``threshold`` do not vote."""
+    """Distance-weighted vote of neighbours ``scores [Q, k]`` (cosine, best first; -inf: none) with label
+    ``codes [Q, k]`` (indices into ``names``; -1: unlabelled or none); neighbours below ``threshold`` do not vote."""
     scores = np.asarray(scores, dtype=np.float64)
     weights = 1.0 / (np.maximum(1.0 - scores, 0.0) + DISTANCE_EPS)
     voting = codes >= 0
@@ -59,5 +59,5 @@ def vote(scores: np.ndarray, codes: np.ndarray, names: Sequence[str], threshold:
     known = voting.any(1)
     confidence = np.where(known, totals[rows, winner] / np.where(known, cast, 1.0), 0.0)
     labels = [names[codes[q, winner[q]]] if known[q] else None for q in range(len(codes))]
-    nearest = np.where(codes[:, 0] >= 0, scores[:, 0], -np.inf) if codes.shape[1] else np.full(len(codes), -np.inf)
+    nearest = scores[:, 0] if scores.shape[1] else np.full(len(codes), -np.inf)
     return Classification(labels, confidence, nearest, threshold)

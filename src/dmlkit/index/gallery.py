@@ -231,13 +231,16 @@ class Index:
         return np.asarray(self.faiss_index.reconstruct_batch(self.ids), dtype=np.float32).reshape(-1, self.dim)
 
     # ----- thresholds -------------------------------------------------------------------------
-    def _label_codes(self, what: str) -> tuple[list[str], np.ndarray]:
-        """Sorted label names and each item's code ``[N]``; every item must be labelled for ``what``."""
-        if any(v is None for v in self.labels):
-            raise DataError(f"{what} needs every gallery item labelled "
+    def _label_codes(self, what: str, *, every: bool = True) -> tuple[list[str], np.ndarray]:
+        """Sorted label names and each item's code ``[N]`` (-1: unlabelled); ``every``: all items must be
+        labelled for ``what``, else at least one."""
+        labelled = np.array([v is not None for v in self.labels], dtype=bool)
+        if not labelled.all() if every else not labelled.any():
+            raise DataError(f"{what} needs {'every' if every else 'a'} gallery item labelled "
                             "(give --images a <class>/<image> folder or a CSV with a label column).")
-        names, codes = np.unique(np.asarray(self.labels, dtype=object).astype(str), return_inverse=True)
-        return names.tolist(), codes.astype(np.int64)
+        names = sorted({v for v in self.labels if v is not None})
+        number = {name: i for i, name in enumerate(names)}
+        return names, np.array([number.get(v, -1) for v in self.labels], dtype=np.int64)
 
     def threshold_at_fmr(self, fmr: float) -> float:
         """The cosine threshold whose false match rate on the labelled gallery's pairs is ``fmr``
@@ -329,11 +332,11 @@ class Index:
 
     def classify_embeddings(self, queries, k: int = 5, *, fmr: float | None = None,
                             threshold: float | None = None) -> "Classification":
-        """A distance-weighted vote of the ``k`` nearest labelled gallery items of ``queries [Q, D]``
-        (:mod:`dmlkit.index.classify`), with its confidence; a query with no neighbour at or above the
-        cosine threshold is unknown (label None). The threshold is ``threshold``, else the one at false
-        match rate ``fmr`` on the gallery's pairs (not stored), else the index's own (``--threshold-fmr``
-        at build), else none (every query gets a label)."""
+        """A distance-weighted vote of the ``k`` nearest gallery items of ``queries [Q, D]``
+        (:mod:`dmlkit.index.classify`; unlabelled items do not vote), with its confidence; a query with
+        no labelled neighbour at or above the cosine threshold is unknown (label None). The threshold is
+        ``threshold``, else the one at false match rate ``fmr`` on the gallery's pairs (not stored), else
+        the index's own (``--threshold-fmr`` at build), else none."""
         from dmlkit._validation import NONE, Interval, validate_params
         from dmlkit.index.classify import vote
 
@@ -342,14 +345,15 @@ class Index:
                          "threshold": [Interval(float, -1, 1), NONE]})
         if fmr is not None and threshold is not None:
             raise InvalidParameterError("Index.classify takes either 'fmr' or 'threshold', not both.")
-        names, codes = self._label_codes("classifying")
+        names, codes = self._label_codes("classifying", every=False)
         if fmr is not None:
             threshold = self.threshold_at_fmr(fmr)
         elif threshold is None:
             threshold = self.threshold
         found = self.query_embeddings(queries, k)
         rows = _rows_of(self.ids, found.ids)
-        return vote(found.scores, np.where(rows >= 0, codes[np.maximum(rows, 0)], -1), names, threshold)
+        scores = np.where(rows >= 0, found.scores, -np.inf)  # fewer than k items found (IVF)
+        return vote(scores, np.where(rows >= 0, codes[np.maximum(rows, 0)], -1), names, threshold)
 
     def recall_at_10(self, queries: np.ndarray, sample: int = RECALL_SAMPLE) -> float:
         """Mean fraction of the exact 10 nearest items (flat inner product) that this index returns,

@@ -75,6 +75,16 @@ def test_bad_arguments_and_unlabelled_galleries_are_refused():
         index.classify_embeddings(q, fmr=0.01, threshold=0.5)
     with pytest.raises(InvalidParameterError, match="'k' parameter of Index.classify"):
         index.classify_embeddings(q, k=0)
-    unlabelled = Index.from_embeddings(np.array([unit(0.0), unit(1.0)], dtype=np.float32), labels=["a", None])
-    with pytest.raises(DataError, match="classifying needs every gallery item labelled"):
+    unlabelled = Index.from_embeddings(np.array([unit(0.0), unit(1.0)], dtype=np.float32), labels=[None, None])
+    with pytest.raises(DataError, match="classifying needs a gallery item labelled"):
         unlabelled.classify_embeddings(q)
+
+
+def test_unlabelled_gallery_items_do_not_vote():
+    index = gallery_index()
+    index.add_embeddings(np.array([unit(0.01)], dtype=np.float32))  # nearest to the query, but unlabelled
+    result = index.classify_embeddings(np.array([unit(0.0)], dtype=np.float32), k=2)
+    assert result.labels == ["cat"] and result.confidence[0] == pytest.approx(1.0)
+    assert result.nearest_score[0] == pytest.approx(math.cos(0.01), rel=1e-5)
+    with pytest.raises(DataError, match="needs every gallery item labelled"):
+        index.classify_embeddings(np.array([unit(0.0)], dtype=np.float32), fmr=0.1)
