@@ -97,12 +97,12 @@ class _Manifest:
     def has(self, column: str) -> bool:
         return column in self.column
 
-    def value(self, number: int, row: list[str], column: str) -> str:
+    def value(self, row: list[str], column: str) -> str:
         return row[self.column[column]].strip()
 
     def flag(self, number: int, row: list[str], column: str, empty_allowed: bool) -> bool:
         """``is_query``/``is_gallery``: 0/1 or true/false (any case); empty reads as 0 where allowed."""
-        text = self.value(number, row, column)
+        text = self.value(row, column)
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE or (empty_allowed and not text):
@@ -114,7 +114,7 @@ class _Manifest:
 def _split_of(manifest: _Manifest, number: int, row: list[str]) -> str:
     """The row's split: its ``split`` column, else test when it is a query or gallery item, else train."""
     if manifest.has("split"):
-        split = manifest.value(number, row, "split")
+        split = manifest.value(row, "split")
         if split not in ("train", "test"):
             raise DataError(f"csv: line {number} of '{manifest.csv_path}', column 'split': expected 'train' or "
                             f"'test'. Got {split!r}.")
@@ -145,7 +145,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
     kinds = ("class", "category") if manifest.has("category") else ("class",)
     out = {part: SplitSource(names={k: [] for k in kinds}, paths=[]) for part in parts}
     for number, row in manifest.rows:
-        raw = manifest.value(number, row, "path")
+        raw = manifest.value(row, "path")
         path = Path(raw)
         full = path if path.is_absolute() else base / path
         if not allow_outside_root and not _inside(full, base):
@@ -162,9 +162,9 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
                                 "gallery item: set is_query, is_gallery or both to 1.")
         for target in targets:
             out[target].paths.append(str(full))
-            out[target].names["class"].append(manifest.value(number, row, "label"))
+            out[target].names["class"].append(manifest.value(row, "label"))
             if manifest.has("category"):
-                out[target].names["category"].append(manifest.value(number, row, "category"))
+                out[target].names["category"].append(manifest.value(row, "category"))
     if not manifest.has("split") and not query_gallery:
         if not out["train"].paths:
             raise DataError(f"csv: '{csv_path}' has no rows.")

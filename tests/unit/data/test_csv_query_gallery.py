@@ -104,3 +104,23 @@ def test_bad_manifests_name_file_line_column_and_expectation(tmp_path, text, mes
     (tmp_path / "m.csv").write_text(text)
     with pytest.raises(DataError, match=message):
         build_splits("csv", tmp_path / "m.csv")
+
+
+def test_dmlkit_evaluate_reproduces_the_runs_query_gallery_metrics(tmp_path, capsys):
+    from dmlkit.cli.main import main
+
+    root = manifest(tmp_path / "data")
+    cfg = load_config(overrides=[
+        "data.name=csv", f"data.root={root}", "data.image_size=8", "model.args={width: 4}", "sampler.batch_size=4",
+        "sampler.m=2", "train.max_steps=1", "train.progress=false", "train.mixed_precision=none",
+        "model.shift_average=0", "model.ensemble=1", "eval.clustering=false", "protocol.val_fraction=0",
+    ])
+    Trainer(cfg, tmp_path / "run", echo=lambda _: None).fit()
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    (written,) = (tmp_path / "run" / "evaluations").iterdir()
+    again = json.loads(written.read_text())
+    for key in ("map_at_r", "precision_at_1", "num_genuine_pairs", "num_impostor_pairs"):
+        assert again[key] == pytest.approx(saved[key]), key
+    assert saved["num_genuine_pairs"] + saved["num_impostor_pairs"] == 6 * 5 // 2
