@@ -527,13 +527,8 @@ class Trainer:
         result = dict(metrics)
         categories = getattr(self.splits, "categories", None)
         if embedded and categories is not None:  # a CSV 'category' column: each category's queries, whole gallery
-            from dmlkit.evaluation import retrieval_metrics_per_group
-
-            result["per_category"] = {
-                name: _floats(values) for name, values in retrieval_metrics_per_group(
-                    *embedded["test"][1:], categories, reference=reference[0] if reference else None,
-                    reference_labels=reference[1] if reference else None, ks=tuple(self.cfg.eval.ks),
-                    backend=self.cfg.eval.backend, own_reference=own).items()}
+            result["per_category"] = per_category_metrics(*embedded["test"][1:], categories, reference, own,
+                                                          self.cfg.eval.ks, self.cfg.eval.backend)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
                       train_seconds=round(self.elapsed, 3))
         if kept_pretrained is not None:
@@ -552,6 +547,20 @@ class Trainer:
                              val_history=self.val_history())
         self.callbacks.call("on_fit_end", self, result)
         return result
+
+
+def per_category_metrics(embeddings: torch.Tensor, labels: torch.Tensor, categories: list[str],
+                         reference: tuple[torch.Tensor, torch.Tensor] | None, own: torch.Tensor | None,
+                         ks, backend: str) -> dict[str, dict]:
+    """``metrics.json``'s ``per_category``: retrieval metrics of each category's queries against the whole
+    gallery (``reference``; None: leave-one-out over the split)."""
+    from dmlkit.evaluation import retrieval_metrics_per_group
+
+    gallery, gallery_labels = reference if reference is not None else (None, None)
+    per_group = retrieval_metrics_per_group(embeddings, labels, categories, reference=gallery,
+                                            reference_labels=gallery_labels, ks=tuple(ks), backend=backend,
+                                            own_reference=own)
+    return {name: _floats(values) for name, values in per_group.items()}
 
 
 def own_rows(splits) -> torch.Tensor | None:

@@ -124,3 +124,6 @@ def test_dmlkit_evaluate_reproduces_the_runs_query_gallery_metrics(tmp_path, cap
     for key in ("map_at_r", "precision_at_1", "num_genuine_pairs", "num_impostor_pairs"):
         assert again[key] == pytest.approx(saved[key]), key
     assert saved["num_genuine_pairs"] + saved["num_impostor_pairs"] == 6 * 5 // 2
+    assert set(again["per_category"]) == set(saved["per_category"]) == {"bags", "shoes"}
+    for name, values in saved["per_category"].items():
+        assert again["per_category"][name]["map_at_r"] == pytest.approx(values["map_at_r"]), name
