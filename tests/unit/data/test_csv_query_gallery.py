@@ -127,3 +127,12 @@ def test_dmlkit_evaluate_reproduces_the_runs_query_gallery_metrics(tmp_path, cap
     assert set(again["per_category"]) == set(saved["per_category"]) == {"bags", "shoes"}
     for name, values in saved["per_category"].items():
         assert again["per_category"][name]["map_at_r"] == pytest.approx(values["map_at_r"]), name
+
+
+def test_category_without_flags_labels_the_leave_one_out_test_rows(tmp_path):
+    solid(tmp_path / "a.png", 0.0)
+    (tmp_path / "m.csv").write_text("label,category,path,split\nx,c1,a.png,train\ny,c1,a.png,train\n"
+                                    "z,c2,a.png,test\nw,c3,a.png,test\nz,c3,a.png,test\n")
+    splits = build_splits("csv", tmp_path / "m.csv", cache_in_memory=True, image_size=8)
+    assert splits.eval_mode == "leave_one_out" and splits.categories == ["c2", "c3", "c3"]
+    assert splits.test.class_names == ["w", "z"] and splits.test.labels.tolist() == [1, 0, 1]
