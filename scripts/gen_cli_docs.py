@@ -36,6 +36,7 @@ EXAMPLES = {
         "dmlkit index add pets.index --images ../shared/data/pets/images/Bengal",
         "dmlkit index query pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5",
         "dmlkit index query pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg --json --k-reciprocal",
+        "dmlkit index classify pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5",
         "dmlkit index remove pets.index 0 1",
     ],
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],

@@ -133,3 +133,21 @@ def test_a_query_from_another_run_is_refused(runs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["index", "query", str(index), str(saved["paths"][0]), "--run", str(other)]) == 2
     assert "the model does not match the index" in capsys.readouterr().err
+
+
+def test_classify_labels_a_gallery_image_by_its_own_class(runs, tmp_path, capsys):
+    run_dir, gallery, saved = runs["folder16"]
+    paths = [str(p) for p in saved["paths"]]
+    index = tmp_path / "g.index"
+    assert main(["index", "build", str(run_dir), "--images", str(gallery), "--out", str(index)]) == 0
+    capsys.readouterr()
+    assert main(["index", "classify", str(index), paths[4], "-k", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (query,) = doc["queries"]
+    assert query["label"] == os.path.basename(os.path.dirname(paths[4])) and query["confidence"] == 1.0
+    assert doc["threshold"] is None and query["unknown"] is False
+    assert main(["index", "classify", str(index), paths[4], "--threshold", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{paths[4]}: {query['label']} confidence=") and lines[1].startswith("threshold: cosine")
+    with pytest.raises(SystemExit):
+        main(["index", "classify", str(index), paths[4], "--fmr", "0.1", "--threshold", "0.5"])

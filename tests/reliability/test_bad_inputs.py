@@ -372,10 +372,10 @@ CASES: dict[str, Api | Cli] = {
         DataError, r"line 10 of '.*manifest\.csv' points outside the manifest's folder .*allow_outside_root=True"),
     "data-manifest-bad-header": Api(
         lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a"], header="file,class")),
-        DataError, r"first line of '.*manifest\.csv' must be the header 'path,label\[,split\]'"),
+        DataError, r"first line of '.*manifest\.csv' must be a header naming the columns 'path' and 'label'.*Got 'file,class'"),
     "data-manifest-bad-split": Api(
         lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a,validation"])),
-        DataError, r"line 2 of '.*manifest\.csv' has split 'validation'; expected 'train' or 'test'"),
+        DataError, r"line 2 of '.*manifest\.csv', column 'split': expected 'train' or 'test'\. Got 'validation'"),
     "data-manifest-ragged-row": Api(
         lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a,train,extra"])),
         DataError, r"line 2 of '.*manifest\.csv' has 4 fields but the header has 3"),

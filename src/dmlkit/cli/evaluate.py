@@ -26,12 +26,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
-    from dmlkit.engine.trainer import _floats, format_metrics_table
-    from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
+    from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows, per_category_metrics
+    from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
 
@@ -48,11 +46,14 @@ def run(args: argparse.Namespace) -> int:
     if args.split == "test" and splits.eval_mode == "query_gallery":
         q, ql = embed(splits.query)
         g, gl = embed(splits.gallery)
-        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend)
-        metrics.update(verification_metrics(torch.cat([q, g]), torch.cat([ql, gl]), seed=cfg.seed))
+        own = own_rows(splits)  # a query's own image is not in its gallery (CSV rows both query and gallery)
+        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend, own_reference=own)
+        metrics.update(verification_metrics(*query_gallery_union(q, ql, g, gl, own), seed=cfg.seed))
+        scored = (q, ql, splits.categories, (g, gl), own)
     else:
         emb, labels = embed(require_split(splits, args.split, cfg))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
+        scored = (emb, labels, splits.categories, None, None)
         metrics.update(verification_metrics(emb, labels, seed=cfg.seed))
         if cfg.eval.clustering:
             over_cluster = cfg.eval.over_cluster if args.over_cluster is None else args.over_cluster
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
     out = new_output_file(Path(args.run_dir) / "evaluations", args.split, ".json")
     record = {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics}
+    if args.split == "test" and splits.categories is not None:  # a CSV 'category' column, as the run scored it
+        record["per_category"] = per_category_metrics(*scored, ks, backend)
     # data.skip_bad_images: files left out when decoding into memory, and files found unreadable while reading per item
     skipped = sorted({str(p) for p in splits.info.get("skipped_images", [])} | set(splits.skipped_per_item()))
     if skipped:

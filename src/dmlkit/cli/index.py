@@ -1,4 +1,4 @@
-"""``dmlkit index build|add|query|remove``: a saved faiss index over a gallery of image files."""
+"""``dmlkit index build|add|query|classify|remove``: a saved faiss index over a gallery of image files."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     query.add_argument("--alpha", type=float, default=3.0, help="weight exponent of QE / DBA (default: 3)")
     query.add_argument("--k-reciprocal", action="store_true",
                        help="k-reciprocal re-ranking (Zhong et al. 2017; k1=20, k2=6, lambda=0.3)")
+    classify = sub.add_parser(
+        "classify", help="label query images by a vote of their nearest gallery items",
+        description="Label query images by a distance-weighted vote of their k nearest labelled gallery items\n"
+                    "(weight 1 / (cosine distance + 1e-6)); confidence is the winner's share of the vote. Items\n"
+                    "below the threshold do not vote; a query with none above it is 'unknown'.")
+    classify.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build` (labelled gallery)")
+    classify.add_argument("images", nargs="+", metavar="IMAGE", help="query image files")
+    classify.add_argument("-k", type=int, default=5, help="neighbours that vote (default: 5)")
+    rejection = classify.add_mutually_exclusive_group()
+    rejection.add_argument("--fmr", type=float, metavar="FMR",
+                           help="reject below the cosine threshold at this false match rate on the gallery's pairs "
+                                "(default: the index's --threshold-fmr threshold, else no rejection)")
+    rejection.add_argument("--threshold", type=float, metavar="SCORE", help="reject below this cosine score")
+    classify.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    classify.add_argument("--run", metavar="RUN_DIR", help="the run that built the index (default: the one it records)")
     remove = sub.add_parser("remove", help="remove items by id", description="Remove items from an index by id.")
     remove.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
     remove.add_argument("ids", nargs="+", type=int, metavar="ID", help="ids to remove (as printed by query)")
@@ -111,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         index.save(args.index)
         print(f"removed {removed} items; the index holds {len(index)}")
         return 0
+    if args.action == "classify":
+        return _classify(index, args)
     result = index.query(_embedder(index, args.run), list(args.images), args.k,
                          query_expansion=args.query_expansion, database_augmentation=args.database_augmentation,
                          alpha=args.alpha, k_reciprocal=args.k_reciprocal)
@@ -125,4 +142,19 @@ def run(args: argparse.Namespace) -> int:
             match = f" match={'yes' if n['match'] else 'no'}" if "match" in n else ""
             where = n["path"] if n["path"] is not None else f"#{n['id']}"
             print(f"  {n['rank']}. {where} id={n['id']}{label} score={n['score']:.4f} distance={n['distance']:.4f}{match}")
+    return 0
+
+
+def _classify(index, args: argparse.Namespace) -> int:
+    result = index.classify(_embedder(index, args.run), list(args.images), args.k, fmr=args.fmr,
+                            threshold=args.threshold)
+    records = result.records(args.images)
+    if args.json:
+        print(json.dumps({"index": str(args.index), "threshold": result.threshold, "queries": records}, indent=2))
+        return 0
+    for r in records:
+        label = "unknown" if r["unknown"] else f"{r['label']} confidence={r['confidence']:.3f}"
+        print(f"{r['query']}: {label} (nearest score {r['nearest_score']:.4f})")
+    if result.threshold is not None:
+        print(f"threshold: cosine score >= {result.threshold:.6f}")
     return 0

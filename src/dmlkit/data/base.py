@@ -311,7 +311,10 @@ class DataSplits:
 
     ``train`` is always set. ``val`` is the held-out fold of the training classes (None
     without a fold). Leave-one-out data sets set ``test``; In-Shop sets ``query`` and
-    ``gallery`` (which share one label space) and ``eval_mode="query_gallery"``.
+    ``gallery`` (which share one label space) and ``eval_mode="query_gallery"``, as does a CSV manifest
+    with ``is_query``/``is_gallery`` (where a row may be both). ``categories`` names the category of every
+    evaluated row (``test``, or ``query``) when the data has one (a CSV ``category`` column), for
+    per-category metrics.
     """
 
     name: str
@@ -322,6 +325,7 @@ class DataSplits:
     gallery: SplitDataset | None = None
     eval_mode: str = "leave_one_out"
     info: dict = field(default_factory=dict)
+    categories: list[str] | None = None
 
     def items(self) -> list[tuple[str, SplitDataset]]:
         """(split name, dataset) for every split that is present, in a fixed order."""

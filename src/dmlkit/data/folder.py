@@ -1,4 +1,5 @@
-"""Users' own data: an image folder (``root/<class>/<image>``) or a CSV manifest (``path,label[,split]``)."""
+"""Users' own data: an image folder (``root/<class>/<image>``) or a CSV manifest (``path,label[,split]`` and
+optional ``is_query,is_gallery,category`` columns)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ FOLDER_LAYOUT = (
     "or <root>/train/<class>/... + <root>/test/<class>/..."
 )
 CSV_LAYOUT = (
-    "a CSV file with header 'path,label' or 'path,label,split' (split: train or test); "
+    "a CSV file with a header naming 'path', 'label' and optionally 'split' (train or test), 'is_query' and "
+    "'is_gallery' (0/1: query/gallery evaluation of the test rows) and 'category' (per-category metrics); "
     "paths relative to the CSV's folder"
 )
 
@@ -63,10 +65,72 @@ def _inside(path: Path, root: Path) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) == os.path.realpath(root)
 
 
-def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_root: bool = False) -> dict[str, SplitSource]:
-    """Rows ``path,label[,split]``; paths resolve against the CSV's folder and may not leave it.
+#: Columns a CSV manifest may have (in any order); the first two are required.
+CSV_COLUMNS = ("path", "label", "split", "is_query", "is_gallery", "category")
+_TRUE, _FALSE = ("1", "true"), ("0", "false")
 
-    Without a ``split`` column the classes are split class-disjointly in sorted halves.
+
+class _Manifest:
+    """Rows of a CSV manifest read by header, each value checked with the file, line and column named."""
+
+    def __init__(self, csv_path: Path, rows: list[list[str]]):
+        self.csv_path = csv_path
+        header = [c.strip() for c in rows[0]] if rows else []
+        unknown = [c for c in header if c not in CSV_COLUMNS]
+        missing = [c for c in ("path", "label") if c not in header]
+        if not rows or unknown or missing or len(set(header)) != len(header):
+            raise DataError(
+                f"csv: the first line of '{csv_path}' must be a header naming the columns 'path' and 'label', "
+                f"optionally 'split', 'is_query', 'is_gallery' and 'category' (any order, each once). "
+                f"Got {','.join(header)!r}.")
+        if ("is_query" in header) != ("is_gallery" in header):
+            raise DataError(f"csv: '{csv_path}' has only one of the columns 'is_query' and 'is_gallery'; "
+                            "give both (1/true marks a test row as a query, a gallery item, or both).")
+        self.header = header
+        self.column = {name: i for i, name in enumerate(header)}
+        self.rows = [(number, row) for number, row in enumerate(rows[1:], start=2) if row]
+        for number, row in self.rows:
+            if len(row) != len(header):
+                raise DataError(f"csv: line {number} of '{csv_path}' has {len(row)} fields but the header has "
+                                f"{len(header)}.")
+
+    def has(self, column: str) -> bool:
+        return column in self.column
+
+    def value(self, row: list[str], column: str) -> str:
+        return row[self.column[column]].strip()
+
+    def flag(self, number: int, row: list[str], column: str, empty_allowed: bool) -> bool:
+        """``is_query``/``is_gallery``: 0/1 or true/false (any case); empty reads as 0 where allowed."""
+        text = self.value(row, column)
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE or (empty_allowed and not text):
+            return False
+        raise DataError(f"csv: line {number} of '{self.csv_path}', column {column!r}: expected 0, 1, true or "
+                        f"false{' (or empty on a train row)' if empty_allowed else ''}. Got {text!r}.")
+
+
+def _split_of(manifest: _Manifest, number: int, row: list[str]) -> str:
+    """The row's split: its ``split`` column, else test when it is a query or gallery item, else train."""
+    if manifest.has("split"):
+        split = manifest.value(row, "split")
+        if split not in ("train", "test"):
+            raise DataError(f"csv: line {number} of '{manifest.csv_path}', column 'split': expected 'train' or "
+                            f"'test'. Got {split!r}.")
+        return split
+    flagged = any(manifest.flag(number, row, c, empty_allowed=True) for c in ("is_query", "is_gallery"))
+    return "test" if flagged else "train"
+
+
+def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_root: bool = False) -> dict[str, SplitSource]:
+    """Rows ``path,label[,split][,is_query,is_gallery][,category]`` (any column order, by header); paths
+    resolve against the CSV's folder and may not leave it.
+
+    Without a ``split`` column the classes are split class-disjointly in sorted halves, or, with
+    ``is_query``/``is_gallery``, rows flagged as either are the test split and the others train. With
+    those flags the test split becomes ``query`` and ``gallery`` sources (a row flagged both is in both);
+    ``category`` is kept as the label kind ``"category"`` for per-category metrics.
     """
     csv_path = Path(root)
     if csv_path.is_dir():
@@ -75,43 +139,41 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
         raise missing_file_error("csv", csv_path, CSV_LAYOUT)
     base = csv_path.parent
     with open(csv_path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if not rows or [c.strip() for c in rows[0][:2]] != ["path", "label"]:
-        raise DataError(f"csv: the first line of '{csv_path}' must be the header 'path,label[,split]'. Got {rows[:1]}.")
-    header = [c.strip() for c in rows[0]]
-    has_split = header == ["path", "label", "split"]
-    if not has_split and header != ["path", "label"]:
-        raise DataError(f"csv: header of '{csv_path}' must be 'path,label' or 'path,label,split'. Got {','.join(header)!r}.")
-    splits: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], [])}
-    everything: tuple[list, list] = ([], [])
-    for number, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        if len(row) != len(header):
-            raise DataError(f"csv: line {number} of '{csv_path}' has {len(row)} fields but the header has {len(header)}.")
-        path = Path(row[0].strip())
+        manifest = _Manifest(csv_path, list(csv.reader(f)))
+    query_gallery = manifest.has("is_query")
+    parts = ("train", "query", "gallery") if query_gallery else ("train", "test")
+    kinds = ("class", "category") if manifest.has("category") else ("class",)
+    out = {part: SplitSource(names={k: [] for k in kinds}, paths=[]) for part in parts}
+    for number, row in manifest.rows:
+        raw = manifest.value(row, "path")
+        path = Path(raw)
         full = path if path.is_absolute() else base / path
         if not allow_outside_root and not _inside(full, base):
             raise DataError(
-                f"csv: line {number} of '{csv_path}' points outside the manifest's folder ('{row[0]}' is not under "
+                f"csv: line {number} of '{csv_path}' points outside the manifest's folder ('{raw}' is not under "
                 f"'{base}'); pass allow_outside_root=True to allow it."
             )
-        target = everything
-        if has_split:
-            split = row[2].strip()
-            if split not in splits:
-                raise DataError(f"csv: line {number} of '{csv_path}' has split {split!r}; expected 'train' or 'test'.")
-            target = splits[split]
-        target[0].append(str(full))
-        target[1].append(row[1].strip())
-    if has_split:
-        empty = [k for k, (p, _) in splits.items() if not p]
-        if empty:
-            raise DataError(f"csv: '{csv_path}' has no rows with split {empty[0]!r}.")
-        return {k: SplitSource(names={"class": n}, paths=p) for k, (p, n) in splits.items()}
-    if not everything[0]:
-        raise DataError(f"csv: '{csv_path}' has no rows.")
-    return half_split(SplitSource(names={"class": everything[1]}, paths=everything[0]))
+        split = _split_of(manifest, number, row) if manifest.has("split") or query_gallery else "train"
+        targets = [split]
+        if query_gallery and split == "test":
+            targets = [c[3:] for c in ("is_query", "is_gallery") if manifest.flag(number, row, c, empty_allowed=False)]
+            if not targets:
+                raise DataError(f"csv: line {number} of '{csv_path}' is a test row but neither a query nor a "
+                                "gallery item: set is_query, is_gallery or both to 1.")
+        for target in targets:
+            out[target].paths.append(str(full))
+            out[target].names["class"].append(manifest.value(row, "label"))
+            if manifest.has("category"):
+                out[target].names["category"].append(manifest.value(row, "category"))
+    if not manifest.has("split") and not query_gallery:
+        if not out["train"].paths:
+            raise DataError(f"csv: '{csv_path}' has no rows.")
+        return half_split(out["train"])
+    empty = [part for part in parts if not out[part].paths]
+    if empty:
+        what = f"split {empty[0]!r}" if empty[0] in ("train", "test") else f"{empty[0]} rows (is_{empty[0]} = 1)"
+        raise DataError(f"csv: '{csv_path}' has no rows with {what}.")
+    return out
 
 
 FOLDER = register_dataset(DatasetSpec(name="folder", read=read_folder, layout=FOLDER_LAYOUT))

@@ -279,6 +279,8 @@ def build_splits(
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
+    # a reader may return query and gallery sources for any data set (a CSV with is_query/is_gallery)
+    eval_mode = "query_gallery" if "query" in sources else spec.eval_mode
     decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
     interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
     photos = None
@@ -286,7 +288,7 @@ def build_splits(
         from dmlkit.data.transforms import photo_pipeline
 
         photos = photo_pipeline(pipeline, image_size, crop_size, interpolation)
-    if cache_in_memory and (train_transform is None or eval_transform is None) and spec.eval_mode != "query_gallery":
+    if cache_in_memory and (train_transform is None or eval_transform is None) and eval_mode != "query_gallery":
         cached = {k: _decode_into_memory(v, spec.image_mode, image_size, split=k, skip_bad_images=skip_bad_images,
                                          center_crop=center_crop, interpolation=interpolation,
                                          view=photos.view_transform() if photos is not None else None)
@@ -337,7 +339,7 @@ def build_splits(
         name=name,
         train=make(train_source, train_rows, label, train_transform, "train", augmentation_seed=seed),
         val=None if val_rows is None else make(train_source, val_rows, eval_label, eval_transform, "val"),
-        eval_mode=spec.eval_mode,
+        eval_mode=eval_mode,
         info=info,
     )
     if splits.val is not None and int(splits.val.labels.unique().numel()) < 2:
@@ -348,10 +350,13 @@ def build_splits(
             "with more training classes.",
             stacklevel=2,
         )
-    if spec.eval_mode == "query_gallery":
+    if eval_mode == "query_gallery":
         splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, skip_bad_images)
     else:
         splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
+    evaluated_source = sources["query" if eval_mode == "query_gallery" else "test"]
+    if "category" in evaluated_source.names:
+        splits.categories = list(evaluated_source.names["category"])
     if record_eval_input:
         splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
         if center_crop:  # photos: the centre-crop view, with the backbone's interpolation

@@ -337,17 +337,20 @@ class Trainer:
                              progress=progress)
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
-              reference: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
-        """Retrieval, verification (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop).
+              reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+              own_reference: torch.Tensor | None = None) -> dict:
+        """Retrieval, verification (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop),
+        ``own_reference`` the gallery row that is each query itself (-1: none; a CSV row both query and gallery).
 
-        Verification and clustering see every embedding of the split (queries and gallery together)."""
-        from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
+        Verification and clustering see every embedding of the split once (queries and gallery together)."""
+        from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
 
         gallery, gallery_labels = reference if reference is not None else (None, None)
         metrics = retrieval_metrics(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
-                                    ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend)
-        everything = embeddings if gallery is None else torch.cat([embeddings, gallery])
-        everything_labels = labels if gallery is None else torch.cat([labels, gallery_labels])
+                                    ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend,
+                                    own_reference=own_reference)
+        everything, everything_labels = (embeddings, labels) if gallery is None else query_gallery_union(
+            embeddings, labels, gallery, gallery_labels, own_reference)
         metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
         if clustering:
             metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
@@ -517,9 +520,15 @@ class Trainer:
         progress = bool(self.cfg.train.progress and self.dist.is_main)  # the test split: a bar with its own ETA
         embedded = {split: (dataset, *self.embed(dataset, progress)) for split, dataset in embedded.items()}
         reference = embedded["gallery"][1:] if "gallery" in embedded else None
-        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference) if embedded else {}
+        own = own_rows(self.splits) if reference is not None else None
+        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference,
+                             own_reference=own) if embedded else {}
         metrics = _floats(metrics)
         result = dict(metrics)
+        categories = getattr(self.splits, "categories", None)
+        if embedded and categories is not None:  # a CSV 'category' column: each category's queries, whole gallery
+            result["per_category"] = per_category_metrics(*embedded["test"][1:], categories, reference, own,
+                                                          self.cfg.eval.ks, self.cfg.eval.backend)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
                       train_seconds=round(self.elapsed, 3))
         if kept_pretrained is not None:
@@ -538,6 +547,31 @@ class Trainer:
                              val_history=self.val_history())
         self.callbacks.call("on_fit_end", self, result)
         return result
+
+
+def per_category_metrics(embeddings: torch.Tensor, labels: torch.Tensor, categories: list[str],
+                         reference: tuple[torch.Tensor, torch.Tensor] | None, own: torch.Tensor | None,
+                         ks, backend: str) -> dict[str, dict]:
+    """``metrics.json``'s ``per_category``: retrieval metrics of each category's queries against the whole
+    gallery (``reference``; None: leave-one-out over the split)."""
+    from dmlkit.evaluation import retrieval_metrics_per_group
+
+    gallery, gallery_labels = reference if reference is not None else (None, None)
+    per_group = retrieval_metrics_per_group(embeddings, labels, categories, reference=gallery,
+                                            reference_labels=gallery_labels, ks=tuple(ks), backend=backend,
+                                            own_reference=own)
+    return {name: _floats(values) for name, values in per_group.items()}
+
+
+def own_rows(splits) -> torch.Tensor | None:
+    """The gallery row that is each query itself (same image path; -1: none), for a query/gallery split
+    whose rows may be both (a CSV with ``is_query``/``is_gallery``); None when the splits have no paths."""
+    from dmlkit.evaluation import own_reference_rows
+
+    query, gallery = splits.query, splits.gallery
+    if getattr(query, "paths", None) is None or getattr(gallery, "paths", None) is None:
+        return None
+    return own_reference_rows(query.paths, gallery.paths)
 
 
 #: A fine-tuned checkpoint replaces the pretrained embedding only when its validation MAP@R gain, paired

@@ -15,7 +15,14 @@ from dmlkit.evaluation.geometry import (
     interclass_distance,
 )
 from dmlkit.evaluation.knn import iter_knn_blocks, knn
-from dmlkit.evaluation.retrieval import map_at_r_per_query, retrieval_metrics, true_reference_counts
+from dmlkit.evaluation.retrieval import (
+    map_at_r_per_query,
+    own_reference_rows,
+    query_gallery_union,
+    retrieval_metrics,
+    retrieval_metrics_per_group,
+    true_reference_counts,
+)
 from dmlkit.evaluation.verification import threshold_at_fmr, verification_metrics
 
 __all__ = [
@@ -27,6 +34,8 @@ __all__ = [
     "covering_radius",
     "ensemble_retrieval_metrics",
     "map_at_r_per_query",
+    "own_reference_rows",
+    "query_gallery_union",
     "evaluate",
     "geometry_metrics",
     "interclass_distance",
@@ -34,6 +43,7 @@ __all__ = [
     "kmeans_assignments",
     "knn",
     "retrieval_metrics",
+    "retrieval_metrics_per_group",
     "threshold_at_fmr",
     "true_reference_counts",
     "verification_metrics",

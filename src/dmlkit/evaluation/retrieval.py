@@ -21,13 +21,14 @@ every neighbour matches and the metrics are 1 by construction: a warning says so
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from dmlkit._validation import Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
 from dmlkit.evaluation.knn import iter_knn_blocks
+from dmlkit.exceptions import DataError
 
 #: Seed of the permutation that orders tied references (fixed: the metrics stay deterministic).
 TIE_SEED = 0
@@ -146,6 +147,85 @@ class _RetrievalSums:
         return out
 
 
+def own_reference_rows(query_ids: Sequence, reference_ids: Sequence) -> torch.Tensor:
+    """``[Nq]`` int64: the reference row holding each query itself (same id, e.g. the image path), -1 if none.
+
+    A row that is both a query and a gallery item (open-metric-learning's ``is_query`` and ``is_gallery``)
+    must not retrieve itself; :func:`retrieval_metrics` excludes these rows with ``own_reference``.
+    """
+    where = {ident: row for row, ident in enumerate(reference_ids)}
+    return torch.tensor([where.get(ident, -1) for ident in query_ids], dtype=torch.int64)
+
+
+def query_gallery_union(
+    queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor, gallery_labels: torch.Tensor,
+    own_reference: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every embedding of a query/gallery split once (``[N, D]``, ``[N]``): queries, then the gallery rows that
+    are not a query's own row (verification and clustering pairs would otherwise count an image with itself)."""
+    keep = torch.ones(gallery.shape[0], dtype=torch.bool)
+    if own_reference is not None:
+        keep[own_reference[own_reference >= 0]] = False
+    rows = keep.nonzero().flatten()
+    return (torch.cat([queries, gallery.index_select(0, rows.to(gallery.device))]),
+            torch.cat([query_labels, gallery_labels.index_select(0, rows.to(gallery_labels.device))]))
+
+
+def _drop_own(keys: torch.Tensor, idx: torch.Tensor, own: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """From ``k + 1`` neighbours ``[b, k + 1]`` keep ``k``: drop each query's own reference row, else the last."""
+    drop = idx == own.unsqueeze(1)
+    drop[:, -1] |= ~drop.any(1)
+    keep = ~drop
+    return keys[keep].view(-1, k), idx[keep].view(-1, k)
+
+
+def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metric, backend, own_reference):
+    """Yield ``(query rows [b], hits [b, k], R [b])`` (hits with ties shuffled) for blocks of queries."""
+    validate_params(
+        "retrieval_metrics",
+        {"metric": metric, "backend": backend},
+        {"metric": [Options(METRICS)], "backend": [Options(BACKENDS)]},
+    )
+    ks = check_ks(ks)
+    check_evaluation_inputs(embeddings, labels, reference, reference_labels)
+    leave_one_out = reference is None
+    query_rows = torch.arange(embeddings.shape[0])
+    own = None
+    if leave_one_out:  # queries and references permuted together (self-exclusion needs the same order)
+        order = _tie_order(embeddings.shape[0]).to(embeddings.device)
+        embeddings, labels = embeddings.index_select(0, order), labels.index_select(0, order.to(labels.device))
+        reference, reference_labels = embeddings, labels
+        query_rows = order.cpu()
+    else:
+        order = _tie_order(reference.shape[0]).to(reference.device)
+        reference = reference.index_select(0, order)
+        reference_labels = reference_labels.index_select(0, order.to(reference_labels.device))
+        if own_reference is not None and bool((own_reference >= 0).any()):
+            if own_reference.shape != (embeddings.shape[0],):
+                raise DataError(f"own_reference must have one entry per query ({embeddings.shape[0]}). "
+                                f"Got shape {tuple(own_reference.shape)}.")
+            position = torch.empty_like(order.cpu())
+            position[order.cpu()] = torch.arange(len(order))  # where each reference row went
+            own_reference = own_reference.cpu().long()
+            own = torch.where(own_reference >= 0, position[own_reference.clamp_min(0)], own_reference)
+    labels, reference_labels = labels.cpu().long(), reference_labels.cpu().long()
+    _warn_single_class(labels, reference_labels)
+    r = true_reference_counts(labels, reference_labels, leave_one_out)
+    if own is not None:  # a query's own row is not one of its true references
+        r = r - (own >= 0).long()
+    available = reference.shape[0] - int(leave_one_out or own is not None)
+    k = min(available, max(max(ks), int(r.max()) if len(r) else 1))
+    search_k = k + 1 if own is not None else k
+    for start, end, keys, idx in iter_knn_blocks(
+        embeddings, reference, search_k, exclude_self=leave_one_out, metric=metric, backend=backend
+    ):
+        keys, idx = keys.cpu(), idx.cpu()
+        if own is not None:
+            keys, idx = _drop_own(keys, idx, own[start:end], k)
+        hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
+        yield query_rows[start:end], hits.gather(1, _shuffle_ties(keys, start)), r[start:end]
+
+
 def retrieval_metrics(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
@@ -155,41 +235,45 @@ def retrieval_metrics(
     ks: Sequence[int] = (1, 2, 4, 8),
     metric: str = "euclidean",
     backend: str = "torch",
+    own_reference: torch.Tensor | None = None,
 ) -> dict[str, float | int]:
     """P@1, Recall@K, R-Precision and MAP@R of ``embeddings [N, D]`` (ASAP App. A.2).
 
     Without ``reference`` each sample queries all others (leave-one-out: CUB, Cars, SOP);
     with ``reference [M, D]`` and ``reference_labels [M]`` the embeddings query that gallery
-    (In-Shop). ``metric`` ranks by Euclidean distance (default, as PML's AccuracyCalculator),
-    cosine similarity or dot product; on L2-normalised embeddings Euclidean and cosine give
-    the same ranking. Returns floats plus ``num_queries_excluded`` (int).
+    (In-Shop). ``own_reference [N]`` (:func:`own_reference_rows`) names the gallery row that is the
+    query itself (-1: none), left out of that query's neighbours and true references. ``metric`` ranks
+    by Euclidean distance (default, as PML's AccuracyCalculator), cosine similarity or dot product; on
+    L2-normalised embeddings Euclidean and cosine give the same ranking. Returns floats plus
+    ``num_queries_excluded`` (int).
     """
-    validate_params(
-        "retrieval_metrics",
-        {"metric": metric, "backend": backend},
-        {"metric": [Options(METRICS)], "backend": [Options(BACKENDS)]},
-    )
-    ks = check_ks(ks)
-    check_evaluation_inputs(embeddings, labels, reference, reference_labels)
-    leave_one_out = reference is None
-    if leave_one_out:  # queries and references permuted together (self-exclusion needs the same order)
-        order = _tie_order(embeddings.shape[0]).to(embeddings.device)
-        embeddings, labels = embeddings.index_select(0, order), labels.index_select(0, order.to(labels.device))
-        reference, reference_labels = embeddings, labels
-    else:
-        order = _tie_order(reference.shape[0]).to(reference.device)
-        reference = reference.index_select(0, order)
-        reference_labels = reference_labels.index_select(0, order.to(reference_labels.device))
-    labels, reference_labels = labels.cpu().long(), reference_labels.cpu().long()
-    _warn_single_class(labels, reference_labels)
-    r = true_reference_counts(labels, reference_labels, leave_one_out)
-    available = reference.shape[0] - int(leave_one_out)
-    k = min(available, max(max(ks), int(r.max()) if len(r) else 1))
-    sums = _RetrievalSums(ks)
-    for start, end, keys, idx in iter_knn_blocks(
-        embeddings, reference, k, exclude_self=leave_one_out, metric=metric, backend=backend
-    ):
-        hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
-        hits = hits.gather(1, _shuffle_ties(keys.cpu(), start))
-        sums.add(hits, r[start:end])
+    sums = _RetrievalSums(check_ks(ks))
+    for _, hits, r in _retrieval_blocks(embeddings, labels, reference=reference, reference_labels=reference_labels,
+                                        ks=ks, metric=metric, backend=backend, own_reference=own_reference):
+        sums.add(hits, r)
     return sums.result()
+
+
+def retrieval_metrics_per_group(
+    embeddings: torch.Tensor, labels: torch.Tensor, groups: Sequence[str], **options: Any
+) -> dict[str, dict[str, float | int]]:
+    """:func:`retrieval_metrics` of each group of queries (e.g. a product category), keyed by sorted group name.
+
+    ``groups`` names the group of every query ``[N]``; ``options`` are :func:`retrieval_metrics`'
+    keyword arguments. Each query still retrieves from the whole gallery (all other samples in
+    leave-one-out), so a group's metrics are the means of its queries' scores in the overall metrics.
+    """
+    if len(groups) != embeddings.shape[0]:
+        raise DataError(f"groups has {len(groups)} entries but embeddings has {embeddings.shape[0]} rows.")
+    names = sorted(set(groups))
+    number = {name: i for i, name in enumerate(names)}
+    group_ids = torch.tensor([number[g] for g in groups], dtype=torch.int64)
+    options = {"reference": None, "reference_labels": None, "ks": (1, 2, 4, 8), "metric": "euclidean",
+               "backend": "torch", "own_reference": None, **options}
+    sums = [_RetrievalSums(check_ks(options["ks"])) for _ in names]
+    for rows, hits, r in _retrieval_blocks(embeddings, labels, **options):
+        block_groups = group_ids[rows]
+        for g in block_groups.unique().tolist():
+            mine = block_groups == g
+            sums[g].add(hits[mine], r[mine])
+    return {name: s.result() for name, s in zip(names, sums)}

@@ -1,6 +1,8 @@
-"""Search indexes over embedded galleries (faiss) and query-time re-ranking."""
+"""Search indexes over embedded galleries (faiss), query-time re-ranking and a k-NN classifier."""
 
+from dmlkit.index.classify import Classification
 from dmlkit.index.gallery import KINDS, Index, QueryResult
 from dmlkit.index.rerank import alpha_query_expansion, database_augmentation, k_reciprocal_distance
 
-__all__ = ["KINDS", "Index", "QueryResult", "alpha_query_expansion", "database_augmentation", "k_reciprocal_distance"]
+__all__ = ["KINDS", "Classification", "Index", "QueryResult", "alpha_query_expansion", "database_augmentation",
+           "k_reciprocal_distance"]

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
+from dmlkit.index.classify import Classification
 
 KINDS = ("flat", "ivf", "hnsw")
 FORMAT = "dmlkit-index-1"
@@ -230,17 +231,28 @@ class Index:
         return np.asarray(self.faiss_index.reconstruct_batch(self.ids), dtype=np.float32).reshape(-1, self.dim)
 
     # ----- thresholds -------------------------------------------------------------------------
-    def set_threshold_at_fmr(self, fmr: float) -> float:
-        """Store the cosine threshold whose false match rate on the labelled gallery's pairs is ``fmr``
+    def _label_codes(self, what: str, *, every: bool = True) -> tuple[list[str], np.ndarray]:
+        """Sorted label names and each item's code ``[N]`` (-1: unlabelled); ``every``: all items must be
+        labelled for ``what``, else at least one."""
+        labelled = np.array([v is not None for v in self.labels], dtype=bool)
+        if not labelled.all() if every else not labelled.any():
+            raise DataError(f"{what} needs {'every' if every else 'a'} gallery item labelled "
+                            "(give --images a <class>/<image> folder or a CSV with a label column).")
+        names = sorted({v for v in self.labels if v is not None})
+        number = {name: i for i, name in enumerate(names)}
+        return names, np.array([number.get(v, -1) for v in self.labels], dtype=np.int64)
+
+    def threshold_at_fmr(self, fmr: float) -> float:
+        """The cosine threshold whose false match rate on the labelled gallery's pairs is ``fmr``
         (:func:`dmlkit.evaluation.verification.threshold_at_fmr`)."""
         from dmlkit.evaluation.verification import threshold_at_fmr
 
-        if any(v is None for v in self.labels):
-            raise DataError("a threshold at a false match rate needs every gallery item labelled "
-                            "(give --images a <class>/<image> folder or a CSV with a label column).")
-        _, codes = np.unique(np.asarray(self.labels), return_inverse=True)
-        self.threshold = float(threshold_at_fmr(torch.from_numpy(self.vectors()), torch.from_numpy(codes.astype(np.int64)),
-                                                fmr))
+        _, codes = self._label_codes("a threshold at a false match rate")
+        return float(threshold_at_fmr(torch.from_numpy(self.vectors()), torch.from_numpy(codes), fmr))
+
+    def set_threshold_at_fmr(self, fmr: float) -> float:
+        """Store :meth:`threshold_at_fmr` as the index's match threshold; returns it."""
+        self.threshold = self.threshold_at_fmr(fmr)
         self.threshold_fmr = float(fmr)
         return self.threshold
 
@@ -310,6 +322,38 @@ class Index:
         match = None if self.threshold is None else (scores >= self.threshold) & valid
         return QueryResult(np.where(valid, ids, -1), scores.astype(np.float32), distances.astype(np.float32),
                            paths, labels, match)
+
+    # ----- classifying ------------------------------------------------------------------------
+    def classify(self, embedder, images, k: int = 5, *, fmr: float | None = None,
+                 threshold: float | None = None) -> "Classification":
+        """Predicted label of each image by its ``k`` nearest gallery items; see :meth:`classify_embeddings`."""
+        self.check_model(embedder)
+        return self.classify_embeddings(embedder.embed(images), k, fmr=fmr, threshold=threshold)
+
+    def classify_embeddings(self, queries, k: int = 5, *, fmr: float | None = None,
+                            threshold: float | None = None) -> "Classification":
+        """A distance-weighted vote of the ``k`` nearest gallery items of ``queries [Q, D]``
+        (:mod:`dmlkit.index.classify`; unlabelled items do not vote), with its confidence; a query with
+        no labelled neighbour at or above the cosine threshold is unknown (label None). The threshold is
+        ``threshold``, else the one at false match rate ``fmr`` on the gallery's pairs (not stored), else
+        the index's own (``--threshold-fmr`` at build), else none."""
+        from dmlkit._validation import NONE, Interval, validate_params
+        from dmlkit.index.classify import vote
+
+        validate_params("Index.classify", {"k": k, "fmr": fmr, "threshold": threshold},
+                        {"k": [Interval(int, 1, None)], "fmr": [Interval(float, 0, 1, closed="neither"), NONE],
+                         "threshold": [Interval(float, -1, 1), NONE]})
+        if fmr is not None and threshold is not None:
+            raise InvalidParameterError("Index.classify takes either 'fmr' or 'threshold', not both.")
+        names, codes = self._label_codes("classifying", every=False)
+        if fmr is not None:
+            threshold = self.threshold_at_fmr(fmr)
+        elif threshold is None:
+            threshold = self.threshold
+        found = self.query_embeddings(queries, k)
+        rows = _rows_of(self.ids, found.ids)
+        scores = np.where(rows >= 0, found.scores, -np.inf)  # fewer than k items found (IVF)
+        return vote(scores, np.where(rows >= 0, codes[np.maximum(rows, 0)], -1), names, threshold)
 
     def recall_at_10(self, queries: np.ndarray, sample: int = RECALL_SAMPLE) -> float:
         """Mean fraction of the exact 10 nearest items (flat inner product) that this index returns,

@@ -77,11 +77,23 @@ def metrics_section(run: RunData) -> str:
         return html.note("metrics.json has no numeric metrics.")
     rows = [(metric_label(k), k, values[k]) for k in ordered_metric_keys(set(values))]
     body = html.table(("metric", "key", "value"), rows, numeric_columns=(2,))
-    non_numeric = {k: v for k, v in run.metrics.items() if k not in values}
+    non_numeric = {k: v for k, v in run.metrics.items() if k not in values and k != "per_category"}
+    body += per_category_table(run.metrics.get("per_category"))
     if non_numeric:
         body += "<p>" + "; ".join(f"{html.esc(k)}: <code>{html.esc(html.format_value(v))}</code>"
                                   for k, v in non_numeric.items()) + "</p>"
     return body
+
+
+def per_category_table(per_category: Any) -> str:
+    """Table of the per-category retrieval metrics of ``metrics.json`` (a CSV ``category`` column); "" if none."""
+    if not isinstance(per_category, dict) or not per_category:
+        return ""
+    keys = ordered_metric_keys({k for v in per_category.values() if isinstance(v, dict) for k in v})
+    rows = [(name, *[values.get(k) if isinstance(values, dict) else None for k in keys])
+            for name, values in per_category.items()]
+    return "<h3>Per category</h3>" + html.table(("category", *[metric_label(k) for k in keys]), rows,
+                                                numeric_columns=range(1, len(keys) + 1))
 
 
 def curves_section(run: RunData, dpi: int) -> str:
