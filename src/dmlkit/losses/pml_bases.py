@@ -209,16 +209,21 @@ class GenericPairLoss(BaseMetricLossFunction):
         raise NotImplementedError
 
 
-def _memory() -> tuple[type, ...]:
-    from dmlkit.memory import CrossBatchMemory
+#: dmlkit's loss wrappers, which ``isinstance(x, BaseLossWrapper)`` also accepts. A wrapper registers itself
+#: (:func:`register_loss_wrapper`), so this module never imports the packages that wrap losses (no cycle).
+LOSS_WRAPPERS: list[type] = []
 
-    return (CrossBatchMemory,)
+
+def register_loss_wrapper(cls: type) -> type:
+    """Class decorator: ``cls`` (e.g. ``CrossBatchMemory``) counts as a PML ``BaseLossWrapper``."""
+    LOSS_WRAPPERS.append(cls)
+    return cls
 
 
 class BaseLossWrapper(torch.nn.Module, metaclass=_Equivalent):
     """PML's base of loss wrappers: checks at construction that the wrapped loss is supported."""
 
-    _dmlkit_role = staticmethod(_memory)
+    _dmlkit_role = staticmethod(lambda: tuple(LOSS_WRAPPERS))
 
     def __init__(self, loss, **kwargs):
         super().__init__(**kwargs)

@@ -24,6 +24,7 @@ from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, va
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss
+from dmlkit.losses.pml_bases import register_loss_wrapper
 from dmlkit.mining.selection import PairSelection, TripletSelection, selection_from_indices_tuple
 
 #: The losses PML's CrossBatchMemory lists as supported (PML's names).
@@ -34,6 +35,7 @@ PML_SUPPORTED_LOSSES = (
 )
 
 
+@register_loss_wrapper
 class CrossBatchMemory(nn.Module):
     """``loss(batch [B, D] vs memory [M, D])`` with a FIFO memory of ``memory_size`` embeddings.
 
