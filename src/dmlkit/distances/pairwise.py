@@ -95,7 +95,7 @@ class BaseDistance(torch.nn.Module):
         """Embeddings must be 2-D ``[B, D]`` (a ``ValueError``); a subclass may accept others."""
         for name, t in (("embeddings", query_emb), ("ref_emb", ref_emb)):
             if t is not None and t.dim() != 2:
-                raise DataError(f"{name} must be a 2-D tensor [batch_size, embedding_size]. Got shape {tuple(t.shape)}.")
+                raise DataError(f"{name} must be 2-D [B, D] (batch_size, embedding_size). Got shape {tuple(t.shape)}.")
 
     def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         """``[B, R]`` between the (maybe normalised) embeddings, before the ``power`` (PML's hook)."""
