@@ -78,7 +78,7 @@ def _listing(path: Path, limit: int = 5) -> str:
 
 
 def _lock(path: Path) -> None:
-    """Hold an exclusive ``fcntl`` lock on the folder for the rest of this process (released when it exits)."""
+    """Hold an exclusive ``fcntl`` lock on the folder until :func:`release_locks` or the end of the process."""
     import fcntl
 
     key = str(path.resolve())
