@@ -27,13 +27,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.crossval import format_crossval, run_crossval
     from dmlkit.engine.run_dir import claim_directory
+    from dmlkit.exceptions import DmlkitError
 
     cfg = config_from_args(args)
     if args.quiet:
         cfg.train.progress = False
     out = Path(args.out) if args.out else new_output_dir("runs", f"{cfg.name}-crossval")
-    claim_directory(out, "crossval", resume=True)  # rerunning the same command resumes its own folds
-    summary = run_crossval(cfg, out, seeds=args.seeds, folds=args.folds)
+    claim = claim_directory(out, "crossval", resume=True)  # rerunning the same command resumes its own folds
+    try:
+        summary = run_crossval(cfg, out, seeds=args.seeds, folds=args.folds)
+    except DmlkitError:
+        claim.release()  # a fold refused before anything was written leaves the folder as it was
+        raise
     print(format_crossval(summary))
     print(f"summary: {out / 'crossval.json'}")
     return 0

@@ -41,17 +41,21 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.run_dir import claim_directory
+    from dmlkit.exceptions import DmlkitError
     from dmlkit.sweep import parse_param, run_sweep, write_sweep_report
 
     specs = [parse_param(text) for text in args.params]
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else new_output_dir("sweeps", cfg.name)
-    claim_directory(out, "sweep", resume=True)  # rerunning the same command resumes its own sweep
+    claim = claim_directory(out, "sweep", resume=True)  # rerunning the same command resumes its own sweep
     try:
         result = run_sweep(
             cfg, specs, out, trials=args.trials, sampler=args.sampler, seed=args.sampler_seed,
             startup_trials=args.startup_trials, prune=args.prune,
         )
+    except DmlkitError:
+        claim.release()  # refused before anything was written: the folder is as it was
+        raise
     except KeyboardInterrupt:
         print(f"dmlkit sweep: interrupted; rerun the same command (--out {out}) to resume", file=sys.stderr)
         return 130

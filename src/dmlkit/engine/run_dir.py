@@ -37,7 +37,8 @@ from dmlkit.exceptions import ConfigError
 CLAIM_FILE = ".dmlkit-claim.json"
 #: What a folder written before claims existed holds when it is a run of each kind (so it may be resumed):
 #: any one of the groups, each group's files all present.
-_LEGACY_MARKS = {"train": (("config.yaml", "env.json", "manifest.json"),), "sweep": (("study.db",),),
+_LEGACY_MARKS = {"train": (("config.yaml", "env.json", "manifest.json"), ("config.yaml", "checkpoints/last.pt")),
+                 "sweep": (("study.db",),),
                  "crossval": (("crossval.json",), ("seed0",))}
 _held_locks: dict[str, int] = {}  # folder -> open descriptor holding its lock until the command ends
 
@@ -79,7 +80,7 @@ def _listing(path: Path, limit: int = 5) -> str:
 
 
 def _lock(path: Path) -> None:
-    """Hold an exclusive ``fcntl`` lock on the folder for the rest of this process (released when it exits)."""
+    """Hold an exclusive ``fcntl`` lock on the folder until :func:`release_locks` or the end of the process."""
     import fcntl
 
     key = str(path.resolve())
@@ -110,11 +111,12 @@ class Claim:
         self.path, self.fresh, self.created = path, fresh, created
 
     def release(self) -> None:
-        """Remove the claim file of a fresh claim, and the folder when this claim created it and it is empty."""
-        if not self.fresh:
+        """Undo a fresh claim when nothing but the claim file was written: remove it, and the folder when this
+        claim created it. A folder the command has written into stays claimed (it can be resumed)."""
+        if not self.fresh or not self.path.is_dir() or any(p.name != CLAIM_FILE for p in self.path.iterdir()):
             return
         (self.path / CLAIM_FILE).unlink(missing_ok=True)
-        if self.created and not any(self.path.iterdir()):
+        if self.created:
             self.path.rmdir()
 
 
