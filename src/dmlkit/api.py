@@ -18,6 +18,7 @@ from torch import nn
 from dmlkit.config.schema import RunConfig, config_from_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.run_dir import claim_directory, release_locks
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.exceptions import ConfigError
 
@@ -121,10 +122,19 @@ def fit(
         from dmlkit.report import WriteReport
 
         first.append(WriteReport(echo))
-    trainer = Trainer(cfg, run_dir, resume=resume, echo=echo, model=None if isinstance(model, str) else model,
-                      loss=loss, miner=miner, data=splits, optimizer=optimizer,
-                      callbacks=[*first, *callbacks, *loggers])
-    return trainer.fit()
+    # the folder is claimed as `dmlkit train --out` claims it: new, or this kind of run being resumed
+    claim = claim_directory(run_dir, "train", resume=resume, option="out")
+    try:
+        try:
+            trainer = Trainer(cfg, run_dir, resume=resume, echo=echo, model=None if isinstance(model, str) else model,
+                              loss=loss, miner=miner, data=splits, optimizer=optimizer,
+                              callbacks=[*first, *callbacks, *loggers])
+        except BaseException:
+            claim.release()  # nothing was written: the folder is as it was
+            raise
+        return trainer.fit()
+    finally:
+        release_locks()
 
 
 __all__ = ["config_for_objects", "embedding_size_of", "fit", "object_name"]

@@ -191,3 +191,17 @@ def test_a_model_name_and_the_config_loss_with_a_user_dataset(tmp_path):
     assert result.steps == 2 and 0 < result.test_metrics["map_at_r"] <= 1
     config = (tmp_path / "config.yaml").read_text()
     assert "name: small_cnn\n" in config and "name: multi_similarity\n" in config and "augment: none" in config
+
+
+def test_fit_claims_its_folder_and_never_writes_over_a_users_files(tmp_path):
+    """issue 33 for the object API: ``out`` holding the user's own files is refused, every file left as it was."""
+    from dmlkit.exceptions import ConfigError
+
+    digits = USER_CLASSES["Digits"]
+    (tmp_path / "config.yaml").write_text("# my own config, comments and all\n")
+    (tmp_path / "notes.txt").write_bytes(b"\x00keep me")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match="is not empty and is not a dmlkit train run"):
+        dmlkit.fit("small_cnn", None, digits(range(5)), test_data=digits([7, 8, 9]), out=tmp_path, report=False,
+                   train={"max_steps": 2, "progress": False}, echo=lambda _: None)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
