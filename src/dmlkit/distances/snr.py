@@ -7,6 +7,10 @@ import torch
 
 from dmlkit.distances.pairwise import BaseDistance, _require
 
+#: An anchor whose features are all equal has no signal; its noise is divided by this instead of 0
+#: (PML divides by 0: inf or NaN).
+SIGNAL_FLOOR = 1e-12
+
 
 class SNRDistance(BaseDistance):
     """``Var(x - y) / Var(x)`` over the feature dimension (unbiased variances), anchor ``x`` first.
@@ -28,7 +32,7 @@ class SNRDistance(BaseDistance):
         noise = q_sq.unsqueeze(1) + r_sq - 2.0 * (query_emb @ ref_emb.T)
         noise = (noise - (q_sum.unsqueeze(1) - r_sum).square() / dim).clamp_min(0.0)
         signal = q_sq - q_sum.square() / dim
-        return noise / signal.unsqueeze(1)
+        return noise / signal.clamp_min(SIGNAL_FLOOR).unsqueeze(1)
 
     def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
-        return torch.var(query_emb - ref_emb, dim=1) / torch.var(query_emb, dim=1)
+        return torch.var(query_emb - ref_emb, dim=1) / torch.var(query_emb, dim=1).clamp_min(SIGNAL_FLOOR)

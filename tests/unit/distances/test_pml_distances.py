@@ -173,3 +173,15 @@ def test_dot_product_defaults_to_pml_and_normalises():
     torch.testing.assert_close(DotProductSimilarity(normalize_embeddings=False)(x, y), x @ y.T)
     assert DotProductSimilarity(normalize_embeddings=False).has_closed_form
     assert not DotProductSimilarity().has_closed_form
+
+
+def test_snr_distance_of_an_anchor_without_signal_is_finite():
+    """An anchor whose features are all equal (variance 0) gives finite distances, not inf/NaN (PML: division by 0)."""
+    from dmlkit.distances import SNRDistance
+
+    flat = torch.ones(1, 4, dtype=torch.float64)
+    others = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    mat = SNRDistance(normalize_embeddings=False)(flat, others)
+    assert torch.isfinite(mat).all()
+    assert mat[0, 1] == 0  # no noise either: identical rows are at distance 0
+    assert mat[0, 0] > 1e6  # noise over (almost) no signal: far
