@@ -311,16 +311,8 @@ class AccuracyCalculator:
         if not bool(keep.any()):
             nan = [float("nan")] * len(classes) if self.return_per_class else float("nan")
             return {m: nan for m in metrics}
-        available = len(reference) - self_count
-        if self.k is None:
-            k = available
-        elif self.k == "max_bin_count":
-            k = int(counts.max()) - self_count
-        else:
-            k = self.k
-            _warn_if_k_cuts_r(k, int(counts.max()), metrics)
-        _LOG.info("AccuracyCalculator: %d nearest neighbours of %d references", k, len(reference))
-        k = max(1, min(k, available))
+        k = max(1, min(self._num_neighbours(counts, len(reference), ref_includes_query, metrics),
+                       len(reference) - self_count))
         idx = self._neighbours(query, reference, k, ref_includes_query, keep)
         labels = query_labels[keep]
         hits = reference_labels[idx] == labels[:, None]  # [Nq, k]

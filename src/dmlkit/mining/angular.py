@@ -7,9 +7,8 @@ import math
 import torch
 
 from dmlkit._validation import NONE, Interval, validate_params
-from dmlkit.distances import BaseDistance, LpDistance, as_distance
-from dmlkit.exceptions import InvalidParameterError
-from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance, empty_triplets
+from dmlkit.distances import BaseDistance
+from dmlkit.mining.base import DISTANCE, BaseMiner, empty_triplets, normalised_euclidean
 from dmlkit.mining.selection import TripletSelection
 
 
@@ -42,12 +41,7 @@ class AngularMiner(BaseMiner):
         super().__init__()
         validate_params(type(self).__name__, {"angle": angle, "distance": distance},
                         {"angle": [Interval(float)], "distance": [DISTANCE, NONE]})
-        self.distance = as_distance(distance) if distance is not None else default_distance()
-        if not (isinstance(self.distance, LpDistance) and self.distance.power == 1
-                and self.distance.normalize_embeddings):
-            raise InvalidParameterError(
-                "The 'distance' parameter of AngularMiner must be LpDistance(p=2, power=1, "
-                f"normalize_embeddings=True). Got {self.distance!r} instead.")
+        self.distance = normalised_euclidean(distance, type(self).__name__)
         self.angle_degrees = float(angle)
         self.angle = math.radians(angle)
 

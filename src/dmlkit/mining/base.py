@@ -43,6 +43,19 @@ def default_distance() -> BaseDistance:
     return LpDistance(power=1, normalize_embeddings=True)
 
 
+def normalised_euclidean(distance: object | None, owner: str) -> BaseDistance:
+    """``distance`` (default: :func:`default_distance`) when it is PML's asserted
+    ``LpDistance(p=2, power=1, normalize_embeddings=True)``; anything else is refused."""
+    from dmlkit.exceptions import InvalidParameterError
+
+    measure = default_distance() if distance is None else as_distance(distance, owner)
+    if not (isinstance(measure, LpDistance) and measure.power == 1 and measure.normalize_embeddings):
+        raise InvalidParameterError(
+            f"The 'distance' parameter of {owner} must be LpDistance(p=2, power=1, normalize_embeddings=True). "
+            f"Got {measure!r} instead.")
+    return measure
+
+
 def empty_triplets(device: torch.device | str) -> TripletSelection:
     """A selection with no triplets."""
     empty = torch.zeros(0, dtype=torch.long, device=device)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dmlkit._validation import Interval, validate_params
-from dmlkit.distances import l2_normalize, squared_euclidean
-from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_triplets
+from dmlkit.distances import BaseDistance, l2_normalize, squared_euclidean
+from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_triplets, normalised_euclidean
 from dmlkit.mining.selection import TripletSelection
 
 
@@ -52,11 +52,13 @@ class DistanceWeightedMiner(SeededMinerMixin, BaseMiner):
 
     _repr_keys = ("cutoff", "nonzero_loss_cutoff", "seed")
 
-    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, *, seed: int = 0,
-                 generator: torch.Generator | None = None):
+    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, distance: BaseDistance | None = None,
+                 *, seed: int = 0, generator: torch.Generator | None = None):
         super().__init__()
         validate_params(type(self).__name__, {"cutoff": cutoff, "nonzero_loss_cutoff": nonzero_loss_cutoff},
                         {"cutoff": [Interval(float)], "nonzero_loss_cutoff": [Interval(float)]})
+        # PML asserts this one distance; the sphere distances below are computed directly
+        self.distance = normalised_euclidean(distance, type(self).__name__)
         self.cutoff = float(cutoff)
         self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
         self._init_generator(seed, generator)

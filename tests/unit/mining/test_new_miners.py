@@ -204,3 +204,14 @@ def test_pml_style_mine_reads_the_batch_passed_as_its_own_reference_as_one_set()
     other = x.clone()  # a distinct reference tensor is a reference set: the anchor's own copy is a positive
     a1, p, _, _ = BatchEasyHardMiner("easy", "hard").as_pml().mine(x, labels, other, labels.clone())
     assert torch.equal(a1, p)  # the easiest (closest) positive of each anchor is its own copy, at distance 0
+
+
+def test_distance_weighted_miner_takes_pmls_asserted_distance_only():
+    from pytorch_metric_learning.distances import LpDistance as PMLLpDistance
+
+    from dmlkit.mining import DistanceWeightedMiner
+
+    assert DistanceWeightedMiner(0.5, 1.4, LpDistance(normalize_embeddings=True)).distance.normalize_embeddings
+    assert DistanceWeightedMiner(distance=PMLLpDistance()).distance.power == 1
+    with pytest.raises(InvalidParameterError, match="'distance' parameter of DistanceWeightedMiner"):
+        DistanceWeightedMiner(distance=CosineSimilarity())
