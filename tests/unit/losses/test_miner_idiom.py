@@ -11,20 +11,30 @@ import torch
 
 from dmlkit.exceptions import DmlkitError
 from dmlkit.losses import LOSSES, create_loss
-from dmlkit.losses.pair.base import PairLoss
 from dmlkit.mining import MINERS, create_miner, list_miners
+
+#: Constructor arguments of the registered losses that have required ones (PML: no defaults).
+REQUIRED_ARGS = {"ranked_list": dict(margin=0.4, Tn=10.0), "manifold": dict(l=6, K=4)}
 
 
 def pair_losses() -> list[str]:
-    """Registered losses that take pairs (a ``pairs=`` keyword), built with their defaults."""
+    """Registered losses that take pairs (a ``pairs=`` keyword)."""
     names = []
     for name in LOSSES.names():
         cls = LOSSES.get(name)
-        takes_pairs = isinstance(cls, type) and (issubclass(cls, PairLoss)
-                                                 or "pairs" in inspect.signature(cls.forward).parameters)
-        if takes_pairs:
+        if isinstance(cls, type) and "pairs" in inspect.signature(cls.forward).parameters:
             names.append(name)
     return names
+
+
+def anchor_weighted_losses() -> list[str]:
+    """Registered ranking losses that read PML's ``indices_tuple`` as per-anchor weights (FastAP, Smooth-AP, ...)."""
+    return [n for n in LOSSES.names() if getattr(LOSSES.get(n), "takes_anchor_weights", False)]
+
+
+def build(name: str):
+    """A fresh loss (stateful losses such as the dynamic soft margin's histogram start the same each time)."""
+    return create_loss(name, **REQUIRED_ARGS.get(name, {}))
 
 
 def batch():
@@ -43,14 +53,28 @@ def test_there_are_pair_losses_and_miners_to_check():
 def test_selection_as_indices_tuple_equals_pairs_keyword(loss_name, miner_name):
     x, labels = batch()
     selection = create_miner(miner_name)(x, labels)
-    loss = create_loss(loss_name)
     try:
-        expected = loss(x, labels, pairs=selection)
+        expected = build(loss_name)(x, labels, pairs=selection)
     except DmlkitError as err:  # a combination the loss cannot take: the same refusal both ways
         with pytest.raises(type(err)) as positional:
-            loss(x, labels, selection)
+            build(loss_name)(x, labels, selection)
         assert "pairs" in str(positional.value)
         return
-    got = loss(x, labels, selection)
+    got = build(loss_name)(x, labels, selection)
     assert torch.equal(got, expected)
     assert torch.isfinite(got)
+
+
+@pytest.mark.parametrize("miner_name", sorted(MINERS.names()))
+@pytest.mark.parametrize("loss_name", anchor_weighted_losses())
+def test_ranking_losses_take_a_selection_as_its_pml_tuple(loss_name, miner_name):
+    """FastAP and Smooth-AP weight anchors by PML's tuple: a dmlkit miner's selection counts as that tuple."""
+    x, labels = batch()
+    selection = create_miner(miner_name)(x, labels)
+    got = build(loss_name)(x, labels, selection)
+    expected = build(loss_name)(x, labels, selection.to_indices_tuple())
+    assert torch.equal(got, expected) and torch.isfinite(got)
+
+
+def test_there_are_anchor_weighted_losses_to_check():
+    assert {"fastap", "smooth_ap"} <= set(anchor_weighted_losses())

@@ -14,10 +14,15 @@ from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
 from dmlkit.losses.pair.terms import require_orientation
+from dmlkit.mining.selection import PairSelection, TripletSelection
 
 
 def anchor_weights(indices_tuple: tuple, num: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``[B]`` weights: occurrences of each sample in PML's index tuple over the largest count (1s if empty)."""
+    """``[B]`` weights: occurrences of each sample in PML's index tuple over the largest count (1s if empty).
+
+    A dmlkit miner's selection counts as the PML tuple of the same pairs or triplets."""
+    if isinstance(indices_tuple, (PairSelection, TripletSelection)):
+        indices_tuple = indices_tuple.to_indices_tuple()
     if not isinstance(indices_tuple, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in indices_tuple):
         raise InvalidParameterError(
             f"indices_tuple must be PML's tuple of 3 or 4 index tensors. Got {type(indices_tuple).__name__}."
