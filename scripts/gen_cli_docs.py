@@ -25,7 +25,7 @@ EXAMPLES = {
     ],
     "presets": ["dmlkit presets", "dmlkit presets show mnist-proxy-anchor"],
     "datasets": ["dmlkit datasets list"],
-    "report": ["dmlkit report runs/ms"],
+    "report": ["dmlkit report runs/ms", "dmlkit report runs/ms --map tsne --no-proxies"],
     "sweep": [
         "dmlkit sweep --set protocol.val_fraction=0.2 --param loss.args.margin=float:0.01:0.5:log --trials 20 --out runs/sweep",
         "dmlkit train --from-sweep runs/sweep            # rerun the best trial",

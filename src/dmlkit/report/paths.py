@@ -1,0 +1,28 @@
+"""Paths in a report are relative to the run directory: a shared page never shows the machine's layout."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+# an absolute POSIX path not inside a word, URL or relative path: "/data/x" in "--set data.root=/data/x"
+_ABSOLUTE = re.compile(r"(?<![\w.~/:-])/(?:[^\s\"'<>|,;=]+)")
+
+
+def relative_paths(value: Any, run_dir: Path) -> Any:
+    """``value`` with every absolute path in its strings rewritten relative to ``run_dir`` (recursing
+    into dicts and lists; other values unchanged). ``/data/pets`` from ``/runs/a`` becomes ``../../data/pets``."""
+    base = os.path.abspath(run_dir)
+
+    def relative(match: re.Match) -> str:
+        return Path(os.path.relpath(match.group(0), base)).as_posix()
+
+    if isinstance(value, str):
+        return _ABSOLUTE.sub(relative, value)
+    if isinstance(value, dict):
+        return {key: relative_paths(item, run_dir) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(relative_paths(item, run_dir) for item in value)
+    return value
