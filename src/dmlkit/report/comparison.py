@@ -12,7 +12,7 @@ from dmlkit._validation import Interval, validate_params
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import html
 from dmlkit.report.figures import comparison_curves_figure, figure_html
-from dmlkit.report.paths import relative_paths
+from dmlkit.report.paths import relative_paths, shown_environment
 from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
 from dmlkit.report.run_report import (
     METRIC_NAMES,
@@ -125,7 +125,7 @@ def build_comparison_html(runs: Sequence[RunData], out_dir: Path, dpi: int = 192
         ("config", "Configuration differences",
          difference_table([relative_paths(r.config, out_dir) for r in runs], labels, "config")),
         ("environment", "Environment differences",
-         difference_table([relative_paths(r.env, out_dir) for r in runs], labels, "environment record (env.json)")),
+         difference_table([shown_environment(r.env, out_dir) for r in runs], labels, "environment record (env.json)")),
     ]
     return html.page(f"dmlkit comparison of {len(runs)} runs", " · ".join(labels), sections)
 

@@ -26,3 +26,19 @@ def relative_paths(value: Any, run_dir: Path) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(relative_paths(item, run_dir) for item in value)
     return value
+
+
+def shown_environment(env: dict[str, Any] | None, base: Path) -> dict[str, Any] | None:
+    """``env.json`` as a page shows it: the command line as one string starting with the program's name
+    (``dmlkit``, never the file path of ``__main__.py``), every path relative to ``base``."""
+    if env is None:
+        return None
+    import shlex
+
+    record = dict(env)
+    command = record.get("command")
+    if isinstance(command, list) and command:
+        program = Path(str(command[0])).name
+        program = "dmlkit" if program in ("__main__.py", "dmlkit") else program
+        record["command"] = shlex.join([program] + [str(part) for part in command[1:]])
+    return relative_paths(record, base)

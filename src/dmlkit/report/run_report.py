@@ -13,7 +13,7 @@ from dmlkit.evaluation.metrics import LABELS
 from dmlkit.report import html
 from dmlkit.report.embedding_map import EMBEDDING_METHODS, embedding_map_figure
 from dmlkit.report.figures import figure_html, projections_figure, run_curves_figure, selected_step
-from dmlkit.report.paths import relative_paths
+from dmlkit.report.paths import relative_paths, shown_environment
 from dmlkit.report.retrieval_grid import (
     CORRECT_COLOR,
     DISTANCES,
@@ -191,13 +191,9 @@ def environment_section(env: dict[str, Any] | None, missing_text: str, run_dir: 
     """Device, versions, platform, commit, seed and the command line (as typed), paths relative to the run."""
     if env is None:
         return html.note(relative_paths(missing_text, run_dir))
-    import shlex
-
-    record = dict(env)
-    if isinstance(record.get("command"), list):
-        record["command"] = shlex.join(str(part) for part in record["command"])
+    record = shown_environment(env, run_dir)
     record.setdefault("device", "not recorded (runs before the device was logged)")
-    flat = flatten_mapping(relative_paths(record, run_dir))
+    flat = flatten_mapping(record)
     first = [k for k in ("device", "command") if k in flat]
     rows = [(k, flat[k]) for k in first + sorted(k for k in flat if k not in first)]
     return html.table(("what", "value"), rows)
