@@ -87,19 +87,29 @@ def _link_breeds(root: Path, first: int, last: int, per_class: int) -> Path:
     return root
 
 
+def _train(out: Path, *overrides: str) -> Path:
+    """``dmlkit train --set OVERRIDES --out OUT`` in a subprocess (2 steps); its report."""
+    command = [sys.executable, "-m", "dmlkit", "train", "--set", "train.max_steps=2", "--set", "train.eval_every=1"]
+    command += [arg for override in overrides for arg in ("--set", override)]
+    done = subprocess.run(command + ["--quiet", "--no-report", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return write_report(out)
+
+
 @pytest.fixture(scope="module")
 def photo_run(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny photo run: 6 pet breeds x 4 photos through `dmlkit train`, 2 steps; its report."""
     base = tmp_path_factory.mktemp("photo-report")
     data = _link_breeds(base / "data", 0, 6, 4)
-    out = base / "run"
-    command = [sys.executable, "-m", "dmlkit", "train", "--set", "data.name=folder", "--set", f"data.root={data}",
-               "--set", "data.image_size=96", "--set", "train.max_steps=2", "--set", "train.eval_every=1",
-               "--quiet", "--no-report", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="2"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out, write_report(out)
+    return base / "run", _train(base / "run", "data.name=folder", f"data.root={data}", "data.image_size=96")
+
+
+@pytest.fixture(scope="module")
+def mnist_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The default job (MNIST-5k, Proxy-Anchor), 2 steps; its report."""
+    out = tmp_path_factory.mktemp("mnist-report") / "run"
+    return out, _train(out)
 
 
 def _probe(page: Path, tmp_path: Path, width: int) -> dict:
@@ -134,8 +144,9 @@ def _check_layout(result: dict, width: int) -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_photo_run_report_is_legible_at_1400_and_800_px(photo_run, tmp_path, width):
-    run_dir, report = photo_run
+@pytest.mark.parametrize("kind", ["photo_run", "mnist_run"])
+def test_report_is_legible_at_1400_and_800_px(kind, width, request, tmp_path):
+    run_dir, report = request.getfixturevalue(kind)
     result = _probe(report, tmp_path, width)
     _check_layout(result, width)
     curves = [f for f in result["figures"] if f["alt"].startswith("training curves")]

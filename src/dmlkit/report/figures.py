@@ -163,8 +163,9 @@ def selected_step(run: RunData) -> int | None:
 
 
 def run_curves_figure(run: RunData) -> tuple[Figure | None, list[str]]:
-    """Four panels on their own axes: eval MAP@R, eval R@1, training loss (raw and smoothed), learning rate,
-    each with the selected step marked (dashed). Returns the figure (``None`` when the log has nothing to draw)
+    """Panels on their own axes: eval MAP@R, eval R@1, then (when train records were logged) training loss
+    (raw and smoothed) and learning rate, each with the selected step marked (dashed). Returns the figure
+    (``None`` when the log has nothing to draw)
     and notes."""
     notes: list[str] = []
     loss = train_loss_series(run)
@@ -172,14 +173,16 @@ def run_curves_figure(run: RunData) -> tuple[Figure | None, list[str]]:
     if loss.values.size == 0 and split is None:
         return None, ["log.jsonl has no train or eval records; no curves to draw."]
     if loss.values.size == 0:
-        notes.append("log.jsonl has no train records; the loss and learning-rate panels are empty.")
+        notes.append("log.jsonl has no train records (the run was shorter than train.log_every); no loss or "
+                     "learning-rate panels.")
     if split is None:
         notes.append("log.jsonl has no eval records; the MAP@R and R@1 panels are empty.")
     elif split == "test":
         notes.append("No validation evaluations were logged; the curves show the test split.")
     best = selected_step(run)
-    fig = new_figure(7.5, 6.2)
-    axes = fig.subplots(2, 2)
+    has_loss = loss.values.size > 0
+    fig = new_figure(7.5, 6.2 if has_loss else 3.6)
+    axes = fig.subplots(2 if has_loss else 1, 2, squeeze=False)
     for ax, (metric, label) in zip(axes[0], CURVE_METRICS):
         if split is not None:
             series = eval_series(run, split, metric)
@@ -192,20 +195,25 @@ def run_curves_figure(run: RunData) -> tuple[Figure | None, list[str]]:
                         color="C3", label=f"test {label} (selected weights)")
         _mark_step(ax, best)
         style_axes(ax, "step", f"{split or 'eval'} {label}", f"{label} by step")
-    ax_loss, ax_lr = axes[1]
-    if loss.values.size:
-        _plot_loss(ax_loss, loss, loss.steps)
+    if has_loss:
+        _plot_loss_and_learning_rate(run, loss, axes[1], best)
+    _figure_legend(fig, axes.flat)
+    return fig, notes
+
+
+def _plot_loss_and_learning_rate(run: RunData, loss: Series, axes, best: int | None) -> None:
+    ax_loss, ax_lr = axes
+    _plot_loss(ax_loss, loss, loss.steps)
     _mark_step(ax_loss, best)
     style_axes(ax_loss, "step", "training loss", "Training loss")
     lr = _column(run.records_of("train"), "lr")
     if np.isfinite(lr).any():
         ax_lr.plot(loss.steps, lr, color="C2", linewidth=1.5, label="learning rate")
-        if np.nanmax(lr) > 0 and np.nanmax(lr) / max(np.nanmin(lr[lr > 0]), 1e-300) > 50:
+        positive = lr[np.isfinite(lr) & (lr > 0)]
+        if positive.size and positive.max() / positive.min() > 50:
             ax_lr.set_yscale("log")
     _mark_step(ax_lr, best)
     style_axes(ax_lr, "step", "learning rate", "Learning rate (first group)")
-    _figure_legend(fig, axes.flat)
-    return fig, notes
 
 
 def _figure_legend(fig: Figure, axes, ncols: int = 2) -> None:

@@ -40,6 +40,8 @@ h3{font-size:1rem;margin:.5rem 0 .25rem}
 .grid figcaption{font-size:.75rem;line-height:1.25;width:88px;overflow:hidden;white-space:nowrap;text-overflow:ellipsis}
 .grid .row-label{font-size:.75rem;align-self:center;color:#57606a}
 .scroll{max-width:100%;overflow-x:auto}
+.tables{display:flex;flex-wrap:wrap;gap:0 2rem;align-items:flex-start}.tables>div{max-width:100%}
+.tables h3{margin-top:.5rem}
 p,li,code,figcaption{overflow-wrap:anywhere}
 td.num,th{white-space:nowrap}
 """.strip()

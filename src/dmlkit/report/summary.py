@@ -125,17 +125,18 @@ def metrics_tables(run: RunData) -> str:
             continue
         label = "P@1 = R@1" if same and key == "precision_at_1" else metric_label(key)
         rows.append((label, values[key]))
-    body = html.table(("test metric", "value"), rows, numeric_columns=(1,)) if rows else ""
+    blocks = [html.table(("test metric", "value"), rows, numeric_columns=(1,))] if rows else []
+    counters = [(COUNTERS[k], count_text(run.metrics[k])) for k in COUNTERS if _number(run.metrics.get(k)) is not None]
+    if counters:
+        blocks.append("<h3>Counters</h3>" + html.table(("counter", "value"), counters, numeric_columns=(1,)))
+    if run.split_sizes:
+        sizes = [(SPLIT_NAMES[s], f"{run.split_sizes[s][0]:,}", f"{run.split_sizes[s][1]:,}")
+                 for s in SPLITS if s in run.split_sizes]
+        blocks.append("<h3>Split sizes</h3>" + html.table(("split", "classes", "images"), sizes, numeric_columns=(1, 2)))
+    body = '<div class="tables">' + "".join(f"<div>{block}</div>" for block in blocks) + "</div>"
     if same:
         body += html.note("P@1 and R@1 are the same number here: with one neighbour, the first neighbour being "
                           "right is both the precision and the recall at 1 (leave-one-out retrieval).")
-    counters = [(COUNTERS[k], count_text(run.metrics[k])) for k in COUNTERS if _number(run.metrics.get(k)) is not None]
-    if counters:
-        body += "<h3>Counters</h3>" + html.table(("counter", "value"), counters, numeric_columns=(1,))
-    if run.split_sizes:
-        rows = [(SPLIT_NAMES[s], f"{run.split_sizes[s][0]:,}", f"{run.split_sizes[s][1]:,}")
-                for s in SPLITS if s in run.split_sizes]
-        body += "<h3>Split sizes</h3>" + html.table(("split", "classes", "images"), rows, numeric_columns=(1, 2))
     return body
 
 
