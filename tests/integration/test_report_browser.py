@@ -98,7 +98,7 @@ def test_report_and_comparison_render_with_every_image_decoded(tmp_path):
 
     data = _rendered_body_data(report, tmp_path)
     assert data["section-ids"].split() == [
-        "metrics", "curves", "embedding-map", "retrieval-grid", "projections", "config", "environment"
+        "metrics", "curves", "embedding-map", "retrieval-grid", "verification", "projections", "config", "environment"
     ]
     images = report.read_text(encoding="utf-8").count("<img ")
     assert data["images-total"] == str(images + 1)  # the report's figures and grid tiles + the broken control

@@ -187,13 +187,16 @@ class RunDirectory:
     def log_path(self) -> Path:
         return self.path / "log.jsonl"
 
-    def prepare(self, cfg, splits) -> None:
-        """Create the directory and write config, environment and split manifest."""
+    def prepare(self, cfg, splits, device: str | None = None) -> None:
+        """Create the directory and write config, environment (with the ``device`` trained on) and split manifest."""
         from dmlkit.config.loading import dump_config
 
         (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / "config.yaml", dump_config(cfg))
-        atomic_write_json(self.path / "env.json", environment_record(cfg.seed))
+        environment = environment_record(cfg.seed)
+        if device is not None:
+            environment["device"] = device
+        atomic_write_json(self.path / "env.json", environment)
         atomic_write_json(self.path / "manifest.json", split_manifest(splits))
         atomic_write_text(self.log_path, "")
         skipped = getattr(splits, "info", {}).get("skipped_images", [])

@@ -414,7 +414,7 @@ class Trainer:
                 stale.unlink(missing_ok=True)
             self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
         elif self.dist.is_main:
-            self.run.prepare(cfg, self.splits)
+            self.run.prepare(cfg, self.splits, device=str(self.device))
         distributed.barrier()
         finished = False
         try:

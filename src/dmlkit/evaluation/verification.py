@@ -274,3 +274,13 @@ class _Curve:
             return float("nan"), float("nan")
         k = int(torch.searchsorted(self.fmr, torch.tensor([fmr], dtype=torch.float64), right=True)) - 1
         return float(self.thresholds[k]), (float(self.fnmr[k]) if self.fnmr is not None else float("nan"))
+
+
+def det_curve(scores: torch.Tensor, genuine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(thresholds, fmr, fnmr)`` float64 at every distinct score of the pairs (``score >= threshold``
+    matches), from ``pair_scores``; the points of a DET curve. Needs genuine and impostor pairs."""
+    curve = _Curve(scores, genuine)
+    if curve.fmr is None or curve.fnmr is None:
+        raise DataError("A DET curve needs genuine and impostor pairs; these labels give "
+                        f"{curve.n_genuine} genuine and {curve.n_impostor} impostor pairs.")
+    return curve.thresholds, curve.fmr, curve.fnmr

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 from dmlkit._validation import Interval, validate_params
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import html
-from dmlkit.report.figures import comparison_curves_png
+from dmlkit.report.figures import comparison_curves_figure, figure_html
+from dmlkit.report.paths import relative_paths, shown_environment
 from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
 from dmlkit.report.run_report import (
     METRIC_NAMES,
@@ -91,7 +92,7 @@ def difference_table(mappings: Sequence[dict[str, Any] | None], labels: Sequence
 
 
 def runs_list(runs: Sequence[RunData], labels: Sequence[str], out_dir: Path) -> str:
-    """One line per run: label, description, directory, and a link to its report when written."""
+    """One line per run: label, description, directory (relative to the page), and a link to its report."""
     items = []
     for label, run in zip(labels, runs):
         report = run.run_dir / REPORT_FILE
@@ -100,30 +101,36 @@ def runs_list(runs: Sequence[RunData], labels: Sequence[str], out_dir: Path) -> 
             href = Path(os.path.relpath(report.resolve(), out_dir.resolve())).as_posix()
             link = f' — <a href="{html.esc(href)}">report</a>'
         items.append(f"<li><strong>{html.esc(label)}</strong>: {html.esc(describe_run(run))} "
-                     f"<code>{html.esc(run.run_dir)}</code>{link}</li>")
+                     f"<code>{html.esc(_relative_to(run.run_dir, out_dir))}</code>{link}</li>")
     return f"<ul>{''.join(items)}</ul>"
 
 
-def build_comparison_html(runs: Sequence[RunData], out_dir: Path, dpi: int = 80) -> str:
-    """The comparison page of ``runs`` as an HTML string (see :func:`write_comparison`)."""
+def _relative_to(path: Path, out_dir: Path) -> str:
+    return Path(os.path.relpath(Path(path).resolve(), Path(out_dir).resolve())).as_posix()
+
+
+def build_comparison_html(runs: Sequence[RunData], out_dir: Path, dpi: int = 192) -> str:
+    """The comparison page of ``runs`` as an HTML string (see :func:`write_comparison`); paths in it are
+    relative to ``out_dir`` (the page's folder)."""
     labels = run_labels(runs)
-    curves = html.figure(
-        comparison_curves_png(runs, labels, dpi), "training curves of all runs overlaid",
-        "Top: by step; bottom: by wall-clock time. Loss is smoothed; MAP@R and R@1 are the "
-        "validation evaluations (dashed when a run only logged test evaluations).",
+    curves = figure_html(
+        comparison_curves_figure(runs, labels), "training curves of all runs overlaid, each quantity on its own axes",
+        "MAP@R and R@1 of the validation evaluations by step (dashed when a run only logged test evaluations), "
+        "the smoothed training loss by step, and MAP@R by wall-clock time.", dpi,
     )
     sections = [
         ("runs", "Runs", runs_list(runs, labels, out_dir)),
         ("metrics", "Test metrics", metrics_table(runs, labels)),
         ("curves", "Training curves", curves),
-        ("config", "Configuration differences", difference_table([r.config for r in runs], labels, "config")),
+        ("config", "Configuration differences",
+         difference_table([relative_paths(r.config, out_dir) for r in runs], labels, "config")),
         ("environment", "Environment differences",
-         difference_table([r.env for r in runs], labels, "environment record (env.json)")),
+         difference_table([shown_environment(r.env, out_dir) for r in runs], labels, "environment record (env.json)")),
     ]
     return html.page(f"dmlkit comparison of {len(runs)} runs", " · ".join(labels), sections)
 
 
-def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path, *, dpi: int = 80) -> Path:
+def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path, *, dpi: int = 192) -> Path:
     """Write one self-contained HTML page comparing the runs in ``run_dirs``; returns ``out_path``.
 
     Sections (by ``id``): ``runs``, ``metrics`` (runs as rows), ``curves`` (overlaid by step
@@ -134,7 +141,7 @@ def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path, *, dp
             f"The 'run_dirs' parameter of write_comparison must be a non-empty list of run directories. "
             f"Got {run_dirs!r} instead."
         )
-    validate_params("write_comparison", {"dpi": dpi}, {"dpi": [Interval(int, 20, 300)]})
+    validate_params("write_comparison", {"dpi": dpi}, {"dpi": [Interval(int, 20, 400)]})
     runs = [load_run(d) for d in run_dirs]
     target = Path(out_path)
     write_text_atomic(target, build_comparison_html(runs, target.parent, dpi))

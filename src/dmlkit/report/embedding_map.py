@@ -1,4 +1,4 @@
-"""2-D picture of test embeddings coloured by class, proxies drawn on top."""
+"""2-D picture of test embeddings coloured and named by test class; training-class proxies in neutral grey."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import colorsys
 
 import numpy as np
 
-from dmlkit.report.figures import DEFAULT_DPI, figure_to_base64_png, new_figure
+from dmlkit.exceptions import ConfigError
+from dmlkit.report.figures import MIN_FONT_PT, new_figure, style_axes
 from dmlkit.report.run_dir import TestEmbeddings
 
-EMBEDDING_METHODS = ("pca", "tsne")
-MAX_LEGEND_CLASSES = 20
+EMBEDDING_METHODS = ("pca", "tsne", "umap")
 
 
 def subsample_indices(num_points: int, max_points: int, seed: int) -> np.ndarray:
@@ -82,76 +82,105 @@ def data_limits(coords: np.ndarray, margin: float = 0.05) -> tuple[np.ndarray, n
     return low - pad, high + pad
 
 
-def embedding_map_png(
+PROXY_COLOR = "#6e7781"  # neutral grey: proxies belong to training classes, absent from the test set
+MAX_LEGEND_CLASSES = 12  # beyond this, class names sit beside their cluster centres
+
+
+def umap_2d(points: np.ndarray, extra: np.ndarray | None, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """UMAP of ``points`` [N, D]; ``extra`` [P, D] placed by the fitted map's ``transform``."""
+    try:
+        import umap
+    except ImportError:
+        raise ConfigError("The embedding map method 'umap' needs the umap-learn package, which is not "
+                          "installed (pip install umap-learn); use 'pca' or 'tsne'.") from None
+    if points.shape[0] < 5:
+        return pca_2d(points, extra)
+    reducer = umap.UMAP(n_components=2, random_state=seed, n_neighbors=min(15, points.shape[0] - 1))
+    coords = reducer.fit_transform(points.astype(np.float32))
+    return coords, (None if extra is None else reducer.transform(extra.astype(np.float32)))
+
+
+def hex_color(rgb) -> str:
+    """``#rrggbb`` of an RGB triple in [0, 1]."""
+    return "#" + "".join(f"{round(255 * float(v)):02x}" for v in rgb[:3])
+
+
+def embedding_map_figure(
     data: TestEmbeddings,
     *,
     method: str = "pca",
     max_points: int = 2000,
     seed: int = 0,
-    dpi: int = DEFAULT_DPI,
-) -> tuple[str, str]:
-    """Scatter of the test embeddings in 2-D coloured by class; returns (base64 PNG, caption).
+    proxies: bool = True,
+):
+    """Scatter of the test embeddings in 2-D coloured by test class (named); returns (figure, caption, data).
 
-    2-D embeddings are drawn as they are; wider ones are reduced by PCA or t-SNE after a
-    seeded subsample of at most ``max_points`` rows.
+    2-D embeddings are drawn as they are; wider ones are reduced by PCA, t-SNE or UMAP after a seeded
+    subsample of at most ``max_points`` rows. Proxies belong to training classes, which the test set
+    never contains, so they are drawn hollow in one neutral grey (never in a test-class colour) and
+    only those inside the test points' range; ``data`` holds the colours used, for checks.
     """
     index = subsample_indices(data.labels.shape[0], max_points, seed)
     points = data.embeddings[index]
     labels = data.labels[index]
-    proxies = data.proxies
+    proxy_points = data.proxies if proxies else None
     dim = points.shape[1]
     if dim == 2:
         coords = points.astype(np.float64)
-        proxy_coords = None if proxies is None else proxies.astype(np.float64)
+        proxy_coords = None if proxy_points is None else proxy_points.astype(np.float64)
         how = "the 2-D embeddings themselves"
     elif method == "tsne":
-        coords, proxy_coords = tsne_2d(points, proxies, seed)
+        coords, proxy_coords = tsne_2d(points, proxy_points, seed)
         how = f"t-SNE of the {dim}-D embeddings"
+    elif method == "umap":
+        coords, proxy_coords = umap_2d(points, proxy_points, seed)
+        how = f"UMAP of the {dim}-D embeddings"
     else:
-        coords, proxy_coords = pca_2d(points, proxies)
+        coords, proxy_coords = pca_2d(points, proxy_points)
         how = f"PCA (first two principal axes) of the {dim}-D embeddings"
-    colors = class_colors(labels if data.proxy_labels is None else np.concatenate([labels, data.proxy_labels]))
-    fig = new_figure(6.4, 5.2)
+    colors = class_colors(labels)
+    classes = np.unique(labels)
+    fig = new_figure(7.5, 6.8 if classes.size <= MAX_LEGEND_CLASSES else 6.2)
     ax = fig.subplots()
     point_colors = np.array([colors[int(c)] for c in labels]).reshape(-1, 3)
-    size = 14 if len(index) <= 500 else 6
+    size = 16 if len(index) <= 500 else 6
     ax.scatter(coords[:, 0], coords[:, 1], c=point_colors, s=size, alpha=0.75, linewidths=0)
     low, high = data_limits(coords)
-    outside = 0
+    inside = outside = 0
     if proxy_coords is not None:
-        if data.proxy_labels is not None:
-            proxy_colors = np.array([colors[int(c)] for c in data.proxy_labels]).reshape(-1, 3)
-        else:
-            proxy_colors = np.zeros((proxy_coords.shape[0], 3))
-        clipped = np.clip(proxy_coords, low, high)
-        beyond = (clipped != proxy_coords).any(axis=1)
-        outside = int(beyond.sum())
-        ax.scatter(clipped[~beyond, 0], clipped[~beyond, 1], c=proxy_colors[~beyond], s=90, marker="*",
-                   edgecolors="black", linewidths=0.8, zorder=3)
-        ax.scatter([], [], s=90, marker="*", facecolors="white", edgecolors="black", label="proxies")
-        if outside:
-            ax.scatter(clipped[beyond, 0], clipped[beyond, 1], c=proxy_colors[beyond], s=70, marker="D",
-                       edgecolors="black", linewidths=0.8, zorder=3, clip_on=False)
-            ax.scatter([], [], s=50, marker="D", facecolors="white", edgecolors="black",
-                       label="proxies beyond the data (on the edge)")
-    classes = np.unique(labels)
+        within = ((proxy_coords >= low) & (proxy_coords <= high)).all(axis=1)
+        inside, outside = int(within.sum()), int((~within).sum())
+        ax.scatter(proxy_coords[within, 0], proxy_coords[within, 1], s=70, marker="D", facecolors="none",
+                   edgecolors=PROXY_COLOR, linewidths=1.3, zorder=3, label="training-class proxies")
+    names = {int(c): data.label_name(int(c)) for c in classes}
     if classes.size <= MAX_LEGEND_CLASSES:
         for c in classes:
-            ax.scatter([], [], color=colors[int(c)], s=20, label=f"class {int(c)}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+            ax.scatter([], [], color=colors[int(c)], s=30, label=names[int(c)])
+    else:  # names beside the cluster centres (the mean of each class's points)
+        for c in classes:
+            centre = coords[labels == c].mean(axis=0)
+            ax.annotate(names[int(c)], centre, fontsize=MIN_FONT_PT, ha="center", va="center",
+                        color=hex_color(colors[int(c)]), fontweight="bold",
+                        bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.6))
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        fig.legend(loc="outside lower center", ncols=3 if classes.size > 4 else 2, fontsize=MIN_FONT_PT,
+                   frameon=False)
     ax.set_xlim(low[0], high[0])
     ax.set_ylim(low[1], high[1])
-    ax.set_aspect("equal", adjustable="box")
-    ax.grid(alpha=0.25)
-    ax.set_title(f"Test embeddings\n({how})", fontsize=9)  # two lines: a long method name stays inside the figure
+    axis_word = {"pca": "principal axis", "tsne": "t-SNE axis", "umap": "UMAP axis"}.get(method, "axis")
+    if dim == 2:
+        axis_word = "embedding dimension"
+    style_axes(ax, f"{axis_word} 1", f"{axis_word} 2", "Test embeddings by class")
     caption = (
         f"{len(index)} of {data.labels.shape[0]} test points"
         + (f" (seeded subsample, seed {seed})" if len(index) < data.labels.shape[0] else "")
-        + f", {classes.size} classes, {how}"
-        + (f"; {proxies.shape[0]} proxies drawn as stars" if proxies is not None else "")
-        + (f", {outside} of them beyond the test points' range drawn as diamonds on the edge (the axes are "
-           "scaled to the test points)" if outside else "")
+        + f", {classes.size} test classes, {how}"
+        + (f"; {inside} training-class proxies inside the test points' range drawn as hollow grey diamonds"
+           if proxy_coords is not None else "")
+        + (f" ({outside} more lie outside it and are not drawn)" if outside else "")
         + "."
     )
-    return figure_to_base64_png(fig, dpi), caption
+    data_attributes = {"class-colors": " ".join(sorted({hex_color(v) for v in colors.values()})),
+                       "proxy-color": PROXY_COLOR if proxy_coords is not None else ""}
+    return fig, caption, data_attributes

@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from dmlkit.evaluation.metrics import CURVES
 from dmlkit.report.run_dir import RunData
 
-DEFAULT_DPI = 80
+DEFAULT_DPI = 192  # 2x PNG: figures are shown at 96 CSS px per inch
 CURVE_METRICS = CURVES
 
 
@@ -98,53 +98,135 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
+RAW_COLOR = "#9ab8d8"
+SMOOTH_COLOR = "#1f5fa8"
+SELECTED_COLOR = "#bc4c00"
+MIN_FONT_PT = 10.0  # 13.3 CSS px at the figure's own width; figures are 7.5 in = 720 CSS px wide
+CSS_PX_PER_INCH = 96
+
+
+def smoothing_window(num_points: int) -> int:
+    """Trailing-mean window for a loss curve: about a fifth of the points (>= 1), at most 50."""
+    return max(1, min(50, num_points // 5))
+
+
 def _plot_loss(ax, series: Series, x: np.ndarray, label: str | None = None, color=None) -> None:
-    window = max(1, len(series.values) // 50)
-    if window > 1 and label is None:
-        ax.plot(x, series.values, color="#9ab8d8", linewidth=0.7, label="per step")
-        ax.plot(x, moving_average(series.values, window), color="#1f5fa8", linewidth=1.4,
-                label=f"mean of {window}")
-        ax.legend(fontsize=7)
+    window = smoothing_window(len(series.values))
+    if label is None:  # one run: raw points faint, the trailing mean on top
+        ax.plot(x, series.values, color=RAW_COLOR, linewidth=0.8, marker="o", markersize=2.5, alpha=0.6,
+                label="loss per logged step")
+        if window > 1:
+            ax.plot(x, moving_average(series.values, window), color=SMOOTH_COLOR, linewidth=1.8,
+                    label=f"loss, mean of {window}")
     else:
-        ax.plot(x, moving_average(series.values, window), linewidth=1.2, label=label, color=color)
+        ax.plot(x, moving_average(series.values, window), linewidth=1.4, label=label, color=color)
 
 
-def run_curves_png(run: RunData, dpi: int = DEFAULT_DPI) -> tuple[str | None, list[str]]:
-    """Loss vs step; eval MAP@R and R@1 vs step and vs wall-clock time (Proxy-Anchor Fig. 1).
+def style_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Labelled axes, a light grid and fonts no smaller than :data:`MIN_FONT_PT`."""
+    ax.set_xlabel(xlabel, fontsize=MIN_FONT_PT + 1)
+    ax.set_ylabel(ylabel, fontsize=MIN_FONT_PT + 1)
+    ax.set_title(title, fontsize=MIN_FONT_PT + 2)
+    ax.tick_params(labelsize=MIN_FONT_PT)
+    ax.grid(alpha=0.3)
 
-    Returns the base64 PNG (``None`` when the log has nothing to draw) and notes.
+
+def figure_html(fig: Figure, alt: str, caption: str | None = None, dpi: int = 2 * CSS_PX_PER_INCH,
+                data: dict | None = None) -> str:
+    """``fig`` as a ``<figure>`` shown at ``width_in * 96`` CSS px (a 2x PNG at the default ``dpi``).
+
+    The ``<figure>`` carries ``data-axes`` (every axes' x and y labels, ``|`` between axes) and
+    ``data-min-font-px`` (the smallest text at the figure's own width) so tests can check them.
     """
+    from dmlkit.report import html
+
+    fig.canvas.draw()
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    labels = "|".join(f"{ax.get_xlabel()};{ax.get_ylabel()}" for ax in axes)
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_fontsize"))
+             if t.get_visible() and str(t.get_text()).strip()]
+    attributes = {"axes": labels, "min-font-px": f"{min(sizes, default=MIN_FONT_PT) * CSS_PX_PER_INCH / 72:.1f}"}
+    attributes.update(data or {})
+    width = round(fig.get_figwidth() * CSS_PX_PER_INCH)
+    return html.figure(figure_to_base64_png(fig, dpi), alt, caption, width=width, data=attributes)
+
+
+def _mark_step(ax, step: int | None) -> None:
+    if step is not None:
+        ax.axvline(step, color=SELECTED_COLOR, linestyle="--", linewidth=1.2, label=f"selected step {step}")
+
+
+def selected_step(run: RunData) -> int | None:
+    """The step whose weights the run kept (``best_step`` of metrics.json), if recorded."""
+    step = run.metrics.get("best_step")
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
+
+
+def run_curves_figure(run: RunData) -> tuple[Figure | None, list[str]]:
+    """Panels on their own axes: eval MAP@R, eval R@1, then (when train records were logged) training loss
+    (raw and smoothed) and learning rate, each with the selected step marked (dashed). Returns the figure
+    (``None`` when the log has nothing to draw)
+    and notes."""
     notes: list[str] = []
     loss = train_loss_series(run)
     split = curve_split(run)
     if loss.values.size == 0 and split is None:
         return None, ["log.jsonl has no train or eval records; no curves to draw."]
     if loss.values.size == 0:
-        notes.append("log.jsonl has no train records; the loss panel is empty.")
+        notes.append("log.jsonl has no train records (the run was shorter than train.log_every); no loss or "
+                     "learning-rate panels.")
     if split is None:
         notes.append("log.jsonl has no eval records; the MAP@R and R@1 panels are empty.")
     elif split == "test":
         notes.append("No validation evaluations were logged; the curves show the test split.")
-    fig = new_figure(12.0, 3.3)
-    ax_loss, ax_step, ax_time = fig.subplots(1, 3)
-    _plot_loss(ax_loss, loss, loss.steps)
-    ax_loss.set(xlabel="step", ylabel="training loss", title="Training loss")
-    times = _all_times(run)
-    scale, time_label = time_axis(float(times.max()) if times.size else float("nan"))
-    if split is not None:
-        for metric, label in CURVE_METRICS:
+    best = selected_step(run)
+    has_loss = loss.values.size > 0
+    fig = new_figure(7.5, 6.2 if has_loss else 3.6)
+    axes = fig.subplots(2 if has_loss else 1, 2, squeeze=False)
+    for ax, (metric, label) in zip(axes[0], CURVE_METRICS):
+        if split is not None:
             series = eval_series(run, split, metric)
             if np.isfinite(series.values).any():
-                ax_step.plot(series.steps, series.values, marker="o", markersize=3, label=label)
-                ax_time.plot(series.times / scale, series.values, marker="o", markersize=3, label=label)
-        for ax in (ax_step, ax_time):
-            if ax.lines:
-                ax.legend(fontsize=8)
-    ax_step.set(xlabel="step", ylabel=f"{split or 'eval'} metric", title=f"{split or 'eval'} MAP@R and R@1 by step")
-    ax_time.set(xlabel=time_label, ylabel=f"{split or 'eval'} metric", title=f"{split or 'eval'} MAP@R and R@1 by time")
-    for ax in (ax_loss, ax_step, ax_time):
-        ax.grid(alpha=0.3)
-    return figure_to_base64_png(fig, dpi), notes
+                ax.plot(series.steps, series.values, marker="o", markersize=4, color="C0",
+                        label=f"{split} {label}")
+            test = eval_series(run, "test", metric) if split != "test" else Series(*(np.empty(0),) * 3)
+            if np.isfinite(test.values).any():
+                ax.plot(test.steps[-1:], test.values[-1:], marker="s", markersize=6, linestyle="none",
+                        color="C3", label=f"test {label} (selected weights)")
+        _mark_step(ax, best)
+        style_axes(ax, "step", f"{split or 'eval'} {label}", f"{label} by step")
+    if has_loss:
+        _plot_loss_and_learning_rate(run, loss, axes[1], best)
+    _figure_legend(fig, axes.flat)
+    return fig, notes
+
+
+def _plot_loss_and_learning_rate(run: RunData, loss: Series, axes, best: int | None) -> None:
+    ax_loss, ax_lr = axes
+    _plot_loss(ax_loss, loss, loss.steps)
+    _mark_step(ax_loss, best)
+    style_axes(ax_loss, "step", "training loss", "Training loss")
+    lr = _column(run.records_of("train"), "lr")
+    if np.isfinite(lr).any():
+        ax_lr.plot(loss.steps, lr, color="C2", linewidth=1.5, label="learning rate")
+        positive = lr[np.isfinite(lr) & (lr > 0)]
+        if positive.size and positive.max() / positive.min() > 50:
+            ax_lr.set_yscale("log")
+    _mark_step(ax_lr, best)
+    style_axes(ax_lr, "step", "learning rate", "Learning rate (first group)")
+
+
+def _figure_legend(fig: Figure, axes, ncols: int = 2) -> None:
+    """One legend below every panel (never over the data), each label once."""
+    handles, texts = [], []
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            if text not in texts:
+                handles.append(handle)
+                texts.append(text)
+    if handles:
+        fig.legend(handles, texts, loc="outside lower center", ncols=min(ncols, len(handles)),
+                   fontsize=MIN_FONT_PT, frameon=False)
 
 
 def _all_times(run: RunData) -> np.ndarray:
@@ -152,52 +234,42 @@ def _all_times(run: RunData) -> np.ndarray:
     return times[np.isfinite(times)]
 
 
-def comparison_curves_png(runs: Sequence[RunData], labels: Sequence[str], dpi: int = DEFAULT_DPI) -> str:
-    """Curves of several runs overlaid: loss, eval MAP@R and R@1, by step (top) and time (bottom)."""
-    fig = new_figure(12.0, 6.2)
-    axes = fig.subplots(2, 3)
+def comparison_curves_figure(runs: Sequence[RunData], labels: Sequence[str]) -> Figure:
+    """Curves of several runs overlaid, each quantity on its own axes: loss (smoothed), eval MAP@R and
+    R@1 by step, and MAP@R by wall-clock time; one legend of run labels below the panels."""
+    fig = new_figure(7.5, 6.6)
+    axes = fig.subplots(2, 2)
     all_times = np.concatenate([_all_times(run) for run in runs]) if runs else np.empty(0)
     scale, time_label = time_axis(float(np.max(all_times)) if all_times.size else float("nan"))
+    ax_map, ax_r1, ax_loss, ax_time = axes.flat
     colors = [f"C{i % 10}" for i in range(len(runs))]
     for run, label, color in zip(runs, labels, colors):
         loss = train_loss_series(run)
         if loss.values.size:
-            _plot_loss(axes[0, 0], loss, loss.steps, label=label, color=color)
-            _plot_loss(axes[1, 0], loss, loss.times / scale, label=label, color=color)
+            _plot_loss(ax_loss, loss, loss.steps, label=label, color=color)
         split = curve_split(run)
         if split is None:
             continue
-        for col, (metric, _) in enumerate(CURVE_METRICS, start=1):
+        for ax, (metric, _) in zip((ax_map, ax_r1), CURVE_METRICS):
             series = eval_series(run, split, metric)
-            if not np.isfinite(series.values).any():
-                continue
-            style = dict(marker="o", markersize=3, color=color, label=label,
-                         linestyle="-" if split == "val" else "--")
-            axes[0, col].plot(series.steps, series.values, **style)
-            axes[1, col].plot(series.times / scale, series.values, **style)
-    titles = ("Training loss (smoothed)",) + tuple(f"{name} (val; dashed = test)" for _, name in CURVE_METRICS)
-    for col, title in enumerate(titles):
-        axes[0, col].set(xlabel="step", title=title)
-        axes[1, col].set(xlabel=time_label)
-    axes[0, 0].set_ylabel("by step")
-    axes[1, 0].set_ylabel("by wall-clock time")
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-    handles, legend_labels = [], []
-    for ax in axes.flat:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            if text not in legend_labels:
-                handles.append(handle)
-                legend_labels.append(text)
-    if handles:
-        fig.legend(handles, legend_labels, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)
-    return figure_to_base64_png(fig, dpi)
+            if np.isfinite(series.values).any():
+                style = dict(marker="o", markersize=3.5, color=color, label=label,
+                             linestyle="-" if split == "val" else "--")
+                ax.plot(series.steps, series.values, **style)
+                if ax is ax_map:
+                    ax_time.plot(series.times / scale, series.values, **style)
+    for ax, (_, name) in zip((ax_map, ax_r1), CURVE_METRICS):
+        style_axes(ax, "step", f"validation {name}", f"{name} by step (dashed = test)")
+    style_axes(ax_loss, "step", "training loss (smoothed)", "Training loss")
+    style_axes(ax_time, time_label, f"validation {CURVE_METRICS[0][1]}", f"{CURVE_METRICS[0][1]} by wall-clock time")
+    _figure_legend(fig, axes.flat, ncols=3)
+    return fig
 
 
-def projections_png(records: Sequence[dict], dpi: int = DEFAULT_DPI) -> str:
+def projections_figure(records: Sequence[dict]) -> Figure:
     """ASAP per-projection covering radius before/after, proxy spread and best MAP@R."""
     projection = _column(records, "projection")
-    fig = new_figure(10.0, 3.2)
+    fig = new_figure(7.5, 3.4)
     ax_radius, ax_map = fig.subplots(1, 2)
     for key, label in (("covering_radius_before", "covering radius before"),
                        ("covering_radius_after", "covering radius after"),
@@ -206,13 +278,12 @@ def projections_png(records: Sequence[dict], dpi: int = DEFAULT_DPI) -> str:
         if np.isfinite(values).any():
             ax_radius.plot(projection, values, marker="o", markersize=4, label=label)
     if ax_radius.lines:
-        ax_radius.legend(fontsize=8)
-    ax_radius.set(xlabel="projection", title="Covering radius per projection")
+        ax_radius.legend(fontsize=MIN_FONT_PT)
+    style_axes(ax_radius, "projection", "covering radius", "Covering radius per projection")
     best = _column(records, "best_map_at_r")
     if np.isfinite(best).any():
         ax_map.plot(projection, best, marker="o", markersize=4, color="C3")
-    ax_map.set(xlabel="projection", ylabel="MAP@R", title="Best MAP@R within each projection")
+    style_axes(ax_map, "projection", "MAP@R", "Best MAP@R per projection")
     for ax in (ax_radius, ax_map):
-        ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return figure_to_base64_png(fig, dpi)
+    return fig

@@ -16,7 +16,7 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.25rem;border-bottom:1px s
 padding-bottom:.25rem;margin-top:2rem}
 .subtitle{color:#57606a;margin-top:0}
 nav a{margin-right:.9rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem;display:block;max-width:100%;overflow-x:auto}
 th,td{border:1px solid #d0d7de;padding:.25rem .6rem;text-align:left;vertical-align:top}
 th{background:#f6f8fa}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -24,7 +24,9 @@ td.best{font-weight:700}
 tr.differs td,tr.differs th{background:#fff8c5}
 .note{color:#57606a;font-style:italic}
 .warning{color:#9a6700}
-figure{margin:.75rem 0}figure img{max-width:100%;height:auto;border:1px solid #eaeef2}
+figure{margin:.75rem 0}figure.plot img{max-width:100%;height:auto;border:1px solid #eaeef2}
+.answer{font-size:1.05rem;background:#f6f8fa;border-left:4px solid #0969da;padding:.5rem .8rem;margin:.5rem 0}
+.answer p{margin:.2rem 0}
 figcaption{color:#57606a;font-size:.88rem}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.85rem}
 pre{background:#f6f8fa;padding:.6rem;overflow-x:auto}
@@ -33,8 +35,15 @@ h3{font-size:1rem;margin:.5rem 0 .25rem}
 .grids{display:flex;flex-wrap:wrap;gap:1.5rem;align-items:flex-start}
 .grid{display:grid;gap:6px;margin:.25rem 0}
 .grid figure{margin:0;width:88px}
-.grid img{display:block;width:80px;height:80px;border:4px solid;image-rendering:pixelated}
-.grid figcaption{font-size:.72rem;line-height:1.2;width:88px;overflow:hidden;white-space:nowrap;text-overflow:ellipsis}
+.grid .tile{display:flex;align-items:center;justify-content:center;width:80px;height:80px;border:4px solid}
+.grid img{display:block;max-width:80px;max-height:80px}
+.grid figcaption{font-size:.75rem;line-height:1.25;width:88px;overflow:hidden;white-space:nowrap;text-overflow:ellipsis}
+.grid .row-label{font-size:.75rem;align-self:center;color:#57606a}
+.scroll{max-width:100%;overflow-x:auto}
+.tables{display:flex;flex-wrap:wrap;gap:0 2rem;align-items:flex-start}.tables>div{max-width:100%}
+.tables h3{margin-top:.5rem}
+p,li,code,figcaption{overflow-wrap:anywhere}
+td.num,th{white-space:nowrap}
 """.strip()
 
 
@@ -63,11 +72,19 @@ def note(text: str) -> str:
     return f'<p class="note">{esc(text)}</p>'
 
 
-def figure(png_base64: str, alt: str, caption: str | None = None) -> str:
-    """An ``<img>`` holding a base64 PNG data URI, with alt text and optional caption."""
+def figure(png_base64: str, alt: str, caption: str | None = None, *, width: int | None = None,
+           data: dict[str, Any] | None = None) -> str:
+    """An ``<img>`` holding a base64 PNG data URI, with alt text and optional caption.
+
+    ``width`` is the CSS width (a 2x PNG is shown at half its pixels, sharp on high-DPI screens);
+    ``data`` become ``data-*`` attributes of the ``<figure>`` (axis labels, smallest font) for checks.
+    """
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    size = f' width="{int(width)}"' if width else ""
+    attrs = "".join(f' data-{esc(k)}="{esc(v)}"' for k, v in (data or {}).items())
     return (
-        f'<figure><img src="data:image/png;base64,{png_base64}" alt="{esc(alt)}">{cap}</figure>'
+        f'<figure class="plot"{attrs}><img src="data:image/png;base64,{png_base64}" alt="{esc(alt)}"{size}>'
+        f"{cap}</figure>"
     )
 
 
@@ -105,8 +122,9 @@ def section(section_id: str, title: str, body: str) -> str:
     return f'<section id="{esc(section_id)}"><h2>{esc(title)}</h2>{body}</section>'
 
 
-def page(title: str, subtitle: str, sections: Sequence[tuple[str, str, str]]) -> str:
-    """A complete self-contained HTML document; ``sections`` holds ``(id, title, body_html)``."""
+def page(title: str, subtitle: str, sections: Sequence[tuple[str, str, str]], lead: str = "") -> str:
+    """A complete self-contained HTML document; ``sections`` holds ``(id, title, body_html)``;
+    ``lead`` (HTML) sits under the title, before the navigation: the page's answer in a few lines."""
     nav = " ".join(f'<a href="#{esc(sid)}">{esc(stitle)}</a>' for sid, stitle, _ in sections)
     body = "\n".join(section(sid, stitle, sbody) for sid, stitle, sbody in sections)
     return (
@@ -115,6 +133,6 @@ def page(title: str, subtitle: str, sections: Sequence[tuple[str, str, str]]) ->
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<meta name="generator" content="dmlkit {esc(__version__)}">'
         f"<title>{esc(title)}</title><style>{PAGE_STYLE}</style></head>\n"
-        f"<body><header><h1>{esc(title)}</h1><p class=\"subtitle\">{esc(subtitle)}</p>"
+        f"<body><header><h1>{esc(title)}</h1><p class=\"subtitle\">{esc(subtitle)}</p>{lead}"
         f"<nav>{nav}</nav></header>\n{body}\n</body></html>\n"
     )

@@ -1,4 +1,5 @@
-"""Retrieval grids: random and worst test queries with their nearest test neighbours, wrong ones framed red."""
+"""Retrieval grids: random and worst test queries with their nearest test neighbours (similarity, tick or
+cross), and the true matches the worst queries missed."""
 
 from __future__ import annotations
 
@@ -109,42 +110,70 @@ def load_images(data: TestEmbeddings, indices: np.ndarray, run_dir: Path | None)
     return [None for _ in indices]
 
 
-def _to_rgb_tile(image: np.ndarray | None, size: int) -> np.ndarray:
-    """``image`` ([H, W] or [H, W, 3|4]) scaled to fit a white ``size`` x ``size`` RGB tile."""
-    from PIL import Image
-
-    tile = np.full((size, size, 3), 255, dtype=np.uint8)
-    if image is None:
-        tile[size // 2 - 1 : size // 2 + 1, size // 4 : 3 * size // 4] = 170  # a grey dash: no image
-        return tile
-    array = np.asarray(image)
-    if array.dtype != np.uint8:
-        array = np.clip(array, 0, 255).astype(np.uint8)
-    if array.ndim == 3 and array.shape[2] == 1:
-        array = array[:, :, 0]
-    picture = Image.fromarray(array[:, :, :3] if array.ndim == 3 else array).convert("RGB")
-    if max(picture.size) > size:
-        picture.thumbnail((size, size))
-    scale = size / max(picture.size)
-    if scale > 1:  # small thumbnails are enlarged with visible pixels
-        new_size = (max(1, round(picture.size[0] * scale)), max(1, round(picture.size[1] * scale)))
-        picture = picture.resize(new_size, Image.Resampling.NEAREST)
-    w, h = picture.size
-    top, left = (size - h) // 2, (size - w) // 2
-    tile[top : top + h, left : left + w] = np.asarray(picture)
-    return tile
-
-
-def tile_png(image: np.ndarray | None, size: int = THUMBNAIL_SIZE) -> str:
-    """Base64 PNG of ``image`` fitted into a white ``size`` x ``size`` tile (see :func:`_to_rgb_tile`)."""
+def image_png(image: np.ndarray | None) -> tuple[str, int, int]:
+    """Base64 PNG of ``image`` ([H, W] or [H, W, 1|3|4]) at its own pixels, with its width and height;
+    a small grey dash when there is no image. Never enlarged: the page shows it at most 1x."""
     import base64
     import io
 
     from PIL import Image
 
+    if image is None:
+        array = np.full((24, 24), 255, dtype=np.uint8)
+        array[11:13, 6:18] = 170  # a grey dash: no image
+    else:
+        array = np.asarray(image)
+        if array.dtype != np.uint8:
+            array = np.clip(array, 0, 255).astype(np.uint8)
+        if array.ndim == 3 and array.shape[2] == 1:
+            array = array[:, :, 0]
+        if array.ndim == 3:
+            array = array[:, :, :3]
     buffer = io.BytesIO()
-    Image.fromarray(_to_rgb_tile(image, size)).save(buffer, format="PNG", optimize=True)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    Image.fromarray(array).save(buffer, format="PNG", optimize=True)
+    return base64.b64encode(buffer.getvalue()).decode("ascii"), int(array.shape[1]), int(array.shape[0])
+
+
+def cosine_similarities(embeddings: np.ndarray, query_index: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Cosine similarity [Q, k] of each query row and its ``others [Q, k]`` rows (float64)."""
+    x = embeddings.astype(np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return np.einsum("qd,qkd->qk", x[query_index], x[others])
+
+
+def missed_matches(embeddings: np.ndarray, labels: np.ndarray, query: int, neighbours: np.ndarray,
+                   count: int, distance: str = "cosine") -> tuple[np.ndarray, np.ndarray]:
+    """The ``count`` nearest same-class samples of ``query`` that are not among its ``neighbours``, and
+    their 1-based ranks among all other test samples (by ``distance``)."""
+    x = embeddings.astype(np.float64)
+    if distance == "cosine":
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        key = -(x @ x[query])
+    else:
+        key = ((x - x[query]) ** 2).sum(axis=1)
+    key[query] = np.inf
+    order = np.lexsort((np.arange(len(key)), key))[:-1]  # self (inf) last, dropped
+    ranks = np.empty(len(key), dtype=np.int64)
+    ranks[order] = np.arange(1, len(order) + 1)
+    true = order[(labels[order] == labels[query]) & ~np.isin(order, neighbours)][:count]
+    return true, ranks[true]
+
+
+def _cell(data: TestEmbeddings, index: int, image, head: str, mark: str, color: str, note: str) -> str:
+    """One grid cell: the thumbnail at <= 1x in a coloured frame, the rank with a tick/cross glyph,
+    the similarity and class name; file name and full text in the ``title`` tooltip."""
+    png, width, height = image_png(image)
+    name = data.label_name(int(data.labels[index]))
+    file_name = Path(str(data.paths[index])).name if data.paths is not None else None
+    tooltip = f"{head} · {name} (test sample {index}" + (f", {file_name}" if file_name else "") + ")"
+    if note:
+        tooltip += f" · {note}"
+    label = f"{mark} {head}".strip()
+    return (
+        f'<figure title="{esc(tooltip)}"><div class="tile" style="border-color:{color}">'
+        f'<img src="data:image/png;base64,{png}" width="{width}" height="{height}" alt="{esc(label)}: {esc(name)}">'
+        f'</div><figcaption style="color:{color}"><b>{esc(label)}</b> {esc(note)}<br>{esc(name)}</figcaption></figure>'
+    )
 
 
 def retrieval_grid_html(
@@ -153,30 +182,33 @@ def retrieval_grid_html(
     neighbours: np.ndarray,
     images: dict[int, np.ndarray | None],
     title: str,
+    missed: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> str:
-    """An HTML grid: one row per query (blue frame), then its neighbours framed green (same class) or red.
+    """An HTML grid: one row per query (blue frame), then its neighbours framed green with a tick (same
+    class) or red with a cross, each with its cosine similarity to the query. ``missed`` maps a query to
+    same-class samples ranked below the grid and their ranks, shown in an extra row under it.
 
-    Each cell is a ``<figure>`` with its thumbnail and a two-line caption (rank; class name) cut
-    to the cell's width with an ellipsis, the full text in the ``title`` tooltip, so long class
-    names never run into the next cell.
+    Thumbnails are shown at their own pixels (at most 80 CSS px, never enlarged); captions are cut to the
+    cell's width with an ellipsis, the full text and the file name in the ``title`` tooltip.
     """
     columns = 1 + neighbours.shape[1]
+    similarity = cosine_similarities(data.embeddings, query_index, neighbours)
     cells = []
-    for q, row in zip(query_index, neighbours):
+    for q, row, sims in zip(query_index, neighbours, similarity):
         q = int(q)
-        entries = [(q, "query", QUERY_COLOR)] + [
-            (int(n), f"#{j + 1}", CORRECT_COLOR if data.labels[n] == data.labels[q] else WRONG_COLOR)
-            for j, n in enumerate(row)
-        ]
-        for index, rank, color in entries:
-            name = data.label_name(int(data.labels[index]))
-            cells.append(
-                f'<figure><img src="data:image/png;base64,{tile_png(images.get(index), 80)}" '
-                f'alt="{esc(rank)}: {esc(name)}" style="border-color:{color}">'
-                f'<figcaption title="{esc(rank)} · {esc(name)} (test sample {index})" style="color:{color}">'
-                f"<b>{esc(rank)}</b><br>{esc(name)}</figcaption></figure>"
-            )
+        cells.append(_cell(data, q, images.get(q), "query", "", QUERY_COLOR, ""))
+        for j, (n, sim) in enumerate(zip(row, sims)):
+            right = data.labels[n] == data.labels[q]
+            cells.append(_cell(data, int(n), images.get(int(n)), f"#{j + 1}", "\u2713" if right else "\u2717",
+                               CORRECT_COLOR if right else WRONG_COLOR, f"cos {sim:.2f}"))
+        if missed and q in missed and len(missed[q][0]):
+            true, ranks = missed[q]
+            sims = cosine_similarities(data.embeddings, np.array([q]), true[None, :])[0]
+            cells.append('<div class="row-label">true matches the query missed &#8594;</div>')
+            cells += [_cell(data, int(t), images.get(int(t)), f"rank {int(r)}", "\u2713", CORRECT_COLOR,
+                            f"cos {sim:.2f}") for t, r, sim in zip(true, ranks, sims)]
+            cells += ["<div></div>"] * (columns - 1 - len(true))
     return (
-        f'<div><h3>{esc(title)}</h3><div class="grid" style="grid-template-columns:repeat({columns}, 88px)">'
+        f'<div class="scroll"><h3>{esc(title)}</h3><div class="grid" style="grid-template-columns:repeat({columns}, 88px)">'
         + "".join(cells) + "</div></div>"
     )

@@ -7,6 +7,7 @@ Layout written by the training engine::
     RUN_DIR/log.jsonl              one JSON record per line, field ``kind`` (required)
     RUN_DIR/embeddings/test.npz    test embeddings, labels, optional proxies/thumbnails/paths
     RUN_DIR/env.json               environment record (optional)
+    RUN_DIR/manifest.json          split manifest: classes and images per split (optional)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ METRICS_FILE = "metrics.json"
 LOG_FILE = "log.jsonl"
 EMBEDDINGS_FILE = "embeddings/test.npz"
 ENV_FILE = "env.json"
+MANIFEST_FILE = "manifest.json"
 
 REQUIRED_FILES = (CONFIG_FILE, METRICS_FILE, LOG_FILE)
 
@@ -63,6 +65,7 @@ class RunData:
     env: dict[str, Any] | None = None
     embeddings: TestEmbeddings | None = None
     problems: dict[str, str] = field(default_factory=dict)  # optional file -> why it was not used
+    split_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # split -> (classes, images)
 
     @property
     def name(self) -> str:
@@ -228,6 +231,12 @@ def load_run(run_dir: str | Path) -> RunData:
             run.env = read_json_object(env_path)
         except DataError as exc:
             run.problems[ENV_FILE] = str(exc)
+    manifest_path = run_dir / MANIFEST_FILE
+    if manifest_path.is_file():
+        try:
+            run.split_sizes = split_sizes(read_json_object(manifest_path))
+        except DataError as exc:
+            run.problems[MANIFEST_FILE] = str(exc)
     embeddings_path = run_dir / EMBEDDINGS_FILE
     if embeddings_path.is_file():
         try:
@@ -235,6 +244,15 @@ def load_run(run_dir: str | Path) -> RunData:
         except DataError as exc:
             run.problems[EMBEDDINGS_FILE] = str(exc)
     return run
+
+
+def split_sizes(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``split -> (classes, images)`` of the splits ``manifest.json`` records (train, val, test, ...)."""
+    sizes = {}
+    for split, entry in manifest.items():
+        if isinstance(entry, dict) and _is_number(entry.get("classes")) and _is_number(entry.get("size")):
+            sizes[split] = (int(entry["classes"]), int(entry["size"]))
+    return sizes
 
 
 def flatten_mapping(mapping: Any, prefix: str = "") -> dict[str, Any]:

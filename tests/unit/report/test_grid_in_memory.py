@@ -33,7 +33,10 @@ def test_mnist_run_saves_thumbnails_and_names_for_the_report(tmp_path):
 
     out = tmp_path / "run"
     assert main(["train", "--set", "train.max_steps=2", "--quiet", "--no-report", "--out", str(out)]) == 0
-    emb = load_run(out).embeddings
+    run = load_run(out)
+    assert run.env["device"] == "cpu"  # the device trained on is in the environment record
+    assert run.split_sizes["test"] == (5, run.embeddings.labels.shape[0])  # split sizes from manifest.json
+    emb = run.embeddings
     assert emb.thumbnails is not None and emb.thumbnails.shape[1:] == (28, 28)
     assert list(emb.class_names) == [f"digit {d}" for d in range(5, 10)]
     from dmlkit.report.retrieval_grid import load_images

@@ -12,7 +12,9 @@ from dmlkit.report.retrieval_grid import (
     WRONG_COLOR,
     all_neighbours,
     choose_queries,
+    cosine_similarities,
     load_images,
+    missed_matches,
     nearest_neighbours,
     retrieval_grid_html,
     worst_queries,
@@ -116,11 +118,23 @@ def test_grid_cells_carry_frames_and_full_names_in_tooltips():
     images = {i: np.full((12, 12), 40 * i, np.uint8) for i in range(4)}
     text = retrieval_grid_html(data, np.array([0]), np.array([[1, 2, 3]]), images, "Worst queries")
     assert "<h3>Worst queries</h3>" in text and "repeat(4, 88px)" in text
-    assert text.count("<figure>") == 4 and text.count("data:image/png;base64,") == 4
+    assert text.count("<figure ") == 4 and text.count("data:image/png;base64,") == 4
+    assert text.count('width="12" height="12"') == 4  # shown at the stored pixels, never enlarged
     for color in (QUERY_COLOR, CORRECT_COLOR, WRONG_COLOR):
         assert f"border-color:{color}" in text
-    assert 'title="#3 · Black_footed_Albatross_with_a_long_name (test sample 3)"' in text
+    assert 'title="#3 · Black_footed_Albatross_with_a_long_name (test sample 3) · cos 0.00"' in text
     assert 'title="query · Pileated_Woodpecker (test sample 0)"' in text
+    assert "<b>\u2713 #1</b>" in text and "<b>\u2717 #2</b>" in text  # tick / cross besides the colour
+
+
+def test_missed_matches_are_the_nearest_true_matches_outside_the_grid_with_their_ranks():
+    x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.8, 0.3], [-1.0, 0.0]])
+    labels = np.array([0, 1, 0, 0, 0])
+    true, ranks = missed_matches(x, labels, 0, np.array([1]), 3)
+    # by cosine to sample 0: 1 (0.99), 3 (0.94), 2 (0.0), 4 (-1): sample 1 is in the grid
+    assert true.tolist() == [3, 2, 4] and ranks.tolist() == [2, 3, 4]
+    sims = cosine_similarities(x, np.array([0]), np.array([[2, 4]]))
+    np.testing.assert_allclose(sims, [[0.0, -1.0]], atol=1e-12)
 
 
 def test_images_load_from_thumbnails_or_paths_relative_to_the_run(tmp_path):
