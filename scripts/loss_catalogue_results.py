@@ -94,11 +94,26 @@ def run_one(name: str, out: Path, extra: list[str], seed: int, embedding_size: i
             return row
         out.mkdir(parents=True, exist_ok=True)
         wall_file.write_text(json.dumps({"wall": round(wall, 1)}))
-    metrics = json.loads(metrics_file.read_text())
+    return collect(row, out)
+
+
+def collect(row: dict[str, object], out: Path) -> dict[str, object]:
+    """Add a finished run's test metrics, wall time and validation path (``out/metrics.json``, ``log.jsonl``)."""
+    metrics = json.loads((out / "metrics.json").read_text())
+    wall_file = out / "wall.json"
     wall = json.loads(wall_file.read_text())["wall"] if wall_file.exists() else None
     row.update(status=0, wall=wall, map_at_r=metrics.get("map_at_r"), precision_at_1=metrics.get("precision_at_1"),
                kept_pretrained=metrics.get("kept_pretrained"), best_step=metrics.get("best_step"),
                selected_on=metrics.get("selected_on"))
+    val = {}  # validation MAP@R per step (runs with validation classes only)
+    for line in (out / "log.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "eval" and record.get("split") == "val" and "map_at_r" in record:
+            val[record["step"]] = record["map_at_r"]
+    if val:
+        trained = {step: value for step, value in val.items() if step > 0}
+        best = max(trained, key=trained.get) if trained else None
+        row.update(val_step0=val.get(0), val_best_trained=trained.get(best), val_best_trained_step=best)
     return row
 
 
@@ -112,14 +127,22 @@ def _kept(row: dict[str, object]) -> str:
     return "pretrained" if row["kept_pretrained"] else f"fine-tuned (step {row['best_step']})"
 
 
+def _validation(row: dict[str, object]) -> str:
+    if row.get("val_step0") is None and row.get("val_best_trained") is None:
+        return "-"
+    return (f"{_number(row.get('val_step0'))} -> {_number(row.get('val_best_trained'))} "
+            f"({row.get('val_best_trained_step', '-')})")
+
+
 def markdown(rows: list[dict[str, object]]) -> str:
     """The results table, then one line per loss that ran with required arguments."""
-    lines = ["| loss | MAP@R | P@1 | weights kept | wall s | exit status |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| loss | MAP@R | P@1 | weights kept | validation MAP@R: step 0 -> best trained (step) | wall s "
+             "| exit status |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         status = "ok" if row["status"] == 0 else f"{row['status']}: {row.get('error', '')}"
         wall = "-" if row.get("wall") is None else f"{row['wall']:.0f}"
         lines.append(f"| {row['loss']} | {_number(row.get('map_at_r'))} | {_number(row.get('precision_at_1'))} "
-                     f"| {_kept(row)} | {wall} | {status} |")
+                     f"| {_kept(row)} | {_validation(row)} | {wall} | {status} |")
     notes = [f"- `{row['loss']}` ran with required arguments "
              f"{' '.join('`' + s + '`' for s in row['overrides'][1:] if s.startswith('loss.args.'))}: "
              f"{REQUIRED_ARGS[row['loss']][1]}." for row in rows if row["loss"] in REQUIRED_ARGS]
@@ -138,8 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run before it counts as failed")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "loss_catalogue")
     parser.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
+    parser.add_argument("--rows", type=Path, nargs="+", default=None,
+                        help="train nothing: print one table from these rows.json files of earlier sweeps")
     args = parser.parse_args(argv)
 
+    if args.rows is not None:
+        rows = [collect(row, path.parent / row["loss"]) if row["status"] == 0 else row
+                for path in args.rows for row in json.loads(path.read_text())]
+        return _write(markdown(rows), args.table)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.losses:
@@ -148,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: status {row['status']}, MAP@R {_number(row.get('map_at_r'))}, wall {row.get('wall')}",
               file=sys.stderr, flush=True)
         (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
+    return _write(markdown(rows), args.table)
+
+
+def _write(table: str, path: Path | None) -> int:
     print(table, end="")
-    if args.table is not None:
-        args.table.write_text(table)
+    if path is not None:
+        path.write_text(table)
     return 0
 
 
