@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "reproduce.py"
-
 
 @pytest.fixture(scope="module")
-def repro():
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module
-    spec.loader.exec_module(module)
-    return module
+def repro(script_loader):
+    return script_loader("reproduce")
 
 
 def test_every_registered_method_has_a_valid_config(repro):
