@@ -433,7 +433,7 @@ CASES: dict[str, Api | Cli] = {
     "loss-integer-embeddings": Api(lambda c: _loss("triplet_margin")(L.view(8, 1), L), DataError,
                                    r"embeddings must be a floating-point tensor\. Got dtype torch\.int64"),
     "miner-unknown-name": Api(lambda c: __import__("dmlkit.mining", fromlist=["x"]).create_miner("batch_hardd"),
-                              InvalidParameterError, r"Unknown miner 'batch_hardd'\. Did you mean 'batch_hard'\?"),
+                              InvalidParameterError, r"Unknown miner 'batch_hardd'\. Did you mean 'batch_hard', 'batch_easy_hard'\?"),
     "memory-embedding-size-mismatch": Api(
         lambda c: __import__("dmlkit.memory", fromlist=["x"]).CrossBatchMemory(
             _loss("contrastive"), embedding_size=8, memory_size=16)(E, L),

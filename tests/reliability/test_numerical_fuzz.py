@@ -132,7 +132,9 @@ def _variants(table: dict[str, list[dict]], registered: list[str]) -> list[tuple
 
 
 LOSS_CASES = _variants(LOSS_VARIANTS, LOSSES.names())
-MINER_CASES = _variants(MINER_VARIANTS, MINERS.names())
+#: Miners that read the batch's layout rather than its labels (PML's packaged triplets: rows 3i, 3i+1, 3i+2).
+LAYOUT_MINERS = ("embeddings_already_packaged_as_triplets",)
+MINER_CASES = _variants(MINER_VARIANTS, [n for n in MINERS.names() if n not in LAYOUT_MINERS])
 FUZZ = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
@@ -142,7 +144,7 @@ def _ids(cases):
 
 def test_every_registered_loss_and_miner_is_fuzzed():
     assert {n for n, _ in LOSS_CASES} == set(LOSSES.names())
-    assert {n for n, _ in MINER_CASES} == set(MINERS.names())
+    assert {n for n, _ in MINER_CASES} | set(LAYOUT_MINERS) == set(MINERS.names())
     assert set(LOSS_VARIANTS) <= set(LOSSES.names()) and set(MINER_VARIANTS) <= set(MINERS.names())
 
 
@@ -199,6 +201,18 @@ def test_miner_returns_valid_selection_on_extreme_inputs(name, kwargs, batch):
         assert a.dtype == p.dtype == n.dtype == torch.int64
         assert ((a >= 0) & (a < BATCH)).all() and ((p >= 0) & (p < BATCH)).all() and ((n >= 0) & (n < BATCH)).all()
         assert (labels[a] == labels[p]).all() and (labels[a] != labels[n]).all() and (a != p).all()
+
+
+@pytest.mark.parametrize("name", LAYOUT_MINERS)
+@FUZZ
+@given(batch=embedding_batches())
+def test_packaged_triplets_miner_returns_the_layout_on_extreme_inputs(name, batch):
+    """Whole triplets (6 of the 8 rows) at any scale and dtype: the selection is the rows' layout, nothing else."""
+    x, labels = batch[0][:6], batch[1][:6]
+    selection = create_miner(name)(x, labels)
+    assert isinstance(selection, TripletSelection)
+    assert selection.anchor.tolist() == [0, 3] and selection.positive.tolist() == [1, 4]
+    assert selection.negative.tolist() == [2, 5]
 
 
 _X = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0))

@@ -48,7 +48,7 @@ def test_all_problems_collected():
     "override, fragment",
     [
         ("optimizer.name=adamm", "optimizer.name must be one of {'adam', 'adamw', 'sgd', 'rmsprop'}"),
-        ("loss.name=proxy_anchr", "loss.name must be one of {'binomial_deviance'"),  # from the LOSSES registry
+        ("loss.name=proxy_anchr", "loss.name must be one of {'angular', 'arcface', 'binomial_deviance'"),  # from the LOSSES registry
         ("loss.miner.name=hard", "loss.miner.name must be None or one of {"),
         ("data.name=cifar", "data.name must be one of {"),
         ("data.augment=rotate", "data.augment must be one of {'auto', 'none', 'translate', 'affine', 'crop'}"),

@@ -2,7 +2,7 @@
 
 from dmlkit.cli import compare, train
 from dmlkit.engine import crossval, trainer
-from dmlkit.evaluation import retrieval_metrics, verification_metrics
+from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
 from dmlkit.evaluation.metrics import CURVES, LABELS, METRICS, SELECTION_METRIC, SUMMARY_KEYS, TABLE_KEYS
 from dmlkit.report import figures, run_report
 from dmlkit.sweep import study
@@ -20,6 +20,7 @@ def test_table_keys_are_the_keys_evaluation_returns():
     import torch
 
     x, y = torch.randn(40, 4, dtype=torch.float64), torch.arange(40) % 5
-    computed = set(retrieval_metrics(x, y)) | set(verification_metrics(x, y)) | {"nmi"}
+    clustering = set(clustering_metrics(x, y, over_cluster=2, seed=0))  # nmi, ami and (over-clustered) nmi_plus
+    computed = set(retrieval_metrics(x, y)) | set(verification_metrics(x, y)) | clustering
     assert set(TABLE_KEYS) <= computed
     assert len({m.key for m in METRICS}) == len(METRICS) and all(m.label for m in METRICS)
