@@ -16,6 +16,10 @@ field                              rule
                                    (80 for 1,000 images or fewer, then about 80,000 images seen,
                                    at least 10 epochs), between 50 and 2,000 steps
 ``train.eval_every``               10 evaluations when there is a validation split, else 1
+``train.time_budget``              720 s for the whole run when the steps are left to the recipe too:
+                                   the steps are cut to what fits (``dmlkit.engine.budget``)
+``train.patience``                 a pretrained backbone with validation classes: stop after 2
+                                   validations without a significant gain (2 standard errors)
 ``optimizer.loss_lr_multiplier``   100 x the model's learning rate for the proxies
 ``data.augment``                   glyphs/digits held in memory: ``affine`` (fill = the
                                    background) with fewer than 100 images per class, else
@@ -55,8 +59,10 @@ RECIPE_FIELDS = (
     "protocol.val_class_fraction",
     "sampler.m",
     "sampler.batch_size",
+    "train.time_budget",
     "train.max_steps",
     "train.eval_every",
+    "train.patience",
     "optimizer.lr",
     "optimizer.head_lr_multiplier",
     "optimizer.loss_lr_multiplier",
@@ -235,12 +241,16 @@ SCRATCH_LR = 3e-3
 PRETRAINED_LR = 1e-5
 PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 
-#: Fine-tuning budget of a pretrained backbone, in training images seen: epochs = this / images, within
-#: FINETUNE_EPOCHS, so time grows with the data (docs/recipes.md: about a minute of training for the
-#: Pets development set on 2 CPU cores, 2 epochs of 3,000 photos in minutes). Few classes rarely teach an
-#: ImageNet backbone much (the validation classes decide whether they did), so the budget is small.
-FINETUNE_IMAGES = 1000
-FINETUNE_EPOCHS = (2, 10)
+#: Fine-tuning of a pretrained backbone: a ceiling of FINETUNE_EPOCHS epochs (about FINETUNE_IMAGES training
+#: images seen, within those bounds); the time budget (``train.time_budget``) cuts it to what fits, and the
+#: validation classes stop it earlier when they stop improving significantly (``train.patience``), so data
+#: that cannot teach the backbone ends early and data that keeps teaching it gets the time.
+FINETUNE_IMAGES = 60000
+FINETUNE_EPOCHS = (2, 40)
+
+#: Validations without a significant gain (SIGNIFICANT_ERRORS standard errors of the paired per-query
+#: differences, engine/trainer.py) after which fine-tuning stops.
+FINETUNE_PATIENCE = 2
 
 #: On a GPU a fine-tuning step costs a small fraction of a CPU's (and the data comes through DataLoader
 #: workers and pinned memory), so the same wall time buys ten times the images seen.
@@ -248,7 +258,7 @@ ACCELERATOR_BUDGET_FACTOR = 10
 
 #: Validation evaluations of a fine-tuning run, after the one of the untrained embedding at step 0 (each
 #: embeds the validation photos at the evaluation size, a large share of a short run's time).
-FINETUNE_EVALUATIONS = 4
+FINETUNE_EVALUATIONS = 8
 
 
 def uses_pretrained_weights(cfg: Any) -> bool:
@@ -372,6 +382,12 @@ def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> fl
     return 0.0
 
 
+def has_validation(cfg: Any) -> bool:
+    """Whether the run has a validation split (held-out classes, a cross-validation fold or held-out samples)."""
+    p = cfg.protocol
+    return bool(p.val_class_fraction) or p.fold is not None or p.val_fraction > 0
+
+
 def finetune_epochs(num_images: int, accelerator: bool = False) -> int:
     """:data:`FINETUNE_IMAGES` / images (x :data:`ACCELERATOR_BUDGET_FACTOR` on a GPU), within :data:`FINETUNE_EPOCHS`."""
     low, high = FINETUNE_EPOCHS
@@ -410,13 +426,19 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                             + (f" (all {profile.num_classes} classes)" if classes == profile.num_classes
                                                else f", about {DEFAULT_BATCH} images"))
     warm = uses_pretrained_weights(cfg)
+    if cfg.train.time_budget is None and cfg.train.max_steps is None:
+        from dmlkit.engine.budget import DEFAULT_TIME_BUDGET  # deferred: config does not import the engine at load
+
+        out["train.time_budget"] = (DEFAULT_TIME_BUDGET, "the whole run on this machine, the test split's embedding "
+                                    "included: steps and validations are planned to fit from measured speeds")
     if cfg.train.max_steps is None and warm:
         epochs = finetune_epochs(profile.num_images, accelerator)
         steps = max(1, round(epochs * profile.num_images / batch))
         budget = FINETUNE_IMAGES * (ACCELERATOR_BUDGET_FACTOR if accelerator else 1)
         out["train.max_steps"] = (steps, f"fine-tuning: {epochs} epochs of {profile.num_images} images at batch "
                                          f"{batch} (about {budget:,} images seen{' on a GPU' if accelerator else ''}, "
-                                         f"{FINETUNE_EPOCHS[0]} to {FINETUNE_EPOCHS[1]} epochs)")
+                                         f"{FINETUNE_EPOCHS[0]} to {FINETUNE_EPOCHS[1]} epochs; a ceiling: the "
+                                         "time budget and the validation classes end it sooner)")
     elif cfg.train.max_steps is None:
         epochs = epochs_for(profile.num_images)
         steps = max(50, min(2000, round(epochs * profile.num_images / batch)))
@@ -424,12 +446,15 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                          f"{batch}, in [50, 2000]")
     if cfg.train.eval_every is None:
         steps = cfg.train.max_steps if cfg.train.max_steps is not None else out["train.max_steps"][0]
-        has_val = bool(cfg.protocol.val_class_fraction) or cfg.protocol.fold is not None or cfg.protocol.val_fraction > 0
+        has_val = has_validation(cfg)
         count = FINETUNE_EVALUATIONS if warm else 10
         every = max(1, steps // count) if has_val else steps
         out["train.eval_every"] = (every, (f"{count} validation evaluations" + (" after the untrained one at step 0"
                                                                                 if warm else ""))
                                    if has_val else "no validation split: at the end")
+    if cfg.train.patience is None and warm and has_validation(cfg):
+        out["train.patience"] = (FINETUNE_PATIENCE, f"stop after {FINETUNE_PATIENCE} validations without a significant "
+                                                    "gain over the best one (2 standard errors, paired per query)")
     if cfg.optimizer.lr is None:
         out["optimizer.lr"] = ((PRETRAINED_LR, "a pretrained backbone fine-tunes gently") if warm
                                else (SCRATCH_LR, "a model trained from scratch"))

@@ -175,6 +175,9 @@ class TrainConfig:
     """Step budget, evaluation cadence, early stopping, numerics, logging.
 
     ``max_steps`` and ``eval_every`` left at ``None`` are set by the recipe from the data size.
+    ``time_budget`` (seconds of wall clock for the whole run, the test split's embedding included)
+    fits the steps and evaluations into that time from speeds measured while the run trains
+    (:mod:`dmlkit.engine.budget`); left ``None``, the recipe sets it when it also chooses the steps.
 
     ``device`` is where the model, the loss (proxies, cross-batch memory) and every batch live:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
@@ -195,6 +198,7 @@ class TrainConfig:
     max_steps: Optional[int] = None
     eval_every: Optional[int] = None
     patience: Optional[int] = None
+    time_budget: Optional[float] = None
     log_every: int = 10
     checkpoint_every: int = 100
     device: str = "auto"
@@ -306,6 +310,7 @@ CONSTRAINTS: dict[str, list] = {
     "train.max_steps": [NONE, Interval(int, 1, None)],
     "train.eval_every": [NONE, Interval(int, 1, None)],
     "train.patience": [NONE, Interval(int, 1, None)],
+    "train.time_budget": [NONE, Interval(float, 1, None)],
     "train.log_every": [Interval(int, 1, None)],
     "train.checkpoint_every": [Interval(int, 1, None)],
     "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
@@ -358,8 +363,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
             f"data.pipeline={cfg.data.pipeline} decides the training crops: data.augment must be auto or crop. "
             f"Got {cfg.data.augment!r}."
         )
-    if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0:
-        problems.append("train.patience needs a validation split: set protocol.fold (or protocol.val_fraction).")
+    if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0 and not p.val_class_fraction:
+        problems.append("train.patience needs a validation split: set protocol.fold, protocol.val_fraction or "
+                        "protocol.val_class_fraction.")
     return problems
 
 

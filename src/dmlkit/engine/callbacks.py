@@ -83,9 +83,10 @@ class CallbackList:
 class EarlyStopping(Callback):
     """Stop after ``patience`` validations without improvement.
 
-    ``monitor=None`` follows the trainer's checkpoint selection (a validation improves when it
-    becomes ``best.pt``: higher MAP@R, and with a pretrained backbone a significant gain over the
-    untrained embedding); this is ``train.patience``. A metric name (``"map_at_r"``,
+    ``monitor=None`` follows the trainer's own judgement of progress (a validation improves when it
+    becomes ``best.pt``, a higher MAP@R; with a pretrained backbone when its MAP@R gain over the last
+    validation that made progress, the untrained embedding at first, exceeds 2 standard errors of
+    the paired per-query differences); this is ``train.patience``. A metric name (``"map_at_r"``,
     ``"precision_at_1"``...) watches that metric instead: an improvement is a value above the best
     so far by more than ``min_delta`` (``mode="min"``: below).
     """
@@ -100,7 +101,7 @@ class EarlyStopping(Callback):
 
     def on_evaluation_end(self, trainer: "Trainer", step: int, metrics: dict) -> None:
         if self.monitor is None:
-            improved = trainer.best_step == step and trainer.evals_since_best == 0
+            improved = trainer.last_eval_improved
         else:
             value = float(metrics[self.monitor]) * (1.0 if self.mode == "max" else -1.0)
             improved = value > self.best + self.min_delta

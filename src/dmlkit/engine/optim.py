@@ -10,7 +10,7 @@ During ``warmup_steps`` the trunk's learning rate is 0: only the head and the lo
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -68,15 +68,21 @@ def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, max_steps: int
+    optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, max_steps: int | Callable[[], int]
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Per-group LambdaLR: schedule factor, and a zero trunk rate during warm-up."""
+    """Per-group LambdaLR: schedule factor, and a zero trunk rate during warm-up.
+
+    ``max_steps`` may be a callable read at every step: a run planned to its time budget
+    (:mod:`dmlkit.engine.budget`) learns its step count after the first steps, and the cosine
+    decay follows the plan.
+    """
+    horizon = max_steps if callable(max_steps) else (lambda: max_steps)
 
     def trunk(step: int) -> float:
-        return 0.0 if step < cfg.warmup_steps else schedule_factor(cfg, step, max_steps)
+        return 0.0 if step < cfg.warmup_steps else schedule_factor(cfg, step, horizon())
 
     def other(step: int) -> float:
-        return schedule_factor(cfg, step, max_steps)
+        return schedule_factor(cfg, step, horizon())
 
     lambdas = [trunk if g.get("name") == "trunk" else other for g in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

@@ -25,7 +25,8 @@ from torch import nn
 
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import budget, builders, distributed
+from dmlkit.engine.budget import Plan, Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList, EarlyStopping
 from dmlkit.engine.checkpoint import (
     atomic_write_json,
@@ -87,6 +88,8 @@ class Trainer:
         callbacks: Iterable[Callback] = (),
     ):
         self.cfg = cfg
+        self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
+        self.started = self.wall_clock()  # ... counting from here
         # the device first (a ConfigError for a missing GPU comes before anything heavy); under
         # torchrun it is this rank's GPU, cuda:LOCAL_RANK, and it picks the backend: nccl for CUDA, else gloo
         self.device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
@@ -123,7 +126,8 @@ class Trainer:
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
         self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, self.objective,
                                                                                  cfg.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.train.max_steps)
+        # read at every step: a run planned to its time budget learns its step count after the first steps
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, lambda: self.cfg.train.max_steps)
         self.sampler = builders.build_batch_sampler(cfg, train_labels, rank=self.dist.rank, world_size=self.dist.world_size)
         self.position = builders.BatchPosition()
         self.step = 0
@@ -152,6 +156,10 @@ class Trainer:
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
+        self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
+        self.last_eval_improved = False  # the last validation counted as progress (EarlyStopping reads it)
+        self.plan: Plan | None = None  # the time budget's plan (engine/budget.py), once made
+        self._step_ceiling: int | None = None  # the recipe's steps, which a plan never exceeds
         self._best_state: dict | None = None
 
     # ------------------------------------------------------------------ state
@@ -178,6 +186,9 @@ class Trainer:
             "callbacks": self.callbacks.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "pretrained_val_ap": self.pretrained_val_ap,
+            "reference_val_ap": self.reference_val_ap,
+            "planned": {"max_steps": self.cfg.train.max_steps, "eval_every": self.cfg.train.eval_every,
+                        "made": self.plan is not None},
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -206,6 +217,12 @@ class Trainer:
         if self.scaler is not None and state.get("scaler"):  # the loss scale and its growth counter
             self.scaler.load_state_dict(state["scaler"])
         self.pretrained_val_ap = state.get("pretrained_val_ap")
+        self.reference_val_ap = state.get("reference_val_ap")
+        planned = state.get("planned")
+        if planned:  # a resumed run keeps the steps its time budget planned
+            self.cfg.train.max_steps, self.cfg.train.eval_every = planned["max_steps"], planned["eval_every"]
+            if planned.get("made"):
+                self.plan = Plan(planned["max_steps"], planned["eval_every"], math.nan, True, "resumed")
 
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
@@ -380,12 +397,20 @@ class Trainer:
         metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])
         improved = score > self.best_score
+        progress = improved
         if compare and self.step == 0:
-            self.pretrained_val_ap = per_query  # the untrained embedding: what training must beat
+            self.pretrained_val_ap = self.reference_val_ap = per_query  # the untrained embedding: what training must beat
         elif compare and self.pretrained_val_ap is not None:
             gain, error = paired_gain(per_query, self.pretrained_val_ap)
             metrics = {**metrics, "gain_over_pretrained": gain, "gain_standard_error": error}
             improved = improved and gain > SIGNIFICANT_ERRORS * error
+            # the stopping rule: progress is a significant gain over the last validation that made one
+            step_gain, step_error = paired_gain(per_query, self.reference_val_ap)
+            progress = step_gain > SIGNIFICANT_ERRORS * step_error
+            if progress:
+                self.reference_val_ap = per_query
+            metrics = {**metrics, "gain_over_reference": step_gain, "reference_standard_error": step_error}
+        self.last_eval_improved = progress
         if improved:
             self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
             if self.dist.is_main:
@@ -396,6 +421,51 @@ class Trainer:
         stop = self.hooks.on_evaluation(self, score, improved)
         self.callbacks.call("on_evaluation_end", self, self.step, metrics)
         return stop or self.should_stop
+
+    def measured_speeds(self, step_seconds: float, has_val: bool) -> Speeds:
+        """This run's speeds: a training step (given), a validation and the test split's evaluation.
+
+        Before the first validation, an embedded image is taken to cost a third of a trained one
+        (forward only) times the views the model averages (mirror, shifts).
+        """
+        num_val = len(self.splits.val) if has_val else 0
+        test = self.splits.test if self.splits.test is not None else getattr(self.splits, "query", None)
+        num_test = len(test) if test is not None else 0
+        if getattr(self.splits, "gallery", None) is not None:
+            num_test += len(self.splits.gallery)
+        if self.eval_seconds:
+            per_eval = sum(self.eval_seconds) / len(self.eval_seconds)
+            test_seconds = budget.estimate_test_seconds(per_eval, num_val, num_test)
+        else:
+            per_image = step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * _views(self.cfg)
+            per_eval, test_seconds = num_val * per_image, num_test * per_image
+        return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
+
+    def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
+        """Fit ``train.max_steps`` and ``train.eval_every`` into ``train.time_budget`` (engine/budget.py)."""
+        cfg = self.cfg
+        if cfg.train.time_budget is None or speeds is None:
+            return
+        first = self.plan is None
+        if self._step_ceiling is None:
+            self._step_ceiling = cfg.train.max_steps
+        ceiling = self._step_ceiling
+        plan = budget.plan_run(cfg.train.time_budget, self.wall_clock() - self.started, self.step, ceiling,
+                               cfg.train.eval_every, speeds, has_val=has_val, fixed_interval=not first)
+        plan = distributed.broadcast_object(plan)  # every rank trains the same steps
+        changed = (plan.max_steps, plan.eval_every) != (cfg.train.max_steps, cfg.train.eval_every)
+        self.plan = plan
+        cfg.train.max_steps, cfg.train.eval_every = plan.max_steps, plan.eval_every
+        if first or changed:
+            self.run.log({"kind": "plan", "step": self.step, "time": self.elapsed, "max_steps": plan.max_steps,
+                          "eval_every": plan.eval_every, "predicted_seconds": round(plan.seconds, 1),
+                          "step_seconds": speeds.step_seconds, "eval_seconds": speeds.eval_seconds,
+                          "test_seconds": speeds.test_seconds})
+        if first:
+            self.echo(f"time budget: {plan.reason}")
+        if bar is not None and bar.total != plan.max_steps:
+            bar.total = plan.max_steps
+            bar.refresh()
 
     def val_history(self) -> list[tuple[int, float]]:
         """``(step, validation MAP@R)`` of every validation evaluation logged so far."""
@@ -440,16 +510,20 @@ class Trainer:
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
             stop = self._timed_validation() or stop
         start_step, start_elapsed = self.step, self.elapsed
+        timed = {}  # the training clock after the first (warm-up) step of this session: the speed the plans use
+
+        def speeds() -> Speeds | None:
+            if "step" not in timed or self.step <= timed["step"]:
+                return None
+            return self.measured_speeds((self.elapsed - timed["elapsed"]) / (self.step - timed["step"]), has_val)
 
         def seconds_left() -> float | None:
-            """Training steps and the validations still to come, at this session's measured speeds."""
+            """Training steps, the validations still to come and the test split, at this session's measured speeds."""
             if self.step == start_step:
                 return None
-            per_step = (self.elapsed - start_elapsed) / (self.step - start_step)
-            total, every = cfg.train.max_steps, cfg.train.eval_every
-            evals = (total // every - self.step // every + (total % every != 0)) if has_val else 0
-            per_eval = sum(self.eval_seconds) / len(self.eval_seconds) if self.eval_seconds else 0.0
-            return (total - self.step) * per_step + max(evals, 0) * per_eval
+            measured = speeds() or self.measured_speeds((self.elapsed - start_elapsed) / (self.step - start_step),
+                                                        has_val)
+            return budget.seconds_left(self.step, cfg.train.max_steps, cfg.train.eval_every, measured, has_val=has_val)
 
         bar = _progress(cfg, initial=self.step, seconds_left=seconds_left) if self.dist.is_main else None
         t_last = self.clock()
@@ -466,6 +540,10 @@ class Trainer:
             now = self.clock()
             self.elapsed += now - t_last
             t_last = now
+            if self.step == start_step + 1:
+                timed.update(step=self.step, elapsed=self.elapsed)
+            if self.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
+                self._plan_to_budget(speeds(), has_val, bar)
             if math.isfinite(value):
                 running = value if running is None else 0.9 * running + 0.1 * value
             lr = self.optimizer.param_groups[0]["lr"]
@@ -484,6 +562,8 @@ class Trainer:
             if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
                 stop = self._timed_validation()
                 evaluated = True
+                if self.plan is not None and not stop and speeds() is not None:  # re-plan at the speeds measured so far
+                    self._plan_to_budget(speeds(), has_val, bar)
                 t_last = self.clock()  # evaluation time is not training time
             stop = stop or self.should_stop or self.step >= cfg.train.max_steps
             if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
@@ -600,6 +680,12 @@ def _selection_message(history: list[tuple[int, float]], best_step: int) -> str:
                 "not help on the held-out classes")
     gain = "" if start is None else f", against {start:.4f} for the pretrained embedding at step 0"
     return f"kept the fine-tuned checkpoint of step {best_step}: validation MAP@R {best:.4f}{gain}"
+
+
+def _views(cfg: RunConfig) -> int:
+    """Forward passes per embedded image: the mirror (``model.flip_average``) and the shifts (``model.shift_average``)."""
+    shifts = (2 * (cfg.model.shift_average or 0) + 1) ** 2
+    return (2 if cfg.model.flip_average else 1) * shifts
 
 
 def _floats(metrics: dict) -> dict:

@@ -1,0 +1,108 @@
+"""Planning a run to its time budget (``train.time_budget``, issue 34).
+
+The recipe gives a step ceiling (``train.max_steps``: enough epochs for the data) and the number
+of validation evaluations; this module fits them into the wall-clock budget of the whole run,
+from speeds measured on this machine while it runs:
+
+* ``spent``: seconds since the run started (decoding, the untrained embedding's validation, a
+  feature cache: whatever came before),
+* ``step_seconds``: one training step, timed over the first steps after a warm-up step,
+* ``eval_seconds``: one validation evaluation (embedding and scoring the validation split),
+* ``test_seconds``: the test split's embedding and scores at the end, from the validation's
+  speed per image.
+
+A plan is made once after :data:`CALIBRATION_STEPS` steps and re-made after every validation with
+the speeds measured so far, so the last evaluation and the test embedding end inside the budget
+and the progress bar's remaining time is the plan's. Data that fits keeps the recipe's steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
+#: decoding, training, every validation and the test split's embedding.
+DEFAULT_TIME_BUDGET = 720.0
+
+#: Steps timed for the first plan, after one warm-up step (oneDNN primitives, allocator pools).
+CALIBRATION_STEPS = 3
+
+#: Share of the budget kept back for what the speeds do not foresee (the process start, writing results).
+SAFETY_MARGIN = 0.03
+
+#: At most this share of the budget goes to validation evaluations when the budget binds; their number
+#: stays within EVALUATIONS (enough to see whether validation still rises, few enough to train).
+EVALUATION_SHARE = 0.15
+EVALUATIONS = (3, 12)
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Measured costs, in seconds: a training step, a validation evaluation, the final test evaluation."""
+
+    step_seconds: float
+    eval_seconds: float = 0.0
+    test_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Steps and evaluation interval that end the run inside the budget; ``seconds`` is the predicted end
+    (from the run's start, the test evaluation included)."""
+
+    max_steps: int
+    eval_every: int
+    seconds: float
+    binds: bool
+    reason: str
+
+
+def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: int, speeds: Speeds, *,
+             has_val: bool, fixed_interval: bool = False) -> Plan:
+    """The steps and evaluation interval that fit ``budget`` seconds, ``spent`` of which are gone at ``step``.
+
+    ``ceiling`` and ``eval_every`` are the recipe's (or the previous plan's) steps and interval: when
+    they fit, they stay. Otherwise the steps are cut to what the time left buys after the test
+    evaluation and the validations to come; the first plan (``fixed_interval=False``) also spreads
+    the evaluations anew (:data:`EVALUATION_SHARE` of the budget, :data:`EVALUATIONS` of them), later
+    plans keep the interval so evaluation points do not move. Never fewer steps than already taken.
+    """
+    step_s = max(speeds.step_seconds, 1e-9)
+    eval_s = speeds.eval_seconds if has_val else 0.0
+    left = budget * (1.0 - SAFETY_MARGIN) - spent - speeds.test_seconds
+
+    def cost(steps: int, every: int) -> float:
+        evals = (steps // every - step // every + (steps % every != 0)) if has_val and steps > step else 0
+        return (steps - step) * step_s + max(evals, 0) * eval_s
+
+    if cost(ceiling, eval_every) <= left:
+        seconds = spent + cost(ceiling, eval_every) + speeds.test_seconds
+        return Plan(ceiling, eval_every, seconds, False,
+                    f"{ceiling} steps fit the {budget:.0f}-s budget (predicted end {seconds:.0f} s)")
+    every = eval_every
+    if has_val and not fixed_interval:
+        count = min(EVALUATIONS[1], max(EVALUATIONS[0], int(EVALUATION_SHARE * budget / max(eval_s, 1e-9))))
+        affordable = max(0.0, left - count * eval_s) / step_s
+        every = max(1, math.ceil(affordable / count))
+    per_step = step_s + (eval_s / every if has_val else 0.0)
+    steps = step + max(0, int(left / per_step))
+    while steps > step and cost(steps, every) > left:  # the last interval's evaluation may not fit
+        steps -= 1
+    steps = max(step, min(ceiling, steps), 1)
+    seconds = spent + cost(steps, every) + speeds.test_seconds
+    return Plan(steps, every, seconds, True,
+                f"{steps} of {ceiling} steps fit the {budget:.0f}-s budget at {speeds.step_seconds:.2f} s a step"
+                + (f", a validation every {every} steps ({eval_s:.1f} s each)" if has_val else "")
+                + f" and {speeds.test_seconds:.0f} s for the test split (predicted end {seconds:.0f} s)")
+
+
+def estimate_test_seconds(eval_seconds: float, num_val: int, num_test: int) -> float:
+    """The test split's evaluation at the validation's measured speed per image."""
+    return eval_seconds * num_test / max(num_val, 1)
+
+
+def seconds_left(step: int, max_steps: int, eval_every: int, speeds: Speeds, *, has_val: bool) -> float:
+    """Remaining wall time: the steps and validations to come and the test evaluation (the progress bar's ETA)."""
+    evals = (max_steps // eval_every - step // eval_every + (max_steps % eval_every != 0)) if has_val else 0
+    return (max_steps - step) * speeds.step_seconds + max(evals, 0) * speeds.eval_seconds + speeds.test_seconds

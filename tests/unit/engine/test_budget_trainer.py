@@ -1,0 +1,75 @@
+"""A run planned to its time budget (train.time_budget): the trainer measures its steps and stops inside the budget.
+
+The clocks are replaced by one that advances a second per training step, so the plan is exact.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dmlkit.engine.budget import CALIBRATION_STEPS, SAFETY_MARGIN
+from dmlkit.engine.trainer import Trainer
+
+
+class StepClock:
+    """A clock that advances ``seconds`` at every training step and stands still otherwise."""
+
+    def __init__(self, trainer: Trainer, seconds: float = 1.0):
+        self.now = 0.0
+        trainer.clock = trainer.wall_clock = self
+        trainer.started = 0.0
+        step = trainer.training_step
+
+        def timed(*args):
+            self.now += seconds
+            return step(*args)
+
+        trainer.training_step = timed
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plans(run_dir) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if r["kind"] == "plan"]
+
+
+def test_the_budget_cuts_the_steps_to_what_fits(tmp_path, tiny_config):
+    trainer = Trainer(tiny_config("train.max_steps=1000", "train.time_budget=100"), tmp_path, echo=lambda _: None)
+    StepClock(trainer)
+    result = trainer.fit()
+    [plan] = plans(tmp_path)
+    assert plan["step"] == 1 + CALIBRATION_STEPS and plan["step_seconds"] == pytest.approx(1.0)
+    # 2,500 test images embedded at a third of a training image's cost (batches of 32, one view)
+    assert plan["test_seconds"] == pytest.approx(2500 / 32 / 3)
+    expected = 1 + CALIBRATION_STEPS + int(100 * (1 - SAFETY_MARGIN) - (1 + CALIBRATION_STEPS) - plan["test_seconds"])
+    assert result.steps == plan["max_steps"] == expected < 1000
+    assert trainer.cfg.train.max_steps == expected
+
+
+def test_data_that_fits_keeps_the_recipe_steps(tmp_path, tiny_config):
+    trainer = Trainer(tiny_config("train.max_steps=40", "train.time_budget=10000"), tmp_path, echo=lambda _: None)
+    StepClock(trainer)
+    assert trainer.fit().steps == 40
+    assert plans(tmp_path)[0]["max_steps"] == 40
+
+
+def test_no_budget_no_plan(tmp_path, tiny_config):
+    trainer = Trainer(tiny_config("train.max_steps=8"), tmp_path, echo=lambda _: None)
+    assert trainer.cfg.train.time_budget is None  # the steps were set: the recipe leaves the budget alone
+    assert trainer.fit().steps == 8 and plans(tmp_path) == []
+
+
+def test_a_resumed_run_keeps_its_plan(tmp_path, tiny_config, crash_in_step):
+    overrides = ("train.max_steps=1000", "train.time_budget=60", "train.checkpoint_every=5")
+    trainer = Trainer(tiny_config(*overrides), tmp_path, echo=lambda _: None)
+    StepClock(trainer)
+    crash_in_step(trainer, 12)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    planned = plans(tmp_path)[0]["max_steps"]
+    assert 12 < planned < 1000
+    resumed = Trainer(tiny_config(*overrides), tmp_path, resume=True, echo=lambda _: None)
+    assert resumed.fit().steps == planned
