@@ -59,14 +59,14 @@ class Plan:
 
 
 def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: int, speeds: Speeds, *,
-             has_val: bool, fixed_interval: bool = False) -> Plan:
+             has_val: bool, interval: int | None = None) -> Plan:
     """The steps and evaluation interval that fit ``budget`` seconds, ``spent`` of which are gone at ``step``.
 
-    ``ceiling`` and ``eval_every`` are the recipe's (or the previous plan's) steps and interval: when
-    they fit, they stay. Otherwise the steps are cut to what the time left buys after the test
-    evaluation and the validations to come; the first plan (``fixed_interval=False``) also spreads
-    the evaluations anew (:data:`EVALUATION_SHARE` of the budget, :data:`EVALUATIONS` of them), later
-    plans keep the interval so evaluation points do not move. Never fewer steps than already taken.
+    ``ceiling`` and ``eval_every`` are the recipe's steps and interval: when they fit, they stay.
+    Otherwise the steps are cut to what the time left buys after the test evaluation and the
+    validations to come; the first plan (``interval=None``) spreads the evaluations anew
+    (:data:`EVALUATION_SHARE` of the budget, :data:`EVALUATIONS` of them), a later one keeps the
+    planned ``interval`` so evaluation points do not move. Never fewer steps than already taken.
     """
     step_s = max(speeds.step_seconds, 1e-9)
     eval_s = speeds.eval_seconds if has_val else 0.0
@@ -80,8 +80,8 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
         seconds = spent + cost(ceiling, eval_every) + speeds.test_seconds
         return Plan(ceiling, eval_every, seconds, False,
                     f"{ceiling} steps fit the {budget:.0f}-s budget (predicted end {seconds:.0f} s)")
-    every = eval_every
-    if has_val and not fixed_interval:
+    every = eval_every if interval is None else interval
+    if has_val and interval is None:
         count = min(EVALUATIONS[1], max(EVALUATIONS[0], int(EVALUATION_SHARE * budget / max(eval_s, 1e-9))))
         affordable = max(0.0, left - count * eval_s) / step_s
         every = max(1, math.ceil(affordable / count))

@@ -101,7 +101,9 @@ class EarlyStopping(Callback):
 
     def on_evaluation_end(self, trainer: "Trainer", step: int, metrics: dict) -> None:
         if self.monitor is None:
-            improved = trainer.last_eval_improved
+            improved = getattr(trainer, "last_eval_improved", None)
+            if improved is None:  # a trainer without the progress flag: its best.pt choice
+                improved = trainer.best_step == step and trainer.evals_since_best == 0
         else:
             value = float(metrics[self.monitor]) * (1.0 if self.mode == "max" else -1.0)
             improved = value > self.best + self.min_delta

@@ -159,7 +159,7 @@ class Trainer:
         self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
         self.last_eval_improved = False  # the last validation counted as progress (EarlyStopping reads it)
         self.plan: Plan | None = None  # the time budget's plan (engine/budget.py), once made
-        self._step_ceiling: int | None = None  # the recipe's steps, which a plan never exceeds
+        self._recipe_schedule: tuple[int, int] | None = None  # the recipe's steps and interval, before any plan
         self._best_state: dict | None = None
 
     # ------------------------------------------------------------------ state
@@ -188,7 +188,7 @@ class Trainer:
             "pretrained_val_ap": self.pretrained_val_ap,
             "reference_val_ap": self.reference_val_ap,
             "planned": {"max_steps": self.cfg.train.max_steps, "eval_every": self.cfg.train.eval_every,
-                        "made": self.plan is not None},
+                        "made": self.plan is not None, "recipe": self._recipe_schedule},
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -223,6 +223,7 @@ class Trainer:
             self.cfg.train.max_steps, self.cfg.train.eval_every = planned["max_steps"], planned["eval_every"]
             if planned.get("made"):
                 self.plan = Plan(planned["max_steps"], planned["eval_every"], math.nan, True, "resumed")
+                self._recipe_schedule = tuple(planned["recipe"]) if planned.get("recipe") else None
 
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
@@ -447,11 +448,11 @@ class Trainer:
         if cfg.train.time_budget is None or speeds is None:
             return
         first = self.plan is None
-        if self._step_ceiling is None:
-            self._step_ceiling = cfg.train.max_steps
-        ceiling = self._step_ceiling
-        plan = budget.plan_run(cfg.train.time_budget, self.wall_clock() - self.started, self.step, ceiling,
-                               cfg.train.eval_every, speeds, has_val=has_val, fixed_interval=not first)
+        if self._recipe_schedule is None:  # what the recipe asked for: a plan never trains more
+            self._recipe_schedule = (cfg.train.max_steps, cfg.train.eval_every)
+        ceiling, interval = self._recipe_schedule
+        plan = budget.plan_run(cfg.train.time_budget, self.wall_clock() - self.started, self.step, ceiling, interval,
+                               speeds, has_val=has_val, interval=None if first else cfg.train.eval_every)
         plan = distributed.broadcast_object(plan)  # every rank trains the same steps
         changed = (plan.max_steps, plan.eval_every) != (cfg.train.max_steps, cfg.train.eval_every)
         self.plan = plan

@@ -55,10 +55,15 @@ def test_a_slower_machine_plans_fewer_steps():
 
 def test_replanning_keeps_the_interval_and_never_goes_back():
     speeds = Speeds(step_seconds=1.0, eval_seconds=5.0, test_seconds=20.0)
-    plan = plan_run(720.0, 700.0, step=300, ceiling=1000, eval_every=50, speeds=speeds, has_val=True,
-                    fixed_interval=True)
+    plan = plan_run(720.0, 700.0, step=300, ceiling=1000, eval_every=200, speeds=speeds, has_val=True, interval=50)
     assert plan.eval_every == 50
     assert plan.max_steps == 300  # the budget is spent: stop where it is
+
+
+def test_a_pessimistic_first_plan_is_undone_when_the_recipe_fits_after_all():
+    speeds = Speeds(step_seconds=0.02, eval_seconds=1.0, test_seconds=5.0)
+    plan = plan_run(720.0, 30.0, step=20, ceiling=1249, eval_every=124, speeds=speeds, has_val=True, interval=10)
+    assert (plan.max_steps, plan.eval_every, plan.binds) == (1249, 124, False)
 
 
 def test_without_validation_only_steps_and_test_count():

@@ -126,6 +126,10 @@ def test_early_stopping_on_a_metric_and_on_the_selection():
     trainer.evals_since_best = 1
     selection.on_evaluation_end(trainer, 4, {})
     assert trainer.should_stop
+    trainer = FakeTrainer()  # dmlkit's Trainer says whether its last validation made progress (significance rule)
+    trainer.best_step, trainer.last_eval_improved = 3, False
+    EarlyStopping(patience=1).on_evaluation_end(trainer, 3, {})
+    assert trainer.should_stop
     with pytest.raises(InvalidParameterError, match="'patience' parameter of EarlyStopping"):
         EarlyStopping(patience=0)
 
