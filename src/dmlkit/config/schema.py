@@ -189,7 +189,9 @@ class TrainConfig:
     (needs the ``tensorboard`` package). ``loggers`` names experiment trackers
     (``[tensorboard, mlflow, wandb]``, :mod:`dmlkit.engine.loggers`): the config as parameters,
     every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
-    (``None``: MLflow's file store in ``RUN_DIR/mlruns``).
+    (``None``: MLflow's file store in ``RUN_DIR/mlruns``). ``time_budget`` is the run's wall-time
+    budget in seconds (``None``: the recipe's, 720 s on a CPU); ``model.name=auto`` chooses the photo
+    backbone by it (:mod:`dmlkit.engine.backbone_choice`).
     """
 
     max_steps: Optional[int] = None
@@ -206,6 +208,7 @@ class TrainConfig:
     tensorboard: bool = False
     loggers: list = field(default_factory=list)
     tracking_uri: Optional[str] = None
+    time_budget: Optional[float] = None
 
 
 @dataclass
