@@ -217,6 +217,10 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
         return
     train_images, to_embed = _images_to_embed(cfg, survey)
     budget = cfg.train.time_budget if cfg.train.time_budget is not None else DEFAULT_TIME_BUDGET
+    if not budget > 0:
+        from dmlkit.exceptions import ConfigError
+
+        raise ConfigError(f"train.time_budget must be a positive number of seconds. Got {budget!r}.")
     size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
     crop = int(cfg.data.crop_size or size)
     costs = MeasuredCosts(train_size=crop, eval_size=size, frozen_stages=cfg.model.frozen_stages or 0,

@@ -149,3 +149,13 @@ def test_measuring_gives_positive_costs_and_is_cached():
     assert MeasuredCosts(**settings)[LITE0] is cost  # measured once per process
     with pytest.raises(KeyError):
         MeasuredCosts(**settings)["resnet50"]
+
+
+def test_a_budget_that_is_not_positive_is_a_config_error(fake_measure):
+    from dmlkit.exceptions import ConfigError
+
+    cfg = load("train.time_budget=0")
+    splits = _photo_splits()
+    choices = apply_model_recipe(cfg, splits, echo=lambda _: None)
+    with pytest.raises(ConfigError, match="train.time_budget must be a positive number of seconds. Got 0.0"):
+        choose_for_run(cfg, splits, choices, torch.device("cpu"))
