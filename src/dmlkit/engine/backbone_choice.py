@@ -9,10 +9,10 @@ takes the largest candidate whose estimated run fits the budget:
     fits  <=> embed + train <= USABLE_SHARE * time_budget
 
 Costs are measured on this machine (:class:`MeasuredCosts`, :func:`measure_costs`): a warm-up on one
-image, then one training step (forward + backward, the recipe's frozen stages and autocast) of a batch
-of 4 at the crop size and one evaluation forward (mirror averaged, as the recipe embeds) at the
-evaluation size, per candidate, largest first and only as far as needed (Lite0, the fallback, is never
-measured): about 2-4 s per candidate on 2 CPU cores, cached per process. A batch of 4 costs a little
+image, then the faster of two training steps (forward + backward, the recipe's frozen stages and
+autocast) of a batch of 4 at the crop size and of two evaluation forwards (mirror averaged, as the
+recipe embeds) at the evaluation size, per candidate, largest first and only as far as needed (Lite0,
+the fallback, is never measured): a few seconds per candidate on 2 CPU cores, cached per process. A batch of 4 costs a little
 more per image than the run's batches of about 64, so the estimate errs towards the smaller backbone.
 A user's ``model.name`` is never changed; Lite0 is the fallback when nothing larger fits.
 """
@@ -107,12 +107,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int = 2) -> float:
+    """The fastest of ``repeats`` calls (a shared machine's interruptions only ever add time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 @lru_cache(maxsize=None)
