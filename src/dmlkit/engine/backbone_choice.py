@@ -233,6 +233,9 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
                                 images_to_embed=to_embed, time_budget=float(budget), costs=costs)
     cfg.model.name = name
     model_choices["model.name"] = (name, f"photos: {why}")
+    if "model.pretrained" in model_choices:  # its reason names the backbone
+        value, reason = model_choices["model.pretrained"]
+        model_choices["model.pretrained"] = (value, reason.replace(chosen, name))
 
 
 __all__ = ["CANDIDATES", "BackboneCost", "MeasuredCosts", "choose_backbone", "choose_for_run", "measure_costs"]

@@ -119,6 +119,7 @@ def test_auto_photos_get_the_budget_choice_in_the_recipe_line(fake_measure):
     assert cfg.model.name == LITE2 and fake_measure == [LITE2]
     value, why = choices["model.name"]
     assert value == LITE2 and why.startswith("photos: ") and "300-s budget" in why
+    assert choices["model.pretrained"] == (True, f"photos and offline ImageNet weights for {LITE2}")
 
 
 def test_a_tight_budget_keeps_lite0(fake_measure):
