@@ -29,7 +29,8 @@ cosine similarity (``dmlkit.evaluation.retrieval_metrics``).
   MAP@R after every epoch; wall from the first decode to the last score.
 * dmlkit: ``dmlkit train --set data.name=folder --set data.root=ROOT --seed S --quiet --no-report``
   in a subprocess per seed (``--dmlkit-set KEY=VALUE`` adds overrides, e.g. to shorten a check);
-  metrics from the run's ``metrics.json``; wall of the whole process.
+  metrics from the run's ``metrics.json``, the backbone its recipe chose from its ``config.yaml``;
+  wall of the whole process.
 * throughput (``--batch`` images at ``--tp-size`` px, ``--threads`` threads): images/s of one
   fine-tuning step (forward, loss, backward, optimiser step) and of embedding (eval forward, no
   grad). PML side: the loop's model in fp32, PyTorch's default NCHW layout, every parameter trained.
@@ -67,6 +68,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -271,8 +273,10 @@ def dmlkit_train(root: Path, seed: int, threads: int, extra: list[str], *, quiet
             tail = "\n".join(text for _, text in segments[-25:])
             raise SystemExit(f"dmlkit train failed (exit {code}): {' '.join(cmd)}\n{tail}")
         metrics = json.loads((run_dir / "metrics.json").read_text())
+        backbone = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"]
     return {"map_at_r": float(metrics["map_at_r"]), "precision_at_1": float(metrics["precision_at_1"]),
-            "seconds": wall, "train_seconds": metrics.get("train_seconds"), "segments": segments}
+            "seconds": wall, "train_seconds": metrics.get("train_seconds"), "segments": segments,
+            "backbone": backbone}
 
 
 # ---------------------------------------------------------------------------------------- throughput
@@ -569,9 +573,10 @@ def main() -> None:
         for seed in args.seeds:
             runs.append(dmlkit_train(args.root, seed, args.threads, args.dmlkit_set))
             print(f"  dmlkit train, seed {seed}: MAP@R {runs[-1]['map_at_r']:.4f}, "
-                  f"P@1 {runs[-1]['precision_at_1']:.4f}, {runs[-1]['seconds']:.0f} s", flush=True)
+                  f"P@1 {runs[-1]['precision_at_1']:.4f}, {runs[-1]['seconds']:.0f} s, "
+                  f"backbone {runs[-1]['backbone']}", flush=True)
         secs = [r["seconds"] for r in runs]
-        per_seed = ", ".join(f"{r['map_at_r']:.3f}" for r in runs)
+        per_seed = ", ".join(f"{r['map_at_r']:.3f} {r['backbone'].replace('efficientnet_', '')}" for r in runs)
         rows.append((f"dmlkit train --set data.name=folder --set data.root=DIR (seeds {' '.join(map(str, args.seeds))}: "
                      f"{per_seed})", statistics.mean(r["map_at_r"] for r in runs),
                      statistics.mean(r["precision_at_1"] for r in runs),
