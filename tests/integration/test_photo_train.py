@@ -53,10 +53,12 @@ def photo_run(tmp_path_factory):
 
 def test_photos_train_a_pretrained_backbone_on_rgb_with_its_preprocessing(photo_run):
     out, printed = photo_run
-    assert "recipe:   model.name = efficientnet_lite0" in printed and "model.pretrained = True" in printed
     cfg = yaml.safe_load((out / "config.yaml").read_text())
+    # the time budget picks Lite0, Lite1 or Lite2 (engine/backbone_choice.py), printed with its reason
+    assert cfg["model"]["name"] in ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
+    assert f"recipe:   model.name = {cfg['model']['name']}" in printed and "model.pretrained = True" in printed
     assert cfg["name"] == "folder-proxy-anchor"  # named after the data, not after the MNIST job
-    assert cfg["model"]["name"] == "efficientnet_lite0" and cfg["model"]["args"] == {}
+    assert cfg["model"]["args"] == {}
     assert cfg["model"]["embedding_size"] == 1280 and cfg["model"]["head_init"] == "identity"
     assert cfg["data"]["image_size"] == 288 and cfg["data"]["crop_size"] == 224 and cfg["data"]["augment"] == "crop"
     assert cfg["protocol"]["val_class_fraction"] == 0.5  # 4 training breeds: 2 held out to judge training

@@ -192,7 +192,8 @@ class TrainConfig:
     (needs the ``tensorboard`` package). ``loggers`` names experiment trackers
     (``[tensorboard, mlflow, wandb]``, :mod:`dmlkit.engine.loggers`): the config as parameters,
     every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
-    (``None``: MLflow's file store in ``RUN_DIR/mlruns``).
+    (``None``: MLflow's file store in ``RUN_DIR/mlruns``). ``model.name=auto`` chooses the photo
+    backbone by ``time_budget`` too (:mod:`dmlkit.engine.backbone_choice`).
     """
 
     max_steps: Optional[int] = None

@@ -25,7 +25,7 @@ from torch import nn
 
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import budget, builders, distributed
+from dmlkit.engine import backbone_choice, budget, builders, distributed
 from dmlkit.engine.budget import Plan, Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList, EarlyStopping
 from dmlkit.engine.checkpoint import (
@@ -107,6 +107,7 @@ class Trainer:
         survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
         model_choices = {} if model is not None else builders.apply_model_recipe(
             cfg, survey, self.echo, accelerator=self.device.type == "cuda")
+        backbone_choice.choose_for_run(cfg, survey, model_choices, self.device)  # Lite0/1/2 by the time budget
         built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
         # transforms follow the model's preprocessing
         self.splits = data if data is not None else builders.build_splits(cfg, built, survey)

@@ -14,7 +14,12 @@ from dmlkit.models._factory import (
     register_model,
 )
 from dmlkit.models.bn_inception import BN_INCEPTION_CFG, BNInception
-from dmlkit.models.efficientnet_lite import LITE0_PRETRAINED_CFG, lite0_imagenet_state_dict, rename_lite0_keys
+from dmlkit.models.efficientnet_lite import (
+    LITE0_PRETRAINED_CFG,
+    lite0_imagenet_state_dict,
+    lite_imagenet_state_dict,
+    rename_lite0_keys,
+)
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head
 from dmlkit.models.ensemble import EmbedderEnsemble
 from dmlkit.models.eps_mnist import EPSMnistNet
@@ -46,6 +51,7 @@ __all__ = [
     "create_trunk",
     "has_offline_weights",
     "lite0_imagenet_state_dict",
+    "lite_imagenet_state_dict",
     "list_models",
     "load_embedder_weights",
     "load_weights",

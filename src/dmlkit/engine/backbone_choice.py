@@ -1,0 +1,240 @@
+"""Backbone by budget: the largest EfficientNet-Lite the time budget still trains (issue 34, item 5).
+
+``model.name=auto`` gives photos an ImageNet-pretrained EfficientNet-Lite. Lite1 and Lite2 embed
+better than Lite0 before any training, and cost more per image. The rule (:func:`choose_backbone`)
+takes the largest candidate whose estimated run fits the budget:
+
+    embed  = images_to_embed * cost_embed(eval view)          # val at every evaluation + test
+    train  = max(MIN_EPOCHS * train_images, MIN_IMAGES_SEEN) * cost_train(crop)
+    fits  <=> embed + train <= USABLE_SHARE * time_budget
+
+Costs are measured on this machine (:class:`MeasuredCosts`, :func:`measure_costs`): a warm-up on one
+image, then the faster of two training steps (forward + backward, the recipe's frozen stages and
+autocast) of a batch of 4 at the crop size and of two evaluation forwards (mirror averaged, as the
+recipe embeds) at the evaluation size, per candidate, largest first and only as far as needed (Lite0,
+the fallback, is never measured): a few seconds per candidate on 2 CPU cores, cached per process. A batch of 4 costs a little
+more per image than the run's batches of about 64, so the estimate errs towards the smaller backbone.
+A user's ``model.name`` is never changed; Lite0 is the fallback when nothing larger fits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from dmlkit.engine.budget import DEFAULT_TIME_BUDGET
+
+#: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite).
+CANDIDATES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
+
+
+#: Epochs over the training images a larger backbone must still afford. The recipe's old budget
+#: (2 epochs for a few thousand photos) stopped runs whose validation MAP@R was still rising, so a
+#: bigger backbone that can only pay for those 2 epochs trades away the fine-tuning it still needs.
+MIN_EPOCHS = 3
+
+#: Training images seen a larger backbone must afford however small the data (the recipe's
+#: fine-tuning budget, ``recipe.FINETUNE_IMAGES``): tiny sets choose by this, never by 3 epochs of 100 photos.
+MIN_IMAGES_SEEN = 1000
+
+#: Share of the budget the measured model compute may take: the rest pays for what the measurement
+#: leaves out (decoding and resizing photos from disk, building the model, writing checkpoints and
+#: the report) and for the noise of a few-step timing on a shared machine.
+USABLE_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class BackboneCost:
+    """Seconds per training image (at ``train_size``) and per embedded image (at ``eval_size``)."""
+
+    train: float
+    embed: float
+    train_size: int
+    eval_size: int
+
+    def train_at(self, size: int) -> float:
+        """Cost per training image at another crop size (compute grows with the pixel count)."""
+        return self.train * (size / self.train_size) ** 2
+
+    def embed_at(self, size: int) -> float:
+        return self.embed * (size / self.eval_size) ** 2
+
+
+def choose_backbone(
+    *,
+    train_images: int,
+    train_size: int,
+    eval_size: int,
+    images_to_embed: int,
+    time_budget: float,
+    costs: Mapping[str, BackboneCost],
+    candidates: Sequence[str] = CANDIDATES,
+) -> tuple[str, str]:
+    """The largest of ``candidates`` (smallest first) whose run fits ``time_budget`` seconds, and why.
+
+    Only the costs of candidates tried are read (largest first, the smallest never), so ``costs``
+    may measure lazily. The smallest candidate is the fallback when none larger fits.
+    """
+    usable = USABLE_SHARE * time_budget
+    seen = max(MIN_EPOCHS * train_images, MIN_IMAGES_SEEN)
+    rejected: list[str] = []
+    for name in reversed(candidates[1:]):
+        cost = costs[name]
+        embed = images_to_embed * cost.embed_at(eval_size)
+        train = seen * cost.train_at(train_size)
+        left = usable - embed
+        epochs = left / (train_images * cost.train_at(train_size)) if left > 0 else 0.0
+        if embed + train <= usable:
+            return name, (f"the largest EfficientNet-Lite the {time_budget:.0f}-s budget trains: about "
+                          f"{embed:.0f} s to embed {images_to_embed:,} images at {eval_size} px leave time for "
+                          f"{epochs:.1f} epochs of {train_images:,} images at {train_size} px "
+                          f"(>= {MIN_EPOCHS} epochs and {MIN_IMAGES_SEEN:,} images needed, {USABLE_SHARE:.0%} "
+                          "of the budget for compute)")
+        rejected.append(f"{name} would need {embed + train:.0f} s")
+    return candidates[0], (f"the {time_budget:.0f}-s budget ({USABLE_SHARE:.0%} for compute, {usable:.0f} s) trains "
+                           f"no larger EfficientNet-Lite {MIN_EPOCHS} epochs over {train_images:,} images after "
+                           f"embedding {images_to_embed:,}: " + ", ".join(rejected))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int = 2) -> float:
+    """The fastest of ``repeats`` calls (a shared machine's interruptions only ever add time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@lru_cache(maxsize=None)
+def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, batch: int, device: str,
+             dtype: torch.dtype | None) -> BackboneCost:
+    from dmlkit.models import create_model
+
+    where = torch.device(device)
+    with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
+        torch.manual_seed(0)
+        model = create_model(name, pretrained=True, embedding_size=None, pooling="gem", head_init="identity",
+                             freeze_bn=True, frozen_stages=frozen_stages, flip_average=True).to(where)
+        crops = torch.randn(batch, 3, train_size, train_size, device=where)
+        views = torch.randn(batch, 3, eval_size, eval_size, device=where)
+
+        def train_step(x: torch.Tensor) -> None:
+            model.train()
+            with torch.autocast(where.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(x).float().square().sum()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        def embed(x: torch.Tensor) -> None:
+            model.eval()
+            with torch.no_grad(), torch.autocast(where.type, dtype=dtype, enabled=dtype is not None):
+                model(x)
+
+        train_step(crops[:1]), embed(views[:1])  # warm-up on one image: allocations, kernels, autograd
+        train = _timed(lambda: train_step(crops), where)
+        embedded = _timed(lambda: embed(views), where)
+    return BackboneCost(train=train / batch, embed=embedded / batch, train_size=train_size, eval_size=eval_size)
+
+
+class MeasuredCosts(Mapping):
+    """Each candidate's :class:`BackboneCost` on this machine, measured when first read (cached per process)."""
+
+    def __init__(self, *, train_size: int, eval_size: int, frozen_stages: int = 0, batch: int = 4,
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 candidates: Sequence[str] = CANDIDATES):
+        self._key = (int(train_size), int(eval_size), int(frozen_stages), int(batch), str(device), dtype)
+        self._candidates = tuple(candidates)
+
+    def __getitem__(self, name: str) -> BackboneCost:
+        if name not in self._candidates:
+            raise KeyError(name)
+        return _measure(name, *self._key)
+
+    def __iter__(self):
+        return iter(self._candidates)
+
+    def __len__(self) -> int:
+        return len(self._candidates)
+
+
+def measure_costs(names: Sequence[str] = CANDIDATES, **settings: Any) -> dict[str, BackboneCost]:
+    """Measure every candidate in ``names`` now (``settings``: those of :class:`MeasuredCosts`)."""
+    costs = MeasuredCosts(candidates=names, **settings)
+    return {name: costs[name] for name in names}
+
+
+def _images_to_embed(cfg: Any, survey: Any) -> tuple[int, int]:
+    """(training images, images embedded over the run): the validation classes at every evaluation
+    (the untrained one and ``recipe.FINETUNE_EVALUATIONS``) plus the test split once."""
+    from dmlkit.config import recipe
+
+    train = len(survey.train)
+    evaluated = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
+                    if getattr(survey, split, None) is not None)
+    if survey.val is not None:
+        val = len(survey.val)
+    else:
+        fraction = cfg.protocol.val_class_fraction
+        if fraction is None:
+            classes = int(torch.unique(survey.train.labels).numel())
+            fraction = recipe.val_class_fraction_for(SimpleNamespace(num_classes=classes), pretrained=True)
+        val = int(round(fraction * train))
+        train -= val
+    return train, evaluated + val * (1 + recipe.FINETUNE_EVALUATIONS)
+
+
+def _run_autocast_dtype(cfg: Any, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the run will train under (``train.mixed_precision=auto`` resolved as the recipe does)."""
+    from dmlkit.engine.builders import native_bf16
+    from dmlkit.evaluation.embed import autocast_dtype
+
+    precision = cfg.train.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if native_bf16(device) else "none"
+    return autocast_dtype(precision)
+
+
+def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device) -> None:
+    """Replace the recipe's photo backbone by the one :func:`choose_backbone` picks for this run.
+
+    Acts only when the recipe named the backbone (``model.name=auto``, listed in ``model_choices``)
+    and it uses offline weights; updates ``cfg.model.name`` and the ``model.name`` recipe line.
+    """
+    from dmlkit.config import recipe
+
+    chosen = model_choices.get("model.name", (None, ""))[0]
+    if chosen != recipe.PHOTO_BACKBONE or not cfg.model.pretrained or cfg.model.weights is not None:
+        return
+    train_images, to_embed = _images_to_embed(cfg, survey)
+    budget = cfg.train.time_budget if cfg.train.time_budget is not None else DEFAULT_TIME_BUDGET
+    if not budget > 0:
+        from dmlkit.exceptions import ConfigError
+
+        raise ConfigError(f"train.time_budget must be a positive number of seconds. Got {budget!r}.")
+    size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
+    crop = int(cfg.data.crop_size or size)
+    costs = MeasuredCosts(train_size=crop, eval_size=size, frozen_stages=cfg.model.frozen_stages or 0,
+                          device=device, dtype=_run_autocast_dtype(cfg, device))
+    name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
+                                images_to_embed=to_embed, time_budget=float(budget), costs=costs)
+    cfg.model.name = name
+    model_choices["model.name"] = (name, f"photos: {why}")
+    if "model.pretrained" in model_choices:  # its reason names the backbone
+        value, reason = model_choices["model.pretrained"]
+        model_choices["model.pretrained"] = (value, reason.replace(chosen, name))
+
+
+__all__ = ["CANDIDATES", "BackboneCost", "MeasuredCosts", "choose_backbone", "choose_for_run", "measure_costs"]

@@ -1,0 +1,162 @@
+"""Backbone by budget: the largest EfficientNet-Lite whose run fits the time budget (pure rule, hook, measurement)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmlkit.config import load_config
+from dmlkit.data.base import DataSplits, TensorImageDataset
+from dmlkit.engine import backbone_choice
+from dmlkit.engine.backbone_choice import (
+    MIN_EPOCHS,
+    USABLE_SHARE,
+    BackboneCost,
+    MeasuredCosts,
+    choose_backbone,
+    choose_for_run,
+    measure_costs,
+)
+from dmlkit.engine.builders import apply_model_recipe
+
+LITE0, LITE1, LITE2 = backbone_choice.CANDIDATES
+# seconds per image of a 2-core CPU at 224 px (frozen stem + 2 stages): Lite1 and Lite2 cost 1.5x and 2.3x Lite0
+CPU = {LITE0: BackboneCost(0.05, 0.02, 224, 224), LITE1: BackboneCost(0.075, 0.03, 224, 224),
+       LITE2: BackboneCost(0.115, 0.046, 224, 224)}
+
+
+def scaled(costs: dict, factor: float) -> dict:
+    return {k: BackboneCost(c.train * factor, c.embed * factor, c.train_size, c.eval_size) for k, c in costs.items()}
+
+
+def choose(costs, train_images, images_to_embed, budget=720.0, train_size=224, eval_size=224):
+    return choose_backbone(train_images=train_images, train_size=train_size, eval_size=eval_size,
+                           images_to_embed=images_to_embed, time_budget=budget, costs=costs)
+
+
+def test_small_data_on_a_fast_machine_gets_lite2():
+    name, why = choose(CPU, train_images=280, images_to_embed=600)
+    assert name == LITE2
+    assert "720-s budget" in why and "280 images" in why
+
+
+def test_a_slow_machine_falls_back_to_lite0():
+    assert choose(scaled(CPU, 20.0), train_images=280, images_to_embed=600)[0] == LITE0
+
+
+def test_huge_data_falls_back_to_lite0_and_says_what_the_others_would_need():
+    name, why = choose(CPU, train_images=100_000, images_to_embed=20_000)
+    assert name == LITE0
+    assert "efficientnet_lite2 would need" in why and "efficientnet_lite1 would need" in why
+
+
+def test_the_boundary_is_the_formula():
+    """Lite2 fits exactly when embed + max(MIN_EPOCHS * n, 1000) * train <= USABLE_SHARE * budget."""
+    n, embed = 2000, 3000
+    need = embed * CPU[LITE2].embed + MIN_EPOCHS * n * CPU[LITE2].train
+    assert choose(CPU, n, embed, budget=need / USABLE_SHARE * 1.001)[0] == LITE2
+    assert choose(CPU, n, embed, budget=need / USABLE_SHARE * 0.999)[0] != LITE2
+    # between Lite2's and Lite1's need: Lite1
+    need1 = embed * CPU[LITE1].embed + MIN_EPOCHS * n * CPU[LITE1].train
+    assert need1 < need
+    assert choose(CPU, n, embed, budget=(need + need1) / 2 / USABLE_SHARE)[0] == LITE1
+
+
+def test_costs_scale_with_the_view_area():
+    """Measured at 224 px; a 112-px view costs a quarter, so the same budget affords Lite2 on 4x the data."""
+    n, embed = 5000, 2000
+    assert choose(CPU, n, embed)[0] == LITE0
+    assert choose(CPU, n, embed, train_size=112, eval_size=112)[0] == LITE2
+
+
+def test_only_tried_candidates_are_read():
+    read = []
+
+    class Recording(dict):
+        def __getitem__(self, name):
+            read.append(name)
+            return super().__getitem__(name)
+
+    assert choose(Recording(CPU), train_images=100, images_to_embed=100)[0] == LITE2
+    assert read == [LITE2]
+    read.clear()
+    assert choose(Recording(scaled(CPU, 100.0)), 100, 100)[0] == LITE0
+    assert read == [LITE2, LITE1]  # the fallback is never measured
+
+
+def _photo_splits(num_classes=10, per_class=6, size=96):
+    g = torch.Generator().manual_seed(0)
+    n = num_classes * per_class
+    images = torch.randint(0, 256, (n, 3, size, size), generator=g).to(torch.uint8)
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    data = TensorImageDataset(images, labels, [f"c{i}" for i in range(num_classes)])
+    return DataSplits(name="photos", train=data, test=data)
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    measured = []
+
+    def measure(name, train_size, eval_size, *_):
+        measured.append(name)
+        return scaled(CPU, 1.0)[name]
+
+    monkeypatch.setattr(backbone_choice, "_measure", measure)
+    return measured
+
+
+def load(*overrides: str):
+    """The default job (``dmlkit train`` with data options only: model fields left to the recipe)."""
+    return load_config(preset="mnist-proxy-anchor", overrides=list(overrides))
+
+
+def test_auto_photos_get_the_budget_choice_in_the_recipe_line(fake_measure):
+    cfg = load("train.time_budget=300")
+    splits = _photo_splits()
+    choices = apply_model_recipe(cfg, splits, echo=lambda _: None)
+    assert cfg.model.name == "efficientnet_lite0"  # the recipe's photo backbone before the budget speaks
+    choose_for_run(cfg, splits, choices, torch.device("cpu"))
+    assert cfg.model.name == LITE2 and fake_measure == [LITE2]
+    value, why = choices["model.name"]
+    assert value == LITE2 and why.startswith("photos: ") and "300-s budget" in why
+    assert choices["model.pretrained"] == (True, f"photos and offline ImageNet weights for {LITE2}")
+
+
+def test_a_tight_budget_keeps_lite0(fake_measure):
+    cfg = load("train.time_budget=5")
+    splits = _photo_splits()
+    choices = apply_model_recipe(cfg, splits, echo=lambda _: None)
+    choose_for_run(cfg, splits, choices, torch.device("cpu"))
+    assert cfg.model.name == LITE0 and choices["model.name"][0] == LITE0
+    assert "would need" in choices["model.name"][1]
+
+
+@pytest.mark.parametrize("override", ["model.name=efficientnet_lite0", "model.pretrained=false"])
+def test_a_user_set_name_or_no_pretrained_weights_is_left_alone(fake_measure, override):
+    cfg = load(override)
+    splits = _photo_splits()
+    choices = apply_model_recipe(cfg, splits, echo=lambda _: None)
+    before = (cfg.model.name, choices.get("model.name"))
+    choose_for_run(cfg, splits, choices, torch.device("cpu"))
+    assert (cfg.model.name, choices.get("model.name")) == before
+    assert fake_measure == []
+
+
+def test_measuring_gives_positive_costs_and_is_cached():
+    settings = dict(train_size=32, eval_size=32, frozen_stages=2, batch=2)
+    costs = measure_costs((LITE0,), **settings)
+    cost = costs[LITE0]
+    assert cost.train > 0 and cost.embed > 0 and (cost.train_size, cost.eval_size) == (32, 32)
+    assert MeasuredCosts(**settings)[LITE0] is cost  # measured once per process
+    with pytest.raises(KeyError):
+        MeasuredCosts(**settings)["resnet50"]
+
+
+def test_a_budget_that_is_not_positive_is_a_config_error(fake_measure):
+    from dmlkit.exceptions import ConfigError
+
+    cfg = load("train.time_budget=0")
+    splits = _photo_splits()
+    choices = apply_model_recipe(cfg, splits, echo=lambda _: None)
+    with pytest.raises(ConfigError, match="train.time_budget must be a positive number of seconds. Got 0.0"):
+        choose_for_run(cfg, splits, choices, torch.device("cpu"))
