@@ -39,7 +39,7 @@ CANDIDATES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 MIN_EPOCHS = 3
 
 #: Training images seen a larger backbone must afford however small the data (the recipe's
-#: fine-tuning budget, ``recipe.FINETUNE_IMAGES``): tiny sets choose by this, never by 3 epochs of 100 photos.
+#: fine-tuning budget before issue 34): tiny sets choose by this, never by 3 epochs of 100 photos.
 MIN_IMAGES_SEEN = 1000
 
 #: Share of the budget the measured model compute may take: the rest pays for what the measurement
