@@ -13,6 +13,7 @@ with one leading zero row or column. ``benchmarks/bench_photos.py`` measures the
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -232,6 +233,10 @@ def inference_copy(
     output also feeds another layer), the folding is dropped and the copy runs ``model`` itself;
     if outputs depend on the batch (batch norm with ``track_running_stats=False``), so is the chunking.
     """
+    key = (tuple(probe.shape[1:]), probe.device.type, autocast_dtype)
+    known = _NOTHING_TO_FOLD.get(model, {})
+    if key in known:  # found before: this model's structure has nothing to fold (its weights do not matter)
+        return InferenceCopy(model, known[key])
     folded = copy.deepcopy(model).eval()  # eval mode: its output is the model's in eval mode
     two = probe[:2] if len(probe) > 1 else torch.cat([probe, probe.flip(-1)])
     with torch.no_grad(), torch.autocast(probe.device.type, enabled=False):
@@ -258,4 +263,13 @@ def inference_copy(
         alone = runner(two[:1])  # image 0 without image 1: are the outputs independent of the batch?
     dtype = autocast_dtype if autocast_dtype is not None and probe.device.type == "cpu" else probe.dtype
     chunked = probe.device.type == "cpu" and _same_output(alone, want[:1])
-    return InferenceCopy(runner, chunk_size(elements, dtype) if chunked else None)
+    size = chunk_size(elements, dtype) if chunked else None
+    if not found:  # no convolution followed by a batch norm (the small CNN pools in between): remember it
+        _NOTHING_TO_FOLD.setdefault(model, {})[key] = size
+    return InferenceCopy(runner, size)
+
+
+#: Models found to have no convolution -> batch norm pair, with their chunk size per input shape: a
+#: model's structure does not change between the validations of a run, so the search (a deep copy and
+#: two traced forward passes, a large share of a small glyph model's validation) is made once.
+_NOTHING_TO_FOLD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

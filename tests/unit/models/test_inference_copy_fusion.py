@@ -131,3 +131,25 @@ def test_a_model_whose_output_depends_on_the_batch_is_not_chunked(monkeypatch):
     model = _Wide(track=False).eval()  # batch statistics even in eval mode
     runner = inference_copy(model, torch.randn(6, 3, 32, 32))
     assert runner.chunk_size is None
+
+
+def test_a_model_with_nothing_to_fold_is_searched_once(monkeypatch):
+    from dmlkit.models import inference_copy as module
+
+    pooled = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    x = torch.randn(4, 3, 16, 16)
+    first = module.inference_copy(pooled, x)
+    assert first.model is pooled  # conv -> pool -> BN: no pair to fold, the model itself runs
+
+    def no_search(*args):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(module, "_conv_batch_norm_pairs", no_search)
+    with torch.no_grad():
+        pooled[0].weight.mul_(2.0)  # new weights (a later validation): the copy is still the model itself
+        again = module.inference_copy(pooled, x)
+        assert again.model is pooled and again.chunk_size == first.chunk_size
+        torch.testing.assert_close(again(x), pooled(x))
+    folded = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with pytest.raises(AssertionError, match="searched again"):  # a model with pairs is folded anew every time
+        module.inference_copy(folded, x)
