@@ -437,7 +437,7 @@ class Trainer:
         self.hooks.on_train_start(self)
         self.callbacks.call("on_train_start", self)
         has_val = self.splits.val is not None
-        self._build_feature_cache()
+        self.build_feature_cache()
         batches = builders.iterate_training_batches(
             self.feature_cache.batch_source() if self.feature_cache else self.splits.train, self.sampler,
             self.position, cfg.data.num_workers
@@ -506,7 +506,7 @@ class Trainer:
             return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
 
-    def _build_feature_cache(self) -> None:
+    def build_feature_cache(self) -> None:
         """Run the frozen stages once on the cached views (``train.feature_cache``); steps then start from them."""
         if not self.cache_plan.enabled or self.feature_cache is not None:
             return
