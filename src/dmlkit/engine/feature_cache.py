@@ -113,13 +113,15 @@ def _impossible(cfg, model: nn.Module, dataset, distributed: bool) -> str | None
     """Why this run cannot train from cached features (None: it can)."""
     from dmlkit.models import Embedder
 
-    if (cfg.model.ensemble or 1) > 1:
-        return f"model.ensemble={cfg.model.ensemble}: each member has its own frozen stages"
-    if not isinstance(model, Embedder):
-        return f"the model ({type(model).__name__}) is not a dmlkit Embedder with a frozen prefix"
-    problem = model.prefix_problem()
+    members = getattr(model, "members", None)  # an EmbedderEnsemble: what its members have in common first
+    first = members[0] if members else model
+    if not isinstance(first, Embedder):
+        return f"the model ({type(first).__name__}) is not a dmlkit Embedder with a frozen prefix"
+    problem = first.prefix_problem()
     if problem is not None:
         return problem
+    if members is not None or (cfg.model.ensemble or 1) > 1:
+        return f"model.ensemble={cfg.model.ensemble or len(members)}: each member has its own frozen stages"
     if getattr(dataset, "images", None) is None or not hasattr(dataset, "get_batch"):
         return "the training images are not held in memory (image files are decoded per item)"
     if cfg.data.augment not in ("crop", "none"):

@@ -15,7 +15,7 @@ from dmlkit.data.transforms import RandomResizedCropFlip
 from dmlkit.engine.feature_cache import BUILD_BATCH, FrozenFeatureCache, plan_feature_cache
 from dmlkit.exceptions import ConfigError
 from dmlkit.losses import ProxyAnchorLoss
-from dmlkit.models import create_model
+from dmlkit.models import EmbedderEnsemble, create_model
 from dmlkit.seeds import derive_generator
 
 CROP = 48
@@ -122,8 +122,9 @@ def test_auto_caches_about_one_view_per_planned_epoch_and_fewer_under_the_memory
 ])
 def test_auto_turns_off_with_the_reason_and_on_raises_a_config_error_naming_it(model, change, reason):
     data = photos()
-    net = create_model("efficientnet_lite0", embedding_size=8, frozen_stages=change.get("frozen_stages", 2),
-                       freeze_bn=change.get("freeze_bn", True))
+    members = [create_model("efficientnet_lite0", embedding_size=8, frozen_stages=change.get("frozen_stages", 2),
+                            freeze_bn=change.get("freeze_bn", True)) for _ in range(change.get("ensemble", 1))]
+    net = EmbedderEnsemble(members) if len(members) > 1 else members[0]
     if change.get("on_disk"):
         data.images = None
     for mode in ("auto", "on"):
