@@ -53,8 +53,9 @@ def memory_cap() -> int:
         return FALLBACK_CAP
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
+def _size(nbytes: int) -> str:
+    """``1.23 GiB`` from 1 GiB up, else ``45.6 MiB``."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -89,15 +90,15 @@ def plan_feature_cache(cfg, model: nn.Module, dataset, augment: Callable | None,
             views = max(min(_views_for_epochs(cfg, len(dataset)), cap // per_image), MIN_VIEWS)
         size = per_image * views
         if size > cap:
-            problem = (f"{views} views of {len(dataset)} training images need {_gib(size)}, more than the cap of "
-                       f"{_gib(cap)} (train.feature_cache's memory cap)"
+            problem = (f"{views} views of {len(dataset)} training images need {_size(size)}, more than the cap of "
+                       f"{_size(cap)} (train.feature_cache's memory cap)"
                        + ("; set fewer train.cache_views" if t.cache_views is not None else ""))
     if problem is not None:
         if t.feature_cache == "on":
             raise ConfigError(f"train.feature_cache=on, but {problem}. Set train.feature_cache=auto (or off).")
         return _resolved(cfg, CachePlan(False, 0, problem), echo)
     reason = (f"the stem and {model.trunk.frozen_stages} frozen stages run once, on {views} augmented views of "
-              f"{len(dataset)} training images ({_gib(size)} bf16); training steps start after them")
+              f"{len(dataset)} training images ({_size(size)} bf16); training steps start after them")
     return _resolved(cfg, CachePlan(True, views, reason), echo)
 
 
@@ -219,7 +220,7 @@ class FrozenFeatureCache:
                 storage[rows, v] = features.to("cpu", dtype)
         seconds = time.perf_counter() - start
         cache = cls(storage, dataset.labels, seconds)
-        echo(f"feature cache: built in {seconds:.1f} s, {_gib(cache.nbytes)} ({str(dtype).removeprefix('torch.')} "
+        echo(f"feature cache: built in {seconds:.1f} s, {_size(cache.nbytes)} ({str(dtype).removeprefix('torch.')} "
              f"[{n}, {views}, {storage.shape[4]}, {storage.shape[2]}, {storage.shape[3]}])")
         return cache
 
