@@ -41,7 +41,10 @@ cosine similarity (``dmlkit.evaluation.retrieval_metrics``).
   whatever the model and the engine do (bf16, channels-last, folded batch norm) is measured; the
   embedding rows per image with one view and with the recipe's image + mirror, each side embedding
   a split of ``--embed-batches`` batches per call (dmlkit's one-off work per split, the inference copy
-  with its checks, is inside the timing, as it is when a run embeds a split). Rounds of both
+  with its checks, is inside the timing, as it is when a run embeds a split). The row "from the
+  feature cache" is a third such ``Trainer`` (``train.cache_views=2``) whose ``train.feature_cache``
+  was built once from its training split (``Trainer.build_feature_cache``, not timed): each step gathers
+  a batch of stored frozen-stage outputs and trains the rest of the model from them. Rounds of both
   sides are interleaved (order alternating); cells are medians over rounds after a warm-up.
 * scale (``--scale`` / ``--only-scale``): the Pets photos resized once (shorter side 230 px) into a
   temporary folder and repeated under ``--scale-replicas`` distinct class names per breed (16: 592
@@ -321,7 +324,12 @@ def throughput(root: Path, size: int, batch: int, threads: int, rounds: int, ste
     with tempfile.TemporaryDirectory() as tmp:
         recipe, note = dmlkit_trainer(root, size, threads, Path(tmp) / "recipe", extra)
         every, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "every", [*extra, "model.frozen_stages=0"])
-        return _throughput(recipe, every, note, size, batch, rounds, steps, embed_batches, echo)
+        cached, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "cached", [*extra, "train.cache_views=2"])
+        cached.build_feature_cache()
+        if cached.feature_cache is None:
+            echo(f"  no feature cache row: {cached.cache_plan.reason}")
+        return _throughput(recipe, every, note, size, batch, rounds, steps, embed_batches, echo,
+                           cached=cached if cached.feature_cache is not None else None)
 
 
 #: What is timed: ``{key: (label, goal)}``. The PML side of every step row is its one fine-tuning step
@@ -329,13 +337,15 @@ def throughput(root: Path, size: int, batch: int, threads: int, rounds: int, ste
 WORK = {
     "step": ("fine-tuning step as the recipe trains (stem + 2 stages frozen on a CPU)", 2.0),
     "step_all": ("fine-tuning step, every parameter trained", 2.0),
+    "step_cache": ("fine-tuning step from the feature cache (the recipe's frozen stages run once, before training)",
+                   2.0),
     "embed": ("embedding, one view per image", 4.0),
     "embed_flip": ("embedding as the recipe embeds (image + mirror averaged: 2 views)", 4.0),
 }
 
 
 def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, steps: int, embed_batches: int,
-                echo) -> dict:
+                echo, cached=None) -> dict:
     from pytorch_metric_learning.losses import ProxyAnchorLoss
 
     from dmlkit.evaluation.embed import embed_dataset
@@ -378,12 +388,20 @@ def _throughput(recipe, every, note: str, size: int, batch: int, rounds: int, st
         "embed": {"dmlkit": dmlkit_embed(False), "pml": pml_embed},
         "embed_flip": {"dmlkit": dmlkit_embed(True), "pml": pml_embed},
     }
+    trainers = [("recipe", recipe), ("every", every)]
+    if cached is not None:  # the gather of a batch of stored features is part of its step
+        cache = cached.feature_cache
+        rows, views = torch.arange(batch) % len(cache.labels), torch.Generator().manual_seed(0)
+        work["step_cache"] = {"dmlkit": lambda: cached.training_step(cache.features(rows, views), labels),
+                              "pml": pml_step}
+        work = {w: work[w] for w in WORK if w in work}  # the table's order
+        trainers.append(("cached", cached))
     images = {w: batch * steps if w.startswith("step") else len(embed_images) for w in work}
     for fns in work.values():  # warm-up: oneDNN primitives, allocator, autocast caches
         for fn in fns.values():
             fn()
             fn()
-    for name, trainer in (("recipe", recipe), ("every", every)):
+    for name, trainer in trainers:
         trunk_params = list(trainer.model.trunk_parameters())
         trained = sum(p.grad is not None for p in trunk_params)
         layout = "channels-last" if any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)

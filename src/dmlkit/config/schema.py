@@ -194,6 +194,10 @@ class TrainConfig:
     every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
     (``None``: MLflow's file store in ``RUN_DIR/mlruns``). ``model.name=auto`` chooses the photo
     backbone by ``time_budget`` too (:mod:`dmlkit.engine.backbone_choice`).
+    ``feature_cache`` computes the frozen stages' output once, for ``cache_views`` augmented views
+    of each training image, and trains the rest of the model from it
+    (:mod:`dmlkit.engine.feature_cache`): ``auto`` (where possible and within the memory cap),
+    ``on`` (a ConfigError where impossible) or ``off``; ``cache_views=None`` lets the recipe choose.
     """
 
     max_steps: Optional[int] = None
@@ -211,6 +215,8 @@ class TrainConfig:
     tensorboard: bool = False
     loggers: list = field(default_factory=list)
     tracking_uri: Optional[str] = None
+    feature_cache: str = "auto"
+    cache_views: Optional[int] = None
 
 
 @dataclass
@@ -318,6 +324,8 @@ CONSTRAINTS: dict[str, list] = {
     "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
     "train.num_threads": [NONE, Interval(int, 1, None)],
+    "train.feature_cache": [OptionsFrom("dmlkit.engine.feature_cache", "CACHE_MODES")],
+    "train.cache_views": [NONE, Interval(int, 1, None)],
     "train.loggers": [ListOf(OptionsFrom("dmlkit.engine.loggers", "LOGGERS"),
                              "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],
     "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],

@@ -34,6 +34,7 @@ from dmlkit.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from dmlkit.engine.feature_cache import FrozenFeatureCache, plan_feature_cache
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
@@ -155,6 +156,10 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.train.mixed_precision == "fp16" else None
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
+        self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
+        self.cache_plan = plan_feature_cache(cfg, self.model, self.splits.train, self.augment,
+                                             distributed=self.dist.enabled, echo=self.echo)
+        self.feature_cache: FrozenFeatureCache | None = None  # built by _train (again on resume: deterministic)
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
         self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
@@ -267,10 +272,10 @@ class Trainer:
             images = images.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
         if self.autocast_dtype is None:
-            embeddings = self.forward_model(images)
+            embeddings = self.train_forward(images)
         else:
             with torch.autocast(self.autocast_device, dtype=self.autocast_dtype):
-                embeddings = self.forward_model(images)
+                embeddings = self.train_forward(images)
         if self.dist.enabled:
             embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
             labels = distributed.all_gather_labels(labels)
@@ -504,8 +509,10 @@ class Trainer:
         self.hooks.on_train_start(self)
         self.callbacks.call("on_train_start", self)
         has_val = self.splits.val is not None
+        self.build_feature_cache()
         batches = builders.iterate_training_batches(
-            self.splits.train, self.sampler, self.position, cfg.data.num_workers
+            self.feature_cache.batch_source() if self.feature_cache else self.splits.train, self.sampler,
+            self.position, cfg.data.num_workers
         )
         stop = self.step >= cfg.train.max_steps
         if has_val and self.step == 0 and selects_by_significance(cfg):
@@ -533,7 +540,10 @@ class Trainer:
         while not stop:
             indices, images, raw_labels, position = next(batches)
             labels = self.label_map(raw_labels)
-            if self.augment is not None:  # seeded by (seed, epoch, batch): resumes replay it exactly
+            if self.feature_cache is not None:  # a stored view of each image: the frozen stages' output
+                g = derive_generator(self.cfg.seed, "feature cache batch", position.epoch, position.batch_in_epoch)
+                images = self.feature_cache.features(indices, g)
+            elif self.augment is not None:  # seeded by (seed, epoch, batch): resumes replay it exactly
                 g = derive_generator(self.cfg.seed, "batch augmentation", position.epoch, position.batch_in_epoch)
                 images = self.augment(images, g)
             value = self.training_step(images, labels, indices)
@@ -577,6 +587,16 @@ class Trainer:
         if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
             return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
+
+    def build_feature_cache(self) -> None:
+        """Run the frozen stages once on the cached views (``train.feature_cache``); steps then start from them."""
+        if not self.cache_plan.enabled or self.feature_cache is not None:
+            return
+        self.feature_cache = FrozenFeatureCache.build(
+            self.model, self.splits.train, self.augment, views=self.cache_plan.views, seed=self.cfg.seed,
+            autocast_dtype=self.autocast_dtype, echo=self.echo,
+            progress=bool(self.cfg.train.progress and self.dist.is_main))
+        self.train_forward = self.model.forward_from_prefix
 
     def finish(self, has_val: bool) -> TrainResult:
         """Load the selected weights, evaluate the test split once, write the results."""

@@ -154,9 +154,49 @@ class Embedder(nn.Module):
         The head is a small share of the work but its rounding is not: a bf16 product over 1,280
         pooled features cost 0.015 MAP@R on the Pets development set (docs/recipes.md).
         """
-        features = _at_least_fp32(self.trunk(x))
-        with torch.autocast(x.device.type, enabled=False):
+        return self._head_and_normalisation(self.trunk(x))
+
+    def _head_and_normalisation(self, trunk_output: torch.Tensor) -> torch.Tensor:
+        features = _at_least_fp32(trunk_output)
+        with torch.autocast(trunk_output.device.type, enabled=False):
             return normalize(self.head(self.pool(features)), self.normalization)
+
+    def prefix_problem(self) -> str | None:
+        """Why :meth:`prefix` / :meth:`forward_from_prefix` cannot reproduce training (None: they can).
+
+        The prefix must be a fixed function during training: a trunk that splits after its frozen
+        stages (:meth:`TimmTrunk.split_problem`), batch-norm statistics frozen (``freeze_bn``) and no
+        dropout or drop-path in the frozen stages.
+        """
+        split_problem = getattr(self.trunk, "split_problem", None)
+        if split_problem is None:
+            return f"the trunk {type(self.trunk).__name__} has no frozen stages to split off (timm backbones do)"
+        problem = split_problem()
+        if problem is not None:
+            return problem
+        if not self.freeze_bn:
+            return "model.freeze_bn=False: the frozen stages' batch-norm statistics change with every batch"
+        for module in self.trunk.split_modules()[0]:
+            for layer in module.modules():
+                dropout = isinstance(layer, nn.modules.dropout._DropoutNd)
+                rate = float(layer.p if dropout else getattr(layer, "drop_prob", 0.0) or 0.0)  # timm's DropPath
+                if rate > 0:
+                    return f"the frozen stages hold a random layer ({type(layer).__name__}, rate {rate:g})"
+        return None
+
+    def prefix(self, images: torch.Tensor) -> torch.Tensor:
+        """The trunk's stem and frozen stages without gradients: ``[B, C, H, W] -> [B, C', h, w]``.
+
+        With :meth:`prefix_problem` None, ``forward_from_prefix(prefix(x))`` is ``model(x)`` in
+        training mode (the frozen stages get no gradient either way); the prefix runs under the
+        caller's autocast, as the trunk does.
+        """
+        with torch.no_grad():
+            return self.trunk.forward_prefix(images)
+
+    def forward_from_prefix(self, features: torch.Tensor) -> torch.Tensor:
+        """The trunk's trained stages, pooling, head and normalisation on :meth:`prefix`'s output: ``[B, E]``."""
+        return self._head_and_normalisation(self.trunk.forward_suffix(features))
 
     def _shift_averaged(self, x: torch.Tensor, r: int) -> torch.Tensor:
         """Normalised mean embedding of ``x`` shifted by every offset in ``[-r, r]^2`` (a batched pass per offset)."""

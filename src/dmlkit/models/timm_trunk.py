@@ -99,6 +99,70 @@ class TimmTrunk(nn.Module):
                 param.requires_grad_(False)
         self.frozen_stages = count
 
+    def feature_chain(self) -> list[tuple[str, nn.Module]] | None:
+        """``forward_features`` as a chain of named modules applied in turn, or None when it is not one.
+
+        Known timm CNN families only (:func:`_feature_chains`; a stage container's children are
+        listed one by one, ``blocks.0``, ``blocks.1``...), without gradient checkpointing.
+        """
+        layout = next((names for cls, names in _feature_chains() if isinstance(self.model, cls)), None)
+        if layout is None or self._is_token_model or getattr(self.model, "grad_checkpointing", False):
+            return None
+        chain: list[tuple[str, nn.Module]] = []
+        for name in layout:
+            if name.endswith(".*"):
+                parent = name[:-2]
+                chain += [(f"{parent}.{child}", module) for child, module in getattr(self.model, parent).named_children()]
+            else:
+                chain.append((name, getattr(self.model, name)))
+        return chain
+
+    def split_problem(self) -> str | None:
+        """Why the trunk cannot run as frozen prefix + trained rest (None: it can; see :meth:`forward_prefix`)."""
+        count = getattr(self, "frozen_stages", 0)
+        if not count:
+            return f"model.frozen_stages=0: every stage of {self.name!r} trains, there is no frozen prefix"
+        chain = self.feature_chain()
+        if chain is None:
+            return f"{self.name!r} is not a plain chain of stages dmlkit can split (EfficientNet and ResNet families are)"
+        last = self.model.feature_info[count - 1]["module"]
+        if last not in [name for name, _ in chain]:
+            return f"the last frozen stage {last!r} of {self.name!r} is not a step of its forward chain"
+        return None
+
+    def split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """The modules of :meth:`forward_prefix` and of :meth:`forward_suffix`, in forward order."""
+        problem = self.split_problem()
+        if problem is not None:
+            raise InvalidParameterError(f"The trunk cannot be split into a frozen prefix and the rest: {problem}.")
+        chain = self.feature_chain() or []
+        last = self.model.feature_info[self.frozen_stages - 1]["module"]
+        end = [name for name, _ in chain].index(last) + 1
+        return [m for _, m in chain[:end]], [m for _, m in chain[end:]]
+
+    def forward_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        """The stem and the frozen stages: ``[B, C, H, W] -> [B, C', h, w]`` (channels-last, as in :meth:`forward`)."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for module in self.split_modules()[0]:
+            x = module(x)
+        return x
+
+    def forward_suffix(self, features: torch.Tensor) -> torch.Tensor:
+        """The stages after the frozen ones: :meth:`forward_prefix`'s output -> :meth:`forward`'s feature map.
+
+        Outside autocast, stored features in another precision (bf16) are cast to the weights' dtype.
+        """
+        rest = self.split_modules()[1]
+        weight = next((p for m in rest for p in m.parameters()), None)
+        if weight is not None and not torch.is_autocast_enabled(features.device.type):
+            features = features.to(weight.dtype)
+        if self.channels_last:
+            features = features.contiguous(memory_format=torch.channels_last)
+        for module in rest:
+            features = module(features)
+        return features
+
     def _probe_token_output(self) -> bool:
         """Whether ``forward_features`` returns tokens ``[B, N, D]`` rather than a feature map.
 
@@ -118,6 +182,15 @@ class TimmTrunk(nn.Module):
         if features.dim() == 4:
             return features.permute(0, 3, 1, 2) if self.output_fmt == "NHWC" else features
         return self.model.forward_head(features, pre_logits=True)
+
+
+def _feature_chains() -> list[tuple[type, tuple[str, ...]]]:
+    """timm CNN classes whose ``forward_features`` applies these children in turn (``x.*``: each child of ``x``)."""
+    from timm.models.efficientnet import EfficientNet
+    from timm.models.resnet import ResNet
+
+    return [(EfficientNet, ("conv_stem", "bn1", "blocks.*", "conv_head", "bn2")),
+            (ResNet, ("conv1", "bn1", "act1", "maxpool", "layer1", "layer2", "layer3", "layer4"))]
 
 
 class OfflineTimmWeights:
