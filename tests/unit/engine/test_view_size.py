@@ -14,7 +14,13 @@ from torch import nn
 from dmlkit.config import load_config
 from dmlkit.engine import builders
 from dmlkit.engine.trainer import Trainer
-from dmlkit.engine.view_size import TOLERATED_ERRORS, candidate_sizes, choose_view_size, validation_split
+from dmlkit.engine.view_size import (
+    TOLERATED_ERRORS,
+    candidate_sizes,
+    choose_view_size,
+    measure_sizes,
+    validation_split,
+)
 from dmlkit.evaluation.retrieval import paired_gain
 
 # ----------------------------------------------------------------------------- the pure rule
@@ -154,3 +160,27 @@ def test_a_users_view_size_is_not_measured(small_photos, tmp_path):
     cfg = photo_config(small_photos, "data.image_size=224")
     Trainer(cfg, tmp_path / "run", echo=printed.append)
     assert cfg.data.image_size == 224 and "measured" not in "\n".join(printed)
+
+
+class SharpAboveOnly(nn.Module):
+    """Embeds a photo by its colour at views of ``sharp_from`` px and more, by noise below (a stand-in backbone)."""
+
+    def __init__(self, sharp_from: int):
+        super().__init__()
+        self.sharp_from = sharp_from
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] >= self.sharp_from:
+            return x.mean(dim=(2, 3)) * self.scale
+        return torch.randn(len(x), 3, generator=torch.Generator().manual_seed(x.shape[-1]))
+
+
+def test_the_measurement_runs_down_from_224_and_stops_at_the_first_size_that_loses(small_photos):
+    cfg = photo_config(small_photos, "train.mixed_precision=none")
+    train = builders.survey_data(cfg).train  # 4 classes of 5 photos, files not decoded
+    measured = measure_sizes(cfg, SharpAboveOnly(160), train, [96, 128, 160, 224], device=torch.device("cpu"))
+    assert list(measured) == [128, 160, 224]  # 128 lost against 224: 96 was not measured
+    assert float(measured[224][0].mean()) == float(measured[160][0].mean()) == 1.0  # colours tell the classes apart
+    assert float(measured[128][0].mean()) < 0.9 and all(seconds >= 0 for _, seconds in measured.values())
+    assert choose_view_size({s: ap for s, (ap, _) in measured.items()})[0] == 160
