@@ -92,12 +92,15 @@ def measures_view_size(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[
 
 def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
     """The validation classes :func:`~dmlkit.engine.builders.apply_recipe` will hold out of ``survey.train``
-    (same function, fraction and seed), ``survey.val`` when the data has one, or None (no validation classes)."""
+    (same function, fraction and seed), ``survey.val`` when the data has one (a fold), or None (no validation
+    classes; ``protocol.val_fraction`` holds out images of the training classes instead)."""
     if survey.val is not None:
         return survey.val
     p = cfg.protocol
+    if p.val_fraction > 0:
+        return None
     fraction = p.val_class_fraction
-    if fraction is None and p.fold is None and p.val_fraction == 0:
+    if fraction is None and p.fold is None:
         fraction = round(recipe.val_class_fraction_for(profile, recipe.uses_pretrained_weights(cfg)), 4)
     if not fraction:
         return None

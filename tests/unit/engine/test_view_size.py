@@ -131,6 +131,17 @@ def test_the_measured_validation_classes_are_those_apply_recipe_holds_out(small_
     assert sorted(measured.paths) == sorted(splits.val.paths)
 
 
+
+def test_no_validation_classes_to_measure_on_when_images_of_the_training_classes_are_held_out(small_photos):
+    from dmlkit.config.recipe import profile_split
+
+    cfg = photo_config(small_photos, "protocol.val_fraction=0.2")
+    survey = builders.survey_data(cfg)
+    assert validation_split(cfg, survey, profile_split(survey.train)) is None
+    cfg = photo_config(small_photos, "protocol.val_class_fraction=0.5", "protocol.seed=1")
+    held = validation_split(cfg, survey, profile_split(survey.train))
+    assert sorted(held.class_names) == sorted(builders.hold_out_classes(survey.train, 0.5, 1)[1].class_names)
+
 def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     printed: list[str] = []
     cfg = photo_config(small_photos)
