@@ -154,28 +154,35 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *,
     exactly as the decoded evaluation splits) and embedded by ``model`` (its flip averaging, the
     inference copy, the run's autocast) on ``device``.
     """
-    from dmlkit.data.splits import query_split
-
     mode = getattr(val, "mode", None) or "RGB"
     images, labels = _decode(val, mode, MEASURED_IMAGES, cfg.data.skip_bad_images)
     model = model.to(device)
     preprocessing = getattr(model, "pretrained_cfg", None)
-    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
     precision = cfg.train.mixed_precision
     if precision == "auto":  # as the recipe resolves it later
         precision = "bf16" if builders.native_bf16(device) else "none"
     out: dict[int, tuple[torch.Tensor, float]] = {}
     for size in sorted(sizes, reverse=True):
         start = time.perf_counter()
-        view = {"in_memory": True, "view": "photo", "image_size": size, "crop_size": size, "size": [size, size],
-                "interpolation": interpolation, "pipeline": "recipe", "resize": "pil", "mode": mode}
-        split = query_split(images, cfg.data.name, view, preprocessing)
+        split = view_split(images, size, cfg.data.name, preprocessing, mode)
         embeddings, _ = embed_dataset(model, split, cfg.eval.batch_size, 0, autocast_dtype(precision))
         out[size] = (map_at_r_per_query(embeddings, labels, backend=cfg.eval.backend), time.perf_counter() - start)
         scores = {s: ap for s, (ap, _) in out.items()}
         if not tolerated(scores[size], scores[best_size(scores)])[0]:
             break  # smaller views are taken to lose too: their time is saved
     return dict(sorted(out.items()))
+
+
+def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[str, Any] | None, mode: str = "RGB"):
+    """Decoded photos (PIL) as a split of their ``size``-px evaluation views, normalised for the model, exactly as
+    :func:`~dmlkit.engine.builders.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
+    (:func:`dmlkit.data.splits.query_split` on the view the run records; labels -1)."""
+    from dmlkit.data.splits import query_split
+
+    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
+    view = {"in_memory": True, "view": "photo", "image_size": size, "crop_size": size, "size": [size, size],
+            "interpolation": interpolation, "pipeline": "recipe", "resize": "pil", "mode": mode}
+    return query_split(images, data_name, view, preprocessing)
 
 
 def _decode(dataset, mode: str, count: int, skip_bad_images: bool) -> tuple[list, torch.Tensor]:

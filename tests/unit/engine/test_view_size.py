@@ -12,6 +12,7 @@ from PIL import Image
 from torch import nn
 
 from dmlkit.config import load_config
+from dmlkit.data.base import decode_image
 from dmlkit.engine import builders
 from dmlkit.engine.trainer import Trainer
 from dmlkit.engine.view_size import (
@@ -20,6 +21,7 @@ from dmlkit.engine.view_size import (
     choose_view_size,
     measure_sizes,
     validation_split,
+    view_split,
 )
 from dmlkit.evaluation.retrieval import paired_gain
 
@@ -155,6 +157,19 @@ def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     for candidate in (96, 128, 160, 224):
         assert f"{candidate}: " in line  # the measured table: size: MAP@R (seconds)
     assert trainer.recipe.choices["data.image_size"][0] == size
+    # the measurement saw the validation photos as the run's validation sees them: the same per-query AP@R
+    from dmlkit.config.recipe import profile_split
+    from dmlkit.evaluation.retrieval import map_at_r_per_query
+
+    survey = builders.survey_data(cfg)
+    measured = measure_sizes(cfg, trainer.model, validation_split(cfg, survey, profile_split(survey.train)), [size],
+                             device=torch.device("cpu"))
+    assert torch.allclose(measured[size][0], map_at_r_per_query(*trainer.embed(trainer.splits.val)), atol=1e-6)
+    val = trainer.splits.val
+    photos = [decode_image(path, "RGB", "a validation photo") for path in val.paths]
+    views = view_split(photos, size, "folder", trainer.model.pretrained_cfg)
+    assert torch.equal(views.images, val.images)  # the same pixels
+    assert torch.equal(views.get_batch([0, 1])[0], val.get_batch([0, 1])[0])  # the same normalisation
 
 
 def test_photos_of_224_px_and_more_keep_the_recipes_rule_unmeasured(tmp_path):
