@@ -39,9 +39,10 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
-from dmlkit.evaluation.retrieval import map_at_r_per_query
+from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
 from dmlkit.exceptions import CheckpointError, NonFiniteError
 from dmlkit.methods import build_method_hooks, enabled_methods
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
@@ -110,6 +111,7 @@ class Trainer:
             cfg, survey, self.echo, accelerator=self.device.type == "cuda")
         backbone_choice.choose_for_run(cfg, survey, model_choices, self.device)  # Lite0/1/2 by the time budget
         built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
+        model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=self.device))  # small photos
         # transforms follow the model's preprocessing
         self.splits = data if data is not None else builders.build_splits(cfg, built, survey)
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),
@@ -680,15 +682,6 @@ def own_rows(splits) -> torch.Tensor | None:
 #: per query, exceeds this many standard errors (a one-sided test at about 2 %): with few validation
 #: classes a gain of a few thousandths is noise, and keeping it would make the run worse than the backbone.
 SIGNIFICANT_ERRORS = 2.0
-
-
-def paired_gain(per_query: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
-    """Mean per-query AP@R gain over ``baseline`` and its standard error (queries scored by both)."""
-    both = ~(per_query.isnan() | baseline.isnan())
-    diff = (per_query - baseline)[both].double()
-    if diff.numel() < 2:
-        return float(diff.sum()), float("inf")
-    return float(diff.mean()), float(diff.std() / diff.numel() ** 0.5)
 
 
 def _selection_message(history: list[tuple[int, float]], best_step: int) -> str:

@@ -112,6 +112,19 @@ def map_at_r_per_query(
     return out
 
 
+def paired_gain(per_query: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
+    """Mean per-query AP@R gain over ``baseline`` and its standard error (queries scored by both).
+
+    Both are :func:`map_at_r_per_query` of the same images; the error is the standard deviation of
+    the paired differences over the square root of their number (inf with fewer than 2 queries).
+    """
+    both = ~(per_query.isnan() | baseline.isnan())
+    diff = (per_query - baseline)[both].double()
+    if diff.numel() < 2:
+        return float(diff.sum()), float("inf")
+    return float(diff.mean()), float(diff.std() / diff.numel() ** 0.5)
+
+
 class _RetrievalSums:
     """Accumulates per-query scores (float64 sums over queries with R > 0)."""
 

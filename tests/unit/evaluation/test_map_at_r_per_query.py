@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.trainer import paired_gain
 from dmlkit.evaluation import map_at_r_per_query, retrieval_metrics
+from dmlkit.evaluation.retrieval import paired_gain
 
 
 def reference_ap_at_r(x: torch.Tensor, y: torch.Tensor) -> list[float]:

@@ -1,0 +1,206 @@
+"""The view size of small photos, measured on the validation classes before the splits are decoded.
+
+The recipe's photo rule (:func:`dmlkit.config.recipe.photo_eval_size`) views every photo at 224 px
+at least, so an 84-px photo is upsampled to 224 px: most of such a run's time goes to embedding and
+training at a size the image cannot fill. For photos whose median shorter side is below
+:data:`MEASURED_BELOW`, the untrained pretrained model embeds the validation classes (held out as
+:func:`~dmlkit.engine.builders.apply_recipe` will hold them out) at each of a handful of view sizes
+(:func:`candidate_sizes`), and :func:`choose_view_size` keeps the smallest whose validation MAP@R is
+not worse than the best size's by more than :data:`TOLERATED_ERRORS` standard errors of the paired
+per-query AP@R differences. Training crops are then taken at that size too (``data.crop_size``).
+Sizes are measured from the largest down, and the measurement stops at the first size worse than the
+best so far by more than that: the smaller ones would lose too (the untrained backbone's MAP@R grows
+with the view on the development sets), and their time is saved.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from dmlkit.config import recipe
+from dmlkit.engine import builders, distributed
+from dmlkit.engine.seeding import rng_state, set_rng_state
+from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
+from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
+
+#: Photos whose median shorter side is below this are measured; larger ones keep the recipe's rule.
+MEASURED_BELOW = recipe.PHOTO_TRAIN_SIZE
+
+#: A smaller view is kept when its validation MAP@R is worse than the best view's by at most this many
+#: standard errors of the paired per-query differences (it costs a fraction of the larger view's time).
+TOLERATED_ERRORS = 1.0
+
+#: At most this many validation images are embedded per candidate (an equal share of each class): the four
+#: candidates of an 84-px photo cost about twice the embedding of as many images at 224 px.
+MEASURED_IMAGES = 500
+
+
+def candidate_sizes(side: int) -> list[int]:
+    """View sizes measured for a median shorter side of ``side`` px: multiples of 32 from the smallest that
+    holds the image up to :data:`MEASURED_BELOW` (192 only when it is the smallest: 160 and 224 bracket it),
+    e.g. 96, 128, 160, 224 for 84 px."""
+    top = MEASURED_BELOW
+    start = max(32, -(-side // 32) * 32)
+    return [size for size in range(start, top, 32) if size != 192 or size == start] + [top]
+
+
+def tolerated(per_query: torch.Tensor, best: torch.Tensor) -> tuple[bool, float, float]:
+    """Whether per-query AP@R ``per_query`` is not worse than ``best``'s (the same queries) by more than
+    :data:`TOLERATED_ERRORS` standard errors of the paired differences; the mean difference and its error."""
+    gain, error = paired_gain(per_query, best)
+    return gain >= -TOLERATED_ERRORS * error, gain, error
+
+
+def best_size(per_query: Mapping[int, torch.Tensor]) -> int:
+    """The size with the highest mean AP@R (queries without a true reference left out); ties: the smaller."""
+    scores = {size: float(ap.nanmean()) for size, ap in per_query.items()}
+    return max(sorted(scores), key=lambda size: scores[size])  # the first (smallest) of equal maxima
+
+
+def choose_view_size(per_query: Mapping[int, torch.Tensor]) -> tuple[int, str]:
+    """The smallest size whose per-query AP@R (``{size: [N] AP@R}``, the same queries) is :func:`tolerated` beside
+    the :func:`best_size`'s; and why. Equal scores are within any tolerance, so ties go to the smallest size."""
+    if not per_query:
+        raise ValueError("choose_view_size needs at least one candidate size.")
+    best = best_size(per_query)
+    if len(per_query) == 1:
+        return best, f"{best} px, the only candidate"
+    for size in sorted(per_query):
+        kept, gain, error = tolerated(per_query[size], per_query[best])
+        if kept:
+            break
+    if size == best:
+        return size, f"{size} px has the best validation MAP@R"
+    return size, (f"{size} px: the smallest view within {TOLERATED_ERRORS:g} standard error of the best ({best} px: "
+                  f"{gain:+.4f} +- {error:.4f})")
+
+
+def measures_view_size(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
+    """Whether the view size is measured: photo files on disk whose view and training crop the recipe chose
+    (neither set by the user), read through the recipe's pipeline by a pretrained backbone."""
+    train = survey.train
+    on_disk = getattr(train, "paths", None) and getattr(train, "images", None) is None \
+        and not hasattr(train, "sample_images")
+    return bool(on_disk) and "data.image_size" in model_choices and "data.crop_size" in model_choices \
+        and model_choices["data.image_size"][0] == recipe.PHOTO_EVAL_SIZES[0] and cfg.data.pipeline == "recipe" \
+        and recipe.uses_pretrained_weights(cfg)
+
+
+def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
+    """The validation classes :func:`~dmlkit.engine.builders.apply_recipe` will hold out of ``survey.train``
+    (same function, fraction and seed), ``survey.val`` when the data has one (a fold), or None (no validation
+    classes; ``protocol.val_fraction`` holds out images of the training classes instead)."""
+    if survey.val is not None:
+        return survey.val
+    p = cfg.protocol
+    if p.val_fraction > 0:
+        return None
+    fraction = p.val_class_fraction
+    if fraction is None and p.fold is None:
+        fraction = round(recipe.val_class_fraction_for(profile, recipe.uses_pretrained_weights(cfg)), 4)
+    if not fraction:
+        return None
+    return builders.hold_out_classes(survey.train, fraction, p.seed)[1]
+
+
+def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
+                      device: torch.device) -> dict[str, tuple[Any, str]]:
+    """``data.image_size`` and ``data.crop_size`` (``{field: (value, reason)}``, written into ``cfg``) measured
+    on the validation classes with the untrained ``model``; ``{}`` when the recipe's rule stands.
+
+    Runs between building the model and decoding the splits (``survey`` is
+    :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reason
+    holds the measured table (size: validation MAP@R, seconds) and the decision.
+    """
+    if not measures_view_size(cfg, survey, model_choices):
+        return {}
+    profile = recipe.profile_split(survey.train)
+    side = min(profile.height, profile.width)
+    sizes = candidate_sizes(side)
+    val = validation_split(cfg, survey, profile) if 0 < side < MEASURED_BELOW and len(sizes) > 1 else None
+    if val is None:
+        return {}
+    state = rng_state()
+    try:
+        table = distributed.broadcast_object(
+            measure_sizes(cfg, model, val, sizes, device=device) if distributed.is_main_process() else None)
+    finally:
+        set_rng_state(state)
+    size, decision = choose_view_size({s: ap for s, (ap, _) in table.items()})
+    queries = int(next(iter(table.values()))[0].numel())
+    measured = ", ".join(f"{s}: {float(table[s][0].nanmean()):.4f} ({table[s][1]:.1f} s)" if s in table
+                         else f"{s}: not measured" for s in sizes)
+    choices = {
+        "data.image_size": (size, f"median image {profile.height}x{profile.width}, below {MEASURED_BELOW} px: view "
+                                  f"sizes measured with the untrained backbone on {queries} images of "
+                                  f"{len(val.class_names)} validation classes, MAP@R (time) {measured}; {decision}"),
+        "data.crop_size": (size, f"small photos: random crops at the {size}-px view"),
+    }
+    recipe.apply(cfg, choices)
+    return choices
+
+
+def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *,
+                  device: torch.device) -> dict[int, tuple[torch.Tensor, float]]:
+    """``{size: (per-query AP@R, seconds)}``, measured from the largest size down until one is not
+    :func:`tolerated` beside the best so far (the smaller ones are not measured).
+
+    ``val``'s images (at most :data:`MEASURED_IMAGES`) are decoded once, then cut to each size's
+    evaluation view, normalised as the model's preprocessing asks (:func:`dmlkit.data.splits.query_split`:
+    exactly as the decoded evaluation splits) and embedded by ``model`` (its flip averaging, the
+    inference copy, the run's autocast) on ``device``.
+    """
+    mode = getattr(val, "mode", None) or "RGB"
+    images, labels = _decode(val, mode, MEASURED_IMAGES, cfg.data.skip_bad_images)
+    model = model.to(device)
+    preprocessing = getattr(model, "pretrained_cfg", None)
+    precision = cfg.train.mixed_precision
+    if precision == "auto":  # as the recipe resolves it later
+        precision = "bf16" if builders.native_bf16(device) else "none"
+    out: dict[int, tuple[torch.Tensor, float]] = {}
+    for size in sorted(sizes, reverse=True):
+        start = time.perf_counter()
+        split = view_split(images, size, cfg.data.name, preprocessing, mode)
+        embeddings, _ = embed_dataset(model, split, cfg.eval.batch_size, 0, autocast_dtype(precision))
+        out[size] = (map_at_r_per_query(embeddings, labels, backend=cfg.eval.backend), time.perf_counter() - start)
+        scores = {s: ap for s, (ap, _) in out.items()}
+        if not tolerated(scores[size], scores[best_size(scores)])[0]:
+            break  # smaller views are taken to lose too: their time is saved
+    return dict(sorted(out.items()))
+
+
+def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[str, Any] | None, mode: str = "RGB"):
+    """Decoded photos (PIL) as a split of their ``size``-px evaluation views, normalised for the model, exactly as
+    :func:`~dmlkit.engine.builders.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
+    (:func:`dmlkit.data.splits.query_split` on the view the run records; labels -1)."""
+    from dmlkit.data.splits import query_split
+
+    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
+    view = {"in_memory": True, "view": "photo", "image_size": size, "crop_size": size, "size": [size, size],
+            "interpolation": interpolation, "pipeline": "recipe", "resize": "pil", "mode": mode}
+    return query_split(images, data_name, view, preprocessing)
+
+
+def _decode(dataset, mode: str, count: int, skip_bad_images: bool) -> tuple[list, torch.Tensor]:
+    """Up to ``count`` of ``dataset``'s image files (the first of each class, an equal share) decoded, and their labels."""
+    from dmlkit.data.base import decode_image
+    from dmlkit.exceptions import DataError
+
+    labels = dataset.labels
+    classes = labels.unique()
+    share = max(2, count // max(1, len(classes)))
+    rows = torch.cat([(labels == c).nonzero().flatten()[:share] for c in classes]).sort().values
+    images, kept = [], []
+    for row in rows.tolist():
+        try:
+            images.append(decode_image(dataset.paths[row], mode, f"item {row} of the validation classes"))
+        except DataError:
+            if not skip_bad_images:
+                raise
+            continue
+        kept.append(row)
+    return images, labels[torch.tensor(kept, dtype=torch.int64)]
