@@ -50,7 +50,7 @@ def run_scripts(argv: list[str]) -> int:
 def catalogue_rows(script: str, extra: list[str], repeats: int, threads: int) -> list[dict]:
     """The rows one catalogue script measured (its ``CATALOGUE_ROWS`` line); its table is echoed."""
     cmd = [sys.executable, str(HERE / script), "--repeats", str(repeats), "--threads", str(threads), "--json", *extra]
-    print(f"\n=== {' '.join([script, *cmd[3:]])} ===", flush=True)
+    print(f"\n=== {' '.join(cmd[1:]).replace(str(HERE) + '/', '')} ===", flush=True)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = out.stdout.splitlines()
     print("\n".join(line for line in lines if not line.startswith(ROWS_PREFIX)), flush=True)
