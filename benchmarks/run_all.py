@@ -1,5 +1,7 @@
-"""Run every benchmark script in this folder one after another (each prints its own table), or the
-catalogue summary: every loss and miner dmlkit shares with pytorch-metric-learning, against PML.
+"""Run every benchmark script here in turn, or (--summary) every loss and miner shared with PML against PML.
+
+Without ``--summary`` each script prints its own table. ``--summary`` is the catalogue: every loss
+and miner dmlkit shares with pytorch-metric-learning, against PML.
 
 Run: .venv/bin/python benchmarks/run_all.py [NAME ...]   (e.g. `run_all.py pair_losses evaluation`)
      .venv/bin/python benchmarks/run_all.py --summary [--repeats 5] [--threads 2]
