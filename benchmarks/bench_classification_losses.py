@@ -1,6 +1,6 @@
 """Classification losses (ArcFace, CosFace, ...): dmlkit vs pytorch-metric-learning, forward + backward.
 
-Run: .venv/bin/python benchmarks/bench_classification_losses.py [--repeats 11] [--threads 2] [--skip-large]
+Run: .venv/bin/python benchmarks/bench_classification_losses.py [--repeats 11] [--threads 2] [--skip-large] [--json]
 
 Each case runs in its own subprocess, so its peak memory is that process's: ``peak MB`` is the rise of
 the resident set (``ru_maxrss``) above what the process held just before building the loss (torch,
@@ -8,7 +8,8 @@ the batch), i.e. the loss's weights, gradients, optimiser state and temporaries.
 10,000 classes, median of N forward + backward calls per library, ``ratio`` = PML median / dmlkit
 median. Then one training step (forward, backward, Adam) of ArcFace at 100,000 classes x 512
 dimensions, both libraries (PML materialises the [B, C] logits and its temporaries), and partial FC
-at 1,000,000 classes x 128 (``sample_rate=0.1``), which PML has no form of.
+at 1,000,000 classes x 128 (``sample_rate=0.1``), which PML has no form of. ``--json`` adds one
+``CATALOGUE_ROWS`` line of the 10,000-class rows for ``benchmarks/run_all.py --summary``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-large", action="store_true", help="only the 10,000-class rows")
+    parser.add_argument("--json", action="store_true", help="also print the 10,000-class rows as one CATALOGUE_ROWS json line")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -106,12 +108,17 @@ def main() -> None:
     print(f"B={SMALL['batch']}, D={SMALL['dim']}, C={SMALL['classes']:,}: forward + backward, median of "
           f"{args.repeats}, {args.threads} threads")
     print(f"{'loss':<24}{'dmlkit ms':>11}{'PML ms':>11}{'ratio':>8}{'dmlkit peak MB':>16}{'PML peak MB':>13}")
+    rows = []
     for name, kwargs in LOSSES.items():
         ours = measure(dict(base, loss=name, kwargs=kwargs, library="dmlkit"), 600)
         theirs = measure(dict(base, loss=name, kwargs=kwargs, library="pml"), 600)
         ratio = f"{theirs['ms'] / ours['ms']:.2f}" if "ms" in ours and "ms" in theirs else "-"
         print(f"{name:<24}{_cell(ours, 'ms', '.1f'):>11}{_cell(theirs, 'ms', '.1f'):>11}{ratio:>8}"
-              f"{_cell(ours, 'peak_mb', '.0f'):>16}{_cell(theirs, 'peak_mb', '.0f'):>13}")
+              f"{_cell(ours, 'peak_mb', '.0f'):>16}{_cell(theirs, 'peak_mb', '.0f'):>13}", flush=True)
+        if "ms" in ours and "ms" in theirs:
+            rows.append({"name": f"{name} C=10,000", "pml_class": name, "dmlkit_ms": ours["ms"], "pml_ms": theirs["ms"]})
+    if args.json:
+        print("CATALOGUE_ROWS " + json.dumps(rows))
     if args.skip_large:
         return
     print("\nOne training step (forward, backward, Adam), B=256, median of 3 after one warm-up")

@@ -1,14 +1,18 @@
-"""Time dmlkit miners against pytorch-metric-learning on the same batch (B=128, D=128).
+"""Time every dmlkit miner against pytorch-metric-learning's same-named miner on the same batch (B=256, D=128).
 
-Usage: .venv/bin/python benchmarks/bench_miners.py [--repeats 50] [--batch 128] [--dim 128] [--threads 2]
+Usage: .venv/bin/python benchmarks/bench_miners.py [--repeats 50] [--batch 256] [--dim 128] [--threads 2]
+    [--only NAME ...] [--json]
 
-Both libraries are timed in one run, interleaved call by call, and the median of the
-repeats is reported with the ratio dmlkit / PML (< 1 means dmlkit is faster).
+Both libraries are timed in one run, interleaved call by call, and the median of the repeats is
+reported with the speed-up PML / dmlkit (> 1 means dmlkit is faster). Each side is called in its
+own idiom: dmlkit's miner returns its selection (the masks a loss reads), PML's its index tuple.
+``--json`` adds one ``CATALOGUE_ROWS`` line for ``benchmarks/run_all.py --summary``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -46,10 +50,12 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--samples-per-class", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both libraries")
+    parser.add_argument("--only", nargs="*", default=None, help="case names (prefixes) to run")
+    parser.add_argument("--json", action="store_true", help="also print the rows as one CATALOGUE_ROWS json line")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -57,8 +63,11 @@ def main() -> None:
     labels_all = torch.arange(args.batch) // args.samples_per_class
     print(f"B={args.batch} D={args.dim} classes={labels_all.unique().numel()} repeats={args.repeats} "
           f"threads={torch.get_num_threads()} torch={torch.__version__}")
-    print(f"{'miner':<30} {'dmlkit ms':>10} {'PML ms':>10} {'ratio':>7}")
+    print(f"{'miner':<30} {'dmlkit ms':>10} {'PML ms':>10} {'speed-up':>9}")
+    rows = []
     for name, ours, theirs in cases():
+        if args.only and not any(name.startswith(o) for o in args.only):
+            continue
         if name.startswith("EmbeddingsAlreadyPackaged"):  # whole triplets only: the first 3 * (B // 3) rows
             x, labels = x_all[: len(x_all) // 3 * 3], labels_all[: len(x_all) // 3 * 3]
         else:
@@ -71,7 +80,10 @@ def main() -> None:
             t_ours.append(timed(lambda: ours(x, labels)))
             t_theirs.append(timed(lambda: theirs(x, labels)))
         m_ours, m_theirs = statistics.median(t_ours), statistics.median(t_theirs)
-        print(f"{name:<30} {m_ours:>10.3f} {m_theirs:>10.3f} {m_ours / m_theirs:>7.2f}")
+        rows.append({"name": name, "pml_class": type(theirs).__name__, "dmlkit_ms": m_ours, "pml_ms": m_theirs})
+        print(f"{name:<30} {m_ours:>10.3f} {m_theirs:>10.3f} {m_theirs / m_ours:>8.2f}x", flush=True)
+    if args.json:
+        print("CATALOGUE_ROWS " + json.dumps(rows))
 
 
 if __name__ == "__main__":

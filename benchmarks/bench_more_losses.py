@@ -1,16 +1,18 @@
 """Forward+backward time of the rest of PML's loss catalogue in dmlkit against PML (same run, one table).
 
-    .venv/bin/python benchmarks/bench_more_losses.py [--repeats 15] [--threads 2] [--only NAME ...]
+    .venv/bin/python benchmarks/bench_more_losses.py [--repeats 15] [--threads 2] [--only NAME ...] [--json]
 
 B=256, D=128, 64 classes x 4 samples. Each case is ``(name, dmlkit factory, PML factory)`` and
 may take the call's inputs from ``inputs(name)``; calls are interleaved (dmlkit, PML, dmlkit, ...)
 and the median of ``--repeats`` timed calls is reported after warm-up, with PML / dmlkit.
+``--json`` adds one ``CATALOGUE_ROWS`` line for ``benchmarks/run_all.py --summary``.
 Cases live in lists by origin (one block per engineer's slice) so they merge without conflict.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -114,6 +116,12 @@ def forward_backward(loss: torch.nn.Module, x: torch.Tensor, kwargs: dict) -> Ca
     return run
 
 
+def pml_class(case: Case) -> str:
+    """The PML class a case measures (inside the benchmark's wrappers)."""
+    loss = case[2]()
+    return type(getattr(loss, "loss", loss)).__name__
+
+
 def timed(fn: Callable[[], None]) -> float:
     start = time.perf_counter()
     fn()
@@ -140,18 +148,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=None, help="case names (prefixes) to run")
+    parser.add_argument("--json", action="store_true", help="also print the rows as one CATALOGUE_ROWS json line")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cases = [c for c in CASES if not args.only or any(c[0].startswith(o) for o in args.only)]
     print(f"forward+backward, B={B}, D={D}, {args.threads} threads, median of {args.repeats}\n")
     print("| loss | dmlkit ms | PML ms | PML / dmlkit |\n| --- | --- | --- | --- |")
-    ratios = []
+    rows = []
     for case in cases:
         ours, theirs = measure(case, args.repeats)
-        ratios.append(theirs / ours)
+        rows.append({"name": case[0], "pml_class": pml_class(case), "dmlkit_ms": ours, "pml_ms": theirs})
         print(f"| {case[0]} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.1f}x |", flush=True)
-    if ratios:
+    if rows:
+        ratios = [r["pml_ms"] / r["dmlkit_ms"] for r in rows]
         print(f"\nmedian ratio: {statistics.median(ratios):.1f}x over {len(ratios)} cases")
+    if args.json:
+        print("CATALOGUE_ROWS " + json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """Forward+backward time of dmlkit's pair losses against pytorch-metric-learning (same run).
 
     .venv/bin/python benchmarks/bench_pair_losses.py [--repeats 15] [--threads 2] [--clock wall|cpu] [--only NAME ...]
-        [--allocator tuned|default]
+        [--batch 128]
+        [--allocator tuned|default] [--json]
 
-B=128, D=128, 32 classes x 4 samples, 2 threads; plus cross-batch memory with a full
+B=128 (``--batch``), D=128, 4 samples per class, 2 threads; plus cross-batch memory with a full
 44,800-entry memory at B=32 with the contrastive loss. Calls are interleaved (dmlkit, PML,
 dmlkit, ...) and the median of ``--repeats`` timed calls is reported after warm-up.
+``--json`` adds one ``CATALOGUE_ROWS`` line for ``benchmarks/run_all.py --summary``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -73,13 +76,15 @@ def main() -> None:
         help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() for the whole process, as `dmlkit` runs "
         "(applies to both libraries); default: glibc's own settings",
     )
+    parser.add_argument("--batch", type=int, default=128, help="batch size of the pair-loss rows (4 samples per class)")
+    parser.add_argument("--json", action="store_true", help="also print the rows as one CATALOGUE_ROWS json line")
     args = parser.parse_args()
     if args.allocator == "tuned" and not tune_cpu_allocator():
         parser.error("--allocator tuned needs glibc (Linux)")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
 
-    x, y = batch(128, 128, 4, seed=0)
+    x, y = batch(args.batch, 128, 4, seed=0)
     cases = [
         ("contrastive", dml.ContrastiveLoss(), pml.ContrastiveLoss(), x, y),
         ("triplet_margin", dml.TripletMarginLoss(), pml.TripletMarginLoss(), x, y),
@@ -107,11 +112,13 @@ def main() -> None:
         for _ in range(args.repeats):
             t_ours.append(timed(run_ours, clock))
             t_ref.append(timed(run_ref, clock))
-        rows.append((name, statistics.median(t_ours), statistics.median(t_ref)))
+        rows.append((name, statistics.median(t_ours), statistics.median(t_ref), type(ref).__name__))
 
     print(f"{'loss (forward+backward)':<30} {'dmlkit ms':>10} {'PML ms':>10} {'speed-up':>9}")
-    for name, a, b in rows:
+    for name, a, b, _ in rows:
         print(f"{name:<30} {a:>10.2f} {b:>10.2f} {b / a:>8.1f}x")
+    if args.json:
+        print("CATALOGUE_ROWS " + json.dumps([{"name": n, "pml_class": c, "dmlkit_ms": a, "pml_ms": b} for n, a, b, c in rows]))
 
 
 if __name__ == "__main__":

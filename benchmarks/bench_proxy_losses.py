@@ -1,18 +1,20 @@
 """Proxy losses and greedy k-center: dmlkit vs pytorch-metric-learning, forward + backward.
 
-Run: .venv/bin/python benchmarks/bench_proxy_losses.py [--repeats 15] [--threads 2]
+Run: .venv/bin/python benchmarks/bench_proxy_losses.py [--repeats 15] [--threads 2] [--pml-only] [--json]
 SOP scale: B=128, D=128, C=11,318 classes. Each pair is measured interleaved (dmlkit, then
 the reference, alternating) and the median of N is reported. The K=4 rows have no PML
 counterpart; their ``medium`` rows (``matmul_precision="medium"``: bf16 products) take the
 same loss in fp32 as the reference, so their ratio is the speed-up of bf16 products. ``ratio`` is
 reference median / dmlkit median; ``paired`` is the median of the per-round ratios of calls made
 back to back (robust to the host's speed drifting during a run). Both use 2 threads (``--threads``;
-on a machine shared with other jobs, 1 thread gives steadier ratios).
+on a machine shared with other jobs, 1 thread gives steadier ratios). ``--pml-only`` keeps the rows
+measured against PML; ``--json`` adds one ``CATALOGUE_ROWS`` line of them for ``benchmarks/run_all.py --summary``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -79,6 +81,8 @@ def main() -> None:
         help="tuned: dmlkit.engine.allocator.tune_cpu_allocator() for the whole process, as `dmlkit` runs "
         "(applies to both libraries); default: glibc's own settings",
     )
+    parser.add_argument("--pml-only", action="store_true", help="only the rows measured against PML")
+    parser.add_argument("--json", action="store_true", help="also print the PML rows as one CATALOGUE_ROWS json line")
     args = parser.parse_args()
     if args.allocator == "tuned" and not tune_cpu_allocator():
         parser.error("--allocator tuned needs glibc (Linux)")
@@ -86,13 +90,14 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(B, D, generator=g, requires_grad=True)
     y = torch.randint(0, C, (B,), generator=g)
-    rows = []
+    rows, pml_rows = [], []
 
     def pair(name, ours, theirs, copy):
         copy(ours, theirs)
         ratio = []
         a, b = interleaved([step(ours, x, y), step(theirs, x, y)], args.repeats, ratio)
         rows.append((name, a, b, ratio[0]))
+        pml_rows.append({"name": name, "pml_class": type(theirs).__name__, "dmlkit_ms": a, "pml_ms": b})
 
     def copy_proxies(o, t):
         t.proxies.data.copy_(o.proxies.data)
@@ -103,7 +108,7 @@ def main() -> None:
     pair("ProxyAnchor K=1", ProxyAnchorLoss(C, D), pml.ProxyAnchorLoss(C, D), copy_proxies)
     pair("ProxyNCA K=1", ProxyNCALoss(C, D), pml.ProxyNCALoss(C, D), copy_proxies)
     pair("SoftTriple K=4", SoftTripleLoss(C, D, centers_per_class=4), pml.SoftTripleLoss(C, D, centers_per_class=4), copy_fc)
-    for name, make in [
+    for name, make in [] if args.pml_only else [
         ("ProxyAnchor K=4", lambda **kw: ProxyAnchorLoss(C, D, proxies_per_class=4, **kw)),
         ("ProxyAnchor K=4 nearest", lambda **kw: ProxyAnchorLoss(C, D, proxies_per_class=4, assignment="nearest", **kw)),
         ("ProxyNCA K=4", lambda **kw: ProxyNCALoss(C, D, proxies_per_class=4, **kw)),
@@ -115,18 +120,21 @@ def main() -> None:
         rows.append((name, b, float("nan"), float("nan")))
         rows.append((f"{name} medium (ref: the same, highest)", a, b, ratio[0]))
 
-    pool = torch.randn(C, 7, D, generator=g)
-    existing = torch.randn(C, 4, D, generator=g)
-    (a,) = interleaved([lambda: greedy_k_center(pool, 4, existing)], args.repeats)
-    sub = 500
-    (b,) = interleaved([lambda: k_center_naive(pool[:sub], 4, existing[:sub])], max(3, args.repeats // 5))
-    rows.append((f"k-center C={C} b=7 K=4 (ref: per-class loop x{C}/{sub})", a, b * C / sub, float("nan")))
+    if not args.pml_only:
+        pool = torch.randn(C, 7, D, generator=g)
+        existing = torch.randn(C, 4, D, generator=g)
+        (a,) = interleaved([lambda: greedy_k_center(pool, 4, existing)], args.repeats)
+        sub = 500
+        (b,) = interleaved([lambda: k_center_naive(pool[:sub], 4, existing[:sub])], max(3, args.repeats // 5))
+        rows.append((f"k-center C={C} b=7 K=4 (ref: per-class loop x{C}/{sub})", a, b * C / sub, float("nan")))
 
     print(f"{'name':<52} {'dmlkit ms':>10} {'reference ms':>13} {'ratio':>7} {'paired':>7}")
     for name, a, b, paired in rows:
         ratio = b / a if b == b else float("nan")
         ref = f"{b:13.1f}" if b == b else f"{'-':>13}"
         print(f"{name:<52} {a:10.1f} {ref} {ratio:7.2f} {paired:7.2f}")
+    if args.json:
+        print("CATALOGUE_ROWS " + json.dumps(pml_rows))
 
 
 if __name__ == "__main__":

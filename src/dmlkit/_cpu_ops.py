@@ -1,12 +1,12 @@
 """CPU fast paths of the fused losses and the distances: ``exp`` for the large exponential passes,
 and the skinny ``[N, D] x [D, B]`` products (``N >> B``) through oneDNN.
 
-**exp.** On CPU, ``torch.exp2`` of fp32 runs several times faster than ``torch.exp``, so
-``exp(x) = 2^(x log2 e)`` with one extra multiply is faster overall (timings in
-``docs/results.md``, "Speed: losses against pytorch-metric-learning"). Rounding ``x log2 e`` to
-fp32 costs a relative error of at most ``|x| * 2^-24 * ln 2 * log2 e`` (1.9e-6 at ``|x| = 32``),
-below the rounding error of the fp32 products that feed these exponentials; in fp64 it is
-~1e-14. Infinities and NaN pass through (``exp(-inf) = 0``). Other devices use ``torch.exp``.
+**exp.** One place for the exponential passes of the fused losses. With the PyTorch of session 3,
+``torch.exp2`` of fp32 ran several times faster than ``torch.exp`` on CPU, so ``exp(x)`` was
+computed as ``2^(x log2 e)``. With PyTorch 2.14 (AVX512) ``torch.exp`` is vectorised and the
+faster of the two, without the extra multiply: 17 against 35 us for 256 x 256 fp32 logits in
+place, 0.74 against 1.14 ms for 128 x 11,318, one thread (docs/results.md, issue 30 speed), so
+``exp`` is ``torch.exp`` again, on every device.
 
 **Products.** :func:`matmul_nt` computes ``a @ b.T`` with oneDNN's linear on CPU (fp32, bf16): for
 the skinny ``[P, 128] x [128, 128]`` and ``[44800, 128] x [128, 32]`` shapes of the proxy and memory
@@ -15,21 +15,17 @@ losses it is faster than ``torch.mm`` (MKL), with bitwise-equal fp32 results (do
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-LOG2E = 1.0 / math.log(2.0)
 
 
 def exp_(x: torch.Tensor) -> torch.Tensor:
-    """``exp(x)`` in place (the fast path on CPU, see the module docstring)."""
-    return x.mul_(LOG2E).exp2_() if x.device.type == "cpu" else x.exp_()
+    """``exp(x)`` in place (see the module docstring)."""
+    return x.exp_()
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
-    """``exp(x)`` in a new tensor (the fast path on CPU)."""
-    return torch.exp2(x * LOG2E) if x.device.type == "cpu" else torch.exp(x)
+    """``exp(x)`` in a new tensor (see the module docstring)."""
+    return torch.exp(x)
 
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)

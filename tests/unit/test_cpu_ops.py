@@ -1,4 +1,4 @@
-"""The CPU fast paths of the fused losses: ``exp`` as ``2^(x log2 e)`` against float64, and ``matmul_nt``."""
+"""The CPU fast paths of the fused losses: ``exp`` against float64, and ``matmul_nt``."""
 
 import pytest
 import torch

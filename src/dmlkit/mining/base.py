@@ -84,6 +84,16 @@ class BaseMiner(nn.Module):
         ref_emb: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> PairSelection | TripletSelection:
+        return self._run(self.mine, embeddings, labels, ref_emb, ref_labels)
+
+    def pml_tuple(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                  ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """PML's index tuple of this call (what :class:`PMLStyleMiner` returns); a miner whose list
+        costs less built alone than from its selection overrides it (with :meth:`_run`)."""
+        return self(embeddings, labels, ref_emb, ref_labels).to_indices_tuple()
+
+    def _run(self, mine, embeddings, labels, ref_emb, ref_labels):
+        """Check the inputs, resolve the reference set, and call ``mine`` on them without gradients."""
         check_embeddings_labels(embeddings, labels)
         same_set = ref_emb is None
         if same_set:
@@ -107,7 +117,7 @@ class BaseMiner(nn.Module):
         ref_emb = embeddings if same_set else (ref_emb.detach().float() if ref_emb.dtype in half else ref_emb.detach())
         with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
             pos, neg = label_masks(labels, ref_labels, same_set=same_set)
-            return self.mine(embeddings, ref_emb, pos, neg)
+            return mine(embeddings, ref_emb, pos, neg)
 
     def mine(self, embeddings: torch.Tensor, ref_emb: torch.Tensor, positive: torch.Tensor,
              negative: torch.Tensor) -> PairSelection | TripletSelection:  # pragma: no cover
@@ -144,8 +154,7 @@ class PMLStyleMiner(nn.Module):
         ref_emb: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        selection = self.miner(embeddings, labels, ref_emb, ref_labels)
-        return selection.to_indices_tuple()
+        return self.miner.pml_tuple(embeddings, labels, ref_emb, ref_labels)
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
              ref_labels: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -12,10 +12,29 @@ from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
 from dmlkit.mining.selection import PairSelection
 
 
-def hardest_fraction(values: torch.Tensor, fraction: float, largest: bool) -> torch.Tensor:
-    """Indices of the ``ceil(fraction * N)`` largest (or smallest) ``values``, hardest first."""
+def hardest_fraction(values: torch.Tensor, fraction: float, largest: bool, ordered: bool = True) -> torch.Tensor:
+    """Indices of the ``ceil(fraction * N)`` largest (or smallest) ``values``, hardest first.
+
+    ``ordered=False`` returns the same indices in an unspecified order, without the sort of the
+    kept share (``torch.topk`` selects the same set either way: one selection, then a sort).
+    """
     k = math.ceil(fraction * values.numel())
-    return torch.topk(values, k=k, largest=largest).indices
+    return torch.topk(values, k=k, largest=largest, sorted=ordered).indices
+
+
+def hardest_mask(mat: torch.Tensor, candidates: torch.Tensor, fraction: float, largest: bool) -> torch.Tensor:
+    """``[B, R]`` bool: the hardest ``fraction`` of the ``candidates`` pairs of ``mat``, ranked over the whole batch."""
+    kept = torch.zeros(int(candidates.sum()), dtype=torch.bool, device=mat.device)
+    kept[hardest_fraction(mat.masked_select(candidates), fraction, largest, ordered=False)] = True
+    return torch.zeros_like(candidates).masked_scatter_(candidates, kept)
+
+
+def hardest_first(mat: torch.Tensor, candidates: torch.Tensor, fraction: float,
+                  largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` of :func:`hardest_mask`'s pairs, hardest first (PML's list and tie order)."""
+    rows, cols = candidates.nonzero(as_tuple=True)
+    keep = hardest_fraction(mat.masked_select(candidates), fraction, largest)
+    return rows[keep], cols[keep]
 
 
 class HDCMiner(BaseMiner):
@@ -38,9 +57,19 @@ class HDCMiner(BaseMiner):
 
     def mine(self, embeddings, ref_emb, positive, negative) -> PairSelection:
         mat = self.distance(embeddings, ref_emb)
-        inverted = self.distance.is_inverted
-        a1, p = positive.nonzero(as_tuple=True)
-        a2, n = negative.nonzero(as_tuple=True)
-        keep_pos = hardest_fraction(mat[a1, p], self.filter_percentage, largest=not inverted)
-        keep_neg = hardest_fraction(mat[a2, n], self.filter_percentage, largest=inverted)
-        return PairSelection.from_pairs(a1[keep_pos], p[keep_pos], a2[keep_neg], n[keep_neg], *mat.shape)
+        pos_largest, fraction = not self.distance.is_inverted, self.filter_percentage
+        # The masks are what losses read; the hardest-first list (a sort of the kept pairs) is
+        # built only when PML's tuple is asked for.
+        return PairSelection(hardest_mask(mat, positive, fraction, pos_largest),
+                             hardest_mask(mat, negative, fraction, not pos_largest),
+                             lister=lambda: self._listed(mat, positive, negative))
+
+    def pml_tuple(self, embeddings, labels, ref_emb=None, ref_labels=None) -> tuple[torch.Tensor, ...]:
+        """PML's hardest-first list alone (no masks): the order and ties of ``torch.topk``, as PML."""
+        return self._run(lambda x, refs, pos, neg: self._listed(self.distance(x, refs), pos, neg),
+                         embeddings, labels, ref_emb, ref_labels)
+
+    def _listed(self, mat, positive, negative) -> tuple[torch.Tensor, ...]:
+        pos_largest, fraction = not self.distance.is_inverted, self.filter_percentage
+        return (*hardest_first(mat, positive, fraction, pos_largest),
+                *hardest_first(mat, negative, fraction, not pos_largest))

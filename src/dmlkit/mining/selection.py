@@ -11,9 +11,12 @@ Selections are explicit dataclasses (never told apart by tuple length):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+PairList = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,10 @@ class PairSelection:
     #: PML's ``(a1, p, a2, n)`` as the miner listed it (its order, pairs drawn twice listed twice:
     #: HDC's hardest-first order, the uniform histogram's draws with replacement). The masks are
     #: its set of pairs; losses read the masks, :meth:`to_indices_tuple` returns this list.
-    listed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    listed: PairList | None = None
+    #: Builds ``listed`` on demand, for a miner whose order costs a sort that losses (reading the
+    #: masks) never need: HDC's hardest-first list is only sorted when PML's tuple is asked for.
+    lister: Callable[[], PairList] | None = None
 
     @classmethod
     def from_pairs(cls, a1: torch.Tensor, p: torch.Tensor, a2: torch.Tensor, n: torch.Tensor,
@@ -43,11 +49,13 @@ class PairSelection:
     def num_pairs(self) -> int:
         return int(self.positive.sum()) + int(self.negative.sum())
 
-    def to_indices_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def to_indices_tuple(self) -> PairList:
         """PML's pair tuple ``(a1, p, a2, n)`` of int64 index tensors (the miner's list when it kept
-        one, otherwise the row-major order of the masks)."""
+        or can build one, otherwise the row-major order of the masks)."""
         if self.listed is not None:
             return self.listed
+        if self.lister is not None:
+            return self.lister()
         a1, p = self.positive.bool().nonzero(as_tuple=True)
         a2, n = self.negative.bool().nonzero(as_tuple=True)
         return a1, p, a2, n

@@ -209,6 +209,23 @@ def test_matches_pml(name, dtype):
         torch.testing.assert_close(ours.get_logits(x), theirs.get_logits(x), **tol)
 
 
+@pytest.mark.parametrize("name", ["large_margin", "sphereface"])
+def test_multiplicative_margin_with_a_zero_embedding_matches_pml(name):
+    """The logits are the plain product x . W and the target's cosine is recovered from the norms:
+    a zero row (no direction) has zero logits and a finite gradient, as in PML."""
+    ours, theirs = pml_pair(name)
+    with torch.no_grad():
+        ours.W.copy_(theirs.W)
+    x, y = batch(4, torch.float64, classes=10, rows=12, dim=16)
+    x[0] = 0.0
+    x.requires_grad_(True)
+    a, b = ours(x, y), theirs(x, y)
+    ga, gb = torch.autograd.grad(a, x)[0], torch.autograd.grad(b, x)[0]
+    assert torch.isfinite(a) and torch.isfinite(ga).all()
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ga[1:], gb[1:], rtol=1e-9, atol=1e-11)
+
+
 def test_miner_output_weights_samples_as_pml():
     from pytorch_metric_learning.losses import CosFaceLoss as PMLCosFace
 

@@ -156,6 +156,28 @@ def test_hdc_keeps_the_hardest_share_over_the_batch(fraction):
     assert int(sel.positive.sum()) == k_pos and int(sel.negative.sum()) == k_neg  # masks hold the same set
 
 
+@pytest.mark.parametrize("distance", [None, CosineSimilarity()])
+def test_hdc_pml_tuple_is_the_selection_list_and_pmls(distance):
+    """``as_pml()`` builds the hardest-first list alone; it is the selection's list (same pairs as
+    its masks, same order) and PML's tuple up to the order of the two directions of one pair, whose
+    values tie (PML's distance differs from dmlkit's in the last bit, which decides that order)."""
+    x, labels = batch(7, n=40)
+    miner = HDCMiner(filter_percentage=0.5, distance=distance)
+    sel = miner(x, labels)
+    listed = miner.as_pml()(x, labels)
+    assert all(torch.equal(a, b) for a, b in zip(listed, sel.to_indices_tuple()))
+    pml_distance = None if distance is None else pml_distances.CosineSimilarity()
+    pml = pml_miners.HDCMiner(filter_percentage=0.5, **({} if pml_distance is None else {"distance": pml_distance}))
+    pml_listed = pml(x, labels)
+    for i in (0, 2):
+        undirected = [{a, b} for a, b in zip(listed[i].tolist(), listed[i + 1].tolist())]
+        assert undirected == [{a, b} for a, b in zip(pml_listed[i].tolist(), pml_listed[i + 1].tolist())]
+    a1, p, a2, n = listed
+    assert torch.equal(sel.positive.nonzero(as_tuple=True)[0].sort().values, a1.sort().values)
+    assert sel.positive[a1, p].all() and sel.negative[a2, n].all()
+    assert int(sel.positive.sum()) == len(a1) and int(sel.negative.sum()) == len(a2)
+
+
 def test_uniform_histogram_draws_per_bin_counts_and_is_seeded():
     x, labels = batch(6, n=40)
     miner = UniformHistogramMiner(num_bins=7, pos_per_bin=3, neg_per_bin=5, seed=1)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from dmlkit._cpu_ops import exp_
 from dmlkit._validation import Interval
-from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.distances._closed_form import EPS, unnormalise
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.logsumexp import softmax_rows
 from dmlkit.losses.pair._fixed_distance import require_distance
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
@@ -60,41 +60,44 @@ class InstanceLoss(PairLoss):
                 "InstanceLoss needs class-id labels [B] and takes no mined pairs (indices_tuple / pairs)."
             )
         target = torch.unique(batch.labels, return_inverse=True)[1]
-        terms, coefficient = _cross_entropy_terms(batch.embeddings, target, self.gamma)
-        divisor = self.reducer.divisor(target.new_tensor(target.numel()), (terms > 0).sum()).to(terms.dtype).clamp_min(1.0)
-        return _BatchCosineCrossEntropy.apply(terms.sum() / divisor, batch.embeddings, coefficient.mul_(self.gamma / divisor))
-
-
-def _cross_entropy_terms(x: torch.Tensor, target: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row ``CE(gamma * cos(x_i, X), target_i)`` ``[B]`` and ``d(sum CE)/d(logits) = softmax - one-hot`` ``[B, B]``."""
-    with torch.no_grad():
-        unit = l2_normalize(x.detach())
-        logits = (unit @ unit.T).mul_(gamma)
-        rows = torch.arange(target.numel(), device=target.device)
-        picked = logits[rows, target]
-        lse, soft = softmax_rows(logits)
-        soft[rows, target] -= 1.0
-    return lse - picked, soft
+        return _BatchCosineCrossEntropy.apply(batch.embeddings, target, self.gamma, self.reducer)
 
 
 class _BatchCosineCrossEntropy(torch.autograd.Function):
-    """The loss value; backward maps ``G = d(loss)/d(cos)`` through ``x_n x_n^T`` and the L2 normalisation.
+    """``sum_i CE(gamma * cos(x_i, X), target_i) / divisor``; its gradient is computed in the same pass.
 
-    ``d/dx_n = (G + G^T) x_n`` (one product, where autograd would take two), then
-    ``dx = (d/dx_n - x_n <x_n, d/dx_n>) / |x|`` (:func:`~dmlkit.distances._closed_form.unnormalise`).
+    ``Z = gamma x_n x_n^T`` (``x_n`` the L2-normalised rows) is one product; the row log-sum-exp
+    and softmax ``S`` come from one exp pass, and the loss reads ``Z[i, target_i]``. The output
+    is a scalar, so the forward (when ``x`` needs a gradient) also computes ``d(loss)/dx`` up to
+    the incoming scalar, overwriting its temporaries instead of saving them for a backward:
+    ``d(loss)/dZ = (S - Y) / divisor`` (``Y`` the one-hot targets) and ``Z`` is symmetric, so
+    ``d/dx_n = gamma / divisor ((S + S^T) x_n - x_n[target] - Y^T x_n)``, one product, with
+    ``S^T = exp(Z - lse^T)`` one more exp pass instead of a transposed, cache-unfriendly sum and
+    the one-hot part a gather and a scatter-add of rows; then ``dx = (d/dx_n - x_n <x_n, d/dx_n>) / |x|``
+    (:func:`~dmlkit.distances._closed_form.unnormalise`).
     """
 
     @staticmethod
-    def forward(ctx, value, x, coefficient):  # noqa: D102 - autograd protocol
-        ctx.save_for_backward(x, coefficient)
-        return value.clone()
+    def forward(ctx, x, target, gamma, reducer):  # noqa: D102 - autograd protocol
+        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        scale = norm.clamp_min(EPS).reciprocal_()
+        unit = x * scale
+        logits = torch.mm(unit, unit.T).mul_(gamma)
+        picked = logits.gather(1, target[:, None]).squeeze_(1)
+        shift = logits.amax(1, keepdim=True)
+        both = exp_(torch.sub(logits, shift))
+        total = both.sum(1, keepdim=True)
+        lse = shift.add_(total.log())
+        terms = lse.squeeze(1) - picked
+        divisor = max(float(reducer.divisor(terms.numel(), (terms > 0).sum())), 1.0)
+        if ctx.needs_input_grad[0]:
+            both.div_(total).add_(exp_(logits.sub_(lse.T)))  # S + S^T
+            grad_unit = torch.mm(both, unit).sub_(unit.index_select(0, target)).index_add_(0, target, unit, alpha=-1.0)
+            ctx.save_for_backward(unnormalise(grad_unit, unit, scale, (norm > EPS).to(x.dtype)).mul_(gamma / divisor))
+        return terms.sum() / divisor
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # noqa: D102 - autograd protocol
-        x, coefficient = ctx.saved_tensors
-        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-        scale = norm.clamp_min(EPS).reciprocal_()
-        unit = x * scale
-        grad_unit = (coefficient + coefficient.T) @ unit
-        return None, unnormalise(grad_unit, unit, scale, (norm > EPS).to(x.dtype)).mul_(grad), None
+        (grad_x,) = ctx.saved_tensors
+        return grad_x * grad, None, None, None

@@ -88,10 +88,24 @@ class LargeMarginSoftmaxLoss(ClassificationLoss):
         return cos * factor * self.scale
 
     def per_sample_loss(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        cos, factor = self.cosines_and_magnitudes(embeddings)
-        target = cos.gather(1, labels[:, None])
-        cos = torch.scatter(cos, 1, labels[:, None], multiplicative_angular_margin(target, self.margin))
-        return torch.nn.functional.cross_entropy(cos * factor * self.scale, labels, reduction="none")
+        # |x_i| |W_j| cos theta_j (SphereFace: |x_i| cos theta_j) is the plain product x_i . W_j (W_j / |W_j|):
+        # one [B, C] product and no [B, C] normalisation passes; only the target's cosine is recovered,
+        # from B norms, for psi.
+        weight = self.W_as(embeddings)
+        embeddings = embeddings.to(weight.dtype)
+        if not self.weight_norms:
+            weight = unit_vectors(weight, 0)
+        logits = embeddings @ weight
+        magnitude = safe_norms(embeddings, 1)
+        if self.weight_norms:
+            magnitude = magnitude * safe_norms(weight.index_select(1, labels), 0)
+        raw = logits.gather(1, labels[:, None]).squeeze(1)
+        cos = raw / torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))
+        target = magnitude * multiplicative_angular_margin(cos, self.margin)
+        logits = torch.scatter(logits, 1, labels[:, None], target[:, None])
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
 
 
 @LOSSES.register("sphereface")
