@@ -248,6 +248,10 @@ PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 FINETUNE_IMAGES = 60000
 FINETUNE_EPOCHS = (2, 40)
 
+#: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
+#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget plans to it).
+DEFAULT_TIME_BUDGET = 720.0
+
 #: Validations without a significant gain (SIGNIFICANT_ERRORS standard errors of the paired per-query
 #: differences, engine/trainer.py) after which fine-tuning stops.
 FINETUNE_PATIENCE = 2
@@ -427,8 +431,6 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                                else f", about {DEFAULT_BATCH} images"))
     warm = uses_pretrained_weights(cfg)
     if cfg.train.time_budget is None and cfg.train.max_steps is None:
-        from dmlkit.engine.budget import DEFAULT_TIME_BUDGET  # deferred: config does not import the engine at load
-
         out["train.time_budget"] = (DEFAULT_TIME_BUDGET, "the whole run on this machine, the test split's embedding "
                                     "included: steps and validations are planned to fit from measured speeds")
     if cfg.train.max_steps is None and warm:

@@ -37,13 +37,14 @@ def resolved(p: DataProfile, *overrides: str) -> dict:
     [
         # few classes, 10 photos each, large photos (the Pets development set's shape): 288-px view
         (18, 10, 375, {"data.image_size": 288, "data.crop_size": 224, "sampler.m": 2, "sampler.batch_size": 36,
-                       "train.max_steps": 30}),  # 6 epochs of 180 photos at 36 a batch
+                       "train.max_steps": 200}),  # the 40-epoch ceiling of 180 photos at 36 a batch
         # many classes, 500 photos each, small photos: 224-px view (upsampled), the minimum of 2 epochs
         (200, 500, 120, {"data.image_size": 224, "data.crop_size": 224, "sampler.m": 16, "train.max_steps": 3125}),
+        # (the ceilings: about 60,000 images seen; the time budget and the validation classes end runs sooner)
         # few classes, 500 photos each, mid-size photos: the largest multiple of 32 a centre crop holds
-        (5, 500, 300, {"data.image_size": 256, "data.crop_size": 224, "train.max_steps": 78}),
+        (5, 500, 300, {"data.image_size": 256, "data.crop_size": 224, "train.max_steps": 938}),
         # many classes, 10 photos each, large photos
-        (500, 10, 600, {"data.image_size": 288, "sampler.m": 2, "train.max_steps": 156}),
+        (500, 10, 600, {"data.image_size": 288, "sampler.m": 2, "train.max_steps": 938}),
     ],
 )
 def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_class, side, expected):
@@ -111,11 +112,11 @@ def test_no_rule_is_keyed_on_a_data_set_name():
 
 def test_on_a_gpu_the_same_rules_buy_ten_times_the_images_seen():
     cfg = load_config(preset="mnist-proxy-anchor")
-    p = profile(18, 10, 375)
+    p = profile(5, 500, 300)
     recipe_module.apply(cfg, resolve_model(cfg, p))
     cpu = resolve(cfg, p, bf16_native=True)["train.max_steps"][0]
     gpu, reason = resolve(cfg, p, bf16_native=True, accelerator=True)["train.max_steps"]
-    assert (cpu, gpu) == (30, 50)  # 6 epochs of 180 photos; on a GPU the 10-epoch cap
+    assert (cpu, gpu) == (938, 1562)  # 24 epochs of 2,500 photos; on a GPU the 40-epoch cap
     assert "on a GPU" in reason
 
 

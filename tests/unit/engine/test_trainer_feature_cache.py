@@ -43,7 +43,7 @@ def photo_config(root, *overrides: str):
 def test_a_photo_run_trains_from_the_feature_cache_and_writes_metrics(tmp_path, photo_root):
     lines = []
     trainer = Trainer(photo_config(photo_root), tmp_path / "run", echo=lines.append)
-    assert trainer.cfg.model.name == "efficientnet_lite0" and trainer.cfg.model.frozen_stages == 2
+    assert trainer.cfg.model.name.startswith("efficientnet_lite") and trainer.cfg.model.frozen_stages == 2
     assert any(line.startswith("recipe:   train.feature_cache = on  (the stem and 2 frozen stages") for line in lines)
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
