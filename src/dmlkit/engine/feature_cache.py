@@ -68,7 +68,8 @@ class CachePlan:
 
 
 def plan_feature_cache(cfg, model: nn.Module, dataset, augment: Callable | None, *, distributed: bool = False,
-                       cap: int | None = None, echo: Callable[[str], None] = print) -> CachePlan:
+                       cap: int | None = None, echo: Callable[[str], None] = print,
+                       deferred: bool = False) -> CachePlan:
     """Resolve ``train.feature_cache`` (and ``train.cache_views``) for this run, print it as a recipe line.
 
     ``auto`` is on when ``model`` is one :class:`~dmlkit.models.Embedder` whose frozen stages split
@@ -97,9 +98,26 @@ def plan_feature_cache(cfg, model: nn.Module, dataset, augment: Callable | None,
         if t.feature_cache == "on":
             raise ConfigError(f"train.feature_cache=on, but {problem}. Set train.feature_cache=auto (or off).")
         return _resolved(cfg, CachePlan(False, 0, problem), echo)
-    reason = (f"the stem and {model.trunk.frozen_stages} frozen stages run once, on {views} augmented views of "
-              f"{len(dataset)} training images ({_size(size)} bf16); training steps start after them")
+    if deferred:  # auto under a time budget: the first plan says whether the run trains long enough to gain
+        reason = (f"possible: up to {views} views of {len(dataset)} training images ({_size(size)} bf16); whether "
+                  "it pays, and how many views, is decided from the epochs the time budget's first plan buys")
+    else:
+        reason = (f"the stem and {model.trunk.frozen_stages} frozen stages run once, on {views} augmented views of "
+                  f"{len(dataset)} training images ({_size(size)} bf16); training steps start after them")
     return _resolved(cfg, CachePlan(True, views, reason), echo)
+
+
+#: Epochs of training each cached view must serve for the cache to be built under a time budget: a view
+#: costs one pass of the frozen stages over the images, which the steps without a cache pay once an epoch,
+#: so a cache of V views saves (epochs - V) of those passes; at 3 epochs a view it saves two thirds.
+EPOCHS_PER_VIEW = 3
+
+
+def views_for_epochs(epochs: float, most: int) -> int:
+    """Views worth caching for a run of ``epochs`` epochs: one per :data:`EPOCHS_PER_VIEW` epochs, at most
+    ``most``; 0 (no cache) when that is fewer than :data:`MIN_VIEWS` (the cache would save little crop variety's worth)."""
+    views = min(most, int(epochs // EPOCHS_PER_VIEW))
+    return views if views >= MIN_VIEWS else 0
 
 
 def _resolved(cfg, plan: CachePlan, echo: Callable[[str], None]) -> CachePlan:

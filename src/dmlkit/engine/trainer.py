@@ -34,7 +34,13 @@ from dmlkit.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from dmlkit.engine.feature_cache import FrozenFeatureCache, plan_feature_cache
+from dmlkit.engine.feature_cache import (
+    EPOCHS_PER_VIEW,
+    MIN_VIEWS,
+    FrozenFeatureCache,
+    plan_feature_cache,
+    views_for_epochs,
+)
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
@@ -159,8 +165,12 @@ class Trainer:
         ddp_model = distributed.wrap_model(self.model, self.dist)  # self.model itself in one process
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
+        # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
+        self.cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None
         self.cache_plan = plan_feature_cache(cfg, self.model, self.splits.train, self.augment,
-                                             distributed=self.dist.enabled, echo=self.echo)
+                                             distributed=self.dist.enabled, echo=self.echo,
+                                             deferred=self.cache_deferred)
+        self.cache_views = 0 if self.cache_deferred or not self.cache_plan.enabled else self.cache_plan.views
         self.feature_cache: FrozenFeatureCache | None = None  # built by _train (again on resume: deterministic)
         self.fingerprint = config_fingerprint(config_to_dict(cfg))
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
@@ -196,7 +206,8 @@ class Trainer:
             "pretrained_val_ap": self.pretrained_val_ap,
             "reference_val_ap": self.reference_val_ap,
             "planned": {"max_steps": self.cfg.train.max_steps, "eval_every": self.cfg.train.eval_every,
-                        "made": self.plan is not None, "recipe": self._recipe_schedule},
+                        "made": self.plan is not None, "recipe": self._recipe_schedule,
+                        "cache_views": self.cache_views, "cache_deferred": self.cache_deferred},
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -232,6 +243,8 @@ class Trainer:
             if planned.get("made"):
                 self.plan = Plan(planned["max_steps"], planned["eval_every"], math.nan, True, "resumed")
                 self._recipe_schedule = tuple(planned["recipe"]) if planned.get("recipe") else None
+            self.cache_views = planned.get("cache_views", self.cache_views)
+            self.cache_deferred = planned.get("cache_deferred", self.cache_deferred)
 
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
@@ -512,10 +525,7 @@ class Trainer:
         self.callbacks.call("on_train_start", self)
         has_val = self.splits.val is not None
         self.build_feature_cache()
-        batches = builders.iterate_training_batches(
-            self.feature_cache.batch_source() if self.feature_cache else self.splits.train, self.sampler,
-            self.position, cfg.data.num_workers
-        )
+        batches = self._training_batches()
         stop = self.step >= cfg.train.max_steps
         if has_val and self.step == 0 and selects_by_significance(cfg):
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
@@ -558,6 +568,11 @@ class Trainer:
                 timed.update(step=self.step, elapsed=self.elapsed)
             if self.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
                 self._plan_to_budget(speeds(), has_val, bar)
+                if self._cache_after_first_plan():  # steps are faster from here: time them again and re-plan
+                    batches = self._training_batches()
+                    self.plan, start_step, start_elapsed = None, self.step, self.elapsed
+                    timed.clear()
+                    t_last = self.clock()  # building the cache is not training time (the budget's clock counts it)
             if math.isfinite(value):
                 running = value if running is None else 0.9 * running + 0.1 * value
             lr = self.optimizer.param_groups[0]["lr"]
@@ -590,12 +605,32 @@ class Trainer:
             return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
 
+    def _training_batches(self):
+        """The batch stream from the current position: labels only once the cache holds the images' features."""
+        source = self.feature_cache.batch_source() if self.feature_cache else self.splits.train
+        return builders.iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers)
+
+    def _cache_after_first_plan(self) -> bool:
+        """Under a time budget (``feature_cache=auto``): build the cache when the planned epochs make it pay
+        (:func:`~dmlkit.engine.feature_cache.views_for_epochs`); True when it was built."""
+        if not (self.cache_deferred and self.cache_plan.enabled) or self.feature_cache is not None:
+            return False
+        self.cache_deferred = False
+        epochs = self.cfg.train.max_steps * (self.cfg.sampler.batch_size or 1) / max(len(self.splits.train), 1)
+        self.cache_views = views_for_epochs(epochs, self.cache_plan.views)
+        if not self.cache_views:
+            self.echo(f"feature cache: not built: the budget buys about {epochs:.1f} epochs, too few for cached views "
+                      f"to save more than they cost ({EPOCHS_PER_VIEW} epochs a view, at least {MIN_VIEWS} views)")
+            return False
+        self.build_feature_cache()
+        return True
+
     def build_feature_cache(self) -> None:
         """Run the frozen stages once on the cached views (``train.feature_cache``); steps then start from them."""
-        if not self.cache_plan.enabled or self.feature_cache is not None:
+        if not self.cache_views or self.feature_cache is not None:
             return
         self.feature_cache = FrozenFeatureCache.build(
-            self.model, self.splits.train, self.augment, views=self.cache_plan.views, seed=self.cfg.seed,
+            self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
             autocast_dtype=self.autocast_dtype, echo=self.echo,
             progress=bool(self.cfg.train.progress and self.dist.is_main))
         self.train_forward = self.model.forward_from_prefix

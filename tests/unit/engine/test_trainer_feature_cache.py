@@ -81,3 +81,23 @@ def test_a_resumed_run_rebuilds_the_cache_and_ends_with_the_same_weights(tmp_pat
     assert trained[0].keys() == trained[1].keys()
     for name in trained[0]:
         torch.testing.assert_close(trained[1][name], trained[0][name], rtol=0, atol=0, msg=name)
+
+
+def test_under_a_time_budget_the_cache_is_built_only_when_the_planned_epochs_make_it_pay(tmp_path, photo_root):
+    from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, views_for_epochs
+
+    assert [views_for_epochs(e, 8) for e in (2, 5.9, 6, 13, 100)] == [0, 0, 2, 4, 8]
+    lines = []
+    long = Trainer(photo_config(photo_root, "train.max_steps=40", "train.time_budget=100000"), tmp_path / "long",
+                   echo=lines.append)
+    assert long.cache_deferred and long.feature_cache is None
+    long.fit()
+    epochs = 40 * long.cfg.sampler.batch_size / len(long.splits.train)
+    assert long.feature_cache is not None and long.feature_cache.views == min(8, int(epochs // EPOCHS_PER_VIEW))
+    plans = [r for r in long.run.read_log() if r.get("kind") == "plan"]
+    assert [p["step"] for p in plans] == [4, 8]  # planned, cache built, steps timed again and planned again
+    assert any(line.startswith("feature cache: built in") for line in lines)
+    short = Trainer(photo_config(photo_root, "train.max_steps=5", "train.time_budget=100000"), tmp_path / "short",
+                    echo=lines.append)
+    assert short.fit().steps == 5 and short.feature_cache is None
+    assert any(line.startswith("feature cache: not built: the budget buys about") for line in lines)
