@@ -71,6 +71,8 @@ RECIPE_FIELDS = (
     "model.ensemble",
     "data.num_workers",
     "train.mixed_precision",
+    "train.feature_cache",  # resolved by dmlkit.engine.feature_cache once the model and the batches exist
+    "train.cache_views",
 )
 
 
