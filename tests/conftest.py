@@ -5,7 +5,9 @@ OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): a test or preset th
 while the other worker computes puts 3 threads on 2 cores, and spinning OpenMP threads then wait a
 scheduler slice at every parallel region (a 2-step cpu-* preset run: 41 s spinning, 2 s passive, on
 the loaded machine). And a test that sets the thread count (``train.num_threads`` runs in-process)
-gets it restored afterwards, so it does not leak into the worker's later tests.
+gets it restored afterwards, so it does not leak into the worker's later tests. Restoring is not the
+whole cure: a process that once trained on 2 threads stays slower on 1 (test_folder_train after
+test_export's 2-thread run: 30 s CPU, 5 s alone), so in-process training in tests asks for one thread.
 """
 
 import os

@@ -8,7 +8,7 @@ that a command runs after the commands whose ``--out`` it names (``runs/ms`` is 
 pages that evaluate, embed, export or report it), in-process through ``dmlkit.cli.main.main``.
 
 Shortened form: ``train`` (except ``--resume``: its saved config is capped already), ``crossval``
-and ``sweep`` get :data:`CAP` appended (2 steps, one model, no clustering) and, unless they name
+and ``sweep`` get :data:`CAP` appended (2 steps, one model, no clustering, one thread) and, unless they name
 their own data, :data:`SMALL_DATA`; ``--seeds`` keeps its
 first seed, ``--trials`` becomes 2 and ``crossval`` runs fold 0 only. The commands that name the Pets
 folder (``../shared/data/pets/images``: 37 breeds x 10 photos, every photo embedded at 224+ px by each
@@ -44,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^(?P<marker><!-- not run in CI: (?P<reason>[^>]*?) -->\n)?```[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
 COMMAND = re.compile(r"^\s*(?:\$ )?(?:\.venv/bin/)?dmlkit\s")
 
-#: Appended to every training command: two steps, one model, no clustering (the examples' shortened form).
+#: Appended to every training command: two steps, one model, no clustering, one torch thread (the cpu-*
+#: presets ask for 2; the commands run in the test process, which stays slower after a 2-thread run).
 CAP = ["--set", "train.max_steps=2", "--set", "train.eval_every=1", "--set", "model.ensemble=1",
-       "--set", "model.shift_average=0", "--set", "eval.clustering=false"]
+       "--set", "model.shift_average=0", "--set", "eval.clustering=false", "--set", "train.num_threads=1"]
 
 #: Appended unless the command names its own data: sklearn's digits (1,797 8x8 images, embedded) for the
 #: embedded MNIST-5k, whose 500-image test classes make exact MAP@R the slowest part of a 2-step run.
