@@ -1,10 +1,29 @@
 """Suite-wide settings: one torch thread per test process (the suite runs on 2 cores with 2 xdist
-workers), inherited by the CLI subprocesses the integration tests start."""
+workers), inherited by the CLI subprocesses the integration tests start.
+
+OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): a test or preset that asks for 2 threads
+while the other worker computes puts 3 threads on 2 cores, and spinning OpenMP threads then wait a
+scheduler slice at every parallel region (a 2-step cpu-* preset run: 41 s spinning, 2 s passive, on
+the loaded machine). And a test that sets the thread count (``train.num_threads`` runs in-process)
+gets it restored afterwards, so it does not leak into the worker's later tests. Restoring is not the
+whole cure: a process that once trained on 2 threads stays slower on 1 (test_folder_train after
+test_export's 2-thread run: 30 s CPU, 5 s alone), so in-process training in tests asks for one thread.
+"""
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """The worker's torch thread count after each test is the one before it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -8,10 +8,14 @@ that a command runs after the commands whose ``--out`` it names (``runs/ms`` is 
 pages that evaluate, embed, export or report it), in-process through ``dmlkit.cli.main.main``.
 
 Shortened form: ``train`` (except ``--resume``: its saved config is capped already), ``crossval``
-and ``sweep`` get :data:`CAP` appended (2 steps, one model, no clustering) and, unless they name
+and ``sweep`` get :data:`CAP` appended (2 steps, one model, no clustering, one thread) and, unless they name
 their own data, :data:`SMALL_DATA`; ``--seeds`` keeps its
-first seed, ``--trials`` becomes 2 and ``crossval`` runs fold 0 only. Files the examples read but no
-example writes are made by :data:`FIXTURES`.
+first seed, ``--trials`` becomes 2 and ``crossval`` runs fold 0 only. The commands that name the Pets
+folder (``../shared/data/pets/images``: 37 breeds x 10 photos, every photo embedded at 224+ px by each
+``train`` evaluation and each ``index build``) read :func:`small_pets` instead: the first
+:data:`PETS_BREEDS` breeds with :data:`PETS_PHOTOS` photos each, same folder layout and file names (the
+queried ``Abyssinian/Abyssinian_12.jpg`` among them). Files the examples read but no example writes are
+made by :data:`FIXTURES`.
 
 Python: a ```` ```python ```` block whose fence is preceded by the line ``<!-- runs in CI -->`` runs
 as written (``../shared/`` made absolute), in a temporary directory; the blocks of one page share
@@ -40,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^(?P<marker><!-- not run in CI: (?P<reason>[^>]*?) -->\n)?```[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
 COMMAND = re.compile(r"^\s*(?:\$ )?(?:\.venv/bin/)?dmlkit\s")
 
-#: Appended to every training command: two steps, one model, no clustering (the examples' shortened form).
+#: Appended to every training command: two steps, one model, no clustering, one torch thread (the cpu-*
+#: presets ask for 2; the commands run in the test process, which stays slower after a 2-thread run).
 CAP = ["--set", "train.max_steps=2", "--set", "train.eval_every=1", "--set", "model.ensemble=1",
-       "--set", "model.shift_average=0", "--set", "eval.clustering=false"]
+       "--set", "model.shift_average=0", "--set", "eval.clustering=false", "--set", "train.num_threads=1"]
 
 #: Appended unless the command names its own data: sklearn's digits (1,797 8x8 images, embedded) for the
 #: embedded MNIST-5k, whose 500-image test classes make exact MAP@R the slowest part of a 2-step run.
@@ -167,9 +172,30 @@ FIXTURES = {
 }
 
 
+#: The Pets folder the docs name, and the part of it the shortened commands read (see :func:`small_pets`).
+PETS = "../shared/data/pets/images"
+PETS_BREEDS = 8
+PETS_PHOTOS = 5
+
+
+def small_pets(workdir: Path) -> Path:
+    """``workdir/pets``: a copy of the first :data:`PETS_BREEDS` breeds of the Pets folder (sorted),
+    :data:`PETS_PHOTOS` photos each (sorted names; Abyssinian's include ``Abyssinian_12.jpg``)."""
+    small = workdir / "pets"
+    if not small.exists():
+        source = ROOT.parent / PETS.removeprefix("../")
+        for breed in sorted(p for p in source.iterdir() if p.is_dir())[:PETS_BREEDS]:
+            (small / breed.name).mkdir(parents=True)
+            for photo in sorted(breed.glob("*.jpg"))[:PETS_PHOTOS]:
+                shutil.copy(photo, small / breed.name / photo.name)
+    return small
+
+
 def run_example(argv: list[str], workdir: Path) -> tuple[int, str]:
     from dmlkit.cli.main import main
 
+    if any(PETS in token for token in argv):
+        argv = [token.replace(PETS, str(small_pets(workdir))) for token in argv]
     # the docs name the shared data as seen from the repository root; the examples run elsewhere
     argv = [token.replace("../shared/", f"{ROOT.parent / 'shared'}/") for token in argv]
 

@@ -25,7 +25,7 @@ def tiny_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("export") / "run"
     cfg = load_config(overrides=[
         "train.max_steps=3", "train.progress=false", "eval.clustering=false", "eval.save_embeddings=false",
-        "train.num_threads=2",
+        "train.num_threads=1",
     ])
     Trainer(cfg, run_dir, echo=lambda text: None).fit()
     return run_dir
