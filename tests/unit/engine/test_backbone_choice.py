@@ -64,7 +64,7 @@ def test_the_boundary_is_the_formula():
 
 def test_costs_scale_with_the_view_area():
     """Measured at 224 px; a 112-px view costs a quarter, so the same budget affords Lite2 on 4x the data."""
-    n, embed = 5000, 2000
+    n, embed = 8000, 2000
     assert choose(CPU, n, embed)[0] == LITE0
     assert choose(CPU, n, embed, train_size=112, eval_size=112)[0] == LITE2
 
