@@ -34,6 +34,13 @@ SAFETY_MARGIN = 0.03
 EVALUATION_SHARE = 0.15
 EVALUATIONS = (3, 12)
 
+#: Training steps a plan wants between two validations (issue 40): a plan that buys few steps validates
+#: rarely (once at the end when it buys fewer than this), instead of after every step or two.
+MIN_STEPS_PER_EVALUATION = 25
+
+#: A plan that buys fewer steps than this says so, and why (what the rest of the budget goes to).
+FEW_STEPS = 300
+
 
 @dataclass(frozen=True)
 class Speeds:
@@ -80,8 +87,11 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
                     f"{ceiling} steps fit the {budget:.0f}-s budget (predicted end {seconds:.0f} s)")
     every = eval_every if interval is None else interval
     if has_val and interval is None:
-        count = min(EVALUATIONS[1], max(EVALUATIONS[0], int(EVALUATION_SHARE * budget / max(eval_s, 1e-9))))
+        count = evaluation_count(budget, eval_s)
         affordable = max(0.0, left - count * eval_s) / step_s
+        while count > 1 and affordable < count * MIN_STEPS_PER_EVALUATION:  # few steps: fewer validations
+            count -= 1
+            affordable = max(0.0, left - count * eval_s) / step_s
         every = max(1, math.ceil(affordable / count))
     per_step = step_s + (eval_s / every if has_val else 0.0)
     steps = step + max(0, int(left / per_step))
@@ -89,10 +99,20 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
         steps -= 1
     steps = max(step, min(ceiling, steps), 1)
     seconds = spent + cost(steps, every) + speeds.test_seconds
-    return Plan(steps, every, seconds, True,
-                f"{steps} of {ceiling} steps fit the {budget:.0f}-s budget at {speeds.step_seconds:.2f} s a step"
-                + (f", a validation every {every} steps ({eval_s:.1f} s each)" if has_val else "")
-                + f" and {speeds.test_seconds:.0f} s for the test split (predicted end {seconds:.0f} s)")
+    reason = (f"{steps} of {ceiling} steps fit the {budget:.0f}-s budget at {speeds.step_seconds:.2f} s a step"
+              + (f", a validation every {every} steps ({eval_s:.1f} s each)" if has_val else "")
+              + f" and {speeds.test_seconds:.0f} s for the test split (predicted end {seconds:.0f} s)")
+    if steps - step < FEW_STEPS:
+        evals = (steps // every - step // every + (steps % every != 0)) if has_val else 0
+        reason += (f"; only {steps - step} steps, fewer than the {FEW_STEPS} fine-tuning needs to show: {spent:.0f} s "
+                   f"were spent before this plan, {speeds.test_seconds:.0f} s go to the test split and "
+                   f"{evals * eval_s:.0f} s to {evals} validation(s)")
+    return Plan(steps, every, seconds, True, reason)
+
+
+def evaluation_count(budget: float, eval_seconds: float) -> int:
+    """Validations a binding plan spreads: :data:`EVALUATION_SHARE` of the budget, within :data:`EVALUATIONS`."""
+    return min(EVALUATIONS[1], max(EVALUATIONS[0], int(EVALUATION_SHARE * budget / max(eval_seconds, 1e-9))))
 
 
 def estimate_test_seconds(eval_seconds: float, num_val: int, num_test: int) -> float:

@@ -45,6 +45,7 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.engine.learning_plan import plan_for_run
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
@@ -117,7 +118,9 @@ class Trainer:
             cfg, survey, self.echo, accelerator=self.device.type == "cuda")
         backbone_choice.choose_for_run(cfg, survey, model_choices, self.device)  # Lite0/1/2 by the time budget
         built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
-        model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=self.device))  # small photos
+        model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=self.device))  # photos
+        model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=self.device,
+                                          spent=self.wall_clock() - self.started))  # frozen stages, cached views
         # transforms follow the model's preprocessing
         self.splits = data if data is not None else builders.build_splits(cfg, built, survey)
         self.recipe = builders.apply_recipe(cfg, self.splits, self.echo, bf16_native=builders.native_bf16(self.device),
@@ -166,7 +169,8 @@ class Trainer:
         self.forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
-        self.cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None
+        self.cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
+            and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
         self.cache_plan = plan_feature_cache(cfg, self.model, self.splits.train, self.augment,
                                              distributed=self.dist.enabled, echo=self.echo,
                                              deferred=self.cache_deferred)

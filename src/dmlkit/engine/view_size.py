@@ -16,13 +16,13 @@ with the view on the development sets), and their time is saved.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torch import nn
 
 from dmlkit.config import recipe
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import builders, distributed, pooling_choice
 from dmlkit.engine.seeding import rng_state, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
@@ -79,15 +79,26 @@ def choose_view_size(per_query: Mapping[int, torch.Tensor]) -> tuple[int, str]:
                   f"{gain:+.4f} +- {error:.4f})")
 
 
-def measures_view_size(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
-    """Whether the view size is measured: photo files on disk whose view and training crop the recipe chose
-    (neither set by the user), read through the recipe's pipeline by a pretrained backbone."""
+def _photo_files(cfg: Any, survey: Any) -> bool:
+    """Photo files on disk read through the recipe's pipeline by a pretrained backbone."""
     train = survey.train
     on_disk = getattr(train, "paths", None) and getattr(train, "images", None) is None \
         and not hasattr(train, "sample_images")
-    return bool(on_disk) and "data.image_size" in model_choices and "data.crop_size" in model_choices \
-        and model_choices["data.image_size"][0] == recipe.PHOTO_EVAL_SIZES[0] and cfg.data.pipeline == "recipe" \
-        and recipe.uses_pretrained_weights(cfg)
+    return bool(on_disk) and cfg.data.pipeline == "recipe" and recipe.uses_pretrained_weights(cfg)
+
+
+def measures_view_size(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
+    """Whether the view size is measured: photo files on disk whose view and training crop the recipe chose
+    (neither set by the user), read through the recipe's pipeline by a pretrained backbone."""
+    return _photo_files(cfg, survey) and "data.image_size" in model_choices and "data.crop_size" in model_choices \
+        and model_choices["data.image_size"][0] == recipe.PHOTO_EVAL_SIZES[0]
+
+
+def measures_pooling(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
+    """Whether pooling and the mirror average are measured (issue 40): photo files, a pretrained Embedder, and
+    at least one of ``model.pooling`` / ``model.flip_average`` left to the recipe."""
+    return _photo_files(cfg, survey) and pooling_choice.is_embedder(model) \
+        and ("model.pooling" in model_choices or "model.flip_average" in model_choices)
 
 
 def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
@@ -109,50 +120,84 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
                       device: torch.device) -> dict[str, tuple[Any, str]]:
-    """``data.image_size`` and ``data.crop_size`` (``{field: (value, reason)}``, written into ``cfg``) measured
-    on the validation classes with the untrained ``model``; ``{}`` when the recipe's rule stands.
+    """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
+    (small photos), and ``model.pooling`` / ``model.flip_average`` (photos, issue 40), as
+    ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
+    recipe's rules stand.
 
     Runs between building the model and decoding the splits (``survey`` is
-    :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reason
-    holds the measured table (size: validation MAP@R, seconds) and the decision.
+    :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reasons
+    hold the measured tables (validation MAP@R, seconds) and the decisions.
     """
-    if not measures_view_size(cfg, survey, model_choices):
+    sizing = measures_view_size(cfg, survey, model_choices)
+    pooling = measures_pooling(cfg, survey, model, model_choices)
+    if not (sizing or pooling):
         return {}
     profile = recipe.profile_split(survey.train)
     side = min(profile.height, profile.width)
-    sizes = candidate_sizes(side)
-    val = validation_split(cfg, survey, profile) if 0 < side < MEASURED_BELOW and len(sizes) > 1 else None
+    sizes = candidate_sizes(side) if sizing and 0 < side < MEASURED_BELOW else []
+    if len(sizes) < 2:
+        sizes = [int(cfg.data.image_size or model_choices.get("data.image_size", (recipe.PHOTO_TRAIN_SIZE,))[0])]
+        sizing = False
+    val = validation_split(cfg, survey, profile) if sizing or pooling else None
     if val is None:
         return {}
+    configurations = pooling_choice.candidates(model_choices, model) if pooling else None
     state = rng_state()
     try:
         table = distributed.broadcast_object(
-            measure_sizes(cfg, model, val, sizes, device=device) if distributed.is_main_process() else None)
+            measure_sizes(cfg, model, val, sizes, device=device, configurations=configurations)
+            if distributed.is_main_process() else None)
     finally:
         set_rng_state(state)
-    size, decision = choose_view_size({s: ap for s, (ap, _) in table.items()})
-    queries = int(next(iter(table.values()))[0].numel())
-    measured = ", ".join(f"{s}: {float(table[s][0].nanmean()):.4f} ({table[s][1]:.1f} s)" if s in table
-                         else f"{s}: not measured" for s in sizes)
-    choices = {
-        "data.image_size": (size, f"median image {profile.height}x{profile.width}, below {MEASURED_BELOW} px: view "
-                                  f"sizes measured with the untrained backbone on {queries} images of "
-                                  f"{len(val.class_names)} validation classes, MAP@R (time) {measured}; {decision}"),
-        "data.crop_size": (size, f"small photos: random crops at the {size}-px view"),
-    }
+        model.train(model.training)  # the measurement ran the shared trunk in eval mode
+    best = {s: m.per_query[pooling_choice.best_configuration(m.per_query)] for s, m in table.items()}
+    size = choose_view_size(best)[0] if sizing else sizes[0]
+    queries = int(next(iter(best.values())).numel())
+    where = f"{queries} images of {len(val.class_names)} validation classes"
+    choices: dict[str, tuple[Any, str]] = {}
+    if sizing:
+        decision = choose_view_size(best)[1]
+        measured = ", ".join(f"{s}: {float(best[s].nanmean()):.4f} ({table[s].seconds:.1f} s)" if s in table
+                             else f"{s}: not measured" for s in sizes)
+        choices["data.image_size"] = (size, f"median image {profile.height}x{profile.width}, below {MEASURED_BELOW} px: "
+                                            f"view sizes measured with the untrained backbone on {where}, MAP@R (time) "
+                                            f"{measured}; {decision}")
+        choices["data.crop_size"] = (size, f"small photos: random crops at the {size}-px view")
+    if pooling:
+        per_config = table[size].per_query
+        (pool, flip), decision = pooling_choice.choose_pooling(per_config, table[size].labels)
+        scores = ", ".join(f"{pooling_choice.describe(c)} {float(ap.nanmean()):.4f}" for c, ap in per_config.items())
+        reason = f"measured at {size} px with the untrained backbone on {where}: {scores}; {decision}"
+        if "model.pooling" in model_choices:
+            choices["model.pooling"] = (pool, reason)
+        if "model.flip_average" in model_choices:
+            choices["model.flip_average"] = (flip, f"{'kept' if flip else 'dropped'}: see model.pooling"
+                                             if "model.pooling" in model_choices else reason)
+        pooling_choice.apply_to_model(model, (pool, flip))
     recipe.apply(cfg, choices)
     return choices
 
 
-def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *,
-                  device: torch.device) -> dict[int, tuple[torch.Tensor, float]]:
-    """``{size: (per-query AP@R, seconds)}``, measured from the largest size down until one is not
-    :func:`tolerated` beside the best so far (the smaller ones are not measured).
+class Measured(NamedTuple):
+    """One view size's measurement: per-query AP@R of each configuration, seconds, the queries' labels."""
+
+    per_query: dict[Any, torch.Tensor]
+    seconds: float
+    labels: torch.Tensor
+
+
+def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: torch.device,
+                  configurations: tuple[tuple[str, ...], tuple[bool, ...]] | None = None) -> dict[int, Measured]:
+    """``{size: ({configuration: per-query AP@R}, seconds)}``, measured from the largest size down until the
+    size's best configuration is not :func:`tolerated` beside the best so far (the smaller ones are not measured).
 
     ``val``'s images (at most :data:`MEASURED_IMAGES`) are decoded once, then cut to each size's
     evaluation view, normalised as the model's preprocessing asks (:func:`dmlkit.data.splits.query_split`:
-    exactly as the decoded evaluation splits) and embedded by ``model`` (its flip averaging, the
-    inference copy, the run's autocast) on ``device``.
+    exactly as the decoded evaluation splits) and embedded on ``device`` under the run's autocast, through
+    the inference copy. ``configurations`` (poolings, mirror settings; an Embedder ``model`` only): every
+    pairing is scored from one trunk pass over the image and its mirror
+    (:class:`~dmlkit.engine.pooling_choice.PooledViews`); None: ``model`` as it is, under the key None.
     """
     mode = getattr(val, "mode", None) or "RGB"
     images, labels = _decode(val, mode, MEASURED_IMAGES, cfg.data.skip_bad_images)
@@ -161,14 +206,20 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *,
     precision = cfg.train.mixed_precision
     if precision == "auto":  # as the recipe resolves it later
         precision = "bf16" if builders.native_bf16(device) else "none"
-    out: dict[int, tuple[torch.Tensor, float]] = {}
+    probe = None if configurations is None else pooling_choice.PooledViews(model.trunk, configurations[0])
+    out: dict[int, Measured] = {}
+    best: dict[int, torch.Tensor] = {}
     for size in sorted(sizes, reverse=True):
         start = time.perf_counter()
         split = view_split(images, size, cfg.data.name, preprocessing, mode)
-        embeddings, _ = embed_dataset(model, split, cfg.eval.batch_size, 0, autocast_dtype(precision))
-        out[size] = (map_at_r_per_query(embeddings, labels, backend=cfg.eval.backend), time.perf_counter() - start)
-        scores = {s: ap for s, (ap, _) in out.items()}
-        if not tolerated(scores[size], scores[best_size(scores)])[0]:
+        embedded, _ = embed_dataset(probe if probe is not None else model, split, cfg.eval.batch_size, 0,
+                                    autocast_dtype(precision))
+        per_config = {None: embedded} if probe is None else pooling_choice.embeddings_by_configuration(
+            model, embedded, *configurations)
+        scored = {c: map_at_r_per_query(e, labels, backend=cfg.eval.backend) for c, e in per_config.items()}
+        out[size] = Measured(scored, time.perf_counter() - start, labels)
+        best[size] = scored[pooling_choice.best_configuration(scored)]
+        if not tolerated(best[size], best[best_size(best)])[0]:
             break  # smaller views are taken to lose too: their time is saved
     return dict(sorted(out.items()))
 

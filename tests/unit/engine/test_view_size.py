@@ -164,7 +164,7 @@ def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     survey = builders.survey_data(cfg)
     measured = measure_sizes(cfg, trainer.model, validation_split(cfg, survey, profile_split(survey.train)), [size],
                              device=torch.device("cpu"))
-    assert torch.allclose(measured[size][0], map_at_r_per_query(*trainer.embed(trainer.splits.val)), atol=1e-6)
+    assert torch.allclose(measured[size][0][None], map_at_r_per_query(*trainer.embed(trainer.splits.val)), atol=1e-6)
     val = trainer.splits.val
     photos = [decode_image(path, "RGB", "a validation photo") for path in val.paths]
     views = view_split(photos, size, "folder", trainer.model.pretrained_cfg)
@@ -178,14 +178,15 @@ def test_photos_of_224_px_and_more_keep_the_recipes_rule_unmeasured(tmp_path):
     cfg = photo_config(root)
     Trainer(cfg, tmp_path / "run", echo=printed.append)
     assert cfg.data.image_size == 256 and cfg.data.crop_size == 224  # photo_eval_size: 300 px holds a 256 view
-    assert "measured" not in "\n".join(printed)
+    assert "view sizes measured" not in "\n".join(printed)
+    assert "model.pooling = avg  (measured at 256 px" in "\n".join(printed)  # pooling is measured at the recipe's view
 
 
 def test_a_users_view_size_is_not_measured(small_photos, tmp_path):
     printed: list[str] = []
     cfg = photo_config(small_photos, "data.image_size=224")
     Trainer(cfg, tmp_path / "run", echo=printed.append)
-    assert cfg.data.image_size == 224 and "measured" not in "\n".join(printed)
+    assert cfg.data.image_size == 224 and "view sizes measured" not in "\n".join(printed)
 
 
 class SharpAboveOnly(nn.Module):
@@ -207,6 +208,6 @@ def test_the_measurement_runs_down_from_224_and_stops_at_the_first_size_that_los
     train = builders.survey_data(cfg).train  # 4 classes of 5 photos, files not decoded
     measured = measure_sizes(cfg, SharpAboveOnly(160), train, [96, 128, 160, 224], device=torch.device("cpu"))
     assert list(measured) == [128, 160, 224]  # 128 lost against 224: 96 was not measured
-    assert float(measured[224][0].mean()) == float(measured[160][0].mean()) == 1.0  # colours tell the classes apart
-    assert float(measured[128][0].mean()) < 0.9 and all(seconds >= 0 for _, seconds in measured.values())
-    assert choose_view_size({s: ap for s, (ap, _) in measured.items()})[0] == 160
+    assert float(measured[224][0][None].mean()) == float(measured[160][0][None].mean()) == 1.0  # colours tell apart
+    assert float(measured[128][0][None].mean()) < 0.9 and all(m.seconds >= 0 for m in measured.values())
+    assert choose_view_size({s: ap[None] for s, (ap, _, _) in measured.items()})[0] == 160

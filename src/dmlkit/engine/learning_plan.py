@@ -1,0 +1,228 @@
+"""Frozen stages and cached views that buy the most learning in the time budget (issue 40).
+
+On a CPU without native bf16 a fine-tuning step of EfficientNet-Lite0 with its first 2 feature
+stages frozen cost 7.3 s for 64 photos at 224 px, and the 720-s budget of the 84-px development set
+bought 5 steps. The frozen stages, though, need not run at every step: behind the feature cache
+(:mod:`dmlkit.engine.feature_cache`) they run once per cached view, and a step runs only the
+stages that train. Each further frozen stage makes both the step and the cache's stored features
+smaller. So before the splits are decoded, :func:`measure_stage_costs` times on this machine, for
+each frozen-stage count ``k`` from the recipe's up to the backbone's last stage, a pass of the stem
+and the ``k`` frozen stages (what a cached view costs per image) and a training step from their
+output (forward and backward of the rest, per image), and :func:`plan_learning` predicts the
+steps each ``k`` buys:
+
+    left  = budget x (1 - SAFETY_MARGIN) - spent - (val x (1 + evaluations) + test) x embed
+    steps = (left - V x images x prefix_k) / (batch x step_k)          (V cached views)
+    steps = left / (batch x (prefix_k + step_k))                       (no cache)
+
+with ``V`` one view per :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs those steps
+give (:func:`~dmlkit.engine.feature_cache.views_for_epochs`; none below 2). The rule: the fewest
+frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps; when none does,
+the count that buys the most, and the plan says that it is short of the target and why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from dmlkit.engine import budget
+from dmlkit.engine.feature_cache import MAX_VIEWS, memory_cap, views_for_epochs
+
+#: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
+TARGET_STEPS = 300
+
+#: Images per timed pass (the speed per image at the run's batches of ~64 is a little better: the plan errs low).
+TIMED_BATCH = 8
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Seconds per training image with ``frozen_stages`` frozen: through the frozen stages (a cached view),
+    and a training step from their output (forward + backward of the rest); bytes of one cached view."""
+
+    frozen_stages: int
+    prefix: float
+    step: float
+    view_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LearningPlan:
+    """The frozen stages and cached views chosen, the steps predicted, and why (one line per candidate)."""
+
+    frozen_stages: int
+    views: int
+    steps: int
+    reason: str
+
+
+def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int) -> tuple[int, int]:
+    """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of a cache and none."""
+    plain = int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12))
+    best = (plain, 0)
+    views = 2
+    for _ in range(3):  # views follow the epochs the cached steps buy, which follow the views' cost
+        steps = int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12))
+        wanted = views_for_epochs(steps * batch / max(images, 1), most_views)
+        if not wanted or wanted == views:
+            break
+        views = wanted
+    steps = int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12))
+    if views_for_epochs(steps * batch / max(images, 1), most_views) and steps > best[0]:
+        best = (steps, views)
+    return best
+
+
+def plan_learning(*, time_budget: float, spent: float, train_images: int, batch: int, val_images: int,
+                  test_images: int, embed_seconds: float, costs: Sequence[StageCost],
+                  memory: int | None = None, target: int = TARGET_STEPS) -> LearningPlan:
+    """The frozen-stage count and cached views that buy the most learning (module docstring), and why.
+
+    ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
+    are the step-0 one and the evaluations :func:`dmlkit.engine.budget.evaluation_count` spreads.
+    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.feature_cache.memory_cap`).
+    """
+    if not costs:
+        raise ValueError("plan_learning needs the cost of at least one frozen-stage count.")
+    cap = memory_cap() if memory is None else memory
+    evaluations = budget.evaluation_count(time_budget, val_images * embed_seconds) if val_images else 0
+    embedding = (val_images * (1 + evaluations) + test_images) * embed_seconds
+    left = time_budget * (1.0 - budget.SAFETY_MARGIN) - spent - embedding
+    rows, bought = [], {}
+    for cost in sorted(costs, key=lambda c: c.frozen_stages):
+        most = min(MAX_VIEWS, cap // max(cost.view_bytes * train_images, 1)) if cost.view_bytes else MAX_VIEWS
+        steps, views = _steps_for(cost, left, train_images, batch, int(most))
+        bought[cost.frozen_stages] = (steps, views)
+        cache = (f"{views} cached views ({views * train_images * cost.prefix:.0f} s), "
+                 f"{batch * cost.step:.2f} s a step" if views else
+                 f"no cache, {batch * (cost.prefix + cost.step):.2f} s a step")
+        rows.append(f"{cost.frozen_stages} frozen: {cache} -> {steps} steps")
+    enough = [k for k, (steps, _) in bought.items() if steps >= target]
+    chosen = min(enough) if enough else max(bought, key=lambda k: (bought[k][0], -k))
+    steps, views = bought[chosen]
+    head = (f"{val_images} validation images x {1 + evaluations} evaluations and "
+            f"{test_images} test images take {embedding:.0f} s ({embed_seconds * 1000:.1f} ms an image), "
+            f"{max(left, 0.0):.0f} s of the {time_budget:.0f}-s budget are left to train")
+    if enough:
+        why = f"the fewest frozen stages whose plan buys {target} steps"
+    else:
+        why = (f"SHORT OF {target} STEPS: no frozen-stage count buys them on this machine (the embeddings alone take "
+               f"{embedding:.0f} s); {chosen} frozen buys the most")
+    return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows))
+
+
+def _timed(fn: Callable[[], Any], repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bool]) -> None:
+    """``model``'s trunk trained from stage ``count`` on: the parameters' original flags, then ``count`` frozen."""
+    for param, flag in trainable.items():
+        param.requires_grad_(flag)
+    model.trunk.freeze_stages(count)
+
+
+def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *,
+                        device: torch.device, dtype: torch.dtype | None) -> list[StageCost]:
+    """A :class:`StageCost` for each frozen-stage count in ``counts`` (at least the model's own), timed on
+    :data:`TIMED_BATCH` random crops of ``crop`` px under the run's autocast; the model is left as it was."""
+    trainable = {p: p.requires_grad for p in model.parameters()}
+    was_training, own = model.training, model.trunk.frozen_stages
+    x = torch.randn(TIMED_BATCH, 3, crop, crop, device=device)
+    out = []
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for count in counts:
+                _frozen_to(model, count, trainable)
+                model.train()
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    features = model.prefix(x[:1])
+
+                    def step() -> None:
+                        loss = model.forward_from_prefix(features).float().square().sum()
+                        loss.backward()
+                        model.zero_grad(set_to_none=True)
+
+                    step()  # warm-up: allocations, kernels
+                    prefix = _timed(lambda: model.prefix(x))
+                    features = model.prefix(x)
+                    seconds = _timed(step)
+                out.append(StageCost(count, prefix / len(x), seconds / len(x), features[:1].numel() * 2))
+    finally:
+        _frozen_to(model, own, trainable)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return out
+
+
+def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: torch.dtype | None) -> float:
+    """Seconds per embedded image at ``size`` px (eval mode, the model's mirror average), timed on a batch."""
+    was_training = model.training
+    x = torch.randn(TIMED_BATCH, 3, size, size, device=device)
+    model.eval()
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            model(x[:1])
+            return _timed(lambda: model(x)) / len(x)
+    finally:
+        model.train(was_training)
+
+
+__all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "measure_stage_costs", "plan_learning"]
+
+
+def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
+    """Whether the frozen stages are planned: the recipe chose them (a pretrained timm backbone on a CPU), the run
+    has a time budget (``train.time_budget``, or the recipe's steps and so its default budget), the model's trunk
+    splits after its frozen stages (:meth:`~dmlkit.models.Embedder.prefix_problem`), one model, the feature cache
+    not switched off, its views and the training crops left to the recipe."""
+    t = cfg.train
+    budgeted = t.time_budget is not None or t.max_steps is None
+    return bool(model_choices.get("model.frozen_stages", (0,))[0]) and budgeted and t.feature_cache == "auto" \
+        and t.cache_views is None and (cfg.model.ensemble or 1) == 1 and cfg.data.augment in ("auto", "crop") \
+        and hasattr(model, "prefix_problem") and model.prefix_problem() is None
+
+
+def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
+                 device: torch.device, spent: float) -> dict[str, tuple[Any, str]]:
+    """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the
+    frozen stages into ``model``) that :func:`plan_learning` chooses from costs measured now; ``{}`` when
+    :func:`plans_learning` says no. ``spent``: seconds of the run gone so far."""
+    from dmlkit.config import recipe
+    from dmlkit.engine import backbone_choice, distributed
+
+    if not plans_learning(cfg, model, model_choices) or distributed.torchrun_local_rank() is not None:
+        return {}
+    own = int(cfg.model.frozen_stages)
+    stages = len(getattr(model.trunk.model, "feature_info", None) or [])
+    dtype = backbone_choice._run_autocast_dtype(cfg, device)
+    size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
+    crop = int(cfg.data.crop_size or size)
+    costs = measure_stage_costs(model, list(range(own, stages + 1)), crop, device=device, dtype=dtype)
+    per_image = embed_seconds(model, size, device=device, dtype=dtype)
+    train_images, to_embed = backbone_choice._images_to_embed(cfg, survey)
+    test_images = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
+                      if getattr(survey, split, None) is not None)
+    val_images = (to_embed - test_images) // (1 + recipe.FINETUNE_EVALUATIONS)
+    budget_s = float(cfg.train.time_budget if cfg.train.time_budget is not None else budget.DEFAULT_TIME_BUDGET)
+    plan = plan_learning(time_budget=budget_s, spent=spent, train_images=max(train_images, 1),
+                         batch=int(cfg.sampler.batch_size or 64), val_images=val_images, test_images=test_images,
+                         embed_seconds=per_image, costs=costs)
+    choices: dict[str, tuple[Any, str]] = {"model.frozen_stages": (plan.frozen_stages, f"planned for learning: {plan.reason}")}
+    if plan.views:
+        choices["train.cache_views"] = (plan.views, f"the plan's {plan.steps} steps from {plan.views} cached views "
+                                                    "of the frozen stages' output, built before the first step")
+    recipe.apply(cfg, choices)
+    if plan.frozen_stages != own:
+        model.trunk.freeze_stages(plan.frozen_stages)
+    return choices
