@@ -15,8 +15,8 @@ steps each ``k`` buys:
     steps = (left - V x images x prefix_k) / (batch x step_k)          (V cached views)
     steps = left / (batch x (prefix_k + step_k))                       (no cache)
 
-with ``V`` one view per :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs those steps
-give (:func:`~dmlkit.engine.feature_cache.views_for_epochs`; none below 2). The rule: the fewest
+with ``V`` the most views that leave :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs of steps
+per view (one view when its steps make an epoch), or no cache when that buys more steps. The rule: the fewest
 frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps; when none does,
 the count that buys the most, and the plan says that it is short of the target and why.
 """
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from dmlkit.engine import budget
-from dmlkit.engine.feature_cache import MAX_VIEWS, memory_cap, views_for_epochs
+from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -61,20 +61,20 @@ class LearningPlan:
     reason: str
 
 
-def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int) -> tuple[int, int]:
-    """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of a cache and none."""
-    plain = int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12))
-    best = (plain, 0)
-    views = 2
-    for _ in range(3):  # views follow the epochs the cached steps buy, which follow the views' cost
+def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
+               target: int) -> tuple[int, int]:
+    """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of no cache and the most views
+    (up to ``most_views``) that still leave :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs of steps
+    per view (one view when the steps it buys make at least one epoch: it costs one pass, each epoch without it one)
+    and, beyond one view, ``target`` steps (steps first, then the crops' variety)."""
+    best = (int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12)), 0)
+    for views in range(1, max(1, most_views) + 1):
         steps = int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12))
-        wanted = views_for_epochs(steps * batch / max(images, 1), most_views)
-        if not wanted or wanted == views:
+        epochs = steps * batch / max(images, 1)
+        if epochs < (1 if views == 1 else EPOCHS_PER_VIEW * views) or (views > 1 and steps < target):
             break
-        views = wanted
-    steps = int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12))
-    if views_for_epochs(steps * batch / max(images, 1), most_views) and steps > best[0]:
-        best = (steps, views)
+        if steps > best[0] or best[1]:  # a cache that beats none, then as many views as the steps serve
+            best = (steps, views)
     return best
 
 
@@ -96,7 +96,7 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     rows, bought = [], {}
     for cost in sorted(costs, key=lambda c: c.frozen_stages):
         most = min(MAX_VIEWS, cap // max(cost.view_bytes * train_images, 1)) if cost.view_bytes else MAX_VIEWS
-        steps, views = _steps_for(cost, left, train_images, batch, int(most))
+        steps, views = _steps_for(cost, left, train_images, batch, int(most), target)
         bought[cost.frozen_stages] = (steps, views)
         cache = (f"{views} cached views ({views * train_images * cost.prefix:.0f} s), "
                  f"{batch * cost.step:.2f} s a step" if views else

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dmlkit.engine.budget import CALIBRATION_STEPS, SAFETY_MARGIN
+from dmlkit.engine.budget import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
 from dmlkit.engine.trainer import Trainer
 
 
@@ -73,3 +73,32 @@ def test_a_resumed_run_keeps_its_plan(tmp_path, tiny_config, crash_in_step):
     assert 12 < planned < 1000
     resumed = Trainer(tiny_config(*overrides), tmp_path, resume=True, echo=lambda _: None)
     assert resumed.fit().steps == planned
+
+
+def test_a_slow_machine_validates_rarely_and_its_plan_says_why(tmp_path, tiny_config):
+    """Issue 40: 7.3 s a step and 63 s a validation in a 720-s budget; the plan trains its steps between few
+    validations (before: 3 validations spread over ~50 steps) and prints why it buys fewer than a few hundred."""
+    printed: list[str] = []
+    cfg = tiny_config("train.max_steps=2000", "train.time_budget=720", "protocol.val_class_fraction=0.4",
+                     "sampler.batch_size=24")
+    trainer = Trainer(cfg, tmp_path, echo=printed.append)
+    clock = StepClock(trainer, seconds=7.3)
+    validate = trainer.validate
+
+    def slow_validation():
+        clock.now += 63.0
+        return validate()
+
+    trainer.validate = slow_validation
+    result = trainer.fit()
+    plan, last = plans(tmp_path)[0], plans(tmp_path)[-1]  # re-planned after the validation
+    validations = [r for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())
+                   if r["kind"] == "eval" and r["split"] == "val"]
+    trained = plan["max_steps"] - plan["step"]
+    assert plan["eval_every"] >= trained >= MIN_STEPS_PER_EVALUATION  # planned: one validation, at the end
+    assert result.steps == last["max_steps"] >= plan["max_steps"]  # re-planned at the measured validation's speed
+    assert len(validations) <= 2 and validations[-1]["step"] == result.steps  # not one after every step or two
+    line = next(line for line in printed if line.startswith("time budget: "))
+    assert f"only {trained} steps, fewer than the {FEW_STEPS} fine-tuning needs to show" in line
+    assert "s go to the test split" in line and "to 1 validation(s)" in line
+    assert clock.now <= 720  # the budget held on the slow clock

@@ -1,0 +1,81 @@
+"""The time budget planned for learning (issue 40): frozen stages and cached views from measured costs, so that a
+slow machine trains hundreds of steps instead of a handful; the plan says what it measured and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmlkit.engine.budget import SAFETY_MARGIN, evaluation_count
+from dmlkit.engine.learning_plan import (
+    TARGET_STEPS,
+    StageCost,
+    embed_seconds,
+    measure_stage_costs,
+    plan_learning,
+)
+from dmlkit.models import create_model
+
+# Seconds per training image on a slow CPU without bf16, EfficientNet-Lite0 at 224 px (the issue's machine: a step of
+# 64 photos with 2 frozen stages took 7.3 s; an embedded image 0.05 s a view): the frozen stages' pass and a step from
+# their output, for 2 to 5 frozen stages.
+SLOW = [StageCost(2, 0.030, 0.084, 24 * 56 * 56 * 2), StageCost(3, 0.040, 0.060, 40 * 28 * 28 * 2),
+        StageCost(4, 0.046, 0.030, 112 * 14 * 14 * 2), StageCost(5, 0.048, 0.004, 320 * 7 * 7 * 2)]
+DEV_SET = dict(train_images=2560, batch=64, val_images=640, test_images=3200)
+
+
+def test_a_slow_machine_plans_hundreds_of_steps_behind_more_frozen_stages_and_the_cache():
+    plan = plan_learning(time_budget=720, spent=100, embed_seconds=0.05, costs=SLOW, memory=2**33, **DEV_SET)
+    # the recipe's 2 frozen stages without a cache: a 7.3-s step
+    evaluations = evaluation_count(720, 640 * 0.05)
+    left = 720 * (1 - SAFETY_MARGIN) - 100 - (640 * (1 + evaluations) + 3200) * 0.05
+    recipe_steps = int(left / (64 * (0.030 + 0.084)))
+    assert recipe_steps < 50
+    assert plan.frozen_stages == 5 and plan.views == 1
+    assert plan.steps == int((left - 2560 * 0.048) / (64 * 0.004)) >= TARGET_STEPS
+    # what it measured and why it chose
+    assert plan.reason.startswith(f"the fewest frozen stages whose plan buys {TARGET_STEPS} steps")
+    for frozen in (2, 3, 4, 5):
+        assert f"{frozen} frozen: " in plan.reason
+    assert "3200 test images" in plan.reason and "50.0 ms an image" in plan.reason
+
+
+def test_a_fast_machine_keeps_the_most_layers_training():
+    fast = [StageCost(c.frozen_stages, c.prefix / 20, c.step / 20, c.view_bytes) for c in SLOW]
+    plan = plan_learning(time_budget=720, spent=20, embed_seconds=0.0025, costs=fast, memory=2**33, **DEV_SET)
+    assert plan.frozen_stages == 2 and plan.steps >= TARGET_STEPS
+    assert plan.views >= 2  # long runs cache several views (one per 3 epochs)
+
+
+def test_a_plan_short_of_the_target_says_so_and_why():
+    plan = plan_learning(time_budget=720, spent=300, embed_seconds=0.1, costs=SLOW, memory=2**33, **DEV_SET)
+    assert plan.steps < TARGET_STEPS
+    assert plan.reason.startswith(f"SHORT OF {TARGET_STEPS} STEPS") and "the embeddings alone take" in plan.reason
+
+
+def test_the_memory_cap_limits_the_cached_views():
+    fast = [StageCost(2, 0.0015, 0.004, 24 * 56 * 56 * 2)]
+    roomy = plan_learning(time_budget=720, spent=20, embed_seconds=0.0025, costs=fast, memory=2**33, **DEV_SET)
+    tight = plan_learning(time_budget=720, spent=20, embed_seconds=0.0025, costs=fast,
+                          memory=2 * 2560 * 24 * 56 * 56 * 2, **DEV_SET)
+    assert roomy.views > 2 and tight.views == 2
+
+
+def test_plan_learning_needs_costs():
+    with pytest.raises(ValueError, match="at least one frozen-stage count"):
+        plan_learning(time_budget=720, spent=0, embed_seconds=0.01, costs=[], **DEV_SET)
+
+
+def test_measured_costs_fall_with_more_frozen_stages_and_the_model_is_left_as_it_was():
+    torch.manual_seed(0)
+    model = create_model("efficientnet_lite0", pretrained=False, embedding_size=None, pooling="gem",
+                         head_init="identity", freeze_bn=True, frozen_stages=2, flip_average=True)
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    costs = measure_stage_costs(model, [2, 5], 64, device=torch.device("cpu"), dtype=None)
+    assert [c.frozen_stages for c in costs] == [2, 5]
+    assert costs[0].view_bytes == 24 * 16 * 16 * 2 and costs[1].view_bytes == 320 * 2 * 2 * 2  # bf16 stored views
+    assert costs[1].prefix > costs[0].prefix  # more stages run once per cached view ...
+    assert all(c.prefix > 0 and c.step > 0 for c in costs)
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == trainable
+    assert model.trunk.frozen_stages == 2 and model.training and all(p.grad is None for p in model.parameters())
+    assert embed_seconds(model, 64, device=torch.device("cpu"), dtype=None) > 0 and model.training
