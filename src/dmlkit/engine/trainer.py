@@ -41,11 +41,11 @@ from dmlkit.engine.feature_cache import (
     plan_feature_cache,
     views_for_epochs,
 )
+from dmlkit.engine.learning_plan import plan_for_run
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
-from dmlkit.engine.learning_plan import plan_for_run
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
