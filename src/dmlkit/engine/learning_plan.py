@@ -183,12 +183,11 @@ __all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "measur
 
 def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
     """Whether the frozen stages are planned: the recipe chose them (a pretrained timm backbone on a CPU), the run
-    has a time budget (``train.time_budget``, or the recipe's steps and so its default budget), the model's trunk
+    leaves the steps to the recipe (so the run has a time budget: ``train.time_budget`` or the default), the model's trunk
     splits after its frozen stages (:meth:`~dmlkit.models.Embedder.prefix_problem`), one model, the feature cache
     not switched off, its views and the training crops left to the recipe."""
     t = cfg.train
-    budgeted = t.time_budget is not None or t.max_steps is None
-    return bool(model_choices.get("model.frozen_stages", (0,))[0]) and budgeted and t.feature_cache == "auto" \
+    return bool(model_choices.get("model.frozen_stages", (0,))[0]) and t.max_steps is None and t.feature_cache == "auto" \
         and t.cache_views is None and (cfg.model.ensemble or 1) == 1 and cfg.data.augment in ("auto", "crop") \
         and hasattr(model, "prefix_problem") and model.prefix_problem() is None
 
@@ -197,7 +196,10 @@ def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping
                  device: torch.device, spent: float) -> dict[str, tuple[Any, str]]:
     """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the
     frozen stages into ``model``) that :func:`plan_learning` chooses from costs measured now; ``{}`` when
-    :func:`plans_learning` says no. ``spent``: seconds of the run gone so far."""
+    :func:`plans_learning` says no. ``spent``: seconds of the run gone so far. When the plan keeps the recipe's
+    frozen stages, the cached views stay with the budget's first plan (``feature_cache``: epochs the run trains,
+    the recipe's step ceiling included); with more frozen stages the plan's views are built before the first step
+    (timed without them, steps would run the frozen stages and look too slow to cache)."""
     from dmlkit.config import recipe
     from dmlkit.engine import backbone_choice, distributed
 
@@ -219,7 +221,7 @@ def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping
                          batch=int(cfg.sampler.batch_size or 64), val_images=val_images, test_images=test_images,
                          embed_seconds=per_image, costs=costs)
     choices: dict[str, tuple[Any, str]] = {"model.frozen_stages": (plan.frozen_stages, f"planned for learning: {plan.reason}")}
-    if plan.views:
+    if plan.views and plan.frozen_stages != own:  # the recipe's own count: the cache follows the budget's first plan
         choices["train.cache_views"] = (plan.views, f"the plan's {plan.steps} steps from {plan.views} cached views "
                                                     "of the frozen stages' output, built before the first step")
     recipe.apply(cfg, choices)

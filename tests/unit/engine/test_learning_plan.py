@@ -3,6 +3,9 @@ slow machine trains hundreds of steps instead of a handful; the plan says what i
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,3 +82,38 @@ def test_measured_costs_fall_with_more_frozen_stages_and_the_model_is_left_as_it
     assert {name: p.requires_grad for name, p in model.named_parameters()} == trainable
     assert model.trunk.frozen_stages == 2 and model.training and all(p.grad is None for p in model.parameters())
     assert embed_seconds(model, 64, device=torch.device("cpu"), dtype=None) > 0 and model.training
+
+
+def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_step(tmp_path, monkeypatch):
+    """The trainer's one call (``plan_for_run``) on a folder of photos whose costs are the slow machine's: the
+    recipe's 2 frozen stages would buy under 100 steps; the run freezes more, caches, and prints what it measured."""
+    from dmlkit.config import load_config
+    from dmlkit.engine import learning_plan
+    from dmlkit.engine.trainer import Trainer
+
+    spec = importlib.util.spec_from_file_location("photo_folders", Path(__file__).with_name("test_view_size.py"))
+    photo_folders = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(photo_folders)  # its write_photos: classes of JPEG photos any view tells apart
+    root = photo_folders.write_photos(tmp_path / "photos", 96, classes=8, per_class=5)
+    measured: list[list[int]] = []
+
+    def slow_costs(model, counts, crop, *, device, dtype):
+        measured.append(list(counts))
+        return [c for c in SLOW if c.frozen_stages in counts]
+
+    monkeypatch.setattr(learning_plan, "measure_stage_costs", slow_costs)
+    monkeypatch.setattr(learning_plan, "embed_seconds", lambda *args, **kwargs: 0.05)
+    printed: list[str] = []
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=[
+        "data.name=folder", f"data.root={root}", "train.progress=false", "eval.clustering=false",
+        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96"])
+    trainer = Trainer(cfg, tmp_path / "run", echo=printed.append)
+    assert measured == [[2, 3, 4, 5]]  # from the recipe's count to the backbone's last stage
+    assert cfg.model.frozen_stages == 4 and trainer.model.trunk.frozen_stages == 4
+    assert not any(p.requires_grad for p in trainer.model.trunk.model.blocks[3].parameters())  # stage 4 frozen
+    views = cfg.train.cache_views
+    assert 1 <= views <= 8 and not trainer.cache_deferred  # built before the first step
+    line = next(line for line in printed if "model.frozen_stages = 4" in line)
+    assert f"the fewest frozen stages whose plan buys {TARGET_STEPS} steps" in line
+    assert all(f"{frozen} frozen: " in line for frozen in (2, 3, 5)) and f"4 frozen: {views} cached views" in line
+    assert any(f"train.cache_views = {views}" in line for line in printed)
