@@ -101,8 +101,10 @@ def build_model(cfg: RunConfig) -> nn.Module:
 def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
     """``data.build_splits`` with the config's data and protocol options (photos as their centre-crop view)."""
     from dmlkit import data as dm
+    from dmlkit.data.download import ensure_dataset
 
     d = cfg.data
+    ensure_dataset(d.name, d.root, d.download)  # data.download=true: fetched once, before the first read
     photos = decode and d.crop_size is not None and d.image_size is not None
     return dm.build_splits(
         d.name, root=d.root, label=d.label, eval_label=d.eval_label, image_size=d.image_size,
