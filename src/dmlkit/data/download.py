@@ -195,12 +195,13 @@ def download_dataset(
     """
     source = source or _source(name)
     root = Path(root)
+    if not source.archives:
+        print_terms(source, echo)
+        raise DataError(f"{name} cannot be downloaded by dmlkit.\n{source.manual}")
     if root.is_dir() and not count_problems(name, root, source.expected):
         echo(f"{name}: '{root}' already holds a complete copy; nothing to download.")
         return _info(name, root, source)
     print_terms(source, echo)
-    if not source.archives:
-        raise DataError(f"{name} cannot be downloaded by dmlkit.\n{source.manual}")
     if confirm is not None and not confirm():
         raise DataError(f"{name}: the terms of use were not accepted; nothing was downloaded.")
     root.mkdir(parents=True, exist_ok=True)

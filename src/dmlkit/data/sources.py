@@ -137,3 +137,23 @@ register_source(DatasetSource(
         "and check the copy with `dmlkit datasets info inshop --root ROOT`."
     ),
 ))
+
+register_source(DatasetSource(
+    name="inaturalist2018",
+    title="iNaturalist 2018 (Van Horn et al., CVPR 2018) with the Smooth-AP retrieval splits (Brown et al., ECCV 2020)",
+    homepage="https://github.com/visipedia/inat_comp/tree/master/2018",
+    terms=(
+        "The iNaturalist images carry their observers' licences (most are Creative Commons); the competition\n"
+        "data is provided for research use. Cite Van Horn et al. (2018) and, for the splits, Brown et al. (2020)."
+    ),
+    manual=(
+        "No checksum is published for the 2018 archives or for the Smooth-AP split files (a Google Drive\n"
+        "link), so dmlkit does not fetch them. Download and extract into ROOT:\n"
+        "  https://ml-inat-competition-datasets.s3.amazonaws.com/2018/train_val2018.tar.gz  (about 120 GB)\n"
+        "  https://ml-inat-competition-datasets.s3.amazonaws.com/2018/train2018.json.tar.gz\n"
+        "  https://ml-inat-competition-datasets.s3.amazonaws.com/2018/val2018.json.tar.gz\n"
+        "  https://drive.google.com/uc?id=1sXfkBTFDrRU3__-NUs1qBP3sf_0uMB98  (Inat_dataset_splits/)\n"
+        "so that ROOT holds train_val2018/, train2018.json, val2018.json and\n"
+        "Inat_dataset_splits/Inaturalist_train_set1.txt and Inaturalist_test_set1.txt."
+    ),
+))
