@@ -68,10 +68,10 @@ def _tar_members(archive: Path, tar: tarfile.TarFile) -> Iterator[Member]:
 
 def _zip_members(archive: Path, zf: zipfile.ZipFile) -> Iterator[Member]:
     for info in zf.infolist():
-        mode = info.external_attr >> 16
-        if stat.S_ISLNK(mode):
+        kind = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0  # Unix file type bits
+        if kind == stat.S_IFLNK:
             raise _link_error(archive, info.filename, "symbolic link")
-        if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
             raise _link_error(archive, info.filename, "device, FIFO or other special file")
         yield Member(_checked_path(info.filename, archive), info.is_dir(), info.file_size,
                      lambda info=info: zf.open(info))
