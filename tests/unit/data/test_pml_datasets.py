@@ -64,7 +64,7 @@ def make_inaturalist(root: Path, image_writer) -> Path:
 @pytest.fixture
 def trees(tmp_path, cub_factory, layout_makers, image_writer):
     return {
-        "CUB": cub_factory(tmp_path / "cub"),
+        "CUB": cub_factory(tmp_path / "cub", classes=(1, 2, 100, 101, 200)),  # both sides of PML's 100 | 101
         "StanfordOnlineProducts": layout_makers["sop"](tmp_path / "sop"),
         "Cars196": make_cars_pml(tmp_path / "cars", image_writer),
         "INaturalist2018": make_inaturalist(tmp_path / "inat", image_writer),
@@ -94,10 +94,10 @@ def test_same_items_labels_and_split_sizes_as_pml(name, split, trees):
 
 
 def test_split_sizes_follow_pmls_class_split(trees):
-    """CUB: classes 1-100 train, 101-200 test; Cars196: 1-98 | 99-196 (the tree has 1,2,3,101,102 | 1,3,98,99,...)."""
+    """CUB: classes 1-100 train, 101-200 test; Cars196: 1-98 | 99-196 (the trees hold classes on both sides)."""
     cub = {s: datasets.CUB(trees["CUB"], split=s) for s in SPLITS}
     assert (len(cub["train"]), len(cub["test"]), len(cub["train+test"])) == (9, 6, 15)
-    assert set(cub["train"].labels) == {1, 2, 3} and set(cub["test"].labels) == {101, 102}
+    assert set(cub["train"].labels) == {1, 2, 100} and set(cub["test"].labels) == {101, 200}
     cars = {s: datasets.Cars196(trees["Cars196"], split=s) for s in SPLITS}
     assert set(cars["train"].labels) == {1, 3, 98} and set(cars["test"].labels) == {99, 150, 196}
     assert len(cars["train"]) + len(cars["test"]) == len(cars["train+test"]) == 18
