@@ -6,9 +6,9 @@ takes to add a data set.
 
 from dmlkit._registry import import_submodules
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
+from dmlkit.data.download import download_dataset
 from dmlkit.data.hierarchical_sampler import HierarchicalSampler
 from dmlkit.data.info import dataset_info, datasets_table
-from dmlkit.data.download import download_dataset
 from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
 from dmlkit.data.pml_datasets import CUB, Cars196, INaturalist2018, StanfordOnlineProducts
 from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset

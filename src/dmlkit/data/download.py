@@ -122,7 +122,8 @@ def fetch(archive: ArchiveSource, folder: str | os.PathLike, *, urls: tuple[str,
                 grew = part.exists() and part.stat().st_size > before
                 if grew and attempts <= retries:
                     continue  # resume from where it stopped
-                failures.append(f"{url}: {err} (the partial file '{part}' is kept; run again to resume)")
+                kept = f" (the partial file '{part}' is kept; run again to resume)" if part.exists() else ""
+                failures.append(f"{url}: {err}{kept}")
                 break
             except (HTTPError, URLError, OSError) as err:
                 failures.append(f"{url}: {getattr(err, 'reason', err)}")
