@@ -27,6 +27,13 @@ def _ask() -> bool:
     return answer in ("y", "yes")
 
 
+def _proceed() -> bool:
+    """Without a terminal: say that the printed terms are taken as accepted, and go on."""
+    print("stdin is not a terminal: proceeding without asking, as pytorch-metric-learning does "
+          "(--yes says so explicitly).")
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from dmlkit.data import list_datasets
     from dmlkit.data.info import dataset_info
@@ -39,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.root:
             raise ConfigError("`dmlkit datasets download` needs --root DIR, the folder to put the data set in.")
-        confirm = None if args.yes or not sys.stdin.isatty() else _ask
+        confirm = None if args.yes else _ask if sys.stdin.isatty() else _proceed
         info = download_dataset(args.name, args.root, confirm=confirm, mirror=args.mirror,
                                 keep_archives=args.keep_archives)
         print(json.dumps(info["splits"], indent=2))

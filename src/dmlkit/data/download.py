@@ -207,7 +207,10 @@ def download_dataset(
         raise DataError(f"{name}: the terms of use were not accepted; nothing was downloaded.")
     root.mkdir(parents=True, exist_ok=True)
     show = sys.stderr.isatty() if progress is None else progress
-    paths = [_obtain(a, root, mirror, progress=show, max_bytes=max_download_bytes) for a in source.archives]
+    try:
+        paths = [_obtain(a, root, mirror, progress=show, max_bytes=max_download_bytes) for a in source.archives]
+    finally:
+        _remove_if_empty(root / DOWNLOAD_DIR)
     for archive, path in zip(source.archives, paths):
         if archive.extract:
             echo(f"extracting {archive.filename} into '{root}'")
@@ -216,14 +219,17 @@ def download_dataset(
                 path.unlink()
         elif path != root / archive.filename:
             os.replace(path, root / archive.filename)
-    downloads = root / DOWNLOAD_DIR
-    if downloads.is_dir() and not any(downloads.iterdir()):
-        downloads.rmdir()
+    _remove_if_empty(root / DOWNLOAD_DIR)
     problems = count_problems(name, root, source.expected)
     if problems:
         raise DataError(f"{name}: the extracted copy at '{root}' is not complete:\n  " + "\n  ".join(problems))
     echo(f"{name}: '{root}' holds the published image and class counts.")
     return _info(name, root, source)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _info(name: str, root: Path, source: DatasetSource) -> dict[str, Any]:

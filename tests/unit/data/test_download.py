@@ -291,3 +291,18 @@ def test_data_download_true_fetches_before_the_first_read(tmp_path, loopback, la
     loopback.requests.clear()
     survey_data(load_config(overrides=overrides[:2]))  # data.download=false reads the copy, fetches nothing
     assert loopback.requests == []
+
+
+def test_the_cli_asks_on_a_terminal_and_proceeds_without_one(tmp_path, loopback, layout_makers, monkeypatch, capsys):
+    import sys
+
+    source, _ = published_source("cub200", tmp_path, loopback, layout_makers)
+    monkeypatch.setattr(dl, "_source", lambda name: source)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    assert main(["datasets", "download", "cub200", "--root", str(tmp_path / "asked")]) == 2
+    assert "terms of use were not accepted" in capsys.readouterr().err and loopback.requests == []
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: terms printed, then the download
+    assert main(["datasets", "download", "cub200", "--root", str(tmp_path / "piped")]) == 0
+    out = capsys.readouterr().out
+    assert out.index("Terms of use") < out.index("stdin is not a terminal: proceeding") < out.index('"images": 9')
