@@ -158,7 +158,8 @@ class LoopbackFiles:
 
     ``files[path] = bytes`` publishes a file; ``drop_after[path] = n`` makes the next request for it
     announce the full length, send ``n`` bytes and close the connection (a cut transfer), once.
-    ``requests`` records ``(path, range_header)`` of every request.
+    ``ignore_range`` holds paths whose server ignores ``Range``; ``requests`` records
+    ``(path, range_header)`` of every request.
     """
 
     def __init__(self):
@@ -167,6 +168,7 @@ class LoopbackFiles:
 
         self.files: dict[str, bytes] = {}
         self.drop_after: dict[str, int] = {}
+        self.ignore_range: set[str] = set()  # paths answered in full (200) whatever Range asks
         self.requests: list[tuple[str, str | None]] = []
         owner = self
 
@@ -182,7 +184,7 @@ class LoopbackFiles:
                     return
                 start = 0
                 wanted = self.headers.get("Range")
-                if wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
+                if wanted and self.path not in owner.ignore_range and wanted.startswith("bytes=") and wanted.endswith("-"):
                     start = int(wanted[len("bytes="):-1])
                     if start >= len(data):
                         self.send_error(416)

@@ -121,6 +121,14 @@ def test_a_cut_transfer_resumes_with_a_range_request(name, tmp_path, loopback, l
     assert asked == [None, f"bytes={cut}-"]  # the second request asks only for the missing bytes
 
 
+def test_a_server_that_ignores_range_sends_the_whole_file_again(tmp_path, loopback, layout_makers):
+    source, files = published_source("sop", tmp_path, loopback, layout_makers)
+    path = "/Stanford_Online_Products.zip"
+    loopback.drop_after[path], loopback.ignore_range = len(files[path[1:]]) // 2, {path}
+    assert run_download("sop", tmp_path / "data", source)["matches_published"] is True  # not half + whole
+    assert [r for p, r in loopback.requests if p == path] == [None, f"bytes={len(files[path[1:]]) // 2}-"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_an_interrupted_download_is_resumed_by_the_next_call(name, tmp_path, loopback, layout_makers, monkeypatch):
     source, files = published_source(name, tmp_path, loopback, layout_makers)
