@@ -116,7 +116,7 @@ def topm_scores(
                 i += c0
                 if best_v is not None:
                     v, i = torch.cat([best_v, v], 1), torch.cat([best_i, i], 1)
-                    v, pos = v.topk(m, dim=1, sorted=False)
+                    v, pos = v.topk(min(m, v.shape[1]), dim=1, sorted=False)
                     i = i.gather(1, pos)
                 best_v, best_i = v, i
             values[r0 : r0 + len(strip)], indices[r0 : r0 + len(strip)] = best_v, best_i
