@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from dmlkit.evaluation import AccuracyCalculator, knn, map_at_r_per_query, retrieval_metrics
-from dmlkit.evaluation import knn_device
+from dmlkit.evaluation import AccuracyCalculator, knn, knn_device, map_at_r_per_query, retrieval_metrics
 from dmlkit.exceptions import InvalidParameterError
 
 knn_module = importlib.import_module("dmlkit.evaluation.knn")
