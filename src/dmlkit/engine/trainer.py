@@ -389,9 +389,10 @@ class Trainer:
         from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
 
         gallery, gallery_labels = reference if reference is not None else (None, None)
-        metrics = retrieval_metrics(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
-                                    ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend,
-                                    own_reference=own_reference)
+        searched = self._searched(embeddings)  # on a GPU, the exact k-NN and retrieval metrics run on the card
+        metrics = retrieval_metrics(searched, labels, reference=None if gallery is None else self._searched(gallery),
+                                    reference_labels=gallery_labels, ks=tuple(self.cfg.eval.ks),
+                                    backend=self.cfg.eval.backend, own_reference=own_reference)
         everything, everything_labels = (embeddings, labels) if gallery is None else query_gallery_union(
             embeddings, labels, gallery, gallery_labels, own_reference)
         metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
@@ -399,6 +400,10 @@ class Trainer:
             metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
                                               seed=self.cfg.seed))
         return metrics
+
+    def _searched(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Embeddings where the k-NN metrics search them: the training GPU (``evaluation.knn_device``), else as given."""
+        return embeddings.to(self.device) if self.device.type == "cuda" else embeddings
 
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
         """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
@@ -418,7 +423,8 @@ class Trainer:
         result = None
         if self.dist.is_main:
             embeddings, labels = self.embed(self.splits.val)
-            per_query = map_at_r_per_query(embeddings, labels, backend=self.cfg.eval.backend) if compare else None
+            per_query = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
+                         if compare else None)
             result = (self.score(embeddings, labels, clustering=False), per_query)
         metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])

@@ -176,3 +176,22 @@ def test_the_training_loop_synchronises_where_the_budget_reads_its_clock(tmp_pat
     trainer.fit()
     calibration = list(range(1, 2 + trainer_module.budget.CALIBRATION_STEPS))
     assert steps == [*calibration, 7, 9]  # the timed steps, and the last steps before a validation
+
+
+def test_evaluation_searches_the_embeddings_on_the_training_gpu(tmp_path, tiny_config, monkeypatch):
+    trainer = Trainer(tiny_config("train.max_steps=1"), tmp_path / "run", echo=lambda _: None)
+    embeddings = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(40) % 4
+    on_cpu = trainer.score(embeddings, labels, clustering=False)
+    moved, real_to = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if args and args[0] == CUDA:  # stands in for the copy to the card
+            moved.append(self)
+            return self
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    trainer.device = CUDA
+    assert trainer.score(embeddings, labels, clustering=False) == on_cpu
+    assert len(moved) == 1 and moved[0] is embeddings  # the k-NN search gets the embeddings on the card
