@@ -46,6 +46,11 @@ the result is exact. Queries that cannot be certified (near-ties, duplicates, fl
 are searched again with a 4x larger shortlist until certified; at ``m = N`` every reference is
 re-ranked, so the loop always ends. The faiss backend takes its shortlist from ``IndexFlatIP``
 and shares everything else.
+
+Embeddings on a GPU (any device but the CPU; :data:`DEVICE_SEARCH`) are searched there: the same
+operands, keys and certificate are built on that device, the shortlists come from float32 score
+tiles sized to its free memory (:mod:`dmlkit.evaluation.knn_device`: matrix product, top-k, merge),
+and the blocks are yielded on the device (the float32 CPU path's blocks).
 """
 
 from __future__ import annotations
