@@ -6,8 +6,8 @@ the float64 copies for the re-rank, the per-query rounding bound) are built on t
 module gives every query its top-``m`` search scores:
 
 * the queries are cut into strips of ``R`` rows and the references into chunks of ``C`` columns,
-  so a score tile ``[R, C]`` (float32 products, TF32 and reduced-precision modes off: the
-  rounding bound of the re-rank assumes IEEE float32 sums) never exceeds the tile budget
+  so a score tile ``[R, C]`` (float32 products, TF32 and reduced-precision modes off,
+  :func:`ieee_float32_products`: the rounding bound of the re-rank assumes IEEE float32 sums) never exceeds the tile budget
   (:func:`tile_budget`: a share of the device's free memory, at most :data:`TILE_BYTES_CAP`);
 * each tile's ``topk`` is merged into the strip's running top-``m`` (concatenate, ``topk`` again),
   with a query's own reference set to ``-inf`` in leave-one-out.
@@ -62,8 +62,24 @@ def tile_shape(num_queries: int, num_references: int, m: int, budget: int) -> tu
 
 
 @contextlib.contextmanager
-def ieee_float32_products() -> Iterator[None]:
-    """Float32 products as IEEE float32 sums while inside: no TF32, no bf16 passes (the certified bound needs them)."""
+def ieee_float32_products(device: torch.device) -> Iterator[None]:
+    """Float32 products on ``device`` as IEEE float32 sums while inside: no TF32, no bf16 passes (the certified
+    bound needs them), whatever the user set; their setting is restored after.
+
+    Through the backend's ``fp32_precision`` (cuBLAS for CUDA, oneDNN for the CPU), which reads and
+    restores a setting made with either of PyTorch's APIs (the legacy ``set_float32_matmul_precision``
+    cannot be read once the newer one was used); without it, the legacy switch.
+    """
+    backend = {"cuda": getattr(torch.backends.cuda, "matmul", None),
+               "cpu": getattr(torch.backends.mkldnn, "matmul", None)}.get(device.type)
+    if backend is not None and hasattr(backend, "fp32_precision"):
+        previous = backend.fp32_precision
+        backend.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            backend.fp32_precision = previous
+        return
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
@@ -103,7 +119,7 @@ def topm_scores(
     tile_rows, tile_cols = shape
     values = torch.empty(n_rows, m, dtype=torch.float32, device=device)
     indices = torch.empty(n_rows, m, dtype=torch.int64, device=device)
-    with ieee_float32_products():
+    with ieee_float32_products(device):
         for r0 in range(0, n_rows, tile_rows):
             strip = rows[r0 : r0 + tile_rows]
             q = query_op.index_select(0, strip)

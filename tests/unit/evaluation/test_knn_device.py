@@ -95,11 +95,25 @@ def test_tiles_leave_out_each_querys_own_reference():
         assert sorted(found) == [j for j in range(40) if j != row]
 
 
-def test_products_are_ieee_float32_inside_and_the_setting_is_restored():
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("medium")  # a user's TF32 / bf16 setting
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_products_are_ieee_float32_inside_and_the_users_setting_is_restored(device):
+    backend = torch.backends.cuda.matmul if device == "cuda" else torch.backends.mkldnn.matmul
+    before = backend.fp32_precision
+    backend.fp32_precision = "tf32" if device == "cuda" else "bf16"  # a user's faster, coarser products
     try:
-        with knn_device.ieee_float32_products():
+        with knn_device.ieee_float32_products(torch.device(device)):
+            assert backend.fp32_precision == "ieee"
+        assert backend.fp32_precision == ("tf32" if device == "cuda" else "bf16")
+    finally:
+        backend.fp32_precision = before
+
+
+def test_products_are_ieee_also_under_the_legacy_switch(monkeypatch):
+    monkeypatch.setattr(torch.backends, "mkldnn", type("NoMatmul", (), {})())  # a PyTorch without the newer API
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with knn_device.ieee_float32_products(torch.device("cpu")):
             assert torch.get_float32_matmul_precision() == "highest"
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
