@@ -19,15 +19,15 @@ A user's ``model.name`` is never changed; Lite0 is the fallback when nothing lar
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from dmlkit.engine.budget import DEFAULT_TIME_BUDGET
+from dmlkit.engine.timing import fastest_of
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite).
 CANDIDATES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
@@ -103,23 +103,6 @@ def choose_backbone(
                            f"embedding {images_to_embed:,}: " + ", ".join(rejected))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int = 2) -> float:
-    """The fastest of ``repeats`` calls (a shared machine's interruptions only ever add time)."""
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @lru_cache(maxsize=None)
 def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, batch: int, device: str,
              dtype: torch.dtype | None) -> BackboneCost:
@@ -146,8 +129,8 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
                 model(x)
 
         train_step(crops[:1]), embed(views[:1])  # warm-up on one image: allocations, kernels, autograd
-        train = _timed(lambda: train_step(crops), where)
-        embedded = _timed(lambda: embed(views), where)
+        train = fastest_of(lambda: train_step(crops), where)  # synchronised: a GPU's queued kernels count
+        embedded = fastest_of(lambda: embed(views), where)
     return BackboneCost(train=train / batch, embed=embedded / batch, train_size=train_size, eval_size=eval_size)
 
 
