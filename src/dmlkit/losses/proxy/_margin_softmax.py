@@ -108,10 +108,11 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
             for start in range(0, num, chunk):
                 stop = min(start + chunk, num)
                 cos = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)[0]
-                rows, local = _targets_in(pos, start, stop)
-                target[rows] = cos[rows, local]
+                inside, local = _targets_in(pos, start, stop)
+                picked = cos.gather(1, local)[:, 0]
+                target = torch.where(inside, picked, target)
                 z = cos.mul_(scale)
-                z[rows, local] = margin(target[rows])[0] * scale
+                z.scatter_(1, local, torch.where(inside, margin(target)[0] * scale, picked * scale)[:, None])
                 new_max = torch.maximum(running_max, z.amax(dim=1))
                 total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
                 running_max = new_max
@@ -136,14 +137,16 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
             if per_sub_centre is not None:  # the nearest sub-centre takes the gradient (ties share it, as amax's)
                 share = (per_sub_centre == cos[:, None, :]).to(cos.dtype)
                 share.div_(share.sum(dim=1, keepdim=True))
-            rows, local = _targets_in(pos, start, stop)
+            inside, local = _targets_in(pos, start, stop)
             z = cos.mul_(scale)
-            z[rows, local] = psi_target[rows] * scale
+            z.scatter_(1, local, torch.where(inside, psi_target * scale, z.gather(1, local)[:, 0])[:, None])
             # dl/dz = softmax - onehot (times the incoming gradient); dz/dc = s, s psi' on the target
             dc = z.sub_(lse[:, None]).exp_().mul_(grad_loss[:, None])
-            dc[rows, local] -= grad_loss[rows]
+            on_target = dc.gather(1, local)[:, 0]
+            dc.scatter_(1, local, torch.where(inside, on_target - grad_loss, on_target)[:, None])
             dc.mul_(scale)
-            dc[rows, local] *= dpsi_target[rows]
+            on_target = dc.gather(1, local)[:, 0]
+            dc.scatter_(1, local, torch.where(inside, on_target * dpsi_target, on_target)[:, None])
             if per_sub_centre is not None:
                 dc = share.mul_(dc[:, None, :]).view(dc.shape[0], -1)
             if need_x:
@@ -161,9 +164,13 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
 
 
 def _targets_in(pos: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples whose class lies in the chunk ``[start, stop)`` and that class's column in it."""
-    rows = ((pos >= start) & (pos < stop)).nonzero(as_tuple=True)[0]
-    return rows, pos[rows] - start
+    """``inside [B]``: whether sample ``i``'s class lies in the chunk ``[start, stop)``; ``local [B, 1]``: that
+    class's column in the chunk (clamped into it for the others, whose entry the caller leaves as it is).
+
+    Dense masks rather than the row list (``nonzero``) keep the chunk loop free of host synchronisations.
+    """
+    inside = (pos >= start) & (pos < stop)
+    return inside, (pos - start).clamp_(0, stop - start - 1)[:, None]
 
 
 def chunked_margin_softmax(
