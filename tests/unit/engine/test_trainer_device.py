@@ -124,8 +124,9 @@ def test_an_overflowing_fp16_step_is_skipped_by_the_scaler_without_raising(tmp_p
 def test_fp16_clips_the_unscaled_gradients(tmp_path, tiny_config):
     trainer, images, labels = make_fp16_trainer(tmp_path, tiny_config, "optimizer.grad_clip=0.001")
     params = [*trainer.model.parameters(), *trainer.objective.parameters()]
-    with torch.autocast("cpu", dtype=torch.float16):  # the same fp16 backward, without loss scaling
-        trainer.objective(trainer.model(images), labels).backward()
+    on_device = images.to(trainer.device), labels.to(trainer.device)
+    with torch.autocast(trainer.autocast_device, dtype=torch.float16):  # the same fp16 backward, without loss scaling
+        trainer.objective(trainer.model(on_device[0]), on_device[1]).backward()
     reference = float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1).float() for p in params])))
     norms = []
     original = trainer._gradient_norm
