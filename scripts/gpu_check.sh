@@ -40,11 +40,12 @@ if [ -z "$SUITE" ]; then
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$DEVICE" = cpu ] && echo 1 || echo 4)} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
-# Stage limits in seconds (full run: 30 + 60 + 120 + 90 + 60 + 80 + 40 = 480 s = 8 minutes).
+# Stage limits in seconds (full run: 20 + 60 + 120 + 100 + 60 + 70 + 40 = 470 s;
+# with the Python setup before them, at most 10 s more: 8 minutes in all).
 if [ "$QUICK" = 1 ]; then
   declare -A LIMIT=([env]=120 [device-tests]=240 [pml-suite]=240 [bench]=120 [mnist]=240 [photo-run]=240 [photo-rates]=240)
 else
-  declare -A LIMIT=([env]=30 [device-tests]=60 [pml-suite]=120 [bench]=90 [mnist]=60 [photo-run]=80 [photo-rates]=40)
+  declare -A LIMIT=([env]=20 [device-tests]=60 [pml-suite]=120 [bench]=100 [mnist]=60 [photo-run]=70 [photo-rates]=40)
 fi
 STAGES=(env device-tests pml-suite bench mnist photo-run photo-rates)
 
@@ -76,14 +77,14 @@ setup_python() {
   fi
   PY=$(command -v python3)
   if ls .whl/*.whl > /dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl || return 1
+    timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl || return 1
     export PYTHONPATH=$PYTHONPATH:$WORK/site
     echo "PY=$PY with PYTHONPATH=src and the wheels of .whl/ in $WORK/site"
   else
     echo "PY=$PY with PYTHONPATH=src (no .whl/ folder: the machine's own packages only)"
   fi
   # the k-NN engine's optional C scan (its PyTorch fallback is exact too); ignored when no compiler
-  "$PY" setup.py build_ext --inplace > "$WORK/logs/build_ext.log" 2>&1 || echo "no C scan built (see build_ext.log)"
+  timeout 20 "$PY" setup.py build_ext --inplace > "$WORK/logs/build_ext.log" 2>&1 || echo "no C scan built (see build_ext.log)"
 }
 
 device_tests() {
@@ -142,7 +143,7 @@ photo_args() {  # the photo folder and the run's settings, small in --quick
   if [ "$QUICK" = 1 ]; then
     PHOTO_SIZE=64; PHOTO_SET=(--set train.max_steps=3 --set sampler.batch_size=8); MAKE=(--classes 24 --per-class 6 --size 72)
   else
-    PHOTO_SIZE=224; PHOTO_SET=(--set train.time_budget=50); MAKE=(--classes 64 --per-class 50 --size 256)
+    PHOTO_SIZE=224; PHOTO_SET=(--set train.time_budget=45); MAKE=(--classes 64 --per-class 50 --size 256)
   fi
 }
 
