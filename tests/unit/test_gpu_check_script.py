@@ -72,3 +72,15 @@ def test_a_stage_that_fails_is_recorded_and_the_script_still_summarises(tmp_path
     assert f"no PML suite at {tmp_path / 'nowhere'}" in (out / "logs.txt").read_text()
     assert table.index("| env |") < table.index("| pml-suite |")  # every chosen stage ran, in order
     assert "| env | cpu; torch" in table
+
+
+def test_a_runs_training_rate_is_read_from_its_log_leaving_the_first_step_out(tmp_path):
+    gpu_check = load_helper()
+    (tmp_path / "config.yaml").write_text("sampler:\n  batch_size: 60\n")
+    records = [{"kind": "plan", "step": 0, "time": 0.5}, {"kind": "train", "step": 1, "time": 3.0},
+               {"kind": "eval", "split": "val", "step": 5, "time": 3.5}, {"kind": "train", "step": 11, "time": 3.4}]
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    rate, batch = gpu_check.run_step_rate(tmp_path)
+    assert batch == 60 and abs(rate - 1500.0) < 1e-6
+    (tmp_path / "log.jsonl").write_text(json.dumps(records[1]) + "\n")
+    assert gpu_check.run_step_rate(tmp_path) == (None, 60)  # one record: no interval to time
