@@ -8,6 +8,10 @@ the loaded machine). And a test that sets the thread count (``train.num_threads`
 gets it restored afterwards, so it does not leak into the worker's later tests. Restoring is not the
 whole cure: a process that once trained on 2 threads stays slower on 1 (test_folder_train after
 test_export's 2-thread run: 30 s CPU, 5 s alone), so in-process training in tests asks for one thread.
+
+``DMLKIT_TEST_DEVICE`` (default ``cpu``; ``cuda`` on a GPU machine, as ``scripts/gpu_check.sh`` sets it)
+is the device of the device tests: the ``test_device`` fixture, and ``train.device`` of the engine
+tests' ``tiny_config``. A device torch cannot use stops the session before any test runs.
 """
 
 import os
@@ -19,6 +23,29 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+TEST_DEVICE_VARIABLE = "DMLKIT_TEST_DEVICE"
+
+
+def configured_test_device() -> torch.device:
+    """The device named by ``DMLKIT_TEST_DEVICE`` (default ``cpu``), checked to be usable here."""
+    name = os.environ.get(TEST_DEVICE_VARIABLE, "cpu")
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        raise pytest.UsageError(f"{TEST_DEVICE_VARIABLE}={name!r} is not a device torch can use here: {err}") from err
+    return device
+
+
+def pytest_configure(config):
+    config.dmlkit_test_device = configured_test_device()
+
+
+@pytest.fixture(scope="session")
+def test_device(pytestconfig) -> torch.device:
+    """Where the device tests put their tensors: ``DMLKIT_TEST_DEVICE`` (default ``cpu``)."""
+    return pytestconfig.dmlkit_test_device
 
 
 @pytest.fixture(autouse=True)
