@@ -8,12 +8,17 @@ the loaded machine). And a test that sets the thread count (``train.num_threads`
 gets it restored afterwards, so it does not leak into the worker's later tests. Restoring is not the
 whole cure: a process that once trained on 2 threads stays slower on 1 (test_folder_train after
 test_export's 2-thread run: 30 s CPU, 5 s alone), so in-process training in tests asks for one thread.
+
+Nothing in the suite downloads: ``HF_HUB_OFFLINE=1`` (honoured by huggingface_hub and by
+dmlkit.models.hub for every download) is set for the whole run and its subprocesses; the download
+tests lift it for a server on 127.0.0.1 they start themselves (tests/unit/models/test_hub.py).
 """
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
+os.environ["HF_HUB_OFFLINE"] = "1"  # no test reaches the internet for weights
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
