@@ -198,3 +198,14 @@ def test_bn_inception_downloads_the_papers_file_when_asked():
     assert not here and "bn_inception-52deb4733.pth" in why
     with pytest.raises(WeightsUnavailableError, match="cadene"):
         create_model("bn_inception", pretrained=True)
+
+
+def test_fit_with_a_model_name_and_pretrained_goes_through_the_same_lookup(tmp_path):
+    import dmlkit
+    from dmlkit.losses import ContrastiveLoss
+
+    images = torch.rand(12, 3, 32, 32)
+    data = torch.utils.data.TensorDataset(images, torch.arange(4).repeat_interleave(3))
+    with pytest.raises(WeightsUnavailableError, match="'resnet50'.*model.weights=PATH"):
+        dmlkit.fit("resnet50", ContrastiveLoss(), data, out=str(tmp_path / "run"),
+                   config={"model": {"pretrained": True}})
