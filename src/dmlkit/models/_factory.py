@@ -175,7 +175,6 @@ def create_model(
         from dmlkit.models.weights import load_embedder_weights
 
         given, weights = os.fspath(weights), _fetch_if_url(name, weights)
-
         embedder.weights_report = load_embedder_weights(embedder, weights)
         embedder.pretrained_weights = _local_file_record(name, weights, given)
     return embedder
