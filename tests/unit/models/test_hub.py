@@ -209,3 +209,21 @@ def test_fit_with_a_model_name_and_pretrained_goes_through_the_same_lookup(tmp_p
     with pytest.raises(WeightsUnavailableError, match="'resnet50'.*model.weights=PATH"):
         dmlkit.fit("resnet50", ContrastiveLoss(), data, out=str(tmp_path / "run"),
                    config={"model": {"pretrained": True}})
+
+
+def test_every_pretrained_preset_names_where_its_imagenet_weights_come_from():
+    """Without the command's model.weights, each paper preset's backbone has a published source to download."""
+    from dmlkit.config import list_presets, load_config
+
+    checked = 0
+    for preset in list_presets():
+        model = load_config(preset=preset.name).model
+        if not model.pretrained or model.name == "auto":
+            continue
+        checked += 1
+        if model.weights is not None:
+            assert model.weights.startswith("https://download.pytorch.org/models/"), (preset.name, model.weights)
+            assert UrlWeights(model.weights, "", "").sha256_prefix, preset.name  # checked after the download
+        else:
+            assert model.name in hub.URL_WEIGHTS, (preset.name, model.name)
+    assert checked >= 100
