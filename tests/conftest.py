@@ -12,12 +12,17 @@ test_export's 2-thread run: 30 s CPU, 5 s alone), so in-process training in test
 ``DMLKIT_TEST_DEVICE`` (default ``cpu``; ``cuda`` on a GPU machine, as ``scripts/gpu_check.sh`` sets it)
 is the device of the device tests: the ``test_device`` fixture, and ``train.device`` of the engine
 tests' ``tiny_config``. A device torch cannot use stops the session before any test runs.
+
+Nothing in the suite downloads: ``HF_HUB_OFFLINE=1`` (honoured by huggingface_hub and by
+dmlkit.models.hub for every download) is set for the whole run and its subprocesses; the download
+tests lift it for a server on 127.0.0.1 they start themselves (tests/unit/models/test_hub.py).
 """
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
+os.environ["HF_HUB_OFFLINE"] = "1"  # no test reaches the internet for weights
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -54,3 +59,33 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """``fill(name, tag)``: a Hugging Face cache under tmp_path (HF_HOME, offline) holding timm model ``name``'s
+    weights (seeded, classifier included) as timm's Hub repository ``timm/<tag>`` keeps them; returns
+    ``(state_dict, path of model.safetensors)``."""
+    from safetensors.torch import save_file
+
+    root = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+
+    def fill(name: str = "test_resnet", tag: str = "test_resnet.r160_in1k", revision: str = "0" * 40):
+        import timm
+
+        torch.manual_seed(1)
+        state = timm.create_model(name, pretrained=False).state_dict()
+        repo = root / "hub" / f"models--timm--{tag}"
+        snapshot = repo / "snapshots" / revision
+        snapshot.mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        path = snapshot / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        return state, path
+
+    return fill

@@ -517,7 +517,11 @@ class Trainer:
                 stale.unlink(missing_ok=True)
             self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
         elif self.dist.is_main:
-            self.run.prepare(cfg, self.splits, device=str(self.device))
+            weights = getattr(self.model, "pretrained_weights", None)
+            if weights is not None:
+                self.echo(f"pretrained weights: {weights.tag} from {weights.source} (SHA-256 {weights.sha256[:12]}...)")
+            self.run.prepare(cfg, self.splits, device=str(self.device),
+                             weights=weights.record() if weights is not None else None)
         distributed.barrier()
         finished = False
         try:
