@@ -1,0 +1,163 @@
+"""PML's device contract for every loss, miner, reducer, regularizer, distance, cross-batch memory and
+the accuracy calculator: labels, ``indices_tuple``, ``ref_emb`` / ``ref_labels`` and masks given on
+another device than the embeddings are moved to the embeddings' device, and nothing is created on the
+default device behind the caller's back (:mod:`device_emulation` makes both mistakes fail on a CPU).
+
+Each case is called twice: plainly, and with its label-like inputs on the emulator's away device;
+the second call must not raise and must give the first call's value and gradient. A new registered
+loss or miner is covered without a new line here; a PML name dmlkit gains outside the registries
+fails :func:`test_every_pml_name_dmlkit_has_is_covered` until a case is added.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+import dmlkit.losses.reducers as reducers_module
+import dmlkit.losses.regularizers as regularizers_module
+from dmlkit.distances import DISTANCES, create_distance
+from dmlkit.losses import LOSSES, create_loss
+from dmlkit.mining import MINERS, create_miner
+
+from .device_emulation import AWAY, DeviceEmulator
+
+NUM_CLASSES, PER_CLASS, DIM = 4, 3, 6
+BATCH = NUM_CLASSES * PER_CLASS
+#: Constructor arguments a loss needs (everything else: its defaults).
+LOSS_ARGUMENTS = {"manifold": dict(l=DIM, K=NUM_CLASSES), "soft_triple": dict(centers_per_class=2)}
+#: Miners that read the batch's layout rather than its labels.
+LAYOUT_MINERS = ("embeddings_already_packaged_as_triplets",)
+
+
+def batch(dtype=torch.float32, seed=0, n=BATCH):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, DIM, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.arange(n) % NUM_CLASSES
+    return x, y
+
+
+def build_loss(name: str):
+    kwargs = dict(LOSS_ARGUMENTS.get(name, {}))
+    params = inspect.signature(LOSSES.get(name)).parameters
+    if "num_classes" in params:
+        kwargs.setdefault("num_classes", NUM_CLASSES)
+    if "embedding_size" in params:
+        kwargs.setdefault("embedding_size", DIM)
+    if "pair_loss" in params:
+        kwargs["pair_loss"] = create_loss("contrastive")
+    torch.manual_seed(0)
+    return create_loss(name, **kwargs)
+
+
+def value_and_grad(fn, x, *args, emulator=None, **kwargs):
+    """``fn(x, *args, **kwargs)`` and its gradient w.r.t. ``x`` (under ``emulator`` when given)."""
+    x = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(1)
+    if emulator is None:
+        value = fn(x, *args, **kwargs)
+        grad = torch.autograd.grad(value, x, allow_unused=True)[0] if value.requires_grad else None
+        return value.detach(), grad
+    with emulator:
+        value = fn(x, *emulator.away(args), **emulator.away(kwargs))
+        grad = torch.autograd.grad(value, x, allow_unused=True)[0] if value.requires_grad else None
+    assert not emulator.is_away(value), "the loss came back on the away device, not the embeddings'"
+    return value.detach(), grad
+
+
+def assert_same_call(fn, x, *args, **kwargs):
+    """The call with ``args`` / ``kwargs`` away gives the plain call's value and gradient, or its error."""
+    try:
+        expected = value_and_grad(copy.deepcopy(fn), x, *args, **kwargs)
+    except (ValueError, TypeError) as plain_error:  # the call itself is refused: refused the same way away
+        with pytest.raises(type(plain_error)):
+            value_and_grad(copy.deepcopy(fn), x, *args, emulator=DeviceEmulator(), **kwargs)
+        return None
+    got = value_and_grad(copy.deepcopy(fn), x, *args, emulator=DeviceEmulator(), **kwargs)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=1e-7)
+    if expected[1] is not None:
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-7)
+    return got
+
+
+# -- the emulator itself ---------------------------------------------------------------------------
+
+
+class ArangeWithoutDevice(torch.nn.Module):
+    """A deliberately wrong loss: a row index from ``torch.arange(n)`` on the default device."""
+
+    def forward(self, embeddings, labels):
+        labels = labels.to(embeddings.device)
+        weight = torch.arange(embeddings.shape[0]).to(embeddings.dtype)
+        return (embeddings.sum(1) * weight).sum() + labels.sum() * 0
+
+
+class LabelsNotMoved(torch.nn.Module):
+    """A deliberately wrong loss: the labels' same-class mask used where the labels came in."""
+
+    def forward(self, embeddings, labels):
+        same = (labels[:, None] == labels[None]).to(embeddings.dtype)
+        return (embeddings @ embeddings.T * same).sum()
+
+
+class Correct(torch.nn.Module):
+    def forward(self, embeddings, labels):
+        labels = labels.to(embeddings.device)
+        same = (labels[:, None] == labels[None]).to(embeddings.dtype)
+        rows = torch.arange(embeddings.shape[0], device=labels.device)
+        return (embeddings @ embeddings.T * same).sum() + embeddings[rows].sum()
+
+
+@pytest.mark.parametrize("wrong", [ArangeWithoutDevice(), LabelsNotMoved()], ids=["arange", "labels"])
+def test_the_emulator_catches_a_loss_that_mixes_devices(wrong):
+    x, y = batch()
+    value_and_grad(wrong, x, y)  # fine on one device
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        value_and_grad(wrong, x, y, emulator=DeviceEmulator())
+
+
+def test_the_emulator_passes_a_loss_that_follows_its_embeddings():
+    x, y = batch()
+    assert assert_same_call(Correct(), x, y)[0] > 0
+
+
+def test_the_emulator_tracks_moves_and_factories():
+    with DeviceEmulator() as emu:
+        home = torch.ones(3, device="cpu")
+        away = emu.away(torch.tensor([0, 1, 2]))
+        assert away.device == AWAY and home.device == torch.device("cpu")
+        assert not emu.is_away(away.to(home.device)) and emu.is_away(away)  # a move copies, the original stays
+        assert emu.is_away(torch.arange(3)) and emu.is_away(torch.zeros(2, device=away.device))
+        assert not emu.is_away(torch.zeros_like(home)) and emu.is_away(home.cpu())
+        assert not emu.is_away(home[away])  # a home tensor indexed by away indices, as CUDA allows
+        assert not emu.is_away(home + away.sum())  # an away 0-dim tensor joins home ones
+        with pytest.raises(RuntimeError, match="same device"):
+            away[home.long()]
+        with pytest.raises(TypeError, match="numpy"):
+            home.numpy()
+
+
+# -- losses ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_labels_to_the_embeddings_device(name):
+    x, y = batch()
+    assert_same_call(build_loss(name), x, y)
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_mined_indices_to_the_embeddings_device(name):
+    x, y = batch()
+    indices = create_miner("multi_similarity").as_pml()(x, y)
+    assert_same_call(build_loss(name), x, y, indices)
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_the_reference_set_to_the_embeddings_device(name):
+    x, y = batch()
+    ref, ref_y = batch(seed=1, n=8)
+    assert_same_call(build_loss(name), x, y, ref_emb=ref, ref_labels=ref_y)
