@@ -28,7 +28,8 @@ from .device_emulation import AWAY, DeviceEmulator
 NUM_CLASSES, PER_CLASS, DIM = 4, 3, 6
 BATCH = NUM_CLASSES * PER_CLASS
 #: Constructor arguments a loss needs (everything else: its defaults).
-LOSS_ARGUMENTS = {"manifold": dict(l=DIM, K=NUM_CLASSES), "soft_triple": dict(centers_per_class=2)}
+LOSS_ARGUMENTS = {"manifold": dict(l=DIM, K=NUM_CLASSES), "soft_triple": dict(centers_per_class=2),
+                  "ranked_list": dict(margin=0.4, Tn=10)}
 #: Miners that read the batch's layout rather than its labels.
 LAYOUT_MINERS = ("embeddings_already_packaged_as_triplets",)
 
