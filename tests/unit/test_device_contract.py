@@ -162,3 +162,188 @@ def test_loss_moves_the_reference_set_to_the_embeddings_device(name):
     x, y = batch()
     ref, ref_y = batch(seed=1, n=8)
     assert_same_call(build_loss(name), x, y, ref_emb=ref, ref_labels=ref_y)
+
+
+# -- losses outside the registry (PML names) -------------------------------------------------------------
+
+
+
+
+def test_cross_batch_memory_moves_labels_indices_and_mask_to_the_embeddings_device():
+    from dmlkit.memory import CrossBatchMemory
+
+    x, y = batch()
+    memory = CrossBatchMemory(create_loss("contrastive"), DIM, memory_size=32)
+    memory(*batch(seed=3))  # a memory that already holds a batch
+    assert_same_call(memory, x, y)
+    assert_same_call(memory, x, y, create_miner("multi_similarity").as_pml()(x, y))
+    assert_same_call(memory, x, y, enqueue_mask=torch.arange(BATCH) % 2 == 0)
+
+
+def test_self_supervised_losses_move_the_second_view_to_the_embeddings_device():
+    from dmlkit.losses import SelfSupervisedLoss, VICRegLoss
+
+    x, _ = batch()
+    view, _ = batch(seed=2)
+    assert_same_call(SelfSupervisedLoss(create_loss("ntxent")), x, view)
+    assert_same_call(VICRegLoss(), x, ref_emb=view)
+
+
+def test_multiple_losses_move_labels_and_indices_to_the_embeddings_device():
+    from dmlkit.losses import MultipleLosses
+
+    x, y = batch()
+    combined = MultipleLosses([create_loss("contrastive"), create_loss("triplet_margin")], weights=[1.0, 0.5])
+    assert_same_call(combined, x, y)
+    assert_same_call(combined, x, y, create_miner("multi_similarity").as_pml()(x, y))
+
+
+# -- miners ----------------------------------------------------------------------------------------------
+
+
+def _selection_tensors(selection):
+    return selection.to_indices_tuple() if hasattr(selection, "to_indices_tuple") else selection
+
+
+@pytest.mark.parametrize("name", MINERS.names())
+def test_miner_moves_labels_and_references_to_the_embeddings_device(name):
+    x, y = batch()
+    ref, ref_y = batch(seed=1, n=9)
+    for args in ((y,), (y, ref, ref_y)):
+        if name in LAYOUT_MINERS and len(args) > 1:
+            continue
+        torch.manual_seed(0)
+        expected = _selection_tensors(create_miner(name)(x, *args))
+        emu = DeviceEmulator()
+        torch.manual_seed(0)
+        with emu:
+            got = _selection_tensors(create_miner(name)(x, *emu.away(args)))
+        assert not any(emu.is_away(t) for t in got), f"{name}'s selection is on the away device"
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+# -- reducers, regularizers, distances ----------------------------------------------------------------------
+
+
+def _reducers():
+    from dmlkit.losses.reducers import BaseReducer, ClassWeightedReducer, MultipleReducers, PerAnchorReducer, PMLReducer
+
+    special = {ClassWeightedReducer: lambda: ClassWeightedReducer(torch.rand(NUM_CLASSES) + 0.5),
+               MultipleReducers: lambda: MultipleReducers({"loss": reducers_module.MeanReducer()}),
+               PerAnchorReducer: lambda: PerAnchorReducer(),
+               PMLReducer: None}  # wraps a PML reducer object: PML's own code
+    found = {}
+    for name in reducers_module.__all__:
+        cls = getattr(reducers_module, name)
+        if isinstance(cls, type) and issubclass(cls, BaseReducer) and cls is not BaseReducer and special.get(cls, 0) is not None:
+            found[name] = special.get(cls, cls)
+    return found
+
+
+REDUCERS = _reducers()
+
+
+def _total(out):
+    """A reducer's scalar, or the sum of what a do-nothing reducer hands back."""
+    if isinstance(out, torch.Tensor):
+        return out.sum()
+    values = out.values() if isinstance(out, dict) else out
+    return sum(_total(v["losses"] if isinstance(v, dict) and "losses" in v else v) for v in values
+               if isinstance(v, (torch.Tensor, dict, list, tuple)))
+
+
+@pytest.mark.parametrize("name", sorted(REDUCERS))
+def test_reducer_moves_indices_masks_and_labels_to_the_terms_device(name):
+    x, y = batch()
+    terms = torch.rand(BATCH, generator=torch.Generator().manual_seed(0))
+    anchors = torch.arange(BATCH)
+    pair_terms = torch.rand(BATCH, BATCH, generator=torch.Generator().manual_seed(1))
+    mask = (y[:, None] == y[None]) & ~torch.eye(BATCH, dtype=torch.bool)
+    loss_dict = {"loss": {"losses": terms, "indices": anchors, "reduction_type": "element"}}
+    if name == "DivisorReducer":
+        loss_dict["loss"]["divisor"] = 3
+    calls = [
+        (lambda t, dct, emb, lab: _total(REDUCERS[name]()({"loss": {**dct["loss"], "losses": t}}, emb, lab)),
+         (terms, loss_dict, x, y)),
+        (lambda t, m, lab: _total(REDUCERS[name]()(t, m, kind="pos_pair", labels=lab, divisor=3)), (pair_terms, mask, y)),
+    ]
+    for fn, (t, *rest) in calls:
+        assert_same_call(fn, t, *rest)
+
+
+REGULARIZERS = [getattr(regularizers_module, n) for n in regularizers_module.__all__
+                if isinstance(getattr(regularizers_module, n), type)
+                and issubclass(getattr(regularizers_module, n), regularizers_module.BaseRegularizer)
+                and n != "BaseRegularizer"]
+
+
+REGULARIZER_ARGUMENTS = {"SparseCentersRegularizer": dict(num_classes=NUM_CLASSES, centers_per_class=PER_CLASS)}
+
+
+@pytest.mark.parametrize("cls", REGULARIZERS, ids=lambda c: c.__name__)
+def test_regularizer_creates_nothing_on_the_default_device(cls):
+    x, _ = batch()
+    assert_same_call(cls(**REGULARIZER_ARGUMENTS.get(cls.__name__, {})), x)
+
+
+def _distances():
+    from dmlkit.distances import SNRDistance
+
+    return {**{n: (lambda n=n: create_distance(n)) for n in DISTANCES.names()}, "SNRDistance": SNRDistance}
+
+
+DISTANCE_CASES = _distances()
+
+
+@pytest.mark.parametrize("name", sorted(DISTANCE_CASES))
+def test_distance_moves_references_to_the_query_device(name):
+    x, _ = batch()
+    ref, _ = batch(seed=1, n=7)
+    assert_same_call(lambda q, r: DISTANCE_CASES[name]()(q, r).sum(), x, ref)
+    assert_same_call(lambda q: DISTANCE_CASES[name]()(q).sum(), x)
+
+
+def test_batched_distance_moves_references_to_the_query_device():
+    from dmlkit.distances import BatchedDistance
+
+    def blocks(q, r):
+        out = []
+        BatchedDistance(DISTANCE_CASES["cosine"](), lambda mat, s, e: out.append(mat.sum()), batch_size=5)(q, r)
+        return torch.stack(out).sum()
+
+    x, _ = batch()
+    ref, _ = batch(seed=1, n=7)
+    assert_same_call(blocks, x, ref)
+
+
+# -- coverage: every PML name dmlkit has ------------------------------------------------------------------
+
+COVERED_OUTSIDE_REGISTRIES = {"CrossBatchMemory", "SelfSupervisedLoss", "VICRegLoss", "MultipleLosses",
+                              "AccuracyCalculator"}
+#: PML base classes (interfaces, not computations).
+PML_BASES = {"BaseMetricLossFunction", "GenericPairLoss", "BaseLossWrapper", "EmbeddingRegularizerMixin",
+             "WeightRegularizerMixin", "BaseMiner", "BaseReducer", "BaseDistance", "BaseRegularizer",
+             "BaseTupleMiner", "BaseSubsetBatchMiner", "WeightRegularizerMixin"}
+
+
+def test_every_pml_name_dmlkit_has_is_covered():
+    import dmlkit.distances
+    import dmlkit.losses
+    import dmlkit.memory
+    import dmlkit.mining
+    from pytorch_metric_learning import distances, losses, miners, reducers, regularizers
+
+    covered = {type(build_loss(n)).__name__ for n in LOSSES.names()}
+    covered |= {type(create_miner(n)).__name__ for n in MINERS.names()}
+    covered |= {type(make()).__name__ for make in DISTANCE_CASES.values()} | {"BatchedDistance"}
+    covered |= set(REDUCERS) | {c.__name__ for c in REGULARIZERS} | COVERED_OUTSIDE_REGISTRIES
+    ours = (dmlkit.losses, dmlkit.memory, dmlkit.mining, dmlkit.distances, reducers_module, regularizers_module)
+    missing = []
+    for module in (losses, miners, reducers, distances, regularizers):
+        for name in dir(module):
+            if name.startswith("_") or name in PML_BASES or not isinstance(getattr(module, name), type):
+                continue
+            if any(hasattr(m, name) for m in ours) and name not in covered:
+                missing.append(name)
+    assert not missing, f"PML names dmlkit has but no device-contract case covers: {missing}"

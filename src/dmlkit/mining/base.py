@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dmlkit._devices import to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
@@ -108,8 +109,7 @@ class BaseMiner(nn.Module):
                 raise DataError(
                     f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."
                 )
-        labels = labels.to(embeddings.device)
-        ref_labels = ref_labels.to(embeddings.device)
+        labels, ref_emb, ref_labels = to_device((labels, ref_emb, ref_labels), embeddings.device)
         # fp16/bf16 inputs are mined in fp32 (as the losses compute): half-precision distances of
         # zero or duplicate rows overflow into inf/NaN sampling weights.
         half = (torch.float16, torch.bfloat16)
