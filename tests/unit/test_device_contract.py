@@ -227,9 +227,11 @@ def test_miner_moves_labels_and_references_to_the_embeddings_device(name):
 
 
 def _reducers():
-    from dmlkit.losses.reducers import BaseReducer, ClassWeightedReducer, MultipleReducers, PerAnchorReducer, PMLReducer
+    from dmlkit.losses.reducers import (
+        BaseReducer, ClassWeightedReducer, MultipleReducers, PerAnchorReducer, PMLReducer, ThresholdReducer)
 
     special = {ClassWeightedReducer: lambda: ClassWeightedReducer(torch.rand(NUM_CLASSES) + 0.5),
+               ThresholdReducer: lambda: ThresholdReducer(low=0.1),
                MultipleReducers: lambda: MultipleReducers({"loss": reducers_module.MeanReducer()}),
                PerAnchorReducer: lambda: PerAnchorReducer(),
                PMLReducer: None}  # wraps a PML reducer object: PML's own code
@@ -347,3 +349,53 @@ def test_every_pml_name_dmlkit_has_is_covered():
             if any(hasattr(m, name) for m in ours) and name not in covered:
                 missing.append(name)
     assert not missing, f"PML names dmlkit has but no device-contract case covers: {missing}"
+
+
+# -- dtypes: a half-precision batch gets a loss of its own dtype ------------------------------------------
+
+HALF = [torch.float16, torch.bfloat16]
+HALF_RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # two units in the last place of the result
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_of_a_half_precision_batch_has_its_dtype_and_the_float32_value(name, dtype):
+    x, y = batch()
+    x = x.to(dtype)
+    loss = build_loss(name)
+    value = copy.deepcopy(loss)(x.clone().requires_grad_(True), y)
+    reference = copy.deepcopy(loss)(x.float(), y)  # the same rounded inputs in float32
+    assert value.dtype == dtype
+    assert torch.isfinite(value)
+    torch.testing.assert_close(value.float(), reference.detach(), rtol=HALF_RTOL[dtype], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_distances_regularizers_and_reducers_keep_a_half_precision_dtype(dtype):
+    x, y = batch()
+    x = x.to(dtype)
+    for name, make in DISTANCE_CASES.items():
+        assert make()(x).dtype == dtype, name
+    for cls in REGULARIZERS:
+        assert cls(**REGULARIZER_ARGUMENTS.get(cls.__name__, {}))(x).dtype == dtype, cls.__name__
+    terms = torch.rand(BATCH).to(dtype)
+    for name, make in REDUCERS.items():
+        entry = {"losses": terms, "indices": torch.arange(BATCH), "reduction_type": "element", "divisor": 3}
+        assert _total(make()({"loss": entry}, x, y)).dtype == dtype, name
+
+
+# -- the accuracy calculator ------------------------------------------------------------------------------
+
+
+def test_accuracy_calculator_takes_labels_and_references_on_any_device():
+    from dmlkit.evaluation import AccuracyCalculator
+
+    query, query_labels = batch(n=20)
+    reference, reference_labels = batch(seed=4, n=30)
+    calculator = AccuracyCalculator(include=("precision_at_1", "r_precision", "mean_average_precision_at_r"))
+    for args in ((query_labels,), (query_labels, reference, reference_labels)):
+        expected = calculator.get_accuracy(query, *args)
+        emu = DeviceEmulator()
+        with emu:
+            got = calculator.get_accuracy(query, *emu.away(args))
+        assert got == expected and len(got) == 3
