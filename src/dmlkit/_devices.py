@@ -53,7 +53,10 @@ def to_device(x: T, device: torch.device) -> T:
 
 
 def as_input_dtype(result: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-    """``result`` (accumulated in float32 for half-precision ``embeddings``) in the embeddings' dtype."""
+    """``result`` (accumulated in float32 for half-precision ``embeddings``) in the embeddings' dtype; anything
+    but a floating-point tensor (a do-nothing reducer's loss dict) comes back as given."""
+    if not isinstance(result, torch.Tensor):
+        return result
     if embeddings.is_floating_point() and result.is_floating_point() and result.dtype != embeddings.dtype:
         return result.to(embeddings.dtype)
     return result
