@@ -41,17 +41,17 @@ def batch(dtype=torch.float32, seed=0, n=BATCH):
     return x, y
 
 
+#: What a loss gets for these parameters when its constructor has them (a factory: a fresh object each time).
+SHAPE_ARGUMENTS = {"num_classes": lambda: NUM_CLASSES, "embedding_size": lambda: DIM,
+                   "pair_loss": lambda: create_loss("contrastive")}
+
+
 def build_loss(name: str):
-    kwargs = dict(LOSS_ARGUMENTS.get(name, {}))
-    params = inspect.signature(LOSSES.get(name)).parameters
-    if "num_classes" in params:
-        kwargs.setdefault("num_classes", NUM_CLASSES)
-    if "embedding_size" in params:
-        kwargs.setdefault("embedding_size", DIM)
-    if "pair_loss" in params:
-        kwargs["pair_loss"] = create_loss("contrastive")
+    """The registered loss ``name`` for a ``[BATCH, DIM]`` batch of ``NUM_CLASSES`` classes, seeded."""
+    accepted = inspect.signature(LOSSES.get(name)).parameters
+    given = {k: make() for k, make in SHAPE_ARGUMENTS.items() if k in accepted}
     torch.manual_seed(0)
-    return create_loss(name, **kwargs)
+    return create_loss(name, **{**given, **LOSS_ARGUMENTS.get(name, {})})
 
 
 def value_and_grad(fn, x, *args, emulator=None, **kwargs):
@@ -228,7 +228,13 @@ def test_miner_moves_labels_and_references_to_the_embeddings_device(name):
 
 def _reducers():
     from dmlkit.losses.reducers import (
-        BaseReducer, ClassWeightedReducer, MultipleReducers, PerAnchorReducer, PMLReducer, ThresholdReducer)
+        BaseReducer,
+        ClassWeightedReducer,
+        MultipleReducers,
+        PerAnchorReducer,
+        PMLReducer,
+        ThresholdReducer,
+    )
 
     special = {ClassWeightedReducer: lambda: ClassWeightedReducer(torch.rand(NUM_CLASSES) + 0.5),
                ThresholdReducer: lambda: ThresholdReducer(low=0.1),
@@ -330,11 +336,12 @@ PML_BASES = {"BaseMetricLossFunction", "GenericPairLoss", "BaseLossWrapper", "Em
 
 
 def test_every_pml_name_dmlkit_has_is_covered():
+    from pytorch_metric_learning import distances, losses, miners, reducers, regularizers
+
     import dmlkit.distances
     import dmlkit.losses
     import dmlkit.memory
     import dmlkit.mining
-    from pytorch_metric_learning import distances, losses, miners, reducers, regularizers
 
     covered = {type(build_loss(n)).__name__ for n in LOSSES.names()}
     covered |= {type(create_miner(n)).__name__ for n in MINERS.names()}

@@ -3,8 +3,8 @@
 ``loss(embeddings, labels, **kwargs)`` validates its inputs, moves labels and every tensor argument
 to the embeddings' device (PML's contract), turns off autocast and upcasts half-precision inputs so
 the loss is accumulated in fp32, then hands over to ``compute_loss``; the loss comes back in the
-embeddings' dtype (float16 in, float16 out, as PML and PyTorch's losses). A batch with nothing to learn from returns :func:`zero_loss`, which stays
-connected to the autograd graph.
+embeddings' dtype (float16 in, float16 out, as PML and PyTorch's losses). A batch with nothing to
+learn from returns :func:`zero_loss`, which stays connected to the autograd graph.
 """
 
 from __future__ import annotations
