@@ -119,6 +119,9 @@ class BaseMiner(nn.Module):
         half = () if self.mines_in_input_dtype else (torch.float16, torch.bfloat16)
         embeddings = embeddings.detach().float() if embeddings.dtype in half else embeddings.detach()
         ref_emb = embeddings if same_set else (ref_emb.detach().float() if ref_emb.dtype in half else ref_emb.detach())
+        if ref_emb.dtype != embeddings.dtype:  # e.g. a float16 batch against a float32 memory: the wider of the two
+            common = torch.promote_types(embeddings.dtype, ref_emb.dtype)
+            embeddings, ref_emb = embeddings.to(common), ref_emb.to(common)
         with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
             pos, neg = label_masks(labels, ref_labels, same_set=same_set)
             return mine(embeddings, ref_emb, pos, neg)

@@ -136,5 +136,5 @@ class SubCenterArcFaceLoss(ArcFaceLoss):
             return outliers
         present = torch.zeros(self.num_classes, dtype=torch.bool, device=labels.device)
         present[labels] = True
-        centers = weights.view(self.num_classes, k, -1)[torch.arange(self.num_classes), dominant]  # [C, D]
+        centers = weights.view(self.num_classes, k, -1)[torch.arange(self.num_classes, device=dominant.device), dominant]  # [C, D]
         return outliers, (centers * present[:, None]).T
