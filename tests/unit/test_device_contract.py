@@ -406,3 +406,17 @@ def test_accuracy_calculator_takes_labels_and_references_on_any_device():
         with emu:
             got = calculator.get_accuracy(query, *emu.away(args))
         assert got == expected and len(got) == 3
+
+
+def test_sub_center_arcface_outliers_take_labels_on_any_device():
+    from dmlkit.losses import SubCenterArcFaceLoss
+
+    x, y = batch()
+    loss = SubCenterArcFaceLoss(num_classes=NUM_CLASSES, embedding_size=DIM, sub_centers=3)
+    expected = loss.get_outliers(x, y, threshold=30)
+    emu = DeviceEmulator()
+    with emu:
+        got = loss.get_outliers(x, emu.away(y), threshold=30)
+    assert not any(emu.is_away(t) for t in got)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
