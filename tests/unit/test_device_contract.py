@@ -12,6 +12,7 @@ fails :func:`test_every_pml_name_dmlkit_has_is_covered` until a case is added.
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 
 import pytest
@@ -394,8 +395,13 @@ def test_distances_regularizers_and_reducers_keep_a_half_precision_dtype(dtype):
 # -- the accuracy calculator ------------------------------------------------------------------------------
 
 
-def test_accuracy_calculator_takes_labels_and_references_on_any_device():
+def test_accuracy_calculator_takes_labels_and_references_on_any_device(monkeypatch):
     from dmlkit.evaluation import AccuracyCalculator
+    knn_module = importlib.import_module("dmlkit.evaluation.knn")  # the package exports the function knn
+
+    # the home device stands for a GPU: the calculator takes the search a GPU runs (knn_device.py); the
+    # CPU search (C scan) makes its shortlists on the CPU by design and is never reached from a GPU
+    monkeypatch.setattr(knn_module, "DEVICE_SEARCH", "always")
 
     query, query_labels = batch(n=20)
     reference, reference_labels = batch(seed=4, n=30)
