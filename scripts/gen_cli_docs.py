@@ -14,6 +14,7 @@ EXAMPLES = {
         "dmlkit train --preset cpu-asap-mnist-2d-c2     # a packaged preset",
         "dmlkit train --set loss.name=multi_similarity --set loss.miner.name=multi_similarity --out runs/ms",
         "dmlkit train --resume runs/ms                  # continue an interrupted run exactly",
+        "dmlkit train --list-backbones                  # which backbones have weights here, and why not",
     ],
     "validate": ["dmlkit validate --preset cpu-asap-mnist-2d-c2 --set train.max_steps=300 --print"],
     "evaluate": ["dmlkit evaluate runs/ms", "dmlkit evaluate runs/ms --split val --set protocol.val_fraction=0.2"],
@@ -59,7 +60,10 @@ EXAMPLES_NOT_RUN = {
     "validate": ("needs the CUB-200-2011 images", [
         "dmlkit validate --preset asap-c2-cub --set data.root=/data/CUB_200_2011 --print   # also checks the data root",
     ]),
-    "datasets": ("needs the CUB-200-2011 images", ["dmlkit datasets info cub200 --root /data/CUB_200_2011"]),
+    "datasets": ("needs the internet or the benchmark images", [
+        "dmlkit datasets info cub200 --root /data/CUB_200_2011",
+        "dmlkit datasets download cub200 --root /data/cub --yes   # terms printed, archive fetched, md5 and counts checked",
+    ]),
 }
 
 #: Text after a verb's examples (Markdown lines).

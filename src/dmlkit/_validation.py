@@ -190,6 +190,15 @@ def validate_params(owner: str, params: Mapping[str, Any], constraints: Mapping[
         )
 
 
+def reads_on_host(tensor: torch.Tensor) -> bool:
+    """Whether reading ``tensor``'s values in Python is free: it lives in host memory.
+
+    On an accelerator the same read (``.item()``, ``int(t)``, ``if t.any():``) makes the host wait
+    for every queued kernel; checks of data go through ``torch._assert_async`` there instead.
+    """
+    return tensor.device.type == "cpu"
+
+
 def check_embeddings_labels(
     embeddings: torch.Tensor,
     labels: torch.Tensor | None,

@@ -59,6 +59,7 @@ KNOWN_OPT_OUTS = {
     "continues the GPU run above",
     "needs the CUB-200-2011 images",
     "needs the Stanford Online Products images",
+    "needs the internet or the benchmark images",
 }
 
 

@@ -3,14 +3,16 @@ margins/temperatures, fp16/bf16/fp32/fp64 inputs. These inputs are valid: output
 nothing raises. Invalid inputs, one class at a time (:data:`INVALID_INPUTS`), raise the one exception
 type documented for that class, for every loss and miner.
 
-fp16 gradients are the one exception the hardware imposes: the loss is computed in fp32, and a
-gradient larger than fp16's maximum (65504) becomes inf when cast back to the fp16 input; the test
-checks that this happens only when the fp32 gradient of the same input really is that large
-(the trainer's finite-gradient check then stops or skips the step with a clear message).
+fp16 is the one exception the hardware imposes: the loss is computed in fp32 and returned in the
+embeddings' dtype (PML's contract), and a loss or gradient larger than fp16's maximum (65504) becomes
+inf when cast back to fp16 (the input, the loss, or proxies that took the batch's dtype); the test
+checks that this happens only when the fp32 value of the same input really is that large (the
+trainer hands losses fp32 embeddings, and its finite checks stop or skip such a step with a clear message).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 
@@ -149,11 +151,29 @@ def test_every_registered_loss_and_miner_is_fuzzed():
 
 
 def _loss_and_grads(loss, x, labels):
+    """The loss (in float32 or float64) and the gradients of ``x`` and of the loss's parameters.
+
+    The loss must come back in ``x``'s dtype (PML's contract); it is returned upcast. An fp16 loss or
+    fp16 parameter (proxy) gradient that overflowed is replaced by its fp32 value after checking that
+    the fp32 value of the same input really exceeds fp16's range (the input's own gradient is checked
+    by the caller the same way).
+    """
+    fresh = copy.deepcopy(loss)
     x = x.detach().clone().requires_grad_(True)
     value = loss(x, labels)
+    assert value.dtype == x.dtype, f"a {x.dtype} batch gave a {value.dtype} loss"
     value.backward()
     grads = [x.grad] + [p.grad for p in loss.parameters() if p.grad is not None]
-    return value, grads
+    if x.dtype == torch.float16 and not (torch.isfinite(value) and all(torch.isfinite(g).all() for g in grads[1:])):
+        value32, grads32 = _loss_and_grads(fresh, x.detach().float(), labels)
+        if not torch.isfinite(value):
+            assert value32.abs() > FP16_MAX / 2, f"fp16 loss overflowed without cause: fp32 {value32}"
+            value = value32
+        for i, (g, g32) in enumerate(zip(grads[1:], grads32[1:]), start=1):
+            if not torch.isfinite(g).all():
+                assert g32[~torch.isfinite(g)].abs().max() > FP16_MAX / 2, "fp16 parameter gradient overflowed without cause"
+                grads[i] = g32
+    return value.float() if value.dtype != torch.float64 else value, grads
 
 
 @pytest.mark.parametrize("name,kwargs", LOSS_CASES, ids=_ids(LOSS_CASES))

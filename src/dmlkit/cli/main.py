@@ -20,7 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "search": ("dmlkit.cli.search", "nearest neighbours of query images or embeddings in an embedded gallery"),
     "index": ("dmlkit.cli.index", "build, extend and query a saved search index over a gallery (faiss)"),
     "presets": ("dmlkit.cli.presets", "list packaged presets, or show one with its source"),
-    "datasets": ("dmlkit.cli.datasets", "list data sets, or check a data set folder against published counts"),
+    "datasets": ("dmlkit.cli.datasets", "list data sets, check a data set folder against published counts, or download one"),
     "report": ("dmlkit.cli.report", "write report.html for a run directory"),
     "compare": ("dmlkit.cli.compare", "write a side-by-side comparison page and table of several runs"),
     "sweep": ("dmlkit.cli.sweep", "hyperparameter search with Optuna on validation MAP@R (resumable)"),

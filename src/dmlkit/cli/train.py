@@ -37,6 +37,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.add_argument("--list-backbones", action="store_true", help="list backbones whose pretrained weights are here "
+                   "(installed package, Hugging Face or torch hub cache) and why the others are not, then exit")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.run_dir import claim_directory
     from dmlkit.engine.trainer import Trainer, format_metrics_table
 
+    if args.list_backbones:
+        return list_backbones()
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
@@ -95,4 +99,20 @@ def run(args: argparse.Namespace) -> int:
     if callbacks and callbacks[0].path is not None:
         print(f"report: {callbacks[0].path}")
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def list_backbones() -> int:
+    """Print which backbones ``model.pretrained=true`` fills here without the network, and why the others are not."""
+    from dmlkit.models.availability import backbone_table
+    from dmlkit.models.hub import hf_cache_dir, is_offline, torch_cache_dir
+
+    rows = backbone_table()
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'backbone'.ljust(width)}  here  where the weights are, or why not")
+    for name, here, why in rows:
+        print(f"{name.ljust(width)}  {'yes ' if here else 'no  '}  {why}")
+    print(f"\nHugging Face cache: {hf_cache_dir()}; torch hub cache: {torch_cache_dir()}; downloads "
+          + ("forbidden (HF_HUB_OFFLINE=1)." if is_offline() else "allowed when a run asks for weights (model.pretrained=true)."))
+    print("Photos (model.name=auto) get the largest EfficientNet-Lite with weights here that the time budget affords.")
     return 0

@@ -37,6 +37,9 @@ class DataConfig:
     above) or a paper's own (``musgrave``, ``proxy_anchor``, ``proxy_nca``: ``image_size`` is then the
     evaluation crop, ``crop_size`` the training crop, and the training crops are the pipeline's,
     so ``augment`` must stay ``auto`` or be ``crop``).
+    ``download=true`` fetches a benchmark (cub200, cars196, sop) into ``root`` before it is read when
+    ``root`` does not hold it yet (:func:`dmlkit.data.download.download_dataset`: terms printed,
+    checksums verified, counts checked).
     """
 
     name: str = "mnist"
@@ -47,6 +50,7 @@ class DataConfig:
     crop_size: Optional[int] = None
     num_workers: Optional[int] = 0
     skip_bad_images: bool = False
+    download: bool = False
     augment: str = "auto"
     max_shift: int = 2
     pipeline: str = "recipe"

@@ -6,9 +6,11 @@ takes to add a data set.
 
 from dmlkit._registry import import_submodules
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
+from dmlkit.data.download import download_dataset
 from dmlkit.data.hierarchical_sampler import HierarchicalSampler
 from dmlkit.data.info import dataset_info, datasets_table
 from dmlkit.data.mnist import load_mnist5k, load_sklearn_digits
+from dmlkit.data.pml_datasets import CUB, Cars196, INaturalist2018, StanfordOnlineProducts
 from dmlkit.data.registry import DATASETS, DatasetSpec, SplitSource, get_dataset_spec, list_datasets, register_dataset
 from dmlkit.data.samplers import (
     SAMPLERS,
@@ -25,19 +27,23 @@ from dmlkit.data.triplet_samplers import FixedSetOfTriplets, TuplesToWeightsSamp
 import_submodules(__name__, __path__)  # the reader modules register their data sets
 
 __all__ = [
+    "CUB",
     "DATASETS",
     "SAMPLERS",
     "BackboneNormalize",
+    "Cars196",
     "DataSplits",
     "DatasetSpec",
     "EpochSampler",
     "FixedSetOfTriplets",
     "HierarchicalSampler",
+    "INaturalist2018",
     "ImageFileDataset",
     "MPerClassSampler",
     "OnePerClassSampler",
     "Preprocessing",
     "ShuffledSampler",
+    "StanfordOnlineProducts",
     "SplitSource",
     "TensorImageDataset",
     "TuplesToWeightsSampler",
@@ -46,6 +52,7 @@ __all__ = [
     "class_disjoint_folds",
     "create_sampler",
     "dataset_info",
+    "download_dataset",
     "datasets_table",
     "eval_transform",
     "get_dataset_spec",

@@ -91,14 +91,14 @@ class BackboneNormalize(nn.Module):
         if pre.mean and image.shape[-3] == 1 and pre.channels == 3:
             image = image.expand(*image.shape[:-3], 3, *image.shape[-2:])
         elif pre.mean and image.shape[-3] == 3 and pre.channels == 1:
-            weights = torch.tensor([0.299, 0.587, 0.114], dtype=image.dtype).view(3, 1, 1)
+            weights = torch.tensor([0.299, 0.587, 0.114], dtype=image.dtype, device=image.device).view(3, 1, 1)
             image = (image * weights).sum(dim=-3, keepdim=True)
         if pre.color == "BGR" and image.shape[-3] == 3:
             image = image.flip(-3)
         if pre.scale != 1.0:
             image = image * pre.scale
         if pre.mean:
-            image = (image - self.mean.to(image.dtype)) / self.std.to(image.dtype)
+            image = (image - self.mean.to(image.device, image.dtype)) / self.std.to(image.device, image.dtype)
         return image.contiguous()
 
     def extra_repr(self) -> str:
@@ -273,11 +273,11 @@ class RandomTranslate(nn.Module):
             return images
         b, _, h, w = images.shape
         s = self.max_shift
-        shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)
+        shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)  # drawn on the CPU whatever the images' device
         padded = torch.nn.functional.pad(images, (s, s, s, s), mode="replicate")
         rows = (torch.arange(h)[None, :] + s - shifts[:, :1]).clamp(0, h + 2 * s - 1)  # [B, H]
         cols = (torch.arange(w)[None, :] + s - shifts[:, 1:]).clamp(0, w + 2 * s - 1)  # [B, W]
-        batch = torch.arange(b)[:, None, None]
+        batch, rows, cols = (t.to(images.device) for t in (torch.arange(b)[:, None, None], rows, cols))
         out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
         return out.permute(0, 3, 1, 2).contiguous()
 
@@ -322,7 +322,7 @@ class RandomAffine(nn.Module):
         theta = torch.stack([
             torch.stack([a11, a12, u[:, 3] * 2 * self.shift], dim=1),
             torch.stack([a21, a22, u[:, 4] * 2 * self.shift], dim=1),
-        ], dim=1).to(images.dtype)
+        ], dim=1).to(images.device, images.dtype)  # computed on the CPU, applied on the images' device
         grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
         fill = images.new_tensor(self.fill).view(1, -1, 1, 1)
         warped = torch.nn.functional.grid_sample(images - fill, grid, mode="bilinear", padding_mode="zeros",
@@ -370,8 +370,8 @@ class RandomResizedCropFlip(nn.Module):
         flip = torch.where(u[:, 4] < 0.5, -1.0, 1.0)
         zero = torch.zeros_like(width)
         theta = torch.stack([torch.stack([width * flip, zero, cx], 1), torch.stack([zero, height, cy], 1)], 1)
-        grid = torch.nn.functional.affine_grid(theta.to(images.dtype), [b, images.shape[1], self.size, self.size],
-                                               align_corners=False)
+        grid = torch.nn.functional.affine_grid(theta.to(images.device, images.dtype),
+                                               [b, images.shape[1], self.size, self.size], align_corners=False)
         return torch.nn.functional.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     def extra_repr(self) -> str:
@@ -453,7 +453,7 @@ class RandomCropFlip(nn.Module):
         rows = (top[:, None] + steps[None, :])[:, :, None]  # [B, S, 1]
         cols = left[:, None] + steps[None, :]  # [B, S]
         cols = torch.where((u[:, 2] < 0.5)[:, None], cols.flip(1), cols)[:, None, :]  # [B, 1, S]
-        batch = torch.arange(b)[:, None, None]
+        batch, rows, cols = (t.to(images.device) for t in (torch.arange(b)[:, None, None], rows, cols))
         return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 
     def extra_repr(self) -> str:

@@ -27,7 +27,7 @@ class BatchedDistance(torch.nn.Module):
         self.batch_size = batch_size
 
     def forward(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None = None) -> None:
-        ref_emb = query_emb if ref_emb is None else ref_emb
+        ref_emb = query_emb if ref_emb is None else ref_emb.to(query_emb.device)
         for start in range(0, query_emb.shape[0], self.batch_size):
             end = start + self.batch_size
             self.iter_fn(self.distance(query_emb[start:end], ref_emb), start, end)

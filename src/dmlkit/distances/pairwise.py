@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import threshold
 
+from dmlkit._devices import to_device
 from dmlkit._records import init_stats
 from dmlkit._registry import Registry
 from dmlkit._validation import BOOL, Interval, validate_params
@@ -85,7 +86,7 @@ class BaseDistance(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         self.check_shapes(x, y)
-        ref = x if y is None else y
+        ref = x if y is None else to_device(y, x.device)  # PML's set_ref_emb keeps it; any device is taken here
         if getattr(self, "collect_stats", False):
             self.record_stats(x, ref)
         return self.pairwise(x, ref)

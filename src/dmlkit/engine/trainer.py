@@ -1,7 +1,8 @@
 """The training engine: one loop for every loss, miner, memory and ASAP.
 
 Data flow of a step: batch sampler -> index batch -> images + labels (mapped to 0..C-1)
--> ``train.device`` -> model (optionally under bf16/fp16 autocast) -> embeddings -> objective
+-> ``train.device`` (on a GPU an in-memory split already lives there and is augmented there;
+other batches come in pinned, non-blocking copies: ``engine/device_data.py``) -> model (optionally under bf16/fp16 autocast) -> embeddings -> objective
 (miner / memory / loss, accumulated in fp32) -> backward (fp16: of the scaled loss, then
 unscaled) -> method hook (ASAP's proximal gradient) -> finite check -> gradient clipping ->
 optimiser (fp16: through the gradient scaler) and schedule step. Every ``eval_every`` steps the
@@ -25,7 +26,7 @@ from torch import nn
 
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import backbone_choice, budget, builders, distributed
+from dmlkit.engine import backbone_choice, budget, builders, device_data, distributed
 from dmlkit.engine.budget import Plan, Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList, EarlyStopping
 from dmlkit.engine.checkpoint import (
@@ -46,6 +47,7 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.seeding import rng_state, seed_everything, set_rng_state
+from dmlkit.engine.timing import synchronize
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
@@ -131,6 +133,9 @@ class Trainer:
             seed_everything(cfg.seed)  # the recipe asked for more
             built = builders.build_model(cfg)
         self.model = built.to(self.device)
+        self._channels_last = device_data.uses_channels_last(self.model, self.device)  # conv models on a GPU
+        if self._channels_last:
+            self.model.to(memory_format=torch.channels_last)
         train_labels = self.splits.train.labels
         self.label_map = builders.LabelMap(train_labels)
         self.objective = builders.build_objective(cfg, num_classes=len(self.label_map), loss=loss,
@@ -285,11 +290,11 @@ class Trainer:
         """
         if not self.model.training:  # evaluation puts it back; the check saves a walk over every module
             self.model.train()
-        if self._to_device:
-            if self._pin:
-                images, labels = images.pin_memory(), labels.pin_memory()
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
+        if self._to_device:  # (images already on the card stay: an in-memory split augmented there)
+            images = device_data.to_device(images, self.device, self._pin)
+            labels = device_data.to_device(labels, self.device, self._pin)
+        if self._channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
         if self.autocast_dtype is None:
             embeddings = self.train_forward(images)
         else:
@@ -376,8 +381,8 @@ class Trainer:
     def embed(self, dataset, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings and labels of a whole split with the current weights, under the training autocast
         (as ``dmlkit evaluate`` and ``dmlkit embed`` embed a run's splits, so they reproduce the metrics)."""
-        return embed_dataset(self.model, dataset, self.cfg.eval.batch_size, self.cfg.data.num_workers, self.autocast_dtype,
-                             progress=progress)
+        return embed_dataset(self.model, device_data.resident_on(dataset, self.device), self.cfg.eval.batch_size,
+                             self.cfg.data.num_workers, self.autocast_dtype, progress=progress)
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -389,9 +394,10 @@ class Trainer:
         from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
 
         gallery, gallery_labels = reference if reference is not None else (None, None)
-        metrics = retrieval_metrics(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
-                                    ks=tuple(self.cfg.eval.ks), backend=self.cfg.eval.backend,
-                                    own_reference=own_reference)
+        searched = self._searched(embeddings)  # on a GPU, the exact k-NN and retrieval metrics run on the card
+        metrics = retrieval_metrics(searched, labels, reference=None if gallery is None else self._searched(gallery),
+                                    reference_labels=gallery_labels, ks=tuple(self.cfg.eval.ks),
+                                    backend=self.cfg.eval.backend, own_reference=own_reference)
         everything, everything_labels = (embeddings, labels) if gallery is None else query_gallery_union(
             embeddings, labels, gallery, gallery_labels, own_reference)
         metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
@@ -399,6 +405,10 @@ class Trainer:
             metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
                                               seed=self.cfg.seed))
         return metrics
+
+    def _searched(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Embeddings where the k-NN metrics search them: the training GPU (``evaluation.knn_device``), else as given."""
+        return embeddings.to(self.device) if self.device.type == "cuda" else embeddings
 
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
         """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
@@ -418,7 +428,8 @@ class Trainer:
         result = None
         if self.dist.is_main:
             embeddings, labels = self.embed(self.splits.val)
-            per_query = map_at_r_per_query(embeddings, labels, backend=self.cfg.eval.backend) if compare else None
+            per_query = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
+                         if compare else None)
             result = (self.score(embeddings, labels, clustering=False), per_query)
         metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])
@@ -510,7 +521,11 @@ class Trainer:
                 stale.unlink(missing_ok=True)
             self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
         elif self.dist.is_main:
-            self.run.prepare(cfg, self.splits, device=str(self.device))
+            weights = getattr(self.model, "pretrained_weights", None)
+            if weights is not None:
+                self.echo(f"pretrained weights: {weights.tag} from {weights.source} (SHA-256 {weights.sha256[:12]}...)")
+            self.run.prepare(cfg, self.splits, device=str(self.device),
+                             weights=weights.record() if weights is not None else None)
         distributed.barrier()
         finished = False
         try:
@@ -561,10 +576,14 @@ class Trainer:
                 images = self.feature_cache.features(indices, g)
             elif self.augment is not None:  # seeded by (seed, epoch, batch): resumes replay it exactly
                 g = derive_generator(self.cfg.seed, "batch augmentation", position.epoch, position.batch_in_epoch)
-                images = self.augment(images, g)
+                # on a GPU the batch is augmented there (its random numbers still drawn on the CPU from g)
+                images = self.augment(device_data.to_device(images, self.device, self._pin), g)
             value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
+            if (self.step <= start_step + 1 + budget.CALIBRATION_STEPS or self.step >= cfg.train.max_steps
+                    or has_val and self.step % cfg.train.eval_every == 0):
+                synchronize(self.device)  # the steps the plan times (and the last before a validation) end on the card
             now = self.clock()
             self.elapsed += now - t_last
             t_last = now
@@ -611,8 +630,10 @@ class Trainer:
 
     def _training_batches(self):
         """The batch stream from the current position: labels only once the cache holds the images' features."""
-        source = self.feature_cache.batch_source() if self.feature_cache else self.splits.train
-        return builders.iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers)
+        source = (self.feature_cache.batch_source() if self.feature_cache
+                  else device_data.resident_on(self.splits.train, self.device))  # in memory: on a GPU, moved there once
+        return builders.iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
+                                                 pin_memory=self._pin)
 
     def _cache_after_first_plan(self) -> bool:
         """Under a time budget (``feature_cache=auto``): build the cache when the planned epochs make it pay

@@ -204,7 +204,7 @@ class AccuracyCalculator:
             reference, reference_labels, ref_includes_query = query, query_labels, True
         query, reference = _as_float(query, "query"), _as_float(reference, "reference")
         common = torch.promote_types(query.dtype, reference.dtype)
-        query, reference = query.to(common), reference.to(common)
+        query, reference = query.to(common), reference.to(query.device, common)
         fast = self._uses_fast_path()
         query_labels = _as_labels(query_labels, "query_labels", any_shape=not fast)
         reference_labels = _as_labels(reference_labels, "reference_labels", any_shape=not fast)
@@ -220,14 +220,14 @@ class AccuracyCalculator:
         ):
             raise DataError("With ref_includes_query=True the first len(query) rows of reference (and labels) must be the query.")
         if not fast:  # PML's protocol on float32, as PML converts every input
-            query, reference = query.float(), reference.float()
+            query, reference = query.cpu().float(), reference.cpu().float()
             return self._general_accuracy(metrics, query, query_labels, reference, reference_labels, ref_includes_query)
         results: dict[str, float | list[float]] = {}
         knn_metrics = [m for m in metrics if m not in _CLUSTERING]
         if knn_metrics:
             results.update(self._knn_metrics(knn_metrics, query, query_labels, reference, reference_labels, ref_includes_query))
         if any(m in _CLUSTERING for m in metrics):
-            clusters = self.get_cluster_labels(query, query_labels)
+            clusters = self.get_cluster_labels(query.cpu(), query_labels)
             for m in metrics:
                 if m in _CLUSTERING:
                     results[m] = self.original_function_dict[m](query_labels=query_labels, cluster_labels=clusters)
@@ -303,6 +303,8 @@ class AccuracyCalculator:
 
     # ------------------------------------------------------------------------------ k-NN
     def _knn_metrics(self, metrics, query, query_labels, reference, reference_labels, ref_includes_query):
+        # on the embeddings' device: a GPU searches and scores there (knn.searches_on_device)
+        query_labels, reference_labels = query_labels.to(query.device), reference_labels.to(query.device)
         self_count = int(ref_includes_query)
         classes, inverse = torch.unique(query_labels, return_inverse=True)
         counts = _counts_in(classes, reference_labels)  # references per query class
@@ -340,7 +342,8 @@ class AccuracyCalculator:
         if not (self.avg_of_avgs or self.return_per_class):
             return float(per_query.mean())
         classes, inverse = torch.unique(labels, dim=0, return_inverse=True)
-        sums = torch.zeros(len(classes), dtype=torch.float64).index_add_(0, inverse, per_query.double())
+        sums = torch.zeros(len(classes), dtype=torch.float64, device=per_query.device).index_add_(
+            0, inverse, per_query.double())
         per_class = sums / torch.bincount(inverse, minlength=len(classes)).double()
         return per_class.tolist() if self.return_per_class else float(per_class.mean())
 
@@ -413,13 +416,14 @@ def _counts_in(classes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _as_float(x: object, name: str) -> torch.Tensor:
-    """``[N, D]`` floats on the CPU; integer embeddings become float32 (as PML converts them)."""
+    """``[N, D]`` floats on their device (the k-NN metrics run there); integer embeddings become float32
+    (as PML converts them)."""
     t = torch.as_tensor(x)
     if t.dim() != 2 or t.is_complex() or t.dtype == torch.bool:
         raise DataError(f"{name} must be a real array of shape [N, D]. Got {tuple(t.shape)} {t.dtype}.")
     if not t.is_floating_point():
         t = t.float()
-    return t.detach().cpu()
+    return t.detach()
 
 
 def _as_labels(x: object, name: str, any_shape: bool = False) -> torch.Tensor:

@@ -46,6 +46,11 @@ the result is exact. Queries that cannot be certified (near-ties, duplicates, fl
 are searched again with a 4x larger shortlist until certified; at ``m = N`` every reference is
 re-ranked, so the loop always ends. The faiss backend takes its shortlist from ``IndexFlatIP``
 and shares everything else.
+
+Embeddings on a GPU (any device but the CPU; :data:`DEVICE_SEARCH`) are searched there: the same
+operands, keys and certificate are built on that device, the shortlists come from float32 score
+tiles sized to its free memory (:mod:`dmlkit.evaluation.knn_device`: matrix product, top-k, merge),
+and the blocks are yielded on the device (the float32 CPU path's blocks).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ NATIVE_SUB_ROWS = 256  # rows per product of the C scan: the scores stay in the 
 NATIVE_SCAN = True
 #: Precision of the shared score tiles: "auto" (bf16 where it is native and the operands allow), "float32", "bfloat16".
 TILE_PRECISION = "auto"
+#: Where the search runs: "auto" (embeddings off the CPU on their own device, :mod:`~dmlkit.evaluation.knn_device`;
+#: CPU embeddings on the CPU's tiles), "always" (the device path for CPU embeddings too: tests, benchmarks),
+#: "never" (every search copied to the CPU's tiles). The faiss backend always searches on the CPU.
+DEVICE_SEARCH = "auto"
 
 
 @dataclass
@@ -119,18 +128,22 @@ class _Prepared:
         return self.num_references - int(self.exclude_self)
 
 
-def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_self: bool) -> _Prepared:
-    """Build the float32 / float64 operands and the per-query rounding bound."""
+def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_self: bool,
+             device: torch.device | None = None) -> _Prepared:
+    """Build the float32 / float64 operands and the per-query rounding bound on ``device`` (default: the CPU;
+    off the CPU the tiles are always float32)."""
+    device = torch.device("cpu") if device is None else device
     symmetric = exclude_self and query is reference
-    q64 = query.detach().cpu().double()
-    r64 = q64 if symmetric else reference.detach().cpu().double()
+    q64 = query.detach().to(device).double()
+    r64 = q64 if symmetric else reference.detach().to(device).double()
     if metric == "cosine":
         q64 = q64 / q64.norm(dim=1, keepdim=True).clamp_min(1e-300)
         r64 = q64 if symmetric else r64 / r64.norm(dim=1, keepdim=True).clamp_min(1e-300)
     if metric == "euclidean":
         q_h, r_h = 0.5 * (q64 * q64).sum(1), 0.5 * (r64 * r64).sum(1)
     else:
-        q_h, r_h = torch.zeros(q64.shape[0], dtype=torch.float64), torch.zeros(r64.shape[0], dtype=torch.float64)
+        q_h = torch.zeros(q64.shape[0], dtype=torch.float64, device=device)
+        r_h = torch.zeros(r64.shape[0], dtype=torch.float64, device=device)
     r_norm_max = float(r64.norm(dim=1).max()) if r64.shape[0] else 0.0
     h_max = float(r_h.max()) if r_h.numel() else 0.0
     spread = float(r_h.max() - r_h.min()) if r_h.numel() else 0.0
@@ -144,10 +157,10 @@ def _prepare(query: torch.Tensor, reference: torch.Tensor, metric: str, exclude_
         q_op, r_op = q32, r32
     else:
         shift = torch.zeros_like(q_h)
-        q_op = torch.cat([q32, -q_h.float().unsqueeze(1), torch.ones(len(q32), 1)], 1)
-        r_op = torch.cat([r32, torch.ones(len(r32), 1), -r_h.float().unsqueeze(1)], 1)
+        q_op = torch.cat([q32, -q_h.float().unsqueeze(1), torch.ones(len(q32), 1, device=device)], 1)
+        r_op = torch.cat([r32, torch.ones(len(r32), 1, device=device), -r_h.float().unsqueeze(1)], 1)
     tile_query, tile_reference, tile_bound, tile_slack, output_rounding = q_op, r_op, bound, SHORTLIST_SLACK, 0.0
-    if _bf16_tiles(folded):  # the operands are the embeddings themselves: q_op ~ q64
+    if device.type == "cpu" and _bf16_tiles(folded):  # the operands are the embeddings themselves: q_op ~ q64
         tile_query = q_op.bfloat16()
         tile_reference = tile_query if symmetric else r_op.bfloat16()
         q_norm, q_residual = _norm_and_residual(q64, tile_query)
@@ -542,7 +555,7 @@ def _rank_shortlist(
     i = i.gather(1, order)
     keys, i = keys[:, :k], i[:, :k]
     if m >= prep.num_candidates:
-        return keys, i, torch.ones(len(rows), dtype=torch.bool)
+        return keys, i, torch.ones(len(rows), dtype=torch.bool, device=rows.device)
     kth = _keys_to_scores(prep, keys[:, -1])
     smallest = v.double().min(dim=1).values
     margin = bound[rows] + output_rounding * smallest.abs()
@@ -555,10 +568,10 @@ def _candidates(prep: _Prepared, rows: torch.Tensor, m: int, shortlist) -> tuple
     if m < prep.num_candidates:
         return shortlist(rows, m)
     n = prep.num_references
-    idx = torch.arange(n).expand(len(rows), n)
+    idx = torch.arange(n, device=rows.device).expand(len(rows), n)
     if prep.exclude_self:
         idx = idx[idx != rows.unsqueeze(1)].view(len(rows), n - 1)
-    return torch.zeros(idx.shape), idx
+    return torch.zeros(idx.shape, device=rows.device), idx
 
 
 def _search_rows(prep: _Prepared, rows: torch.Tensor, k: int, m: int, shortlist) -> tuple[torch.Tensor, ...]:
@@ -598,8 +611,12 @@ def iter_knn_blocks(
     """Yield ``(start, end, keys [b, k], indices [b, k])`` for consecutive query blocks.
 
     ``keys`` are the float64 ranking keys (``-squared distance`` for Euclidean). Memory stays
-    O(tile + Nq * k + N * D) however many queries there are (never Nq x N).
+    O(tile + Nq * k + N * D) however many queries there are (never Nq x N). Embeddings on a GPU
+    are searched there (:func:`searches_on_device`) and the blocks come back on it.
     """
+    if searches_on_device(query, backend):
+        yield from _iter_device_blocks(query, reference, k, exclude_self, metric, query_block)
+        return
     prep = _prepare(query, reference, metric, exclude_self)
     if backend == "faiss":
         shortlist = _FaissShortlist(prep)
@@ -635,6 +652,53 @@ def iter_knn_blocks(
         yield start, end, keys, idx
 
 
+def searches_on_device(x: torch.Tensor, backend: str = "torch") -> bool:
+    """Whether the search of ``x`` runs on ``x.device`` (:func:`_iter_device_blocks`) rather than the CPU's tiles.
+
+    Embeddings off the CPU with the torch backend do (:data:`DEVICE_SEARCH` ``"auto"``); ``"always"``
+    takes that path for CPU embeddings too, ``"never"`` for none.
+    """
+    if DEVICE_SEARCH not in ("auto", "always", "never"):
+        raise InvalidParameterError(f"DEVICE_SEARCH must be 'auto', 'always' or 'never'. Got {DEVICE_SEARCH!r} instead.")
+    if backend != "torch" or DEVICE_SEARCH == "never":
+        return False
+    return DEVICE_SEARCH == "always" or x.device.type != "cpu"
+
+
+def _iter_device_blocks(
+    query: torch.Tensor, reference: torch.Tensor, k: int, exclude_self: bool, metric: str, query_block: int | None,
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """:func:`iter_knn_blocks` on the query's device: the same float32 operands, float64 keys and certificate,
+    with the shortlists from float32 score tiles sized to the device's free memory
+    (:func:`~dmlkit.evaluation.knn_device.topm_scores`). Blocks are the float32 CPU path's, so per-block
+    consumers (the retrieval metrics' tie shuffling) see the same blocks on either path."""
+    from dmlkit.evaluation.knn_device import topm_scores
+
+    prep = _prepare(query, reference, metric, exclude_self, device=query.device)
+
+    def shortlist(rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return topm_scores(prep.query_op, prep.reference_op, m, rows=rows, exclude_self=prep.exclude_self)
+
+    m = min(k + SHORTLIST_SLACK, prep.num_candidates)
+    n_q, device = prep.query_op.shape[0], prep.query_op.device
+    if query_block is None:
+        query_block = max(1, min(1024, RESCORE_BYTES // (8 * m * max(prep.query64.shape[1], 1))))
+    everything = torch.arange(n_q, device=device)
+    shared = shortlist(everything, m) if m < prep.num_candidates else None
+    keys = torch.empty(n_q, k, dtype=torch.float64, device=device)
+    idx = torch.empty(n_q, k, dtype=torch.int64, device=device)
+    ok = torch.empty(n_q, dtype=torch.bool, device=device)
+    for start in range(0, n_q, query_block):
+        end = min(n_q, start + query_block)
+        rows = everything[start:end]
+        v, i = (shared[0][start:end], shared[1][start:end]) if shared else _candidates(prep, rows, m, shortlist)
+        keys[start:end], idx[start:end], ok[start:end] = _rank_shortlist(prep, rows, v, i, k, m, prep.bound)
+    _retry_uncertified(prep, everything, keys, idx, ok, k, m, shortlist)
+    for start in range(0, n_q, query_block):
+        end = min(n_q, start + query_block)
+        yield start, end, keys[start:end], idx[start:end]
+
+
 def keys_to_values(keys: torch.Tensor, metric: str) -> torch.Tensor:
     """Convert float64 ranking keys to distances (Euclidean) or similarities (cosine, dot)."""
     if metric == "euclidean":
@@ -656,7 +720,8 @@ def knn(
     ``values`` are Euclidean distances (ascending) or cosine / dot similarities (descending);
     ties are broken by the smaller reference index. ``exclude_self`` drops reference ``i`` for
     query ``i`` (leave-one-out, ``reference`` is the query set). ``backend`` ``"torch"``
-    (blocked matrix products) and ``"faiss"`` (exact flat index) return identical results.
+    (blocked matrix products) and ``"faiss"`` (exact flat index) return identical results. Embeddings
+    on a GPU are searched there with the torch backend and the results stay on it.
     """
     validate_params(
         "knn",

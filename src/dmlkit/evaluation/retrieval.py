@@ -27,7 +27,7 @@ import torch
 
 from dmlkit._validation import Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
-from dmlkit.evaluation.knn import iter_knn_blocks
+from dmlkit.evaluation.knn import iter_knn_blocks, searches_on_device
 from dmlkit.exceptions import DataError
 
 #: Seed of the permutation that orders tied references (fixed: the metrics stay deterministic).
@@ -39,14 +39,21 @@ def _tie_order(n: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(TIE_SEED))
 
 
-def _shuffle_ties(keys: torch.Tensor, start: int) -> torch.Tensor:
+def _shuffle_ties(keys: torch.Tensor, start: int) -> torch.Tensor | None:
     """Column order ``[b, k]`` that shuffles each row's runs of equal ``keys`` (sorted best first) with a
-    generator seeded by :data:`TIE_SEED` and the block's first query: each query breaks its ties its own way."""
+    generator seeded by :data:`TIE_SEED` and the block's first query: each query breaks its ties its own way.
+
+    None when the block has no tie (the order would be the identity). The noise is drawn on the CPU
+    whatever the keys' device, so a block shuffles the same way on a GPU."""
+    if keys.shape[1] < 2:
+        return None
+    changes = keys[:, 1:] != keys[:, :-1]
+    if bool(changes.all()):
+        return None
     group = torch.zeros_like(keys, dtype=torch.float64)
-    if keys.shape[1] > 1:
-        group[:, 1:] = (keys[:, 1:] != keys[:, :-1]).cumsum(dim=1).to(torch.float64)
+    group[:, 1:] = changes.cumsum(dim=1).to(torch.float64)
     noise = torch.rand(keys.shape, generator=torch.Generator().manual_seed(TIE_SEED + start), dtype=torch.float64)
-    return torch.argsort(group + noise, dim=1)
+    return torch.argsort(group + noise.to(keys.device), dim=1)
 
 
 def _warn_single_class(labels: torch.Tensor, reference_labels: torch.Tensor) -> None:
@@ -73,14 +80,14 @@ def true_reference_counts(
 
 def _within_r(hits: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """``[b, k]`` bool: rank ``j`` (1-based) is at most the query's ``R``."""
-    rank = torch.arange(1, hits.shape[1] + 1)
+    rank = torch.arange(1, hits.shape[1] + 1, device=hits.device)
     return rank.unsqueeze(0) <= r.unsqueeze(1)
 
 
 def _average_precision_at_r(hits: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """Per-query AP@R ``[b]`` float64: ``(1 / R) * sum_{j <= R} P@j * [j-th neighbour is true]`` (``R > 0``)."""
     hits_r = hits & _within_r(hits, r)
-    rank = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
+    rank = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64, device=hits.device)
     precision_at_rank = hits_r.cumsum(1).double() / rank
     return (precision_at_rank * hits_r).sum(1) / r.double()
 
@@ -99,17 +106,18 @@ def map_at_r_per_query(
         {"metric": [Options(METRICS)], "backend": [Options(BACKENDS)]},
     )
     check_evaluation_inputs(embeddings, labels, None, None)
-    labels = labels.cpu().long()
+    device = embeddings.device if searches_on_device(embeddings, backend) else torch.device("cpu")
+    labels = labels.to(device).long()
     r = true_reference_counts(labels, labels, True)
     k = max(1, min(embeddings.shape[0] - 1, int(r.max()) if len(r) else 1))
-    out = torch.full((len(labels),), float("nan"), dtype=torch.float64)
+    out = torch.full((len(labels),), float("nan"), dtype=torch.float64, device=device)
     for start, end, _, idx in iter_knn_blocks(embeddings, embeddings, k, exclude_self=True, metric=metric,
                                               backend=backend):
         block_r = r[start:end]
         valid = block_r > 0
         hits = labels[idx] == labels[start:end].unsqueeze(1)
         out[start:end][valid] = _average_precision_at_r(hits[valid], block_r[valid])
-    return out
+    return out.cpu()
 
 
 def paired_gain(per_query: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
@@ -126,7 +134,8 @@ def paired_gain(per_query: torch.Tensor, baseline: torch.Tensor) -> tuple[float,
 
 
 class _RetrievalSums:
-    """Accumulates per-query scores (float64 sums over queries with R > 0)."""
+    """Accumulates per-query scores (float64 sums over queries with R > 0), as tensors on the blocks' device
+    until :meth:`result` (a GPU keeps them; the same float64 additions as Python floats)."""
 
     def __init__(self, ks: tuple[int, ...]):
         self.ks = ks
@@ -140,22 +149,19 @@ class _RetrievalSums:
     def add(self, hits: torch.Tensor, r: torch.Tensor) -> None:
         """Add a block: ``hits [b, k]`` bool (neighbour j is true), ``r [b]`` true-reference counts."""
         valid = r > 0
-        self.excluded += int((~valid).sum())
+        self.excluded += (~valid).sum()
         hits, r = hits[valid], r[valid]
         self.count += len(r)
-        if len(r) == 0:
-            return
         hits_r = hits & _within_r(hits, r)
-        self.sums["precision_at_1"] += float(hits[:, 0].double().sum())
+        self.sums["precision_at_1"] += hits[:, 0].double().sum()
         for k in self.ks:
-            self.sums[f"recall_at_{k}"] += float(hits[:, :k].any(1).double().sum())
-        self.sums["r_precision"] += float((hits_r.sum(1).double() / r.double()).sum())
-        self.sums["map_at_r"] += float(_average_precision_at_r(hits, r).sum())
+            self.sums[f"recall_at_{k}"] += hits[:, :k].any(1).double().sum()
+        self.sums["r_precision"] += (hits_r.sum(1).double() / r.double()).sum()
+        self.sums["map_at_r"] += _average_precision_at_r(hits, r).sum()
 
     def result(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {
-            name: (s / self.count if self.count else float("nan")) for name, s in self.sums.items()
-        }
+        count = int(self.count)
+        out: dict[str, float | int] = {name: (float(s) / count if count else float("nan")) for name, s in self.sums.items()}
         out["num_queries_excluded"] = int(self.excluded)
         return out
 
@@ -202,6 +208,7 @@ def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metri
     ks = check_ks(ks)
     check_evaluation_inputs(embeddings, labels, reference, reference_labels)
     leave_one_out = reference is None
+    device = embeddings.device if searches_on_device(embeddings, backend) else torch.device("cpu")
     query_rows = torch.arange(embeddings.shape[0])
     own = None
     if leave_one_out:  # queries and references permuted together (self-exclusion needs the same order)
@@ -220,8 +227,8 @@ def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metri
             position = torch.empty_like(order.cpu())
             position[order.cpu()] = torch.arange(len(order))  # where each reference row went
             own_reference = own_reference.cpu().long()
-            own = torch.where(own_reference >= 0, position[own_reference.clamp_min(0)], own_reference)
-    labels, reference_labels = labels.cpu().long(), reference_labels.cpu().long()
+            own = torch.where(own_reference >= 0, position[own_reference.clamp_min(0)], own_reference).to(device)
+    labels, reference_labels = labels.to(device).long(), reference_labels.to(device).long()
     _warn_single_class(labels, reference_labels)
     r = true_reference_counts(labels, reference_labels, leave_one_out)
     if own is not None:  # a query's own row is not one of its true references
@@ -232,11 +239,12 @@ def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metri
     for start, end, keys, idx in iter_knn_blocks(
         embeddings, reference, search_k, exclude_self=leave_one_out, metric=metric, backend=backend
     ):
-        keys, idx = keys.cpu(), idx.cpu()
+        keys, idx = keys.to(device), idx.to(device)
         if own is not None:
             keys, idx = _drop_own(keys, idx, own[start:end], k)
         hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
-        yield query_rows[start:end], hits.gather(1, _shuffle_ties(keys, start)), r[start:end]
+        order = _shuffle_ties(keys, start)
+        yield query_rows[start:end], hits if order is None else hits.gather(1, order), r[start:end]
 
 
 def retrieval_metrics(
@@ -287,6 +295,6 @@ def retrieval_metrics_per_group(
     for rows, hits, r in _retrieval_blocks(embeddings, labels, **options):
         block_groups = group_ids[rows]
         for g in block_groups.unique().tolist():
-            mine = block_groups == g
+            mine = (block_groups == g).to(hits.device)
             sums[g].add(hits[mine], r[mine])
     return {name: s.result() for name, s in zip(names, sums)}

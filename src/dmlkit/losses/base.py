@@ -1,9 +1,10 @@
 """The base class every dmlkit loss derives from.
 
-``loss(embeddings, labels, **kwargs)`` validates its inputs, turns off autocast and upcasts
-half-precision inputs so the loss is accumulated in fp32, then hands over to
-``compute_loss``. A batch with nothing to learn from returns :func:`zero_loss`, which stays
-connected to the autograd graph.
+``loss(embeddings, labels, **kwargs)`` validates its inputs, moves labels and every tensor argument
+to the embeddings' device (PML's contract), turns off autocast and upcasts half-precision inputs so
+the loss is accumulated in fp32, then hands over to ``compute_loss``; the loss comes back in the
+embeddings' dtype (float16 in, float16 out, as PML and PyTorch's losses). A batch with nothing to
+learn from returns :func:`zero_loss`, which stays connected to the autograd graph.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 import torch
 from torch import nn
 
+from dmlkit._devices import as_input_dtype, to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import check_embeddings_labels, validate_params
 from dmlkit.exceptions import InvalidParameterError
@@ -92,6 +94,7 @@ class MetricLoss(nn.Module):
         check_embeddings_labels(embeddings, labels)
         if labels is None and self.requires_labels and kwargs.get("pos_mask") is None:
             raise ValueError(f"{type(self).__name__} needs labels (or an explicit pos_mask).")
+        labels, kwargs = to_device((labels, kwargs), embeddings.device)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             loss = self.compute_loss(as_fp32(embeddings), labels, **kwargs)
         return self.add_regularization(loss, embeddings)
@@ -117,12 +120,13 @@ class MetricLoss(nn.Module):
         raise TypeError(f"{type(self).__name__} has no weights to regularize; weight_regularizer needs a proxy loss.")
 
     def add_regularization(self, loss: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        """``loss + w_e * R_e(embeddings) + w_w * R_w(weights)`` for the regularizers that are set."""
+        """``loss + w_e * R_e(embeddings) + w_w * R_w(weights)`` for the regularizers that are set, in the
+        embeddings' dtype (every ``forward`` ends here: a float32 accumulation of float16 inputs is cast back)."""
         if self.embedding_regularizer is not None:
             loss = loss + self.embedding_reg_weight * self.embedding_regularizer(embeddings).to(loss.dtype)
         if self.weight_regularizer is not None:
             loss = loss + self.weight_reg_weight * self.weight_regularizer(self.regularized_weights()).to(loss.dtype)
-        return loss
+        return as_input_dtype(loss, embeddings)
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor | None, **kwargs) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._devices import to_device
 from dmlkit._validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
 from dmlkit.losses.base import MetricLoss, zero_loss
@@ -130,6 +131,8 @@ class BaseMetricLossFunction(MetricLoss, metaclass=_Equivalent):
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
         check_embeddings_labels(embeddings, labels)
+        labels, indices_tuple, ref_emb, ref_labels = to_device((labels, indices_tuple, ref_emb, ref_labels),
+                                                               embeddings.device)
         if ref_emb is None:
             ref_emb, ref_labels = embeddings, labels
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dmlkit._devices import as_input_dtype, to_device
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
@@ -79,6 +80,7 @@ class SelfSupervisedLoss(nn.Module):
 
     def forward(self, embeddings: torch.Tensor, ref_emb: torch.Tensor) -> torch.Tensor:
         _check_views(embeddings, ref_emb, "SelfSupervisedLoss")
+        ref_emb = to_device(ref_emb, embeddings.device)
         labels = torch.arange(embeddings.shape[0], device=embeddings.device)
         if self.symmetric:
             return self.loss(torch.cat([embeddings, ref_emb], dim=0), torch.cat([labels, labels], dim=0))
@@ -128,6 +130,7 @@ class VICRegLoss(MetricLoss):
         if indices_tuple is not None:
             raise InvalidParameterError("VICRegLoss takes no indices_tuple.")
         _check_views(embeddings, ref_emb, "VICRegLoss")
+        ref_emb = to_device(ref_emb, embeddings.device)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             z, z_ref = as_fp32(embeddings), as_fp32(ref_emb).to(as_fp32(embeddings).dtype)
             invariance = ((z - z_ref) ** 2).mean(1)  # per row
@@ -136,7 +139,7 @@ class VICRegLoss(MetricLoss):
             for view in (z, z_ref):
                 variance = (1 - torch.sqrt(view.var(dim=0) + self.eps)).clamp_min(0.0) * half
                 total = total + self.variance_mu * self.reducer(variance)
-            return total + self.covariance_v * (self._covariance(z) + self._covariance(z_ref))
+            return as_input_dtype(total + self.covariance_v * (self._covariance(z) + self._covariance(z_ref)), embeddings)
 
     @staticmethod
     def _covariance(z: torch.Tensor) -> torch.Tensor:

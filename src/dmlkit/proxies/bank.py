@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dmlkit import _validation
 from dmlkit._validation import Interval, Options, check_embeddings_labels, validate_params
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
@@ -172,8 +173,18 @@ class ProxyBank(nn.Module):
         return labels if self.class_to_proxy is None else self.class_to_proxy[labels]
 
     def check_labels(self, labels: torch.Tensor) -> None:
-        """Raise :class:`DataError` when a label is outside ``[0, num_classes)``."""
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+        """Raise :class:`DataError` when a label is outside ``[0, num_classes)``.
+
+        Labels in host memory are read here; labels on an accelerator are checked by an assertion
+        queued with the kernels (``torch._assert_async``), so the check costs no host synchronisation.
+        """
+        if not labels.numel():
+            return
+        if not _validation.reads_on_host(labels):
+            inside = (labels >= 0) & (labels < self.num_classes)
+            torch._assert_async(inside.all(), f"labels must lie in [0, {self.num_classes}) for num_classes={self.num_classes}")
+            return
+        if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
             raise DataError(
                 f"labels must lie in [0, {self.num_classes}) for num_classes={self.num_classes}; "
                 f"got labels in [{int(labels.min())}, {int(labels.max())}]."

@@ -145,3 +145,79 @@ def image_writer():
 @pytest.fixture
 def cub_factory():
     return make_cub
+
+
+@pytest.fixture
+def layout_makers():
+    """Builders of each downloadable benchmark's official tree, by data set name."""
+    return {"cub200": make_cub, "cars196": make_cars, "sop": make_sop, "inshop": make_inshop}
+
+
+class LoopbackFiles:
+    """Files served over HTTP on 127.0.0.1 by a thread: ``Range: bytes=N-`` answered with 206.
+
+    ``files[path] = bytes`` publishes a file; ``drop_after[path] = n`` makes the next request for it
+    announce the full length, send ``n`` bytes and close the connection (a cut transfer), once.
+    ``ignore_range`` holds paths whose server ignores ``Range``; ``requests`` records
+    ``(path, range_header)`` of every request.
+    """
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.files: dict[str, bytes] = {}
+        self.drop_after: dict[str, int] = {}
+        self.ignore_range: set[str] = set()  # paths answered in full (200) whatever Range asks
+        self.requests: list[tuple[str, str | None]] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+            def do_GET(self):
+                owner.requests.append((self.path, self.headers.get("Range")))
+                data = owner.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                start = 0
+                wanted = self.headers.get("Range")
+                if wanted and self.path not in owner.ignore_range and wanted.startswith("bytes=") and wanted.endswith("-"):
+                    start = int(wanted[len("bytes="):-1])
+                    if start >= len(data):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                body = data[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                cut = owner.drop_after.pop(self.path, None)
+                self.wfile.write(body if cut is None else body[:cut])
+                if cut is not None:
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def loopback():
+    """A :class:`LoopbackFiles` server for the test; shut down afterwards."""
+    server = LoopbackFiles()
+    yield server
+    server.close()

@@ -1,5 +1,7 @@
 """A tiny version of the default job for engine tests (8-wide CNN, batches of 32, a few steps)."""
 
+import os
+
 import pytest
 
 from dmlkit.config import load_config
@@ -12,11 +14,13 @@ TINY = [
 
 
 @pytest.fixture(scope="session")
-def tiny_config():
-    """``tiny_config(*overrides)``: the mnist-proxy-anchor preset shrunk by :data:`TINY`, then ``overrides``."""
+def tiny_config(test_device):
+    """``tiny_config(*overrides)``: the mnist-proxy-anchor preset shrunk by :data:`TINY`, then ``overrides``;
+    ``train.device`` is ``DMLKIT_TEST_DEVICE`` when that is set (``tests/conftest.py``)."""
+    device = [f"train.device={test_device}"] if os.environ.get("DMLKIT_TEST_DEVICE") else []
 
     def make(*overrides: str):
-        return load_config(preset="mnist-proxy-anchor", overrides=[*TINY, *overrides])
+        return load_config(preset="mnist-proxy-anchor", overrides=[*TINY, *device, *overrides])
 
     return make
 

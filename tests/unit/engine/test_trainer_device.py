@@ -124,8 +124,11 @@ def test_an_overflowing_fp16_step_is_skipped_by_the_scaler_without_raising(tmp_p
 def test_fp16_clips_the_unscaled_gradients(tmp_path, tiny_config):
     trainer, images, labels = make_fp16_trainer(tmp_path, tiny_config, "optimizer.grad_clip=0.001")
     params = [*trainer.model.parameters(), *trainer.objective.parameters()]
-    with torch.autocast("cpu", dtype=torch.float16):  # the same fp16 backward, without loss scaling
-        trainer.objective(trainer.model(images), labels).backward()
+    # the same fp16 backward, without loss scaling, where training_step runs it: on the trainer's device
+    # under that device's autocast (CPU autocast on CPU inputs would leave a GPU model's weights in fp32:
+    # "Input type (torch.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same")
+    with torch.autocast(trainer.device.type, dtype=torch.float16):
+        trainer.objective(trainer.model(images.to(trainer.device)), labels.to(trainer.device)).backward()
     reference = float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1).float() for p in params])))
     norms = []
     original = trainer._gradient_norm

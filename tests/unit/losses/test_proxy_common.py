@@ -57,10 +57,12 @@ def test_layout_backward_and_half_inputs(name, K):
     value.backward()
     assert value.dim() == 0 and value.dtype == torch.float32 and torch.isfinite(value)
     assert torch.isfinite(loss.proxies.grad).all() and loss.proxies.grad.abs().sum() > 0
-    half = loss(x.detach().half(), y)
-    assert half.dtype == torch.float32 and half.item() == pytest.approx(value.item(), rel=1e-2, abs=1e-3)
+    half = loss(x.detach().half(), y)  # PML's contract: the loss and the proxies take the batch's dtype
+    assert half.dtype == torch.float16 and half.item() == pytest.approx(value.item(), rel=1e-2, abs=1e-3)
+    assert loss.proxies.dtype == torch.float16
     bf16 = loss(x.detach().bfloat16(), y)
-    assert torch.isfinite(bf16)
+    assert bf16.dtype == torch.bfloat16 and torch.isfinite(bf16) and loss.proxies.dtype == torch.bfloat16
+    assert loss(x.detach(), y).dtype == torch.float32 and loss.proxies.dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", NAMES)

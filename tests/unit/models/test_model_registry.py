@@ -129,11 +129,21 @@ def test_bad_parameters_are_reported(kwargs, message):
     assert message in str(info.value)
 
 
-def test_pretrained_without_offline_weights_is_an_error_never_a_download():
-    with pytest.raises(InvalidParameterError, match="never downloads"):
+def test_pretrained_weights_not_here_offline_are_a_config_error_naming_the_cache(tmp_path, monkeypatch):
+    from dmlkit.exceptions import ConfigError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    with pytest.raises(ConfigError, match="bn_inception-52deb4733.pth") as caught:
         create_model("bn_inception", pretrained=True)
-    with pytest.raises(InvalidParameterError, match="weights=PATH"):
+    assert str(tmp_path / "torch") in str(caught.value) and "model.weights=PATH" in str(caught.value)
+    with pytest.raises(ConfigError, match="resnet18.a1_in1k") as caught:
         create_model("resnet18", pretrained=True)
+    assert str(tmp_path / "hf" / "hub") in str(caught.value) and "model.weights=PATH" in str(caught.value)
+    with pytest.raises(ConfigError, match="no published ImageNet weights for model 'small_cnn'"):
+        create_model("small_cnn", pretrained=True)
 
 
 def test_register_model_adds_a_backbone():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._devices import to_device
 from dmlkit._validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -101,7 +102,11 @@ class PairLoss(MetricLoss):
         pos_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """PML's call ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` plus dmlkit's
-        keyword sources of pairs (``pairs=`` selection, ``weights=``, ``pos_mask=``)."""
+        keyword sources of pairs (``pairs=`` selection, ``weights=``, ``pos_mask=``); every one of them
+        may be on another device than ``embeddings`` (moved there first, as PML does)."""
+        if isinstance(embeddings, torch.Tensor):
+            indices_tuple, ref_emb, ref_labels, pairs, weights, pos_mask, labels = to_device(
+                (indices_tuple, ref_emb, ref_labels, pairs, weights, pos_mask, labels), embeddings.device)
         if indices_tuple is not None:
             if pairs is not None:
                 raise InvalidParameterError(f"{type(self).__name__} got both indices_tuple and pairs; pass one.")

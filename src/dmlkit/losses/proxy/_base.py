@@ -24,6 +24,8 @@ def _same_measure(given: object, expected: object) -> bool:
         vars(given).get(key) == vars(expected).get(key) for key in ("power", "normalize_embeddings"))
 
 
+HALF = (torch.float16, torch.bfloat16)
+
 class ProxyLoss(MetricLoss):
     """A metric loss with learnable proxies ``loss.proxies [num_proxies, embedding_size]`` (class-major).
 
@@ -116,9 +118,12 @@ class ProxyLoss(MetricLoss):
                 f"embeddings has {embeddings.shape[1]} columns but {type(self).__name__} has "
                 f"embedding_size={self.embedding_size} (proxies are [{self.proxies.shape[0]}, {self.embedding_size}])."
             )
-        if isinstance(embeddings, torch.Tensor) and embeddings.dtype == torch.float64 and self.proxies.dtype != torch.float64:
-            # As in PML, a float64 batch moves the proxies to float64 (never down: fp16 inputs are upcast instead).
-            self.bank.promote_(torch.float64)
+        if isinstance(embeddings, torch.Tensor) and embeddings.dtype != self.proxies.dtype and (
+                embeddings.dtype in (torch.float64, *HALF) or self.proxies.dtype in HALF):
+            # PML's cast_types: the proxies take a float64, float16 or bfloat16 batch's dtype (and float32 back from
+            # half); a float32 batch leaves float64 proxies as they are. The loss itself is accumulated in float32
+            # (or float64); dmlkit's trainer hands losses float32 embeddings, so its proxies stay float32.
+            self.bank.promote_(embeddings.dtype)
         return super().forward(embeddings, labels, indices_tuple, **kwargs)
 
     @property

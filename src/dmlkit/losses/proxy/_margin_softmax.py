@@ -94,7 +94,12 @@ def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
 
 
 class _ChunkedMarginSoftmax(torch.autograd.Function):
-    """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring."""
+    """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring.
+
+    When every class fits one chunk the forward keeps that chunk's logits and unit columns for the
+    backward (``[B, C*K]``, what autograd would keep) instead of recomputing them: one matrix product and
+    about a dozen kernels fewer per call, with the same values.
+    """
 
     @staticmethod
     def forward(ctx, xn, weight, labels, columns, k, scale, margin, chunk):
@@ -103,54 +108,61 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         pos = labels if columns is None else torch.searchsorted(columns, labels)
         running_max = xn.new_full((batch,), float("-inf"))
         total = xn.new_zeros(batch)
-        target = xn.new_zeros(batch)
+        psi = dpsi = xn.new_zeros(batch)  # psi(c_iy) and psi'(c_iy), filled in the chunk holding y_i
+        ctx.kept = None
         with torch.no_grad():
             for start in range(0, num, chunk):
                 stop = min(start + chunk, num)
-                cos = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)[0]
-                rows, local = _targets_in(pos, start, stop)
-                target[rows] = cos[rows, local]
+                cos, unit, inv, per_sub_centre, product = _chunk_cosines(
+                    xn, _class_columns(weight, columns, start, stop, k), k)
+                inside, local = _targets_in(pos, start, stop, num)
+                picked = cos.gather(1, local)[:, 0]
+                chunk_psi, chunk_dpsi = margin(picked)
+                psi, dpsi = _where(inside, chunk_psi, psi), _where(inside, chunk_dpsi, dpsi)
+                share = _sub_centre_share(per_sub_centre, cos) if num <= chunk else None
                 z = cos.mul_(scale)
-                z[rows, local] = margin(target[rows])[0] * scale
+                z.scatter_(1, local, _where(inside, psi * scale, picked * scale)[:, None])
+                if num <= chunk:
+                    ctx.kept = (z.clone(), unit, inv, share, product)
                 new_max = torch.maximum(running_max, z.amax(dim=1))
                 total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
                 running_max = new_max
             lse = running_max + torch.log(total)
-            loss = lse - scale * margin(target)[0]
-        ctx.save_for_backward(xn, weight, pos, lse, target, columns)
-        ctx.k, ctx.scale, ctx.margin, ctx.chunk, ctx.num = k, scale, margin, chunk, num
+            loss = lse - scale * psi
+        ctx.save_for_backward(xn, weight, pos, lse, psi, dpsi, columns)
+        ctx.k, ctx.scale, ctx.chunk, ctx.num = k, scale, chunk, num
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        xn, weight, pos, lse, target, columns = ctx.saved_tensors
-        k, scale, margin, chunk = ctx.k, ctx.scale, ctx.margin, ctx.chunk
+        xn, weight, pos, lse, psi_target, dpsi_target, columns = ctx.saved_tensors
+        k, scale, chunk = ctx.k, ctx.scale, ctx.chunk
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.zeros_like(xn) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
-        psi_target, dpsi_target = margin(target)
         for start in range(0, ctx.num, chunk):
             stop = min(start + chunk, ctx.num)
-            cos, unit, inv, per_sub_centre, product = _chunk_cosines(
-                xn, _class_columns(weight, columns, start, stop, k), k)
-            if per_sub_centre is not None:  # the nearest sub-centre takes the gradient (ties share it, as amax's)
-                share = (per_sub_centre == cos[:, None, :]).to(cos.dtype)
-                share.div_(share.sum(dim=1, keepdim=True))
-            rows, local = _targets_in(pos, start, stop)
-            z = cos.mul_(scale)
-            z[rows, local] = psi_target[rows] * scale
+            inside, local = _targets_in(pos, start, stop, ctx.num)
+            if ctx.kept is not None:  # the one chunk, as the forward left it (read only: a retained graph reuses it)
+                z, unit, inv, share, product = ctx.kept
+            else:
+                cos, unit, inv, per_sub_centre, product = _chunk_cosines(
+                    xn, _class_columns(weight, columns, start, stop, k), k)
+                share = _sub_centre_share(per_sub_centre, cos)
+                z = cos.mul_(scale)
+                z.scatter_(1, local, _where(inside, psi_target * scale, z.gather(1, local)[:, 0])[:, None])
             # dl/dz = softmax - onehot (times the incoming gradient); dz/dc = s, s psi' on the target
-            dc = z.sub_(lse[:, None]).exp_().mul_(grad_loss[:, None])
-            dc[rows, local] -= grad_loss[rows]
+            dc = z.sub(lse[:, None]).exp_().mul_(grad_loss[:, None])
+            on_target = (dc.gather(1, local)[:, 0] - grad_loss).mul_(scale).mul_(dpsi_target)
             dc.mul_(scale)
-            dc[rows, local] *= dpsi_target[rows]
-            if per_sub_centre is not None:
-                dc = share.mul_(dc[:, None, :]).view(dc.shape[0], -1)
+            dc.scatter_(1, local, _where(inside, on_target, dc.gather(1, local)[:, 0])[:, None])
+            if share is not None:
+                dc = (share * dc[:, None, :]).view(dc.shape[0], -1)
             if need_x:
                 grad_x.addmm_(dc, product.T)
             if need_w:  # through unit = w / |w|: (g - unit <unit, g>) / |w|, column by column
                 grad_unit = xn.T @ dc
-                if per_sub_centre is not None:  # back to class-major columns
+                if share is not None:  # back to class-major columns
                     grad_unit = grad_unit.view(grad_unit.shape[0], k, -1).transpose(1, 2).reshape(grad_unit.shape[0], -1)
                 grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
                 if columns is None:
@@ -160,10 +172,30 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         return grad_x, grad_w, None, None, None, None, None, None
 
 
-def _targets_in(pos: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples whose class lies in the chunk ``[start, stop)`` and that class's column in it."""
-    rows = ((pos >= start) & (pos < stop)).nonzero(as_tuple=True)[0]
-    return rows, pos[rows] - start
+def _sub_centre_share(per_sub_centre: torch.Tensor | None, cos: torch.Tensor) -> torch.Tensor | None:
+    """``[B, K, n]``: the nearest sub-centre takes the gradient (ties share it, as ``amax``'s); None when K = 1."""
+    if per_sub_centre is None:
+        return None
+    share = (per_sub_centre == cos[:, None, :]).to(cos.dtype)
+    return share.div_(share.sum(dim=1, keepdim=True))
+
+
+def _targets_in(pos: torch.Tensor, start: int, stop: int, num: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``inside [B]``: whether sample ``i``'s class lies in the chunk ``[start, stop)`` (None: the chunk holds
+    all ``num`` classes, so every sample's); ``local [B, 1]``: that class's column in the chunk (clamped
+    into it for the others, whose entry the caller leaves as it is).
+
+    Dense masks rather than the row list (``nonzero``) keep the chunk loop free of host synchronisations.
+    """
+    if start == 0 and stop == num:
+        return None, pos[:, None]
+    inside = (pos >= start) & (pos < stop)
+    return inside, (pos - start).clamp_(0, stop - start - 1)[:, None]
+
+
+def _where(inside: torch.Tensor | None, value: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``value`` where ``inside`` (everywhere when it is None), else ``other``."""
+    return value if inside is None else torch.where(inside, value, other)
 
 
 def chunked_margin_softmax(

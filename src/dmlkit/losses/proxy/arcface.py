@@ -120,6 +120,7 @@ class SubCenterArcFaceLoss(ArcFaceLoss):
         with ``return_dominant_centers``, ``dominant_centers [D, C]`` (zero for absent classes).
         """
         self.bank.check_labels(labels)
+        labels = labels.to(embeddings.device)  # PML's contract: labels from anywhere
         k, batch = self.sub_centers, labels.shape[0]
         weights = self.proxies.to(embeddings.dtype)
         own = weights.view(self.num_classes, k, -1)[labels]  # [B, K, D]: each sample's class sub-centres
@@ -136,5 +137,6 @@ class SubCenterArcFaceLoss(ArcFaceLoss):
             return outliers
         present = torch.zeros(self.num_classes, dtype=torch.bool, device=labels.device)
         present[labels] = True
-        centers = weights.view(self.num_classes, k, -1)[torch.arange(self.num_classes), dominant]  # [C, D]
+        class_rows = torch.arange(self.num_classes, device=dominant.device)
+        centers = weights.view(self.num_classes, k, -1)[class_rows, dominant]  # [C, D]
         return outliers, (centers * present[:, None]).T

@@ -68,6 +68,7 @@ class ProxyPairLoss(ProxyLoss):
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.bank.check_labels(labels)
+        self.reject_kwargs({k: v for k, v in kwargs.items() if k in ("ref_emb", "ref_labels")})  # the proxies are its references
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         value = self.pair_loss(embeddings, labels, ref_emb=proxies, ref_labels=self.proxy_labels, **kwargs)
         if self.reduction == "mean":  # Eq. (4.11): 1 / (m |rho|)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._devices import to_device
 from dmlkit.distances import BaseDistance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.pair.base import PairLoss
@@ -73,6 +74,9 @@ class RankingLoss(PairLoss):
         name = type(self).__name__
         if labels is None:
             raise InvalidParameterError(f"{name} needs class labels [B] (it ranks the batch by them).")
+        if isinstance(embeddings, torch.Tensor):
+            labels, indices_tuple, ref_emb, ref_labels = to_device((labels, indices_tuple, ref_emb, ref_labels),
+                                                                   embeddings.device)
         weights = None
         if indices_tuple is not None:
             if not self.takes_anchor_weights:

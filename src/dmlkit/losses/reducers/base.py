@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dmlkit._devices import to_device
 from dmlkit._records import init_stats
 from dmlkit.exceptions import DataError
 
@@ -130,6 +131,8 @@ class BaseReducer(torch.nn.Module):
     def forward(self, terms, *args, **kwargs):
         if isinstance(terms, Mapping):
             return self.reduce_loss_dict(terms, *args, **kwargs)
+        if isinstance(terms, torch.Tensor):  # masks, indices and labels follow the terms (PML's contract)
+            args, kwargs = to_device((args, kwargs), terms.device)
         return self.reduce_terms(terms, *args, **kwargs)
 
     def reduce_loss_dict(self, loss_dict: Mapping, embeddings: torch.Tensor | None, labels: torch.Tensor | None):
@@ -150,6 +153,7 @@ class BaseReducer(torch.nn.Module):
         check_sizes(losses, indices, kind)
         if kind == "already_reduced":
             return losses
+        indices, labels = to_device((indices, labels), losses.device)
         selected = SelectedTerms(losses, kind, indices, labels, embeddings, entry.get("divisor"))
         return self.reduce_selected(selected)
 

