@@ -63,6 +63,18 @@ def test_angular_miner_matches_the_angle_definition(angle, seed):
     assert set(zip(*(t.tolist() for t in pml))) == expected
 
 
+@pytest.mark.parametrize("angle", [0, 10, 20, 30, 40, 50, 60])
+def test_angular_miner_float16_keeps_pmls_triplets_on_the_threshold(angle):  # 10: triplets on the threshold
+    """Points on a circle every 1 degree give float16 angles that round onto the thresholds; a
+    float16 batch is mined in float16 with PML's formula, so PML's own float16 choice is kept."""
+    rad = torch.arange(16, dtype=torch.float64) * math.pi / 180
+    x = torch.stack([rad.cos(), rad.sin()], 1).half()
+    labels = torch.tensor([0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0])
+    mined = triplets_of(AngularMiner(angle)(x, labels))
+    pml = pml_miners.AngularMiner(angle)(x, labels)
+    assert mined == set(zip(*(t.tolist() for t in pml)))
+
+
 def test_angular_miner_refuses_another_distance():
     with pytest.raises(InvalidParameterError, match="LpDistance"):
         AngularMiner(distance=CosineSimilarity())
