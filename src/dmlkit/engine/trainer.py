@@ -2,8 +2,9 @@
 
 Data flow of a step: batch sampler -> index batch -> images + labels (mapped to 0..C-1)
 -> ``train.device`` (on a GPU an in-memory split already lives there and is augmented there;
-other batches come in pinned, non-blocking copies: ``engine/device_data.py``) -> model (optionally under bf16/fp16 autocast) -> embeddings -> objective
-(miner / memory / loss, accumulated in fp32) -> backward (fp16: of the scaled loss, then
+other batches come in pinned, non-blocking copies: ``engine/device_data.py``) -> model
+(optionally under bf16/fp16 autocast) -> embeddings -> objective (miner / memory / loss,
+accumulated in fp32) -> backward (fp16: of the scaled loss, then
 unscaled) -> method hook (ASAP's proximal gradient) -> finite check -> gradient clipping ->
 optimiser (fp16: through the gradient scaler) and schedule step. Every ``eval_every`` steps the
 validation fold is embedded and scored (MAP@R selects the checkpoint); the test split is
