@@ -74,17 +74,3 @@ def test_terms_handed_to_a_reducer_equal_the_closed_form_path(make_batch):
         value.backward()
         results.append((value.detach(), e.grad))
     torch.testing.assert_close(results[0], results[1])
-
-
-def test_ranked_list_float16_pair_on_the_hinge_is_left_out_as_pml():
-    """A positive pair at chord 1.0001 sits above the hinge ``alpha - margin = 1`` in float32 but on it
-    in float16: a float16 batch is computed in float16 (PML parity, docs/losses.md), so the pair is left
-    out and the loss is PML's 0, while the float32 batch keeps it."""
-    t = 2 * math.asin(0.50005)
-    x = torch.tensor([[1.0, 0.0], [math.cos(t), math.sin(t)], [-1.0, 0.0]], dtype=torch.float64).half()
-    labels = torch.tensor([0, 0, 1])
-    args = dict(margin=0.0, Tn=0.0, imbalance=0.0, alpha=1.0)
-    ours = RankedListLoss(**args)(x, labels)
-    assert ours.dtype == torch.float16
-    assert ours.item() == pml_losses.RankedListLoss(**args)(x, labels).item() == 0.0
-    assert RankedListLoss(**args)(x.float(), labels).item() > 5e-5

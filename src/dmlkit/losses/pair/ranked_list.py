@@ -61,9 +61,6 @@ class RankedListLoss(PairLoss):
         "alpha": [Interval(float, None, None), InstanceOf((type(None),))],
     }
     _repr_keys = ("margin", "Tn", "imbalance", "alpha", "Tp")
-    #: float16/bfloat16 batches are computed in their dtype by autograd, PML's distance recipe, so a pair
-    #: whose float16 distance rounds onto a hinge is left out as PML leaves it out (PML parity).
-    half_in_input_dtype = True
 
     def __init__(
         self, margin: float, Tn: float, imbalance: float = 0.5, alpha: float | None = None, Tp: float = 0,
@@ -88,13 +85,12 @@ class RankedListLoss(PairLoss):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
-        half = batch.embeddings.dtype in (torch.float16, torch.bfloat16)
-        closed_form = reduces_from_counts(self.reducer) and not half
+        closed_form = reduces_from_counts(self.reducer)
         if closed_form:
             pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
             d = pairs.mat
-        else:  # the terms themselves go to the reducer: autograd (half precision: PML's recipe)
-            d = (self.distance if half else self.distance.matrix)(batch.embeddings, batch.references)
+        else:  # the terms themselves go to the reducer: autograd
+            d = self.distance.matrix(batch.embeddings, batch.references)
         boundary = self.alpha - self.margin
         nonzero = d > 0
         pos = masks.positive & (d > boundary) & nonzero
