@@ -30,8 +30,6 @@ class NPairsLoss(PairLoss):
     supports_references = False
     requires_labels = True
     _repr_keys = ("reduction",)
-    #: float16/bfloat16 batches are computed in their dtype by autograd, PML's order (PML parity).
-    half_in_input_dtype = True
 
     def __init__(
         self, *, distance: BaseDistance | None = None, miner: object | None = None, reduction: str = "mean",
@@ -55,8 +53,6 @@ class NPairsLoss(PairLoss):
             raise InvalidParameterError("NPairsLoss needs class-id labels [B] (one pair per class).")
         anchors, positives = self._pairs(batch)
         x = batch.embeddings
-        if x.dtype in (torch.float16, torch.bfloat16):
-            return self._half_loss(x, anchors, positives)
         pairs = Pairwise(self.distance, x, x, same_set=True, rows=anchors, cols=positives)
         # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
         sign = 1.0 if self.distance.is_inverted else -1.0
@@ -66,14 +62,6 @@ class NPairsLoss(PairLoss):
         soft = log_soft.exp_()
         soft.diagonal().sub_(1.0)
         return pairs.attach(value, soft.mul_(sign * scale))
-
-    def _half_loss(self, x: torch.Tensor, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-        """Half precision in the batch's dtype as PML computes it: the distance's own recipe on the
-        anchor and positive rows, per-class cross-entropy, then the reducer (autograd)."""
-        mat = self.distance(x.index_select(0, anchors), x.index_select(0, positives))
-        logits = mat if self.distance.is_inverted else -mat
-        targets = torch.arange(anchors.numel(), device=x.device)
-        return self.reducer(torch.nn.functional.cross_entropy(logits, targets, reduction="none"))
 
     @staticmethod
     def _pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
