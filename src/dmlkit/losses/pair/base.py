@@ -58,10 +58,6 @@ class PairLoss(MetricLoss):
     supports_weights: bool = False
     #: True for losses that can be driven by a pos_mask or pairs without class labels.
     requires_labels = False
-    #: True for a loss that computes a float16/bfloat16 batch in its own dtype, in PML's order of
-    #: operations, instead of accumulating in float32 (PML parity where PML's tests check half-precision
-    #: values at a tolerance below one float16 unit; docs/losses.md).
-    half_in_input_dtype: bool = False
     #: True for losses that can hand their selected terms to any reducer (PerAnchorReducer,
     #: ClassWeightedReducer, ThresholdReducer, ...); the others reduce from counts only.
     reduces_terms: bool = False
@@ -145,10 +141,6 @@ class PairLoss(MetricLoss):
         return all(getattr(r, "reduces_from_counts", False) and not getattr(r, "collect_stats", False) for r in reducers)
 
     # -- input handling -------------------------------------------------------------------
-    def _working(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` in the dtype the loss computes in: float32 for half precision unless :attr:`half_in_input_dtype`."""
-        return x if self.half_in_input_dtype else as_fp32(x)
-
     def _prepare(self, embeddings, labels, pairs, weights, ref_emb, ref_labels, pos_mask) -> PairBatch:
         name = type(self).__name__
         if isinstance(embeddings, torch.Tensor) and (ref_emb is None or isinstance(ref_emb, torch.Tensor)):
@@ -174,7 +166,7 @@ class PairLoss(MetricLoss):
                 raise DataError(
                     f"embeddings has {embeddings.shape[1]} columns but ref_emb has {ref_emb.shape[1]}."
                 )
-            references = self._working(ref_emb).to(self._working(embeddings).dtype)
+            references = as_fp32(ref_emb).to(as_fp32(embeddings).dtype)
             if ref_labels is not None:
                 _check_label_tensor(ref_labels, ref_emb.shape[0], "ref_labels", "ref_emb")
                 if labels is not None and labels.dim() != ref_labels.dim():
@@ -202,9 +194,9 @@ class PairLoss(MetricLoss):
             if not same_set and ref_labels is None:
                 raise InvalidParameterError(f"{name} got ref_emb without ref_labels (and no pos_mask or pairs).")
         return PairBatch(
-            embeddings=self._working(embeddings),
+            embeddings=as_fp32(embeddings),
             labels=labels,
-            references=self._working(embeddings) if same_set else references,
+            references=as_fp32(embeddings) if same_set else references,
             ref_labels=ref_labels,
             same_set=same_set,
             selection=pairs,

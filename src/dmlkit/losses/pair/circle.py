@@ -35,8 +35,6 @@ class CircleLoss(PairLoss):
         "gamma": [Interval(float, 0, None, closed="neither")],
     }
     _repr_keys = ("m", "gamma", "reduction")
-    #: float16/bfloat16 batches are computed in their dtype by the autograd route, PML's order (PML parity).
-    half_in_input_dtype = True
 
     def __init__(
         self, m: float = 0.4, gamma: float = 80, *, distance: BaseDistance | None = None,
@@ -61,10 +59,8 @@ class CircleLoss(PairLoss):
         valid = pos.any(1) & neg.any(1)
         if not valid.any():
             return zero_loss(batch.embeddings, batch.references)
-        half = batch.embeddings.dtype in (torch.float16, torch.bfloat16)
-        if half or not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer: autograd
-            # Half precision: PML's recipe (normalise, then the product) in the batch's dtype.
-            s = (self.distance if half else self.distance.matrix)(batch.embeddings, batch.references)
+        if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer: autograd
+            s = self.distance.matrix(batch.embeddings, batch.references)
             slope = self._slopes(s.detach(), pos)
             logits = slope * self._centred(s, pos)
             total = masked_logsumexp(logits, pos, dim=1) + masked_logsumexp(logits, neg, dim=1)

@@ -13,14 +13,6 @@ def _masked_sum(terms: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return terms.sum() if mask is None else torch.where(mask, terms, terms.new_zeros(())).sum()
 
 
-def _masked_mean(terms: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``sum(terms[mask]) / max(count, 1)`` in ``terms``' dtype; half-precision terms are summed and
-    divided in float32 and rounded once, as ``torch.mean`` (PML's reduction) does, so a float16 sum
-    of many terms does not overflow."""
-    wide = terms.float() if terms.dtype in (torch.float16, torch.bfloat16) else terms
-    return (_masked_sum(wide, mask) / count.clamp_min(1).to(wide.dtype)).to(terms.dtype)
-
-
 class _CountReducer(BaseReducer):
     """``sum(selected terms) / count``: reduced from the mask on dmlkit's path (no indexing)."""
 
@@ -29,7 +21,7 @@ class _CountReducer(BaseReducer):
     def reduce_terms(self, terms, mask=None, **context):
         if mask is None:
             mask = torch.ones_like(terms, dtype=torch.bool)
-        return _masked_mean(terms, mask, self.count(terms, mask))
+        return _masked_sum(terms, mask) / self.count(terms, mask).clamp_min(1).to(terms.dtype)
 
     def count(self, terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -107,7 +99,7 @@ class ThresholdReducer(BaseReducer):
             if condition is not None:
                 keep = keep & condition
         self._record(keep, above, below)
-        return _masked_mean(terms, keep, keep.sum())
+        return _masked_sum(terms, keep) / keep.sum().clamp_min(1).to(terms.dtype)
 
     def reduce_selected(self, selected: SelectedTerms):
         losses = selected.losses
