@@ -58,3 +58,38 @@ def test_matmul_nt_under_autograd_has_the_mm_gradient():
     ((a @ b.T) ** 2).sum().backward()
     torch.testing.assert_close(ga, a.grad)
     torch.testing.assert_close(gb, b.grad)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni"}), False),  # oneDNN emulates bf16 here
+        (frozenset({"avx512f", "avx512_bf16"}), True),
+        (frozenset({"avx512f", "amx_bf16", "amx_tile"}), True),
+        (frozenset({"fp", "asimd", "bf16"}), True),  # Arm
+        (None, True),  # flags unknown: oneDNN's answer stands
+    ],
+)
+def test_bf16_is_native_only_where_the_cpu_lists_a_bf16_instruction_set(monkeypatch, flags, expected):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(cpu_ops_module, "cpu_flags", lambda: flags)
+    assert cpu_ops_module.cpu_bf16_native() is expected
+
+
+def test_bf16_is_never_native_where_onednn_has_no_bf16(monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    monkeypatch.setattr(cpu_ops_module, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert cpu_ops_module.cpu_bf16_native() is False
+
+
+def test_cpu_flags_are_read_from_the_kernel_where_it_lists_them(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse2 avx2 avx512f\n\nprocessor\t: 1\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k))
+    cpu_ops_module.cpu_flags.cache_clear()
+    try:
+        assert cpu_ops_module.cpu_flags() == frozenset({"fpu", "sse2", "avx2", "avx512f"})
+    finally:
+        cpu_ops_module.cpu_flags.cache_clear()
