@@ -31,6 +31,7 @@ TARGETS = {
     "mnist": "MNIST default <= 10 s wall",
     "photo-run": "Lite0 224 px fine-tuning >= 2,500 img/s (run's own steps)",
     "photo-rates": "Lite0 224 px fine-tuning >= 2,500 img/s; embedding >= 8,000 img/s",
+    "mnist-profile": "(diagnostic: cProfile of the MNIST default in mnist.prof)",
 }
 
 EXIT_NOTES = {124: "timed out", 137: "killed at the time limit"}
@@ -149,7 +150,7 @@ def cmd_photo_rates(args) -> int:
         result["run_train_images_per_s"], result["run_batch_size"] = run_step_rate(Path(args.run))
     overrides = ["data.name=folder", f"data.root={args.root}", "model.name=efficientnet_lite0", "model.pretrained=true",
                  f"data.image_size={args.size}", f"train.device={device}", "train.progress=false",
-                 f"sampler.batch_size={args.batch}", *args.set]
+                 f"sampler.batch_size={args.batch}", "train.mixed_precision=auto", *args.set]
     trainer = Trainer(load_config(overrides=overrides), Path(args.work) / "rates", echo=lambda _: None)
     batches = [trainer.sampler.batches(0)[i % len(trainer.sampler.batches(0))].tolist() for i in range(args.steps + 2)]
     inputs = [fetch_batch(trainer.splits.train, b) for b in batches]
@@ -172,6 +173,8 @@ def cmd_photo_rates(args) -> int:
         synchronize(device)
         seconds.append(time.perf_counter() - start)
     result["embed_images_per_s"] = len(split) / statistics.median(seconds)
+    if args.profile:
+        write_profile(trainer, inputs[2:7], device, Path(args.profile))
     result.update(size=args.size, batch=args.batch, train_images=len(trainer.splits.train), test_images=len(split),
                   mixed_precision=trainer.cfg.train.mixed_precision, frozen_stages=trainer.cfg.model.frozen_stages)
     run_rate = result.get("run_train_images_per_s")
@@ -182,6 +185,27 @@ def cmd_photo_rates(args) -> int:
     print(json.dumps(result, indent=1))
     write_json(args.json, result)
     return 0
+
+
+def write_profile(trainer, inputs: list, device, path: Path) -> None:
+    """The operators of a few training steps under ``torch.profiler``: where the host and the card spend
+    a step (tables by self CPU time and by self device time), for finding what a step waits on."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for images, labels in inputs:
+            trainer.training_step(images, labels)
+        synchronize(device)
+    wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    tables = [f"{len(inputs)} training steps under the profiler: {wall:.3f} s wall, torch {torch.__version__}\n"]
+    for key in ("self_cpu_time_total", "self_cuda_time_total" if device.type == "cuda" else "cpu_time_total"):
+        tables.append(f"== sorted by {key}\n" + averages.table(sort_by=key, row_limit=30, max_name_column_width=60))
+    path.write_text("\n".join(tables))
 
 
 def cmd_run_result(args) -> int:
@@ -309,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embed-batch", type=int, default=256)
     p.add_argument("--embed-rounds", type=int, default=3)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides")
+    p.add_argument("--profile", help="also write a torch.profiler table of five training steps to this file")
     p.add_argument("--json", required=True)
     p = sub.add_parser("run-result")
     p.add_argument("--run", required=True)

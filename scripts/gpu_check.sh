@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh                               # on the GPU machine (device cuda)
 #   bash scripts/gpu_check.sh --device cpu --quick          # dry run of every stage on a CPU (small sizes)
 #   bash scripts/gpu_check.sh --only bench,mnist            # some stages
+#   bash scripts/gpu_check.sh --limit pml-suite=200         # another time limit for a stage
 #
 # Python: $PY if set; else .venv/bin/python when it imports torch and sees the device; else the machine's
 # python3 with PYTHONPATH=src, after installing the wheels in .whl/ (if any) into a scratch folder without
@@ -18,7 +19,7 @@
 # pml-results.md and logs.txt (every stage's log); scratch files go to $GPU_CHECK_WORK or a temporary folder.
 set -uo pipefail
 
-DEVICE=cuda QUICK=0 ONLY="" OUT_DIR=${OUT:-} SUITE=${PML_SUITE:-}
+DEVICE=cuda QUICK=0 ONLY="" OUT_DIR=${OUT:-} SUITE=${PML_SUITE:-} LIMITS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
@@ -26,7 +27,8 @@ while [ $# -gt 0 ]; do
     --only) ONLY=$2; shift 2 ;;
     --out) OUT_DIR=$2; shift 2 ;;
     --pml-suite) SUITE=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --limit) LIMITS+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,16 +40,22 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd); : > "$WORK/stages.tsv"
 if [ -z "$SUITE" ]; then
   if [ -d .pml-suite ]; then SUITE=$ROOT/.pml-suite; else SUITE=$ROOT/../shared/pml-suite; fi
 fi
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$DEVICE" = cpu ] && echo 1 || echo 4)} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# (bytecode is written: a machine whose packages came without it compiles each module once, not in every stage)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$DEVICE" = cpu ] && echo 1 || echo 4)} PYTHONUNBUFFERED=1
 
-# Stage limits in seconds (full run: 20 + 60 + 120 + 100 + 60 + 70 + 40 = 470 s;
+# Stage limits in seconds (full run: 20 + 40 + 120 + 90 + 60 + 60 + 50 + 40 = 480 s;
 # with the Python setup before them, at most 10 s more: 8 minutes in all).
 if [ "$QUICK" = 1 ]; then
-  declare -A LIMIT=([env]=120 [device-tests]=240 [pml-suite]=240 [bench]=120 [mnist]=240 [photo-run]=240 [photo-rates]=240)
+  declare -A LIMIT=([env]=120 [device-tests]=240 [pml-suite]=240 [bench]=120 [mnist]=240 [photo-run]=240 [photo-rates]=240 [mnist-profile]=240)
 else
-  declare -A LIMIT=([env]=20 [device-tests]=60 [pml-suite]=120 [bench]=100 [mnist]=60 [photo-run]=70 [photo-rates]=40)
+  declare -A LIMIT=([env]=20 [device-tests]=40 [pml-suite]=120 [bench]=90 [mnist]=60 [photo-run]=60 [photo-rates]=50 [mnist-profile]=40)
 fi
-STAGES=(env device-tests pml-suite bench mnist photo-run photo-rates)
+STAGES=(env device-tests pml-suite bench mnist photo-run photo-rates mnist-profile)
+for pair in "${LIMITS[@]}"; do
+  [[ $pair =~ ^([a-z-]+)=([0-9]+)$ && -n ${LIMIT[${BASH_REMATCH[1]}]:-} ]] \
+    || { echo "gpu_check.sh: --limit takes STAGE=SECONDS with a stage of: ${STAGES[*]} (got '$pair')" >&2; exit 2; }
+  LIMIT[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+done
 
 seconds_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
@@ -103,7 +111,7 @@ pml_suite() {
   else
     mapfile -t files < <(cd "$SUITE" && ls tests/losses/test_*.py tests/miners/test_*.py tests/reducers/test_*.py \
       tests/regularizers/test_*.py tests/distances/test_*.py tests/utils/test_calculate_accuracies*.py 2>/dev/null)
-    shards=8
+    shards=16
   fi
   for ((i = 0; i < shards; i++)); do
     local mine=()
@@ -143,7 +151,7 @@ photo_args() {  # the photo folder and the run's settings, small in --quick
   if [ "$QUICK" = 1 ]; then
     PHOTO_SIZE=64; PHOTO_SET=(--set train.max_steps=3 --set sampler.batch_size=8); MAKE=(--classes 24 --per-class 6 --size 72)
   else
-    PHOTO_SIZE=224; PHOTO_SET=(--set train.time_budget=45); MAKE=(--classes 64 --per-class 50 --size 256)
+    PHOTO_SIZE=224; PHOTO_SET=(--set train.time_budget=35); MAKE=(--classes 64 --per-class 50 --size 256)
   fi
 }
 
@@ -166,7 +174,16 @@ photo_rates() {
   local quick=()
   [ "$QUICK" = 1 ] && quick=(--batch 8 --steps 2 --embed-rounds 1 --embed-batch 32)
   "$PY" scripts/gpu_check.py photo-rates --root "$WORK/photos" --run "$WORK/runs/photos" --work "$WORK" \
-    --device "$DEVICE" --size "$PHOTO_SIZE" "${quick[@]}" --json "$WORK/results/photo-rates.json"
+    --device "$DEVICE" --size "$PHOTO_SIZE" "${quick[@]}" --profile "$OUT_DIR/photo-profile.txt" \
+    --json "$WORK/results/photo-rates.json"
+}
+
+mnist_profile() {  # where the MNIST default's wall time goes on this machine (cProfile; not a timed figure)
+  local extra=()
+  [ "$QUICK" = 1 ] && extra=(--set train.max_steps=5 --set train.num_threads=1)
+  "$PY" -m cProfile -o "$OUT_DIR/mnist.prof" -m dmlkit train --quiet --no-report --set "train.device=$DEVICE" \
+    --out "$WORK/runs/mnist-profile" "${extra[@]}" || return $?
+  "$PY" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$OUT_DIR/mnist.prof"
 }
 
 echo "gpu_check: device $DEVICE, quick=$QUICK, output $OUT_DIR, scratch $WORK, PML suite $SUITE"
@@ -184,7 +201,13 @@ for stage in "${STAGES[@]}"; do
     mnist) export -f mnist; run_stage mnist bash -c mnist ;;
     photo-run) export -f photo_args photo_run; run_stage photo-run bash -c photo_run ;;
     photo-rates) export -f photo_args photo_rates; run_stage photo-rates bash -c photo_rates ;;
+    mnist-profile) export -f mnist_profile; run_stage mnist-profile bash -c mnist_profile ;;
   esac
 done
 for f in "$WORK"/logs/*.log; do echo "===== $(basename "$f")"; tail -c 200000 "$f"; done > "$OUT_DIR/logs.txt"
+# each failing PML test file's failures, also when the stage ran out of time (its per-file logs are written as it goes)
+for f in "$WORK"/pml/shard*/logs/*.txt; do
+  [ -f "$f" ] && grep -qE '[0-9]+ (failed|errors?)' "$f" || continue
+  echo "===== $(basename "$f")"; grep -E '^(E  |FAILED|ERROR)|Error:' "$f" | head -n 40
+done > "$OUT_DIR/pml-failures.txt" 2>/dev/null
 "$PY" scripts/gpu_check.py summary "$WORK" "$OUT_DIR"

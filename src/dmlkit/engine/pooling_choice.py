@@ -80,10 +80,13 @@ def embeddings_by_configuration(model: nn.Module, pooled: torch.Tensor, poolings
     (the Embedder's ``flip_average``).
     """
     views = pooled.unflatten(1, (2, len(poolings), -1))  # [N, 2, P, F]
+    head_device = next((t.device for t in (*model.head.parameters(), *model.head.buffers())), pooled.device)
     out: dict[Configuration, torch.Tensor] = {}
     with torch.no_grad():
         for p, name in enumerate(poolings):
-            image, mirror = (normalize(model.head(views[:, v, p]), model.normalization) for v in (0, 1))
+            # the head where its weights are (the card), the embeddings back where the pooled views were
+            image, mirror = (normalize(model.head(views[:, v, p].to(head_device)), model.normalization).to(pooled.device)
+                             for v in (0, 1))
             for flip in mirrors:
                 out[(name, flip)] = normalize(image + mirror, model.normalization) if flip else image
     return out

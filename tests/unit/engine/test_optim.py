@@ -54,3 +54,28 @@ def test_schedules():
     cos = OptimizerConfig(scheduler="cosine")
     assert math.isclose(schedule_factor(cos, 50, 100), 0.5)
     assert schedule_factor(cos, 100, 100) < 1e-12
+
+
+def test_adam_takes_the_fused_kernels_only_where_every_parameter_is_on_a_gpu(monkeypatch):
+    import dmlkit.engine.optim as optim
+
+    for name in ("adam", "adamw"):
+        monkeypatch.undo()
+        cfg = OptimizerConfig(name=name, lr=1e-2, weight_decay=1e-3, loss_lr_multiplier=1)
+        assert not build_optimizer(TwoPart(), WithProxies(), cfg).defaults.get("fused")  # CPU parameters
+        results = []
+        for fused in (False, True):  # the fused step (CPU kernels stand in for the card's) moves weights as the plain one
+            monkeypatch.setattr(optim, "_all_on_cuda", lambda groups, fused=fused: fused)
+            torch.manual_seed(0)
+            model, loss = TwoPart(), WithProxies()
+            opt = build_optimizer(model, loss, cfg)
+            assert bool(opt.defaults.get("fused")) is fused
+            for _ in range(3):
+                opt.zero_grad()
+                (model.head(model.trunk(torch.ones(2, 3))).square().sum() + loss.proxies.sum()).backward()
+                opt.step()
+            results.append(torch.cat([p.detach().flatten() for p in (*model.parameters(), *loss.parameters())]))
+        torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-7)
+        assert not torch.equal(results[0], torch.zeros_like(results[0]))
+    monkeypatch.undo()
+    assert not optim._all_on_cuda([{"params": [nn.Parameter(torch.zeros(2))]}])

@@ -121,3 +121,23 @@ def test_each_configuration_from_one_trunk_pass_equals_the_embedder_set_to_it(em
         want = model.eval()(x)
     assert model.pool.pooling == config[0] and model.flip_average == config[1]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_pooled_views_beside_the_card_meet_the_head_on_its_device():
+    """``embed_dataset`` hands the pooled views back on the CPU while the model's head sits on the card:
+    each view goes to the head's device and the embeddings come back where the views were."""
+    from types import SimpleNamespace
+
+    from ..device_emulation import DeviceEmulator
+
+    torch.manual_seed(0)
+    model = SimpleNamespace(head=torch.nn.Linear(4, 3), normalization="l2")
+    pooled = torch.randn(5, 2 * 2 * 4, generator=torch.Generator().manual_seed(2))
+    want = embeddings_by_configuration(model, pooled, ("avg", "gem"), (False, True))
+    with DeviceEmulator() as emu:
+        away = emu.away(pooled)
+        got = embeddings_by_configuration(model, away, ("avg", "gem"), (False, True))
+        assert all(emu.is_away(t) for t in got.values())
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
