@@ -140,6 +140,7 @@ def cmd_photo_rates(args) -> int:
     import torch
 
     from dmlkit.config import load_config
+    from dmlkit.engine import device_data
     from dmlkit.engine.builders import fetch_batch
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation.embed import embed_dataset
@@ -163,7 +164,8 @@ def cmd_photo_rates(args) -> int:
         trainer.training_step(images, labels)
     synchronize(device)
     result["step_images_per_s"] = sum(len(x) for x, _ in inputs[2:]) / (time.perf_counter() - start)
-    split = trainer.splits.test
+    # as the trainer embeds a split (Trainer.embed): an in-memory split is put on the card once, then embedded there
+    split = device_data.resident_on(trainer.splits.test, device)
     embed_dataset(trainer.model, split, args.embed_batch, 0, trainer.autocast_dtype)  # warm-up
     seconds = []
     for _ in range(args.embed_rounds):
@@ -175,7 +177,8 @@ def cmd_photo_rates(args) -> int:
     result["embed_images_per_s"] = len(split) / statistics.median(seconds)
     if args.profile:
         write_profile(trainer, inputs[2:7], device, Path(args.profile))
-    result.update(size=args.size, batch=args.batch, train_images=len(trainer.splits.train), test_images=len(split),
+    result.update(size=args.size, batch=args.batch, embed_batch=args.embed_batch, train_images=len(trainer.splits.train),
+                  test_images=len(split),
                   mixed_precision=trainer.cfg.train.mixed_precision, frozen_stages=trainer.cfg.model.frozen_stages)
     run_rate = result.get("run_train_images_per_s")
     result["result"] = (f"step {result['step_images_per_s']:,.0f} img/s, embed {result['embed_images_per_s']:,.0f} img/s"
