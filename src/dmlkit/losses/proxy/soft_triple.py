@@ -9,12 +9,12 @@ import torch.nn.functional as F
 
 from dmlkit._cpu_ops import exp
 from dmlkit._validation import Interval
-from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import DataError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import exp_is_safe, exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
 
 def soft_triple_kernel(
@@ -144,7 +144,7 @@ class SoftTripleLoss(ProxyLoss):
         :func:`soft_triple_kernel`), plus the centre regulariser when ``tau > 0``."""
         k = self.centers_per_class
         kernel = partial(soft_triple_kernel, labels=labels, centers=k, la=self.la, gamma=self.gamma, margin=self.margin)
-        loss = self.fused(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma, labels)
+        loss = self.fused(normalize_rows(embeddings), proxies, kernel, 1.0 / self.gamma, labels)
         if self.tau > 0 and k > 1:
             loss = loss + self.tau * self.center_regularizer(proxies)
         return loss
