@@ -25,9 +25,32 @@ def all_triplets_margin(
 
     ``dis [B, R]`` is oriented so larger means farther; ``h`` is ReLU or softplus
     (``smooth``). With ``dis_pn [U, R]`` (swap), ``d_an`` becomes ``min(d_an, d_pn)`` where
-    ``d_pn = dis_pn[pn_rows[p], n]``. The triplets are never materialised: positive pairs
-    are processed in chunks of ``[chunk, R]`` under ``no_grad`` and the gradient is attached
-    from the accumulated derivative w.r.t. ``dis`` (and ``dis_pn``).
+    ``d_pn = dis_pn[pn_rows[p], n]``. The triplets are never materialised (:func:`all_triplets_sums`)
+    and the gradient is attached from the accumulated derivative w.r.t. ``dis`` (and ``dis_pn``).
+    """
+    value, coeff, coeff_pn = all_triplets_sums(dis, positive, negative, margin, smooth=smooth, reducer=reducer,
+                                               dis_pn=dis_pn, pn_rows=pn_rows)
+    parts = [(dis, coeff)]
+    if dis_pn is not None:
+        parts.append((dis_pn, coeff_pn))
+    return attach_gradient(value, *parts)
+
+
+def all_triplets_sums(
+    dis: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    margin: float,
+    *,
+    smooth: bool,
+    reducer: BaseReducer,
+    dis_pn: torch.Tensor | None = None,
+    pn_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(loss, d loss / d dis [B, R], d loss / d dis_pn [U, R] or None)`` of :func:`all_triplets_margin`, no graph.
+
+    Positive pairs are processed in chunks of ``[chunk, R]`` under ``no_grad``; the loss is the sum of the
+    terms over ``reducer.divisor(number of triplets, number of non-zero terms)``.
     """
     num_refs = dis.shape[1]
     anchor_idx, positive_idx = positive.nonzero(as_tuple=True)
@@ -68,10 +91,7 @@ def all_triplets_margin(
             else:
                 coeff.index_put_((a,), -slope, accumulate=True)
         denom = torch.as_tensor(reducer.divisor(num_all, num_nonzero)).clamp_min(1).to(d.dtype)
-    parts = [(dis, coeff / denom)]
-    if dis_pn is not None:
-        parts.append((dis_pn, coeff_pn / denom))
-    return attach_gradient(total / denom, *parts)
+        return total / denom, coeff.div_(denom), None if coeff_pn is None else coeff_pn.div_(denom)
 
 
 def all_triplets(positive: torch.Tensor, negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
