@@ -37,16 +37,16 @@ def soft_triple_kernel(
     e = exp(u)
     norm = e.sum(dim=1)
     relaxed = u.mul_(e).sum(dim=1).div_(norm)  # V (- m), [C, B]
-    samples = torch.arange(batch, device=z.device)
     logits = relaxed * (la * gamma) if shift is None else (relaxed + shift[:, 0]).mul_(la * gamma)
-    logits.index_put_((labels, samples), torch.tensor(-la * margin, dtype=z.dtype, device=z.device), accumulate=True)
-    target = logits[labels, samples]
+    rows = labels[None, :]  # sample i's class row: one entry per column, so scatter/gather (no sort, no sync)
+    target = logits.gather(0, rows).sub_(la * margin)
+    logits.scatter_(0, rows, target)
     probs, total, lse = exp_sum_(logits, 0, la * (1.0 + abs(margin)))
-    loss = (lse - target).mean()
+    loss = (lse - target[0]).mean()
     if not need_grad:
         return loss, None, None
-    grad_s = probs.div_(total).index_put_((labels, samples), torch.tensor(-1.0, dtype=z.dtype, device=z.device),
-                                          accumulate=True).mul_(la / batch)
+    grad_s = probs.div_(total)
+    grad_s = grad_s.scatter_(0, rows, grad_s.gather(0, rows).sub_(1.0)).mul_(la / batch)
     factor = grad_s.mul_(gamma).div_(norm)  # gamma H / Z
     grad_u = u.addcmul_(e, relaxed.neg_().add_(1.0)[:, None]).mul_(factor[:, None])
     return loss, grad_u.view(num_classes * centers, batch), None
