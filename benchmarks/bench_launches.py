@@ -34,24 +34,11 @@ from pathlib import Path
 
 import torch
 from bench_device import LOSSES, MINERS, labelled_batch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dmlkit._validation as validation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "losses"))
-from _host_syncs import count_host_syncs  # noqa: E402 - the test suite's counter, one definition
-
-
-class OperatorCounter(TorchDispatchMode):
-    """``counts``: ``{ATen operator: calls}`` of everything dispatched inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
+from _host_syncs import OperatorCounter, count_host_syncs  # noqa: E402 - the test suite's counters
 
 
 @contextmanager
