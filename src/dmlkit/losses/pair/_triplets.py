@@ -6,34 +6,8 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.logsumexp import log1p_exp
-from dmlkit.losses.pair.terms import CHUNK_ELEMENTS, attach_gradient
+from dmlkit.losses.pair.terms import CHUNK_ELEMENTS
 from dmlkit.losses.reducers import BaseReducer
-
-
-def all_triplets_margin(
-    dis: torch.Tensor,
-    positive: torch.Tensor,
-    negative: torch.Tensor,
-    margin: float,
-    *,
-    smooth: bool,
-    reducer: BaseReducer,
-    dis_pn: torch.Tensor | None = None,
-    pn_rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Reduced ``h(d_ap - d_an + margin)`` over every triplet ``positive[a, p] & negative[a, n]``.
-
-    ``dis [B, R]`` is oriented so larger means farther; ``h`` is ReLU or softplus
-    (``smooth``). With ``dis_pn [U, R]`` (swap), ``d_an`` becomes ``min(d_an, d_pn)`` where
-    ``d_pn = dis_pn[pn_rows[p], n]``. The triplets are never materialised (:func:`all_triplets_sums`)
-    and the gradient is attached from the accumulated derivative w.r.t. ``dis`` (and ``dis_pn``).
-    """
-    value, coeff, coeff_pn = all_triplets_sums(dis, positive, negative, margin, smooth=smooth, reducer=reducer,
-                                               dis_pn=dis_pn, pn_rows=pn_rows)
-    parts = [(dis, coeff)]
-    if dis_pn is not None:
-        parts.append((dis_pn, coeff_pn))
-    return attach_gradient(value, *parts)
 
 
 def all_triplets_sums(
@@ -47,10 +21,14 @@ def all_triplets_sums(
     dis_pn: torch.Tensor | None = None,
     pn_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(loss, d loss / d dis [B, R], d loss / d dis_pn [U, R] or None)`` of :func:`all_triplets_margin`, no graph.
+    """``(loss, d loss / d dis [B, R], d loss / d dis_pn [U, R] or None)`` of the reduced ``h(d_ap - d_an + margin)``
+    over every triplet ``positive[a, p] & negative[a, n]``, no graph.
 
-    Positive pairs are processed in chunks of ``[chunk, R]`` under ``no_grad``; the loss is the sum of the
-    terms over ``reducer.divisor(number of triplets, number of non-zero terms)``.
+    ``dis [B, R]`` is oriented so larger means farther; ``h`` is ReLU or softplus (``smooth``). With
+    ``dis_pn [U, R]`` (swap), ``d_an`` becomes ``min(d_an, d_pn)`` where ``d_pn = dis_pn[pn_rows[p], n]``. The
+    triplets are never materialised: positive pairs are processed in chunks of ``[chunk, R]`` under ``no_grad``;
+    the loss is the sum of the terms over ``reducer.divisor(number of triplets, number of non-zero terms)``. The
+    caller attaches the gradient (:class:`~dmlkit.losses.pair.terms.Pairwise`, :func:`attach_gradient`).
     """
     num_refs = dis.shape[1]
     anchor_idx, positive_idx = positive.nonzero(as_tuple=True)

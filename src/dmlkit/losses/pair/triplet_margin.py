@@ -21,13 +21,12 @@ from dmlkit.losses.logsumexp import log1p_exp
 from dmlkit.losses.pair._triplets import (
     GeneratorStateMixin,
     all_triplets,
-    all_triplets_margin,
     all_triplets_sums,
     sample_triplets,
 )
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, dissimilarity
+from dmlkit.losses.pair.terms import Pairwise, attach_gradient, dissimilarity
 from dmlkit.mining.selection import TripletSelection
 
 
@@ -109,20 +108,12 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
             masks = batch.pair_masks()
             if self.triplets_per_anchor == "all" and not self.reduces_from_counts():
                 a, p, n = all_triplets(masks.positive, masks.negative)
-            elif self.triplets_per_anchor == "all":
-                dis_pn = pn_rows = None
-                if self.swap:
-                    dis_pn, pn_rows = self._positive_negative_rows(batch, dis, masks.positive.any(0).nonzero()[:, 0])
-                return all_triplets_margin(
-                    dis,
-                    masks.positive,
-                    masks.negative,
-                    self.margin,
-                    smooth=self.smooth_loss,
-                    reducer=self.reducer,
-                    dis_pn=dis_pn,
-                    pn_rows=pn_rows,
-                )
+            elif self.triplets_per_anchor == "all":  # with swap (without: above)
+                dis_pn, pn_rows = self._positive_negative_rows(batch, dis, masks.positive.any(0).nonzero()[:, 0])
+                value, coefficient, coefficient_pn = all_triplets_sums(
+                    dis, masks.positive, masks.negative, self.margin, smooth=self.smooth_loss, reducer=self.reducer,
+                    dis_pn=dis_pn, pn_rows=pn_rows)
+                return attach_gradient(value, (dis, coefficient), (dis_pn, coefficient_pn))
             else:
                 a, p, n = sample_triplets(masks.positive, masks.negative, self.triplets_per_anchor, self.generator)
         d_an = dis[a, n]
