@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmlkit.losses.logsumexp import exp_sum_
+
 MARGIN_KINDS = ("none", "additive_cosine", "additive_angular")
 #: Smallest ``sin(theta)`` in ArcFace's derivative ``cos m + sin m cos(theta) / sin(theta)`` (a unit
 #: embedding exactly on its class weight would otherwise get an infinite gradient).
@@ -101,9 +103,9 @@ def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
 class _ChunkedMarginSoftmax(torch.autograd.Function):
     """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring.
 
-    When every class fits one chunk the forward keeps that chunk's logits and unit columns for the
+    When every class fits one chunk the forward keeps that chunk's exponentials and unit columns for the
     backward (``[B, C*K]``, what autograd would keep) instead of recomputing them: one matrix product and
-    about a dozen kernels fewer per call, with the same values.
+    about a dozen kernels fewer per call, with the same values up to rounding.
     """
 
     @staticmethod
@@ -128,9 +130,9 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         k, scale, chunk = ctx.k, ctx.scale, ctx.chunk
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if ctx.kept is not None:  # the one chunk, as the forward left it (read only: a retained graph reuses it)
-            z, unit, inv, share, product = ctx.kept
-            dc = _expand_sub_centres(
-                _logit_gradient(z, lse, grad_loss, pos[:, None], None, dpsi_target, scale, ctx.constant_slope), share)
+            exps, sums, unit, inv, share, product = ctx.kept
+            dc = _expand_sub_centres(_logit_gradient(exps.div(sums[:, None]), grad_loss, pos[:, None], None,
+                                                     dpsi_target, scale, ctx.constant_slope), share)
             grad_unit = _chunk_weight_gradient(xn, dc, unit, inv, share is not None, k) if need_w else None
             if need_w and columns is not None:
                 grad_unit = torch.zeros_like(weight).index_copy_(1, _column_index(columns, k), grad_unit)
@@ -145,7 +147,8 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
             share = _sub_centre_share(per_sub_centre, cos)
             z = cos.mul_(scale)
             z.scatter_(1, local, _where(inside, psi_target * scale, z.gather(1, local)[:, 0])[:, None])
-            dc = _expand_sub_centres(_logit_gradient(z, lse, grad_loss, local, inside, dpsi_target, scale, False), share)
+            softmax = z.sub_(lse[:, None]).exp_()
+            dc = _expand_sub_centres(_logit_gradient(softmax, grad_loss, local, inside, dpsi_target, scale, False), share)
             if need_x:
                 grad_x.addmm_(dc, product.T)
             if need_w:
@@ -158,8 +161,9 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
 
 
 def _one_chunk_forward(ctx, xn, weight, pos, columns, k, scale, margin, num):
-    """``(lse, psi, psi')`` ``[B]`` when all ``num`` classes fit one chunk: one product, ``torch.logsumexp``;
-    the logits and unit columns stay in ``ctx.kept`` for the backward."""
+    """``(lse, psi, psi')`` ``[B]`` when all ``num`` classes fit one chunk: one product, one log-sum-exp
+    (no max shift where ``exp`` cannot overflow: ``|z| <= s (1 + |m|)``); ``exp(z - shift)``, its row sums and
+    the unit columns stay in ``ctx.kept`` for the backward (its softmax is then one division)."""
     block = weight if columns is None else _class_columns(weight, columns, 0, num, k)
     cos, unit, inv, per_sub_centre, product = _chunk_cosines(xn, block, k)
     local = pos[:, None]
@@ -169,8 +173,9 @@ def _one_chunk_forward(ctx, xn, weight, pos, columns, k, scale, margin, num):
     z = cos.mul_(scale)
     if margin.kind != "none":  # with no margin the target logit is already s c_iy
         z.scatter_(1, local, (psi * scale)[:, None])
-    ctx.kept = (z, unit, inv, share, product)
-    return torch.logsumexp(z, dim=1), psi, dpsi
+    exps, sums, lse = exp_sum_(z, 1, scale * (1.0 + abs(margin.margin)))
+    ctx.kept = (exps, sums, unit, inv, share, product)
+    return lse, psi, dpsi
 
 
 def _chunked_forward(xn, weight, pos, columns, k, scale, margin, chunk, num, batch):
@@ -193,10 +198,10 @@ def _chunked_forward(xn, weight, pos, columns, k, scale, margin, chunk, num, bat
     return running_max + torch.log(total), psi, dpsi
 
 
-def _logit_gradient(z, lse, grad_loss, local, inside, dpsi_target, scale, constant_slope):
+def _logit_gradient(softmax, grad_loss, local, inside, dpsi_target, scale, constant_slope):
     """``dl/dc [B, n]`` of a chunk: ``dl/dz = softmax - onehot`` (times the incoming gradient), ``dz/dc = s``
     and ``s psi'`` on the target (``constant_slope``: ``psi' = 1``)."""
-    dc = z.sub(lse[:, None]).exp_().mul_(grad_loss[:, None])
+    dc = softmax.mul_(grad_loss[:, None])
     if inside is None:  # every target in this chunk: subtract the one-hot in place, then psi' on the targets
         dc = dc.scatter_add_(1, local, grad_loss.neg()[:, None]).mul_(scale)
         return dc if constant_slope else dc.scatter_(1, local, dc.gather(1, local) * dpsi_target[:, None])
