@@ -11,6 +11,7 @@ embeddings it came from, as PML's losses and PyTorch's own return.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import TypeVar
@@ -23,10 +24,13 @@ T = TypeVar("T")
 def _needs_move(x: object, device: torch.device) -> bool:
     if isinstance(x, torch.Tensor):
         return x.device != device
-    if isinstance(x, (tuple, list)):
-        return any(_needs_move(t, device) for t in x)
-    if isinstance(x, Mapping):
-        return any(_needs_move(t, device) for t in x.values())
+    if x is None or isinstance(x, (str, int, float)):  # the common leaves, answered before the generic checks
+        return False
+    if isinstance(x, (tuple, list, Mapping)):
+        for t in x.values() if isinstance(x, Mapping) else x:  # a loop: no generator per container
+            if _needs_move(t, device):
+                return True
+        return False
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return any(_needs_move(getattr(x, f.name), device) for f in dataclasses.fields(x))
     return False
@@ -60,3 +64,11 @@ def as_input_dtype(result: torch.Tensor, embeddings: torch.Tensor) -> torch.Tens
     if embeddings.is_floating_point() and result.is_floating_point() and result.dtype != embeddings.dtype:
         return result.to(embeddings.dtype)
     return result
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A block with autocast off on ``device_type`` (losses accumulate in fp32): ``torch.autocast(enabled=False)``
+    where autocast is on, else nothing to enter (a disabled autocast costs host time on every call)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()

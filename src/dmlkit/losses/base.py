@@ -15,7 +15,7 @@ import inspect
 import torch
 from torch import nn
 
-from dmlkit._devices import as_input_dtype, to_device
+from dmlkit._devices import as_input_dtype, autocast_off, to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import check_embeddings_labels, validate_params
 from dmlkit.exceptions import InvalidParameterError
@@ -95,7 +95,7 @@ class MetricLoss(nn.Module):
         if labels is None and self.requires_labels and kwargs.get("pos_mask") is None:
             raise ValueError(f"{type(self).__name__} needs labels (or an explicit pos_mask).")
         labels, kwargs = to_device((labels, kwargs), embeddings.device)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        with autocast_off(embeddings.device.type):
             loss = self.compute_loss(as_fp32(embeddings), labels, **kwargs)
         return self.add_regularization(loss, embeddings)
 

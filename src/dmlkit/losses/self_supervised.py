@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import as_input_dtype, to_device
+from dmlkit._devices import as_input_dtype, autocast_off, to_device
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
@@ -131,7 +131,7 @@ class VICRegLoss(MetricLoss):
             raise InvalidParameterError("VICRegLoss takes no indices_tuple.")
         _check_views(embeddings, ref_emb, "VICRegLoss")
         ref_emb = to_device(ref_emb, embeddings.device)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        with autocast_off(embeddings.device.type):
             z, z_ref = as_fp32(embeddings), as_fp32(ref_emb).to(as_fp32(embeddings).dtype)
             invariance = ((z - z_ref) ** 2).mean(1)  # per row
             half = 0.5 if self.variance_average else 1.0

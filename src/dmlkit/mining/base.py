@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import to_device
+from dmlkit._devices import autocast_off, to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
@@ -122,7 +122,7 @@ class BaseMiner(nn.Module):
         if ref_emb.dtype != embeddings.dtype:  # e.g. a float16 batch against a float32 memory: the wider of the two
             common = torch.promote_types(embeddings.dtype, ref_emb.dtype)
             embeddings, ref_emb = embeddings.to(common), ref_emb.to(common)
-        with torch.no_grad(), torch.autocast(device_type=embeddings.device.type, enabled=False):
+        with torch.no_grad(), autocast_off(embeddings.device.type):
             pos, neg = label_masks(labels, ref_labels, same_set=same_set)
             return mine(embeddings, ref_emb, pos, neg)
 

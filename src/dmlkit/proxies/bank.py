@@ -167,9 +167,13 @@ class ProxyBank(nn.Module):
         """Move the leaf parameter's values to ``dtype`` in place (it stays the same Parameter)."""
         self.parameter.data = self.parameter.data.to(dtype)
 
-    def groups(self, labels: torch.Tensor) -> torch.Tensor:
-        """The proxy group of each sample ``[B]``: its class, or its pre-assigned proxy (fractional)."""
-        self.check_labels(labels)
+    def groups(self, labels: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """The proxy group of each sample ``[B]``: its class, or its pre-assigned proxy (fractional).
+
+        ``check=False``: the caller has already run :meth:`check_labels` on these labels in this call.
+        """
+        if check:
+            self.check_labels(labels)
         return labels if self.class_to_proxy is None else self.class_to_proxy[labels]
 
     def check_labels(self, labels: torch.Tensor) -> None:
@@ -181,7 +185,7 @@ class ProxyBank(nn.Module):
         if not labels.numel():
             return
         if not _validation.reads_on_host(labels):
-            inside = (labels >= 0) & (labels < self.num_classes)
+            inside = torch.floor_divide(labels, self.num_classes).eq(0)  # 0 <= label < C, in two operators
             torch._assert_async(inside.all(), f"labels must lie in [0, {self.num_classes}) for num_classes={self.num_classes}")
             return
         if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
@@ -196,13 +200,17 @@ class ProxyBank(nn.Module):
             raise InvalidParameterError("per_class() needs an integer proxies_per_class, not a fraction.")
         return self.proxies.view(self.num_classes, self.proxies_per_class, self.embedding_size)
 
-    def candidate_mask(self, labels: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def candidate_mask(self, labels: torch.Tensor, columns: torch.Tensor | None = None,
+                       check: bool = True) -> torch.Tensor:
         """``[B, P]`` True where proxy ``p`` belongs to sample ``i``'s class (or its fractional proxy).
 
         With ``columns [U]`` only those proxies are compared: ``[B, U]``.
         """
-        proxy_labels = self.proxy_labels if columns is None else self.proxy_labels[columns]
-        return self.groups(labels)[:, None] == proxy_labels[None, :]
+        if columns is None:
+            proxy_labels = self.proxy_labels
+        else:  # one proxy per class: a column is its class (no lookup)
+            proxy_labels = columns if self.proxies_per_class == 1 else self.proxy_labels[columns]
+        return self.groups(labels, check)[:, None] == proxy_labels[None, :]
 
     def candidate_columns(self, labels: torch.Tensor) -> torch.Tensor:
         """``[B, K]`` indices of each sample's class proxies (``[B, 1]`` pre-assigned proxy when fractional)."""
@@ -210,6 +218,8 @@ class ProxyBank(nn.Module):
         if self.is_fractional:
             return groups[:, None]
         k = self.proxies_per_class
+        if k == 1:
+            return groups[:, None]
         return groups[:, None] * k + torch.arange(k, device=groups.device)[None, :]
 
     def present_columns(self, labels: torch.Tensor) -> torch.Tensor:
@@ -223,8 +233,9 @@ class ProxyBank(nn.Module):
         labels: torch.Tensor,
         assignment: str = "static",
         columns: torch.Tensor | None = None,
+        check: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(positive [B, P], negative [B, P])`` proxy masks for each sample.
+        """``(positive [B, P], negative [B, P])`` proxy masks for each sample (``check``: see :meth:`groups`).
 
         ``similarity [B, P]`` is larger-is-closer; with ``columns [U]`` it holds only those
         proxies (``[B, U]``; for ``"nearest"`` they must include every candidate proxy of the
@@ -242,7 +253,7 @@ class ProxyBank(nn.Module):
             raise InvalidParameterError(
                 "assignment='dynamic' forms proxy triplets from sample triplets; use dynamic_triplets(), not assign()."
             )
-        candidates = self.candidate_mask(labels, columns)
+        candidates = self.candidate_mask(labels, columns, check)
         if assignment == "static" or (assignment == "nearest" and self.proxies_per_class == 1):
             return candidates, ~candidates
         if assignment == "nearest":

@@ -7,6 +7,7 @@ next: a scalar read (``.item()``, ``bool(t)``, ``float(t)``, ``if t.any():``, al
 ``output_size``), or a copy to host memory (``.tolist()``, ``.numpy()``, ``.cpu()``). The first two
 kinds are seen as ATen operators under a ``TorchDispatchMode``; the third never reaches the
 dispatcher on a CPU tensor, so those three methods are wrapped while counting.
+:class:`OperatorCounter` counts every operator dispatched (``benchmarks/bench_launches.py`` uses both).
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ class HostSyncCounter(TorchDispatchMode):
                 self.counts[str(func)] += 1
         elif func in MASK_INDEXED_OPS and _has_mask_index(args):
             self.counts[f"{func} (boolean mask)"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class OperatorCounter(TorchDispatchMode):
+    """``counts``: ``{ATen operator: calls}`` of everything dispatched inside the block (backward included):
+    on a GPU each one is a kernel launch or at least a pass through PyTorch's dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] += 1
         return func(*args, **(kwargs or {}))
 
 

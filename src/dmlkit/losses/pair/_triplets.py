@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from dmlkit.losses.logsumexp import log1p_exp
-from dmlkit.losses.pair.terms import CHUNK_ELEMENTS, attach_gradient
+from dmlkit.losses.pair.terms import CHUNK_ELEMENTS
 from dmlkit.losses.reducers import BaseReducer
 
 
-def all_triplets_margin(
+def all_triplets_sums(
     dis: torch.Tensor,
     positive: torch.Tensor,
     negative: torch.Tensor,
@@ -20,14 +20,15 @@ def all_triplets_margin(
     reducer: BaseReducer,
     dis_pn: torch.Tensor | None = None,
     pn_rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Reduced ``h(d_ap - d_an + margin)`` over every triplet ``positive[a, p] & negative[a, n]``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(loss, d loss / d dis [B, R], d loss / d dis_pn [U, R] or None)`` of the reduced ``h(d_ap - d_an + margin)``
+    over every triplet ``positive[a, p] & negative[a, n]``, no graph.
 
-    ``dis [B, R]`` is oriented so larger means farther; ``h`` is ReLU or softplus
-    (``smooth``). With ``dis_pn [U, R]`` (swap), ``d_an`` becomes ``min(d_an, d_pn)`` where
-    ``d_pn = dis_pn[pn_rows[p], n]``. The triplets are never materialised: positive pairs
-    are processed in chunks of ``[chunk, R]`` under ``no_grad`` and the gradient is attached
-    from the accumulated derivative w.r.t. ``dis`` (and ``dis_pn``).
+    ``dis [B, R]`` is oriented so larger means farther; ``h`` is ReLU or softplus (``smooth``). With
+    ``dis_pn [U, R]`` (swap), ``d_an`` becomes ``min(d_an, d_pn)`` where ``d_pn = dis_pn[pn_rows[p], n]``. The
+    triplets are never materialised: positive pairs are processed in chunks of ``[chunk, R]`` under ``no_grad``;
+    the loss is the sum of the terms over ``reducer.divisor(number of triplets, number of non-zero terms)``. The
+    caller attaches the gradient (:class:`~dmlkit.losses.pair.terms.Pairwise`, :func:`attach_gradient`).
     """
     num_refs = dis.shape[1]
     anchor_idx, positive_idx = positive.nonzero(as_tuple=True)
@@ -68,10 +69,7 @@ def all_triplets_margin(
             else:
                 coeff.index_put_((a,), -slope, accumulate=True)
         denom = torch.as_tensor(reducer.divisor(num_all, num_nonzero)).clamp_min(1).to(d.dtype)
-    parts = [(dis, coeff / denom)]
-    if dis_pn is not None:
-        parts.append((dis_pn, coeff_pn / denom))
-    return attach_gradient(total / denom, *parts)
+        return total / denom, coeff.div_(denom), None if coeff_pn is None else coeff_pn.div_(denom)
 
 
 def all_triplets(positive: torch.Tensor, negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._devices import to_device
+from dmlkit._devices import autocast_off, to_device
 from dmlkit._validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -113,7 +113,7 @@ class PairLoss(MetricLoss):
             num_refs = embeddings.shape[0] if ref_emb is None else ref_emb.shape[0]
             pairs = selection_from_indices_tuple(indices_tuple, embeddings.shape[0], num_refs)
         batch = self._prepare(embeddings, labels, pairs, weights, ref_emb, ref_labels, pos_mask)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        with autocast_off(embeddings.device.type):
             loss = self.compute_pair_loss(batch)
         return self.add_regularization(loss, embeddings)
 

@@ -82,6 +82,8 @@ class LiftedStructureLoss(_LiftedBase):
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
+        if batch.same_set and not masks.weighted and self.reduces_from_counts():
+            return self._closed_form(batch, masks)
         pos_excess, neg_excess = self._margins(batch)
         per_anchor = masked_logsumexp(neg_excess, masks.negative)  # [B], -inf without negatives
         has_neg = masks.negative.any(1)
@@ -105,6 +107,30 @@ class LiftedStructureLoss(_LiftedBase):
         neg_part = masked_logsumexp(both, valid)
         terms = (neg_part + pos_excess).clamp_min(0.0).square() / 2
         return self.reduce("loss", terms, masks.positive, batch, "pos_pair")
+
+    def _closed_form(self, batch: PairBatch, masks) -> torch.Tensor:
+        """The batch against itself, reduced from counts: value and ``d loss / d matrix`` without autograd.
+
+        With ``L_a = log sum_{N(a)} e^{m - d_an}`` (softmax ``S_an`` over the row), ``J_ap = log(e^{L_a} + e^{L_p})
+        + d_ap - pos_margin`` and the pair coefficient ``c_ap = [J_ap]_+ / divisor`` on positive pairs,
+        ``d loss / d d_ap = c_ap`` and ``d loss / d d_an = -g_a S_an`` with ``g_a = sum_p c_ap e^{L_a - NP_ap}
+        + sum_p c_pa e^{L_a - NP_pa}`` (``NP`` the pair's pooled log-sum).
+        """
+        pairs = Pairwise(self.distance, batch.embeddings, batch.references, True)
+        dis = dissimilarity(pairs.mat, self.distance)
+        neg_logits = torch.rsub(dis, oriented(self.neg_margin, self.distance)).masked_fill_(~masks.negative,
+                                                                                           float("-inf"))
+        per_anchor, softmax = softmax_rows(neg_logits)  # -inf and a zero row without negatives
+        neg_part = torch.logaddexp(per_anchor[:, None], per_anchor[None, :])  # -inf when neither has one
+        hinge = (dis - oriented(self.pos_margin, self.distance)).add_(neg_part).clamp_min_(0.0).mul_(masks.positive)
+        reducer = self.reducer.for_sub_loss("loss")
+        divisor = torch.as_tensor(reducer.divisor(masks.positive.sum(), hinge.sign().sum())).clamp_min(1)
+        value = hinge.square().sum().div_(2 * divisor)
+        coefficient = hinge.div_(divisor)  # c_ap
+        row_share = (per_anchor[:, None] - neg_part).exp_().nan_to_num_(0.0).mul_(coefficient)
+        pooled = row_share.sum(1).add_(coefficient.sub(row_share).sum(0))  # g_a: a as the pair's first or second
+        return pairs.attach(value, dissimilarity(coefficient.addcmul_(softmax, pooled[:, None], value=-1.0),
+                                                 self.distance))
 
 
 @LOSSES.register("generalized_lifted_structure")

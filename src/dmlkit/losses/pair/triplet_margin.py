@@ -18,10 +18,15 @@ from dmlkit._validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import log1p_exp
-from dmlkit.losses.pair._triplets import GeneratorStateMixin, all_triplets, all_triplets_margin, sample_triplets
+from dmlkit.losses.pair._triplets import (
+    GeneratorStateMixin,
+    all_triplets,
+    all_triplets_sums,
+    sample_triplets,
+)
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import dissimilarity
+from dmlkit.losses.pair.terms import Pairwise, attach_gradient, dissimilarity
 from dmlkit.mining.selection import TripletSelection
 
 
@@ -86,28 +91,29 @@ class TripletMarginLoss(GeneratorStateMixin, PairLoss):
         return dis_pn, rows
 
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
-        dis = dissimilarity(self.distance.matrix(batch.embeddings, batch.references), self.distance)
         sel = batch.selection
+        if (not isinstance(sel, TripletSelection) and self.triplets_per_anchor == "all" and not self.swap
+                and self.reduces_from_counts()):
+            # every triplet, reduced from counts: the matrix without autograd, its gradient by the distance
+            pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
+            masks = batch.pair_masks()
+            value, coefficient, _ = all_triplets_sums(dissimilarity(pairs.mat, self.distance), masks.positive,
+                                                      masks.negative, self.margin, smooth=self.smooth_loss,
+                                                      reducer=self.reducer)
+            return pairs.attach(value, dissimilarity(coefficient, self.distance))
+        dis = dissimilarity(self.distance.matrix(batch.embeddings, batch.references), self.distance)
         if isinstance(sel, TripletSelection):
             a, p, n = sel.anchor, sel.positive, sel.negative
         else:
             masks = batch.pair_masks()
             if self.triplets_per_anchor == "all" and not self.reduces_from_counts():
                 a, p, n = all_triplets(masks.positive, masks.negative)
-            elif self.triplets_per_anchor == "all":
-                dis_pn = pn_rows = None
-                if self.swap:
-                    dis_pn, pn_rows = self._positive_negative_rows(batch, dis, masks.positive.any(0).nonzero()[:, 0])
-                return all_triplets_margin(
-                    dis,
-                    masks.positive,
-                    masks.negative,
-                    self.margin,
-                    smooth=self.smooth_loss,
-                    reducer=self.reducer,
-                    dis_pn=dis_pn,
-                    pn_rows=pn_rows,
-                )
+            elif self.triplets_per_anchor == "all":  # with swap (without: above)
+                dis_pn, pn_rows = self._positive_negative_rows(batch, dis, masks.positive.any(0).nonzero()[:, 0])
+                value, coefficient, coefficient_pn = all_triplets_sums(
+                    dis, masks.positive, masks.negative, self.margin, smooth=self.smooth_loss, reducer=self.reducer,
+                    dis_pn=dis_pn, pn_rows=pn_rows)
+                return attach_gradient(value, (dis, coefficient), (dis_pn, coefficient_pn))
             else:
                 a, p, n = sample_triplets(masks.positive, masks.negative, self.triplets_per_anchor, self.generator)
         d_an = dis[a, n]

@@ -17,7 +17,7 @@ from dmlkit._validation import Interval
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._margin_softmax import TargetMargin, chunked_margin_softmax, dense_margin_softmax
-from dmlkit.losses.proxy._math import unit_vectors
+from dmlkit.losses.proxy._math import unit_rows, unit_vectors
 
 
 def miner_weights(indices_tuple: object, labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
@@ -189,10 +189,10 @@ class MarginSoftmaxLoss(ClassificationLoss):
         """``[B]`` margin-softmax cross-entropy (``chunked=False``: the dense autograd twin)."""
         weight = self.W_as(embeddings)
         embeddings = embeddings.to(weight.dtype)
-        xn = unit_vectors(embeddings, 1)
         columns = self.sample_classes(labels)
         k = int(self.proxies_per_class)
         if not chunked:
-            return dense_margin_softmax(xn, weight, labels, self.target_margin(), self.scale, k, columns)
-        return chunked_margin_softmax(xn, weight, labels, self.target_margin(), self.scale, k, self.chunk_size,
-                                      columns)
+            return dense_margin_softmax(unit_vectors(embeddings, 1), weight, labels, self.target_margin(), self.scale,
+                                        k, columns)
+        return chunked_margin_softmax(unit_rows(embeddings), weight, labels, self.target_margin(), self.scale, k,
+                                      self.chunk_size, columns)

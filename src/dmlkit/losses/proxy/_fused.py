@@ -93,7 +93,7 @@ class _FusedProxyLoss(torch.autograd.Function):
             exact_unit = unit.index_select(0, exact_rows)
             z.index_copy_(0, exact_rows, torch.mm(exact_unit, scaled.T))
         loss, grad_z, row_factor = kernel(z, need_xn or need_proxies)
-        grad_xn = grad_proxies = proxy_scale = None
+        grad_xn = grad_proxies = None
         if grad_z is not None and exact_rows is not None:
             exact_grad = grad_z.index_select(0, exact_rows)
             grad_z = low.copy_(grad_z).index_fill_(0, exact_rows, 0.0)
@@ -108,18 +108,18 @@ class _FusedProxyLoss(torch.autograd.Function):
             if exact_rows is not None:
                 grad_unit.index_copy_(0, exact_rows, torch.mm(exact_grad, weighted))
             grad_proxies = tangent_(grad_unit, unit, workspace.get("product", tuple(proxies.shape), unit))
-            proxy_scale = inv_norm * scale
-        ctx.save_for_backward(grad_xn, grad_proxies, proxy_scale)
+            grad_proxies.mul_((inv_norm * scale)[:, None])
+        ctx.save_for_backward(grad_xn, grad_proxies)
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
-        grad_xn, grad_proxies, proxy_scale = ctx.saved_tensors
+        grad_xn, grad_proxies = ctx.saved_tensors
         if grad_xn is not None:
             grad_xn = grad_xn * grad_output
         if grad_proxies is not None:
-            grad_proxies = grad_proxies * (proxy_scale * grad_output)[:, None]
+            grad_proxies = grad_proxies * grad_output
         return grad_xn, grad_proxies, None, None, None, None, None, None
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmlkit.losses.logsumexp import exp_sum_
+
 MARGIN_KINDS = ("none", "additive_cosine", "additive_angular")
 #: Smallest ``sin(theta)`` in ArcFace's derivative ``cos m + sin m cos(theta) / sin(theta)`` (a unit
 #: embedding exactly on its class weight would otherwise get an infinite gradient).
@@ -46,6 +48,11 @@ class TargetMargin:
     kind: str = "none"
     margin: float = 0.0
     monotonic: bool = True
+
+    @property
+    def constant_slope(self) -> bool:
+        """Whether ``psi'(c) = 1`` everywhere (no margin, or CosFace's additive cosine)."""
+        return self.kind != "additive_angular"
 
     def __call__(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(psi(c), psi'(c))`` elementwise."""
@@ -96,9 +103,9 @@ def _chunk_cosines(xn: torch.Tensor, block: torch.Tensor, k: int):
 class _ChunkedMarginSoftmax(torch.autograd.Function):
     """Per-sample margin-softmax cross-entropy ``[B]``; see the module docstring.
 
-    When every class fits one chunk the forward keeps that chunk's logits and unit columns for the
+    When every class fits one chunk the forward keeps that chunk's exponentials and unit columns for the
     backward (``[B, C*K]``, what autograd would keep) instead of recomputing them: one matrix product and
-    about a dozen kernels fewer per call, with the same values.
+    about a dozen kernels fewer per call, with the same values up to rounding.
     """
 
     @staticmethod
@@ -106,31 +113,15 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         batch = xn.shape[0]
         num = weight.shape[1] // k if columns is None else columns.numel()
         pos = labels if columns is None else torch.searchsorted(columns, labels)
-        running_max = xn.new_full((batch,), float("-inf"))
-        total = xn.new_zeros(batch)
-        psi = dpsi = xn.new_zeros(batch)  # psi(c_iy) and psi'(c_iy), filled in the chunk holding y_i
         ctx.kept = None
         with torch.no_grad():
-            for start in range(0, num, chunk):
-                stop = min(start + chunk, num)
-                cos, unit, inv, per_sub_centre, product = _chunk_cosines(
-                    xn, _class_columns(weight, columns, start, stop, k), k)
-                inside, local = _targets_in(pos, start, stop, num)
-                picked = cos.gather(1, local)[:, 0]
-                chunk_psi, chunk_dpsi = margin(picked)
-                psi, dpsi = _where(inside, chunk_psi, psi), _where(inside, chunk_dpsi, dpsi)
-                share = _sub_centre_share(per_sub_centre, cos) if num <= chunk else None
-                z = cos.mul_(scale)
-                z.scatter_(1, local, _where(inside, psi * scale, picked * scale)[:, None])
-                if num <= chunk:
-                    ctx.kept = (z.clone(), unit, inv, share, product)
-                new_max = torch.maximum(running_max, z.amax(dim=1))
-                total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
-                running_max = new_max
-            lse = running_max + torch.log(total)
-            loss = lse - scale * psi
+            if num <= chunk:
+                lse, psi, dpsi = _one_chunk_forward(ctx, xn, weight, pos, columns, k, scale, margin, num)
+            else:
+                lse, psi, dpsi = _chunked_forward(xn, weight, pos, columns, k, scale, margin, chunk, num, batch)
+            loss = torch.sub(lse, psi, alpha=scale)
         ctx.save_for_backward(xn, weight, pos, lse, psi, dpsi, columns)
-        ctx.k, ctx.scale, ctx.chunk, ctx.num = k, scale, chunk, num
+        ctx.k, ctx.scale, ctx.chunk, ctx.num, ctx.constant_slope = k, scale, chunk, num, margin.constant_slope
         return loss
 
     @staticmethod
@@ -138,38 +129,99 @@ class _ChunkedMarginSoftmax(torch.autograd.Function):
         xn, weight, pos, lse, psi_target, dpsi_target, columns = ctx.saved_tensors
         k, scale, chunk = ctx.k, ctx.scale, ctx.chunk
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if ctx.kept is not None:  # the one chunk, as the forward left it (read only: a retained graph reuses it)
+            exps, sums, unit, inv, share, product = ctx.kept
+            dc = _expand_sub_centres(_logit_gradient(exps.div(sums[:, None]), grad_loss, pos[:, None], None,
+                                                     dpsi_target, scale, ctx.constant_slope), share)
+            grad_unit = _chunk_weight_gradient(xn, dc, unit, inv, share is not None, k) if need_w else None
+            if need_w and columns is not None:
+                grad_unit = torch.zeros_like(weight).index_copy_(1, _column_index(columns, k), grad_unit)
+            return dc @ product.T if need_x else None, grad_unit, None, None, None, None, None, None
         grad_x = torch.zeros_like(xn) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
         for start in range(0, ctx.num, chunk):
             stop = min(start + chunk, ctx.num)
             inside, local = _targets_in(pos, start, stop, ctx.num)
-            if ctx.kept is not None:  # the one chunk, as the forward left it (read only: a retained graph reuses it)
-                z, unit, inv, share, product = ctx.kept
-            else:
-                cos, unit, inv, per_sub_centre, product = _chunk_cosines(
-                    xn, _class_columns(weight, columns, start, stop, k), k)
-                share = _sub_centre_share(per_sub_centre, cos)
-                z = cos.mul_(scale)
-                z.scatter_(1, local, _where(inside, psi_target * scale, z.gather(1, local)[:, 0])[:, None])
-            # dl/dz = softmax - onehot (times the incoming gradient); dz/dc = s, s psi' on the target
-            dc = z.sub(lse[:, None]).exp_().mul_(grad_loss[:, None])
-            on_target = (dc.gather(1, local)[:, 0] - grad_loss).mul_(scale).mul_(dpsi_target)
-            dc.mul_(scale)
-            dc.scatter_(1, local, _where(inside, on_target, dc.gather(1, local)[:, 0])[:, None])
-            if share is not None:
-                dc = (share * dc[:, None, :]).view(dc.shape[0], -1)
+            cos, unit, inv, per_sub_centre, product = _chunk_cosines(
+                xn, _class_columns(weight, columns, start, stop, k), k)
+            share = _sub_centre_share(per_sub_centre, cos)
+            z = cos.mul_(scale)
+            z.scatter_(1, local, _where(inside, psi_target * scale, z.gather(1, local)[:, 0])[:, None])
+            softmax = z.sub_(lse[:, None]).exp_()
+            dc = _expand_sub_centres(_logit_gradient(softmax, grad_loss, local, inside, dpsi_target, scale, False), share)
             if need_x:
                 grad_x.addmm_(dc, product.T)
-            if need_w:  # through unit = w / |w|: (g - unit <unit, g>) / |w|, column by column
-                grad_unit = xn.T @ dc
-                if share is not None:  # back to class-major columns
-                    grad_unit = grad_unit.view(grad_unit.shape[0], k, -1).transpose(1, 2).reshape(grad_unit.shape[0], -1)
-                grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
+            if need_w:
+                grad_unit = _chunk_weight_gradient(xn, dc, unit, inv, share is not None, k)
                 if columns is None:
                     grad_w[:, start * k: stop * k] = grad_unit
                 else:
                     grad_w.index_copy_(1, _column_index(columns[start:stop], k), grad_unit)
         return grad_x, grad_w, None, None, None, None, None, None
+
+
+def _one_chunk_forward(ctx, xn, weight, pos, columns, k, scale, margin, num):
+    """``(lse, psi, psi')`` ``[B]`` when all ``num`` classes fit one chunk: one product, one log-sum-exp
+    (no max shift where ``exp`` cannot overflow: ``|z| <= s (1 + |m|)``); ``exp(z - shift)``, its row sums and
+    the unit columns stay in ``ctx.kept`` for the backward (its softmax is then one division)."""
+    block = weight if columns is None else _class_columns(weight, columns, 0, num, k)
+    cos, unit, inv, per_sub_centre, product = _chunk_cosines(xn, block, k)
+    local = pos[:, None]
+    picked = cos.gather(1, local)[:, 0]
+    psi, dpsi = margin(picked)
+    share = _sub_centre_share(per_sub_centre, cos)
+    z = cos.mul_(scale)
+    if margin.kind != "none":  # with no margin the target logit is already s c_iy
+        z.scatter_(1, local, (psi * scale)[:, None])
+    exps, sums, lse = exp_sum_(z, 1, scale * (1.0 + abs(margin.margin)))
+    ctx.kept = (exps, sums, unit, inv, share, product)
+    return lse, psi, dpsi
+
+
+def _chunked_forward(xn, weight, pos, columns, k, scale, margin, chunk, num, batch):
+    """``(lse, psi, psi')`` ``[B]`` with an online log-sum-exp over chunks of ``chunk`` classes."""
+    running_max = xn.new_full((batch,), float("-inf"))
+    total = xn.new_zeros(batch)
+    psi = dpsi = xn.new_zeros(batch)  # psi(c_iy) and psi'(c_iy), filled in the chunk holding y_i
+    for start in range(0, num, chunk):
+        stop = min(start + chunk, num)
+        cos, _, _, _, _ = _chunk_cosines(xn, _class_columns(weight, columns, start, stop, k), k)
+        inside, local = _targets_in(pos, start, stop, num)
+        picked = cos.gather(1, local)[:, 0]
+        chunk_psi, chunk_dpsi = margin(picked)
+        psi, dpsi = _where(inside, chunk_psi, psi), _where(inside, chunk_dpsi, dpsi)
+        z = cos.mul_(scale)
+        z.scatter_(1, local, _where(inside, psi * scale, picked * scale)[:, None])
+        new_max = torch.maximum(running_max, z.amax(dim=1))
+        total = total.mul_(torch.exp(running_max - new_max)).add_(z.sub_(new_max[:, None]).exp_().sum(dim=1))
+        running_max = new_max
+    return running_max + torch.log(total), psi, dpsi
+
+
+def _logit_gradient(softmax, grad_loss, local, inside, dpsi_target, scale, constant_slope):
+    """``dl/dc [B, n]`` of a chunk: ``dl/dz = softmax - onehot`` (times the incoming gradient), ``dz/dc = s``
+    and ``s psi'`` on the target (``constant_slope``: ``psi' = 1``)."""
+    dc = softmax.mul_(grad_loss[:, None])
+    if inside is None:  # every target in this chunk: subtract the one-hot in place, then psi' on the targets
+        dc = dc.scatter_add_(1, local, grad_loss.neg()[:, None]).mul_(scale)
+        return dc if constant_slope else dc.scatter_(1, local, dc.gather(1, local) * dpsi_target[:, None])
+    on_target = (dc.gather(1, local)[:, 0] - grad_loss).mul_(scale).mul_(dpsi_target)
+    dc.mul_(scale)
+    return dc.scatter_(1, local, _where(inside, on_target, dc.gather(1, local)[:, 0])[:, None])
+
+
+def _expand_sub_centres(dc: torch.Tensor, share: torch.Tensor | None) -> torch.Tensor:
+    """``dl/dc [B, n]`` spread over the sub-centres (``[B, K n]``, sub-centre-major) by ``share``; as is when K = 1."""
+    return dc if share is None else (share * dc[:, None, :]).view(dc.shape[0], -1)
+
+
+def _chunk_weight_gradient(xn, dc, unit, inv, sub_centres, k):
+    """``dl/dw [D, n K]`` of a chunk's class-major columns from ``dl/dc [B, n K]`` (sub-centre-major when
+    ``sub_centres``), through ``unit = w / |w|``: ``(g - unit <unit, g>) / |w|``."""
+    grad_unit = xn.T @ dc
+    if sub_centres:  # back to class-major columns
+        grad_unit = grad_unit.view(grad_unit.shape[0], k, -1).transpose(1, 2).reshape(grad_unit.shape[0], -1)
+    return grad_unit.addcmul_(unit, (unit * grad_unit).sum(dim=0, keepdim=True), value=-1.0).mul_(inv)
 
 
 def _sub_centre_share(per_sub_centre: torch.Tensor | None, cos: torch.Tensor) -> torch.Tensor | None:

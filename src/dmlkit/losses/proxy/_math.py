@@ -36,6 +36,44 @@ def unit_vectors(x: torch.Tensor, dim: int) -> torch.Tensor:
     return scaled / torch.linalg.vector_norm(scaled, dim=dim, keepdim=True).clamp_min(1e-12)
 
 
+class _UnitRows(torch.autograd.Function):
+    """``x / max(|x|, 1e-12)`` per row with its gradient written out, ``(g - u <u, g>) / max(|x|, 1e-12)``: a handful of
+    operators where autograd dispatches two dozen through the norm and its clamp.
+
+    ``guard_range``: each row is first divided by its largest ``|x|`` (1 for a zero row), as :func:`unit_vectors`,
+    so that no norm over- or underflows; the gradient is then divided by that factor too.
+    """
+
+    @staticmethod
+    def forward(ctx, x, guard_range):
+        top = None
+        if guard_range:
+            top = x.abs().amax(dim=1, keepdim=True)
+            top = torch.where(top > 0, top, 1.0)
+            x = x / top
+        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min_(1e-12)
+        unit = x / norm
+        ctx.save_for_backward(unit, norm, top)
+        return unit
+
+    @staticmethod
+    def backward(ctx, grad_unit):
+        unit, norm, top = ctx.saved_tensors
+        grad = torch.addcmul(grad_unit, unit, row_dots(unit, grad_unit)[:, None], value=-1.0).div_(norm)
+        return (grad if top is None else grad.div_(top)), None
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """``unit_vectors(x, 1)`` for ``x [N, D]`` (same values) as one autograd node."""
+    return _UnitRows.apply(x, True)
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """L2-normalise the rows of ``x [N, D]`` (the values of :func:`dmlkit.distances.l2_normalize`) as one autograd
+    node."""
+    return _UnitRows.apply(x, False)
+
+
 def row_dots(a: torch.Tensor, b: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``<a_r, b_r>`` for every row of ``a, b [N, D]`` (product then sum, which beats ``bmm`` on CPU).
 
@@ -47,24 +85,3 @@ def row_dots(a: torch.Tensor, b: torch.Tensor, scratch: torch.Tensor | None = No
 def tangent_(grad_unit: torch.Tensor, unit: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """In place ``g - u <u, g>`` per row: the gradient through ``u = x / ||x||``, before the ``1/||x||``."""
     return grad_unit.addcmul_(unit, row_dots(unit, grad_unit, scratch)[:, None], value=-1.0)
-
-
-class _RowNormalize(torch.autograd.Function):
-    """``x / max(||x||, 1e-12)`` per row with a written-out backward (fewer passes than autograd's)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        inv_norm = inverse_row_norms(x)
-        unit = x * inv_norm[:, None]
-        ctx.save_for_backward(unit, inv_norm)
-        return unit
-
-    @staticmethod
-    def backward(ctx, grad_unit):
-        unit, inv_norm = ctx.saved_tensors
-        return tangent_(grad_unit.clone(), unit).mul_(inv_norm[:, None])
-
-
-def normalize_rows(x: torch.Tensor) -> torch.Tensor:
-    """L2-normalise the rows of ``x [N, D]`` (same values as :func:`dmlkit.distances.l2_normalize`)."""
-    return _RowNormalize.apply(x)

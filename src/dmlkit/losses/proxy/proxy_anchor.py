@@ -10,25 +10,29 @@ import torch
 import torch.nn.functional as F
 
 from dmlkit._validation import Interval, Options
-from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
-from dmlkit.losses.logsumexp import exp_sum_, log1p_sum_exp
+from dmlkit.losses.logsumexp import exp_sum_, softmax_with_one
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
 
 def proxy_anchor_terms(
     scaled: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, offset: float, num_proxies: int
-) -> torch.Tensor:
-    """Eq. (4) restricted to the given columns: ``sum_p pos_p / |P+| + sum_p neg_p / num_proxies``.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (4) restricted to the given proxies, ``sum_p pos_p / |P+| + sum_p neg_p / num_proxies``, and its
+    gradient with respect to ``scaled`` (Eq. (6) times ``alpha``).
 
-    ``scaled = alpha * s``, ``positive``, ``negative`` are ``[B, U]``; ``offset = alpha * delta``;
-    ``|P+|`` counts columns with a positive.
+    ``scaled = alpha * s``, ``positive``, ``negative`` are ``[U, B]`` (proxy-major); ``offset = alpha * delta``;
+    ``|P+|`` counts proxies with a positive. With ``pos_p = log(1 + sum_{i+} e^{offset - z_pi})`` and
+    ``neg_p = log(1 + sum_{i-} e^{z_pi + offset})`` (:func:`softmax_with_one`: the stable value and the share
+    ``e^{a_pi} / (1 + sum_i e^{a_pi})`` of each term), ``dl/dz_pi = share-_pi / |P| - share+_pi / |P+|``.
     """
-    pos_term = log1p_sum_exp(offset - scaled, positive, dim=0)
-    neg_term = log1p_sum_exp(scaled + offset, negative, dim=0)
-    num_with_positives = positive.any(dim=0).sum().clamp_min(1)
-    return pos_term.sum() / num_with_positives + neg_term.sum() / num_proxies
+    pos_term, pos_share = softmax_with_one(torch.where(positive, offset - scaled, float("-inf")))
+    neg_term, neg_share = softmax_with_one(torch.where(negative, scaled + offset, float("-inf")))
+    num_with_positives = positive.any(dim=1).sum().clamp_min_(1).to(scaled.dtype)
+    loss = pos_term.sum() / num_with_positives + neg_term.sum() / num_proxies
+    return loss, neg_share.div_(num_proxies).sub_(pos_share.div_(num_with_positives))
 
 
 Assign = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -43,23 +47,20 @@ def proxy_anchor_kernel(
     as a negative, so their term is ``softplus(t_p)``, ``t_p = alpha delta + log sum_i E_pi`` with
     ``E_pi = exp(z_pi - m_p)`` (shift ``m_p = 0`` when ``exp`` cannot overflow, else the row
     max), and ``dl/dz_pi = sigmoid(t_p) E_pi / (|P| sum_i E_pi)`` (Eq. (6) divided by ``alpha``).
-    The proxies ``columns [U]`` of classes in the batch are computed exactly with autograd on a
-    ``[B, U]`` block; ``assign(alpha * s[:, columns])`` gives their ``(positive, negative)`` masks.
+    The proxies ``columns [U]`` of classes in the batch are computed exactly on a ``[U, B]`` block
+    (:func:`proxy_anchor_terms`); ``assign(alpha * s[:, columns])`` gives their ``(positive, negative)`` masks.
     """
     num_proxies = z.shape[0]
     present_z = z.index_select(0, columns)
     positive, negative = assign(present_z.T)
     offset = alpha * margin
+    present, grad_present = proxy_anchor_terms(present_z, positive.T, negative.T, offset, num_proxies)
     exps, sums, lse = exp_sum_(z, 1, alpha)  # |z| <= alpha
     lse = lse.add_(offset)
     bulk = F.softplus(lse).index_fill_(0, columns, 0.0)
-    with torch.enable_grad():
-        present_z.requires_grad_(need_grad)
-        present = proxy_anchor_terms(present_z.T, positive, negative, offset, num_proxies)
-    loss = present.detach() + bulk.sum() / num_proxies
+    loss = present + bulk.sum() / num_proxies
     if not need_grad:
         return loss, None, None
-    (grad_present,) = torch.autograd.grad(present, present_z)
     coef = torch.sigmoid(lse).div_(sums).div_(num_proxies)
     return loss, exps.mul_(coef[:, None]).index_copy_(0, columns, grad_present), None
 
@@ -124,11 +125,11 @@ class ProxyAnchorLoss(ProxyLoss):
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
-        xn = l2_normalize(embeddings)
+        xn = normalize_rows(embeddings)
         columns = self.bank.present_columns(labels)
 
-        def assign(present_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.bank.assign(present_z, labels, self.assignment, columns=columns)
+        def assign(present_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # labels checked just above
+            return self.bank.assign(present_z, labels, self.assignment, columns=columns, check=False)
 
         kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
         return self.fused(xn, proxies, kernel, self.alpha, labels, columns)

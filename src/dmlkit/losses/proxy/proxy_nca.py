@@ -163,7 +163,7 @@ class ProxyNCALoss(ProxyLoss):
         scale = 2.0 * self.softmax_scale
         kernel = partial(proxy_nca_kernel, candidates=candidates, assignment=self.assignment,
                          exclude_positive=self.exclude_positive, bound=scale)
-        return self.fused(l2_normalize(embeddings), proxies, kernel, scale, labels)
+        return self.fused(normalize_rows(embeddings), proxies, kernel, scale, labels)
 
     def logits(self, embeddings: torch.Tensor, proxies: torch.Tensor) -> torch.Tensor:
         """``[B, P]`` logits ``-s ||x - p||^2`` up to a per-row constant (differentiable).

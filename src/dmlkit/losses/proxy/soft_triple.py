@@ -9,12 +9,12 @@ import torch.nn.functional as F
 
 from dmlkit._cpu_ops import exp
 from dmlkit._validation import Interval
-from dmlkit.distances import BaseDistance, CosineSimilarity, l2_normalize
+from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import DataError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import exp_is_safe, exp_sum_
 from dmlkit.losses.proxy._base import ProxyLoss
-from dmlkit.losses.proxy._math import common_dtype
+from dmlkit.losses.proxy._math import common_dtype, normalize_rows
 
 
 def soft_triple_kernel(
@@ -37,16 +37,16 @@ def soft_triple_kernel(
     e = exp(u)
     norm = e.sum(dim=1)
     relaxed = u.mul_(e).sum(dim=1).div_(norm)  # V (- m), [C, B]
-    samples = torch.arange(batch, device=z.device)
     logits = relaxed * (la * gamma) if shift is None else (relaxed + shift[:, 0]).mul_(la * gamma)
-    logits.index_put_((labels, samples), torch.tensor(-la * margin, dtype=z.dtype, device=z.device), accumulate=True)
-    target = logits[labels, samples]
+    rows = labels[None, :]  # sample i's class row: one entry per column, so scatter/gather (no sort, no sync)
+    target = logits.gather(0, rows).sub_(la * margin)
+    logits.scatter_(0, rows, target)
     probs, total, lse = exp_sum_(logits, 0, la * (1.0 + abs(margin)))
-    loss = (lse - target).mean()
+    loss = (lse - target[0]).mean()
     if not need_grad:
         return loss, None, None
-    grad_s = probs.div_(total).index_put_((labels, samples), torch.tensor(-1.0, dtype=z.dtype, device=z.device),
-                                          accumulate=True).mul_(la / batch)
+    grad_s = probs.div_(total)
+    grad_s = grad_s.scatter_(0, rows, grad_s.gather(0, rows).sub_(1.0)).mul_(la / batch)
     factor = grad_s.mul_(gamma).div_(norm)  # gamma H / Z
     grad_u = u.addcmul_(e, relaxed.neg_().add_(1.0)[:, None]).mul_(factor[:, None])
     return loss, grad_u.view(num_classes * centers, batch), None
@@ -144,7 +144,7 @@ class SoftTripleLoss(ProxyLoss):
         :func:`soft_triple_kernel`), plus the centre regulariser when ``tau > 0``."""
         k = self.centers_per_class
         kernel = partial(soft_triple_kernel, labels=labels, centers=k, la=self.la, gamma=self.gamma, margin=self.margin)
-        loss = self.fused(l2_normalize(embeddings), proxies, kernel, 1.0 / self.gamma, labels)
+        loss = self.fused(normalize_rows(embeddings), proxies, kernel, 1.0 / self.gamma, labels)
         if self.tau > 0 and k > 1:
             loss = loss + self.tau * self.center_regularizer(proxies)
         return loss

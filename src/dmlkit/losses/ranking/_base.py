@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._devices import to_device
+from dmlkit._devices import autocast_off, to_device
 from dmlkit.distances import BaseDistance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.pair.base import PairLoss
@@ -83,7 +83,7 @@ class RankingLoss(PairLoss):
                 raise InvalidParameterError(f"{name} takes no indices_tuple: it ranks every pair of the batch.")
             weights = anchor_weights(indices_tuple, embeddings.shape[0], embeddings.dtype, embeddings.device)
         batch = self._prepare(embeddings, labels, None, None, ref_emb, ref_labels, None)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        with autocast_off(embeddings.device.type):
             loss = self.compute_ranking_loss(batch, weights)
         return self.add_regularization(loss, embeddings)
 

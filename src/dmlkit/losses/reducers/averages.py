@@ -32,6 +32,11 @@ class MeanReducer(_CountReducer):
 
     name = "mean"
 
+    def reduce_terms(self, terms, mask=None, **context):
+        if mask is None:  # every term: their sum over their number (no mask built, two operators)
+            return terms.sum() / max(terms.numel(), 1)
+        return super().reduce_terms(terms, mask, **context)
+
     def count(self, terms, mask):
         return mask.sum()
 
