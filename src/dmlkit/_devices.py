@@ -6,7 +6,9 @@ CPU) while the embeddings live on a GPU. :func:`to_device` is that move for ever
 reducer or wrapper receives: a tensor, a tuple or list of them (PML's ``indices_tuple``), a mapping
 (a loss dict) or a dataclass of them (dmlkit's ``PairSelection`` / ``TripletSelection``).
 :func:`as_input_dtype` gives a result accumulated in float32 the dtype of the half-precision
-embeddings it came from, as PML's losses and PyTorch's own return.
+embeddings it came from, as PML's losses and PyTorch's own return. :func:`follow_device_` is the other
+half of PML's contract: a loss built on the CPU and called with embeddings on a GPU moves its own
+parameters and buffers there (PML's ``cast_types``), so that ``loss.W`` is on the card afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 import torch
+from torch import nn
 
 T = TypeVar("T")
 
@@ -60,3 +63,13 @@ def as_input_dtype(result: torch.Tensor, embeddings: torch.Tensor) -> torch.Tens
     if embeddings.is_floating_point() and result.is_floating_point() and result.dtype != embeddings.dtype:
         return result.to(embeddings.dtype)
     return result
+
+
+def follow_device_(module: nn.Module, device: torch.device, *probes: torch.Tensor) -> None:
+    """Move every parameter and buffer of ``module`` to ``device`` when one of ``probes`` (its own state,
+    one tensor where all of it lives) is elsewhere: PML's ``cast_types`` (``self.W.data =
+    c_f.to_device(self.W.data, device=embeddings.device)``), device part. ``module.to`` keeps each
+    Parameter the same object (its ``.data`` replaced), so an optimiser built on the module still holds
+    it; on one device the call is a comparison per probe."""
+    if any(t.device != device for t in probes):
+        module.to(device)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import to_device
+from dmlkit._devices import follow_device_, to_device
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -171,8 +171,9 @@ class CrossBatchMemory(nn.Module):
             raise DataError(
                 f"the batch enqueues {queued_emb.shape[0]} rows but memory_size is {self.memory_size}."
             )
-        if self.embedding_memory.device != embeddings.device:
-            self.to(embeddings.device)
+        # PML's cast_types: the memory follows the embeddings; every buffer is checked, since PML's users move
+        # embedding_memory / label_memory themselves and the pointer and counts must come along
+        follow_device_(self, embeddings.device, *self._buffers.values())
         wanted = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
         if self.embedding_memory.dtype != wanted:  # float64 batches get a float64 memory (as PML's)
             self.embedding_memory = self.embedding_memory.to(wanted)
