@@ -576,3 +576,20 @@ def test_sub_center_arcface_outliers_take_labels_on_any_device():
     assert not any(emu.is_away(t) for t in got)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_sub_center_arcface_outliers_move_the_sub_centres_to_the_embeddings_device():
+    from dmlkit.losses import SubCenterArcFaceLoss
+
+    x, y = batch()
+    loss = SubCenterArcFaceLoss(num_classes=NUM_CLASSES, embedding_size=DIM, sub_centers=3)
+    expected = loss.get_outliers(x, y, threshold=30)
+    emu = DeviceEmulator()
+    emu.park(loss)
+    weight = loss.W
+    with emu:
+        got = loss.get_outliers(x, y, threshold=30)
+    assert not emu.away_state(loss) and loss.W is weight
+    for g, e in zip(got, expected, strict=True):
+        assert not emu.is_away(g)
+        torch.testing.assert_close(g, e)
