@@ -6,7 +6,9 @@ CPU) while the embeddings live on a GPU. :func:`to_device` is that move for ever
 reducer or wrapper receives: a tensor, a tuple or list of them (PML's ``indices_tuple``), a mapping
 (a loss dict) or a dataclass of them (dmlkit's ``PairSelection`` / ``TripletSelection``).
 :func:`as_input_dtype` gives a result accumulated in float32 the dtype of the half-precision
-embeddings it came from, as PML's losses and PyTorch's own return.
+embeddings it came from, as PML's losses and PyTorch's own return. :func:`follow_device_` is the other
+half of PML's contract: a loss built on the CPU and called with embeddings on a GPU moves its own
+parameters and buffers there (PML's ``cast_types``), so that ``loss.W`` is on the card afterwards.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 import torch
+from torch import nn
 
 T = TypeVar("T")
 
@@ -72,3 +75,13 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     if torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def follow_device_(module: nn.Module, device: torch.device, *probes: torch.Tensor) -> None:
+    """Move every parameter and buffer of ``module`` to ``device`` when one of ``probes`` (its own state,
+    one tensor where all of it lives) is elsewhere: PML's ``cast_types`` (``self.W.data =
+    c_f.to_device(self.W.data, device=embeddings.device)``), device part. ``module.to`` keeps each
+    Parameter the same object (its ``.data`` replaced), so an optimiser built on the module still holds
+    it; on one device the call is a comparison per probe."""
+    if any(t.device != device for t in probes):
+        module.to(device)

@@ -25,10 +25,16 @@ indices. ``.numpy()`` of a home tensor raises as it does for a CUDA tensor. Move
 never re-tags the caller's tensor. Gradients: ``torch.autograd.grad`` / ``.backward()`` inside the
 block run the backward pass with the emulator active, so custom ``autograd.Function`` backward code is
 checked too.
+
+A module built on the CPU beside a GPU holds its parameters and buffers on the CPU: :meth:`DeviceEmulator.park`
+tags a module's own parameter and buffer objects away (in place, not copies), so a loss whose weights meet
+home embeddings raises as ``mm`` does on CUDA. ``p.data = t`` gives ``p`` the tag of ``t`` (the same Parameter
+object, moved, as ``module.to(device)`` and PML's ``cast_types`` do), and ``p.data`` has the tag of ``p``.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -53,6 +59,9 @@ NEW = {torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, to
 INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 GRADIENTS = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
 DEVICE_GETTER = torch.Tensor.device.__get__
+DATA_SETTER = torch.Tensor.data.__set__
+#: Questions about tensors that compute nothing on them (``module.to`` asks before it moves a parameter).
+METADATA = {torch._has_compatible_shallow_copy_type}
 
 MIXED = "Expected all tensors to be on the same device, but found at least two devices, home and away! ({})"
 
@@ -90,8 +99,20 @@ class DeviceEmulator(TorchFunctionMode):
 
         return tree_map(move, x)
 
+    def park(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Tag ``module``'s parameters and buffers (the objects themselves, submodules' included) away: a module
+        left on the CPU while the embeddings are on the GPU."""
+        for t in itertools.chain(module.parameters(), module.buffers()):
+            self._away[t] = True
+        return module
+
     def is_away(self, x: torch.Tensor) -> bool:
         return x in self._away
+
+    def away_state(self, module: torch.nn.Module) -> list[str]:
+        """Names of ``module``'s parameters and buffers that are on the away device."""
+        return [name for name, t in itertools.chain(module.named_parameters(), module.named_buffers())
+                if t in self._away]
 
     # -- the mode ----------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -100,6 +121,12 @@ class DeviceEmulator(TorchFunctionMode):
             return AWAY if args[0] in self._away else func(*args, **kwargs)
         if func in GRADIENTS:
             return self._gradients(func, args, kwargs)
+        if func == DATA_SETTER:  # p.data = t: the same object takes t's place, and its device
+            result = func(*args, **kwargs)
+            self._retag(args[0], args[1] in self._away)
+            return result
+        if func in METADATA:
+            return func(*args, **kwargs)
         if func is torch.Tensor.numpy and args[0] not in self._away:
             raise TypeError("can't convert cuda:0 device type tensor to numpy (emulated: a home tensor). "
                             "Use Tensor.cpu() to copy the tensor to host memory first.")
@@ -168,6 +195,12 @@ class DeviceEmulator(TorchFunctionMode):
             return False
         return True
 
+    def _retag(self, t: torch.Tensor, away: bool) -> None:
+        if away:
+            self._away[t] = True
+        elif t in self._away:
+            del self._away[t]
+
     def _tag(self, result, away: bool, args) -> Any:
         inputs = {id(t) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
 
@@ -176,10 +209,7 @@ class DeviceEmulator(TorchFunctionMode):
                 return t
             if id(t) in inputs and (t in self._away) != away:
                 t = t.clone()  # a move that torch answered with the same tensor: copy, keep the caller's tag
-            if away:
-                self._away[t] = True
-            elif t in self._away:
-                del self._away[t]
+            self._retag(t, away)
             return t
 
         return tree_map(tag, result)

@@ -4,16 +4,22 @@ another device than the embeddings are moved to the embeddings' device, and noth
 default device behind the caller's back (:mod:`device_emulation` makes both mistakes fail on a CPU).
 
 Each case is called twice: plainly, and with its label-like inputs on the emulator's away device;
-the second call must not raise and must give the first call's value and gradient. A new registered
+the second call must not raise and must give the first call's value and gradient. A module with state of
+its own (proxies, class weights, MarginLoss's ``beta``, a memory) is also called parked: built on the away
+device (PML's tests build losses on the CPU and hand them ``cuda`` embeddings) and called with home
+inputs, it must give the plain call's value and gradients, and its parameters and buffers must come
+home as the same objects (PML's ``cast_types``). A new registered
 loss or miner is covered without a new line here; a PML name dmlkit gains outside the registries
 fails :func:`test_every_pml_name_dmlkit_has_is_covered` until a case is added.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import inspect
+import itertools
 
 import pytest
 import torch
@@ -83,6 +89,46 @@ def assert_same_call(fn, x, *args, **kwargs):
     if expected[1] is not None:
         torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-7)
     return got
+
+
+def _state(module: torch.nn.Module) -> list[torch.Tensor]:
+    return list(itertools.chain(module.parameters(), module.buffers()))
+
+
+def _parked_value_and_grads(module, x, args, kwargs, emulator=None):
+    """``module(x, *args, **kwargs)`` and its gradients w.r.t. ``x`` and ``module``'s parameters (``module``
+    parked on ``emulator``'s away device when given; its inputs stay home)."""
+    x = x.detach().clone().requires_grad_(True)
+    params = list(module.parameters())
+    torch.manual_seed(1)
+    with emulator if emulator is not None else contextlib.nullcontext():
+        value = module(x, *args, **kwargs)
+        grads = torch.autograd.grad(value, [x, *params], allow_unused=True) if value.requires_grad else ()
+    return value.detach(), grads
+
+
+def assert_parked_call(module, x, *args, prepare=None, **kwargs):
+    """``module`` parked away and called with home inputs gives the plain call's value and gradients, and its
+    parameters and buffers come home, the parameters as the same objects. ``prepare(module, emulator)`` runs
+    after parking (a test that brings part of the state home first, as PML's memory test does)."""
+    expected = _parked_value_and_grads(copy.deepcopy(module), x, args, kwargs)
+    emu = DeviceEmulator()
+    parked = emu.park(copy.deepcopy(module))
+    assert emu.away_state(parked) == [n for n, _ in itertools.chain(parked.named_parameters(), parked.named_buffers())]
+    if prepare is not None:
+        prepare(parked, emu)
+    params = list(parked.parameters())
+    got = _parked_value_and_grads(parked, x, args, kwargs, emu)
+    assert not emu.is_away(got[0]), "the loss came back on the away device, not the embeddings'"
+    assert not emu.away_state(parked), f"{type(parked).__name__} left {emu.away_state(parked)} on the away device"
+    assert all(a is b for a, b in zip(params, parked.parameters(), strict=True)), "a parameter was replaced, not moved"
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=1e-7)
+    assert len(got[1]) == len(expected[1])
+    for g, e in zip(got[1], expected[1], strict=True):
+        assert (g is None) == (e is None)
+        if e is not None:
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-7)
+    return parked
 
 
 # -- the emulator itself ---------------------------------------------------------------------------
@@ -163,6 +209,110 @@ def test_loss_moves_the_reference_set_to_the_embeddings_device(name):
     x, y = batch()
     ref, ref_y = batch(seed=1, n=8)
     assert_same_call(build_loss(name), x, y, ref_emb=ref, ref_labels=ref_y)
+
+
+def test_the_emulator_parks_a_module_and_follows_its_moves():
+    layer = torch.nn.Linear(DIM, 2)
+    x = torch.randn(3, DIM)
+    with DeviceEmulator() as emu:
+        emu.park(layer)
+        assert emu.away_state(layer) == ["weight", "bias"] and layer.weight.device == AWAY
+        with pytest.raises(RuntimeError, match="same device"):
+            layer(x)  # CPU weights meet cuda inputs
+        weight = layer.weight
+        weight.data = weight.data.to(x.device)  # PML's cast_types: the same Parameter, moved
+        assert layer.weight is weight and not emu.is_away(weight) and emu.away_state(layer) == ["bias"]
+        assert emu.is_away(layer.bias.data)  # .data has its parameter's device
+        layer.to(x.device)
+        assert not emu.away_state(layer) and layer.weight is weight
+        assert layer(x).shape == (3, 2)
+
+
+# -- module state parked on the other device: it follows the embeddings (PML's cast_types) ------------------
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_a_loss_left_on_another_device_follows_the_embeddings(name):
+    x, y = batch()
+    loss = build_loss(name)
+    if not _state(loss):  # nothing of its own to move: its own state is created per call
+        assert_parked_call(loss, x, y)
+        return
+    parked = assert_parked_call(loss, x, y)
+    for p in parked.parameters():
+        assert p.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["arcface", "proxy_anchor", "soft_triple", "margin"])
+def test_a_parked_loss_takes_a_float64_batch_dtype_and_device(name):
+    x, y = batch(torch.float64)
+    loss = build_loss(name)
+    if name == "margin":
+        loss = create_loss("margin", learn_beta=True, num_classes=NUM_CLASSES, nu=0.1)
+    parked = assert_parked_call(loss, x, y)
+    cast = name != "margin"  # PML casts proxies and class weights; MarginLoss's beta is cast per call
+    assert all((p.dtype == torch.float64) == cast for p in parked.parameters())
+
+
+def test_margin_loss_with_a_learned_per_class_beta_follows_the_embeddings():
+    x, y = batch()
+    assert_parked_call(create_loss("margin", learn_beta=True, num_classes=NUM_CLASSES, nu=0.1), x, y)
+    assert_parked_call(create_loss("margin", learn_beta=True, nu=0.1), x, y)
+
+
+@pytest.mark.parametrize("regularizer", ["RegularFaceRegularizer", "CenterInvariantRegularizer", "LpRegularizer"])
+def test_weight_regularizers_read_the_moved_weights(regularizer):
+    x, y = batch()
+    for name in ("arcface", "proxy_anchor"):
+        loss = create_loss(name, num_classes=NUM_CLASSES, embedding_size=DIM,
+                           weight_regularizer=getattr(regularizers_module, regularizer)())
+        assert_parked_call(loss, x, y)
+
+
+def test_sparse_centers_regularizer_reads_the_moved_centres():
+    from dmlkit.losses import SoftTripleLoss
+
+    x, y = batch()
+    regularizer = regularizers_module.SparseCentersRegularizer(num_classes=NUM_CLASSES, centers_per_class=2)
+    loss = SoftTripleLoss(NUM_CLASSES, DIM, centers_per_class=2, weight_regularizer=regularizer)
+    assert_parked_call(loss, x, y)
+
+
+def test_multiple_losses_left_on_another_device_follow_the_embeddings():
+    from dmlkit.losses import MultipleLosses
+
+    x, y = batch()
+    combined = MultipleLosses([build_loss("arcface"), build_loss("proxy_anchor"), build_loss("margin"),
+                               build_loss("contrastive")], weights=[1.0, 0.5, 0.25, 2.0])
+    assert_parked_call(combined, x, y)
+
+
+def _filled_memory():
+    from dmlkit.memory import CrossBatchMemory
+
+    memory = CrossBatchMemory(create_loss("contrastive"), DIM, memory_size=32)
+    memory(*batch(seed=3))  # a memory that already holds a batch
+    return memory
+
+
+def test_cross_batch_memory_left_on_another_device_follows_the_embeddings():
+    x, y = batch()
+    assert_parked_call(_filled_memory(), x, y)
+    assert_parked_call(_filled_memory(), x, y, create_miner("multi_similarity").as_pml()(x, y))
+
+
+def test_cross_batch_memory_whose_memory_alone_was_moved_brings_the_rest_of_its_state():
+    """PML's memory test moves ``embedding_memory`` and ``label_memory`` to the card itself; the queue
+    pointer and counts stay where the memory was built."""
+    x, y = batch()
+
+    def bring_the_memory_home(memory, emu):
+        with emu:
+            memory.embedding_memory = memory.embedding_memory.to(x.device)
+            memory.label_memory = memory.label_memory.to(x.device)
+        assert emu.is_away(memory.queue_idx)
+
+    assert_parked_call(_filled_memory(), x, y, prepare=bring_the_memory_home)
 
 
 # -- losses outside the registry (PML names) -------------------------------------------------------------
@@ -425,4 +575,21 @@ def test_sub_center_arcface_outliers_take_labels_on_any_device():
         got = loss.get_outliers(x, emu.away(y), threshold=30)
     assert not any(emu.is_away(t) for t in got)
     for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_sub_center_arcface_outliers_move_the_sub_centres_to_the_embeddings_device():
+    from dmlkit.losses import SubCenterArcFaceLoss
+
+    x, y = batch()
+    loss = SubCenterArcFaceLoss(num_classes=NUM_CLASSES, embedding_size=DIM, sub_centers=3)
+    expected = loss.get_outliers(x, y, threshold=30)
+    emu = DeviceEmulator()
+    emu.park(loss)
+    weight = loss.W
+    with emu:
+        got = loss.get_outliers(x, y, threshold=30)
+    assert not emu.away_state(loss) and loss.W is weight
+    for g, e in zip(got, expected, strict=True):
+        assert not emu.is_away(g)
         torch.testing.assert_close(g, e)

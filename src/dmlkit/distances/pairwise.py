@@ -317,6 +317,10 @@ class LpDistance(BaseDistance):
     def pairwise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not (self.p == 2 and self.power in (1, 2) and _own_recipe(self, LpDistance)):
             return super().pairwise(x, y)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # |x|^2 + |y|^2 - 2<x, y> cancels in half precision (0.044 between a float16 row and itself): float32,
+            # rounded once to the input's dtype, within a unit in the last place of PML's row-by-row differences
+            return self.pairwise(x.float(), y.float()).to(x.dtype)
         if self.normalize_embeddings:
             x, y = l2_normalize(x), l2_normalize(y)
         sq = squared_euclidean(x, y)

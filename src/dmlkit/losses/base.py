@@ -1,7 +1,8 @@
 """The base class every dmlkit loss derives from.
 
 ``loss(embeddings, labels, **kwargs)`` validates its inputs, moves labels and every tensor argument
-to the embeddings' device (PML's contract), turns off autocast and upcasts half-precision inputs so
+to the embeddings' device, and the loss's own parameters and buffers with them (PML's contract:
+:meth:`MetricLoss.follow_embeddings_`), turns off autocast and upcasts half-precision inputs so
 the loss is accumulated in fp32, then hands over to ``compute_loss``; the loss comes back in the
 embeddings' dtype (float16 in, float16 out, as PML and PyTorch's losses). A batch with nothing to
 learn from returns :func:`zero_loss`, which stays connected to the autograd graph.
@@ -15,7 +16,7 @@ import inspect
 import torch
 from torch import nn
 
-from dmlkit._devices import as_input_dtype, autocast_off, to_device
+from dmlkit._devices import as_input_dtype, autocast_off, follow_device_, to_device
 from dmlkit._registry import Registry
 from dmlkit._validation import check_embeddings_labels, validate_params
 from dmlkit.exceptions import InvalidParameterError
@@ -95,9 +96,23 @@ class MetricLoss(nn.Module):
         if labels is None and self.requires_labels and kwargs.get("pos_mask") is None:
             raise ValueError(f"{type(self).__name__} needs labels (or an explicit pos_mask).")
         labels, kwargs = to_device((labels, kwargs), embeddings.device)
+        self.follow_embeddings_(embeddings)
         with autocast_off(embeddings.device.type):
             loss = self.compute_loss(as_fp32(embeddings), labels, **kwargs)
         return self.add_regularization(loss, embeddings)
+
+    def own_state(self) -> torch.Tensor | None:
+        """One of the loss's own parameters or buffers (proxies, ``beta``), on the device where all of them
+        are; None for a loss that keeps no tensors between calls."""
+        return None
+
+    def follow_embeddings_(self, embeddings: torch.Tensor) -> None:
+        """PML's ``cast_types``, device part: the loss's parameters and buffers move to ``embeddings``' device
+        (the same Parameter objects; :func:`dmlkit._devices.follow_device_`). Every ``forward`` calls it
+        after moving its inputs; losses whose weights also take the embeddings' dtype extend it."""
+        probe = self.own_state()
+        if probe is not None:
+            follow_device_(self, embeddings.device, probe)
 
     def set_regularizers(
         self,

@@ -133,6 +133,7 @@ class BaseMetricLossFunction(MetricLoss, metaclass=_Equivalent):
         check_embeddings_labels(embeddings, labels)
         labels, indices_tuple, ref_emb, ref_labels = to_device((labels, indices_tuple, ref_emb, ref_labels),
                                                                embeddings.device)
+        self.follow_embeddings_(embeddings)
         if ref_emb is None:
             ref_emb, ref_labels = embeddings, labels
         else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import to_device
+from dmlkit._devices import follow_device_, to_device
 from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -43,7 +43,9 @@ class CrossBatchMemory(nn.Module):
     Wang et al. (2020) Sec. 3.2. ``miner(embeddings, labels, ref_emb, ref_labels)`` (optional)
     selects pairs or triplets against the memory; otherwise all pairs are used (the wrapped
     loss's own ``miner`` only runs during warm-up). Works with every loss that accepts
-    ``ref_emb`` (all pair losses except N-pairs). The memory is stored in float32.
+    ``ref_emb`` (all pair losses except N-pairs). The memory follows the embeddings' device and takes
+    their dtype, as PML's (``cast_types``): a float16 batch is stored as given (nothing is lost), and a
+    wrapped PML loss meets one dtype; dmlkit's losses accumulate it in float32.
     """
 
     def __init__(
@@ -171,11 +173,11 @@ class CrossBatchMemory(nn.Module):
             raise DataError(
                 f"the batch enqueues {queued_emb.shape[0]} rows but memory_size is {self.memory_size}."
             )
-        if self.embedding_memory.device != embeddings.device:
-            self.to(embeddings.device)
-        wanted = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
-        if self.embedding_memory.dtype != wanted:  # float64 batches get a float64 memory (as PML's)
-            self.embedding_memory = self.embedding_memory.to(wanted)
+        # PML's cast_types: the memory follows the embeddings; every buffer is checked, since PML's users move
+        # embedding_memory / label_memory themselves and the pointer and counts must come along
+        follow_device_(self, embeddings.device, *self._buffers.values())
+        if self.embedding_memory.dtype != embeddings.dtype:  # the batch's dtype, as PML's (a PML loss meets one dtype)
+            self.embedding_memory = self.embedding_memory.to(embeddings.dtype)
         warming_up = int(self.num_steps) < self.warmup_steps
         slots = self.enqueue(queued_emb, queued_labels)
         self.num_steps += 1

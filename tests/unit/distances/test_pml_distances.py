@@ -185,3 +185,19 @@ def test_snr_distance_of_an_anchor_without_signal_is_finite():
     assert torch.isfinite(mat).all()
     assert mat[0, 1] == 0  # no noise either: identical rows are at distance 0
     assert mat[0, 0] > 1e6  # noise over (almost) no signal: far
+
+
+@pytest.mark.parametrize("power", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_euclidean_distance_of_a_half_precision_batch_is_the_float32_value_rounded_once(dtype, power):
+    """``|x|^2 + |y|^2 - 2<x, y>`` in float16 cancels (0.044 between a row and itself before session 32; PML's
+    float16 recipe, row-by-row differences, gives 0): a half batch is computed in float32 and rounded once."""
+    angles = torch.arange(64, dtype=torch.float64) * math.pi / 180  # rows one degree apart, as PML's miner tests
+    x = torch.stack([angles.cos(), angles.sin()], 1).to(dtype)
+    got = LpDistance(power=power)(x)
+    assert got.dtype == dtype
+    rows = [[float(t) for t in v] for v in x]
+    expected = _lp_loop(rows, rows, 2, power, True)
+    unit = torch.finfo(dtype).eps  # a unit in the last place of a distance in [1, 2)
+    torch.testing.assert_close(got.double(), expected, rtol=unit, atol=4e-4 if power == 1 else 2e-7)
+    assert (got.diagonal().double() < 4e-4).all()  # float32's own rounding of a zero distance, not half's

@@ -12,6 +12,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.pair import ContrastiveLoss
 from dmlkit.memory import CrossBatchMemory
 from dmlkit.mining import MultiSimilarityMiner, PairMarginMiner
+from dmlkit.mining.selection import PairSelection
 
 
 def stream(steps, n=8, d=6, classes=4, seed=0):
@@ -124,3 +125,32 @@ def test_resume_from_state_dict_continues_identically():
     b.load_state_dict(a.state_dict())
     for x, y in batches[3:]:
         torch.testing.assert_close(a(x, y), b(x, y))
+
+
+
+def test_a_float16_batch_gets_a_memory_of_its_dtype_as_pmls():
+    """PML casts the memory to the embeddings' dtype, so a PML loss inside meets one dtype (a float32 memory
+    beside float16 embeddings raised ``Index put requires the source and destination dtypes match``)."""
+    ours = CrossBatchMemory(pml_losses.ContrastiveLoss(), 6, memory_size=20)
+    pml = pml_losses.CrossBatchMemory(pml_losses.ContrastiveLoss(), 6, memory_size=20)
+    for x, y in stream(3, seed=7):
+        x = x.half()
+        got = ours(x, y)
+        assert got.dtype == torch.float16 and ours.embedding_memory.dtype == torch.float16
+        torch.testing.assert_close(got, pml(x, y), rtol=0, atol=0)  # the same half-precision arithmetic
+    assert torch.equal(ours.embedding_memory, pml.embedding_memory)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_dmlkit_losses_in_a_half_precision_memory_accumulate_in_float32(dtype):
+    memory = CrossBatchMemory(ContrastiveLoss(), 6, memory_size=8)
+    (x1, y1), (x2, y2) = stream(2, seed=8)
+    memory(x1.to(dtype), y1)
+    got = memory(x2.to(dtype), y2)  # the second batch against the first (the memory is full)
+    assert got.dtype == dtype and memory.embedding_memory.dtype == dtype
+    own = torch.arange(8, 16) % 8  # the second batch's own slots (they replaced the first batch's)
+    positive = (y2[:, None] == y2[None, :]) & (own[:, None] != torch.arange(8)[None, :])
+    negative = y2[:, None] != y2[None, :]
+    reference = ContrastiveLoss()(x2.to(dtype).float(), y2, ref_emb=x2.to(dtype).float(), ref_labels=y2,
+                                  pairs=PairSelection(positive, negative))
+    torch.testing.assert_close(got, reference.to(dtype), rtol=0, atol=0)  # the float32 loss, rounded once

@@ -107,6 +107,7 @@ class PairLoss(MetricLoss):
         if isinstance(embeddings, torch.Tensor):
             indices_tuple, ref_emb, ref_labels, pairs, weights, pos_mask, labels = to_device(
                 (indices_tuple, ref_emb, ref_labels, pairs, weights, pos_mask, labels), embeddings.device)
+            self.follow_embeddings_(embeddings)
         if indices_tuple is not None:
             if pairs is not None:
                 raise InvalidParameterError(f"{type(self).__name__} got both indices_tuple and pairs; pass one.")

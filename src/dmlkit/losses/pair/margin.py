@@ -94,6 +94,11 @@ class MarginLoss(GeneratorStateMixin, PairLoss):
     def default_distance(self) -> BaseDistance:
         return LpDistance(power=1, normalize_embeddings=True)
 
+    def own_state(self) -> torch.Tensor:
+        """``beta``: it follows the embeddings' device (PML copies it there per call) and keeps its dtype
+        (cast per call, as PML's ``to_device(beta, dtype=embeddings.dtype)``)."""
+        return self.beta
+
     def _anchor_beta(self, batch: PairBatch) -> torch.Tensor:
         """``[B]`` boundary of each anchor: its class's beta, or the shared one."""
         beta = self.beta.to(batch.embeddings.dtype)

@@ -118,13 +118,22 @@ class ProxyLoss(MetricLoss):
                 f"embeddings has {embeddings.shape[1]} columns but {type(self).__name__} has "
                 f"embedding_size={self.embedding_size} (proxies are [{self.proxies.shape[0]}, {self.embedding_size}])."
             )
-        if isinstance(embeddings, torch.Tensor) and embeddings.dtype != self.proxies.dtype and (
-                embeddings.dtype in (torch.float64, *HALF) or self.proxies.dtype in HALF):
-            # PML's cast_types: the proxies take a float64, float16 or bfloat16 batch's dtype (and float32 back from
-            # half); a float32 batch leaves float64 proxies as they are. The loss itself is accumulated in float32
-            # (or float64); dmlkit's trainer hands losses float32 embeddings, so its proxies stay float32.
-            self.bank.promote_(embeddings.dtype)
         return super().forward(embeddings, labels, indices_tuple, **kwargs)
+
+    def own_state(self) -> torch.Tensor:
+        """The bank's leaf parameter (``proxies``, or the classification losses' ``W``)."""
+        return self.bank.parameter
+
+    def follow_embeddings_(self, embeddings: torch.Tensor) -> None:
+        """PML's ``cast_types``: the proxies (and every buffer) move to the embeddings' device, and the proxies
+        take a float64, float16 or bfloat16 batch's dtype (and float32 back from half); a float32 batch leaves
+        float64 proxies as they are. The same Parameter object throughout, its ``.data`` replaced. The loss
+        itself is accumulated in float32 (or float64); dmlkit's trainer hands losses float32 embeddings, so
+        its proxies stay float32."""
+        super().follow_embeddings_(embeddings)
+        dtype = self.bank.parameter.dtype
+        if embeddings.dtype != dtype and (embeddings.dtype in (torch.float64, *HALF) or dtype in HALF):
+            self.bank.promote_(embeddings.dtype)
 
     @property
     def proxies(self) -> torch.nn.Parameter:

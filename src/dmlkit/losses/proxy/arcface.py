@@ -121,6 +121,7 @@ class SubCenterArcFaceLoss(ArcFaceLoss):
         """
         self.bank.check_labels(labels)
         labels = labels.to(embeddings.device)  # PML's contract: labels from anywhere
+        self.follow_embeddings_(embeddings)  # and the sub-centres follow the embeddings (PML's cast_types here too)
         k, batch = self.sub_centers, labels.shape[0]
         weights = self.proxies.to(embeddings.dtype)
         own = weights.view(self.num_classes, k, -1)[labels]  # [B, K, D]: each sample's class sub-centres

@@ -77,6 +77,7 @@ class RankingLoss(PairLoss):
         if isinstance(embeddings, torch.Tensor):
             labels, indices_tuple, ref_emb, ref_labels = to_device((labels, indices_tuple, ref_emb, ref_labels),
                                                                    embeddings.device)
+            self.follow_embeddings_(embeddings)
         weights = None
         if indices_tuple is not None:
             if not self.takes_anchor_weights:
