@@ -15,10 +15,13 @@ tests' ``tiny_config``. A device torch cannot use stops the session before any t
 
 Nothing in the suite downloads: ``HF_HUB_OFFLINE=1`` (honoured by huggingface_hub and by
 dmlkit.models.hub for every download) is set for the whole run and its subprocesses; the download
-tests lift it for a server on 127.0.0.1 they start themselves (tests/unit/models/test_hub.py).
+tests lift it for the ``loopback`` server on 127.0.0.1 below (tests/unit/models/test_hub.py, and
+the data set downloads of tests/unit/data).
 """
 
+import http.server
 import os
+import threading
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
@@ -89,3 +92,71 @@ def hf_cache(tmp_path, monkeypatch):
         return state, path
 
     return fill
+
+
+class LoopbackFiles:
+    """Files served over HTTP on 127.0.0.1 by a thread: ``Range: bytes=N-`` answered with 206.
+
+    ``files[path] = bytes`` publishes a file; ``drop_after[path] = n`` makes the next request for it
+    announce the full length, send ``n`` bytes and close the connection (a cut transfer), once.
+    ``ignore_range`` holds paths whose server ignores ``Range``; ``requests`` records
+    ``(path, range_header)`` of every request.
+    """
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.drop_after: dict[str, int] = {}
+        self.ignore_range: set[str] = set()  # paths answered in full (200) whatever Range asks
+        self.requests: list[tuple[str, str | None]] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+            def do_GET(self):
+                owner.requests.append((self.path, self.headers.get("Range")))
+                data = owner.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                start = 0
+                wanted = self.headers.get("Range")
+                if wanted and self.path not in owner.ignore_range and wanted.startswith("bytes=") and wanted.endswith("-"):
+                    start = int(wanted[len("bytes="):-1])
+                    if start >= len(data):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                body = data[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                cut = owner.drop_after.pop(self.path, None)
+                self.wfile.write(body if cut is None else body[:cut])
+                if cut is not None:
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def loopback():
+    """A :class:`LoopbackFiles` server for the test (the data set downloads of tests/unit/data, the weight
+    downloads of tests/unit/models/test_hub.py); shut down afterwards."""
+    server = LoopbackFiles()
+    yield server
+    server.close()
