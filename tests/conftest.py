@@ -55,25 +55,23 @@ def pytest_configure(config):
 #: The two slowest single tests first, each at the start of its worker (the default job, about 90 s; kill
 #: and resume), then the files longest first, so that the short files fill in at the end instead of one long
 #: file dealt out last setting the wall time. Seconds of each file in ``--durations`` of the whole suite on the
-#: loaded 2-core machine (2026-11-27, before this order): 103, 78, then 298, 227, 202, 193, 149, 142, 103, 90,
-#: 85, 84, 78, 57, 54, 54.
+#: loaded 2-core machine (2026-11-27): 103, 78, then 298, 227, 193, 142, 90, 85, 84, 57, 54, 54, 47, 41, 34.
 LONG_FIRST = (
     "tests/integration/test_train_cli.py",
     "tests/reliability/test_kill_resume.py",
     "tests/reliability/test_bad_inputs.py",
     "tests/integration/test_report_layout_browser.py",
-    "tests/unit/methods/test_asap.py",
     "tests/reliability/test_user_mistakes.py",
-    "tests/integration/test_resume.py",
     "tests/integration/test_python_api.py",
-    "tests/integration/test_sweep.py",
     "tests/integration/test_pretrained_weights_cli.py",
     "tests/unit/report/test_report_page.py",
     "tests/integration/test_doc_examples.py",
-    "tests/unit/report/test_grid_in_memory.py",
     "tests/integration/test_presets.py",
     "tests/unit/engine/test_trainer_feature_cache.py",
     "tests/integration/test_photo_train.py",
+    "tests/unit/evaluation/test_knn.py",
+    "tests/unit/test_gpu_check_script.py",
+    "tests/unit/engine/test_trainer_numerics.py",
 )
 
 
