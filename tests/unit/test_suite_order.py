@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _suite_conftest():
-    spec = importlib.util.spec_from_file_location("dmlkit_tests_root_conftest", ROOT / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _suite_conftest(pytestconfig):
+    """tests/conftest.py as pytest loaded it (a plugin named by its path)."""
+    module = pytestconfig.pluginmanager.get_plugin(str(ROOT / "tests" / "conftest.py"))
+    assert module is not None, "tests/conftest.py is not loaded"
     return module
 
 
-def test_every_long_first_file_exists_once():
-    long_first = _suite_conftest().LONG_FIRST
+def test_every_long_first_file_exists_once(pytestconfig):
+    long_first = _suite_conftest(pytestconfig).LONG_FIRST
     assert len(set(long_first)) == len(long_first)
     missing = [path for path in long_first if not (ROOT / path).is_file()]
     assert not missing, f"tests/conftest.py LONG_FIRST names files that do not exist: {missing}"
 
 
-def test_long_files_move_to_the_front_in_table_order_and_the_rest_keep_theirs():
-    conftest = _suite_conftest()
+def test_long_files_move_to_the_front_in_table_order_and_the_rest_keep_theirs(pytestconfig):
+    conftest = _suite_conftest(pytestconfig)
     first, second = conftest.LONG_FIRST[:2]
     ids = ["tests/unit/a.py::t1", f"{second}::t1", "tests/unit/b.py::t1", f"{first}::t1", f"{second}::t2",
            "tests/unit/a.py::t2"]
