@@ -50,8 +50,9 @@ def pytest_configure(config):
     config.dmlkit_test_device = configured_test_device()
 
 
-#: The test files in the order ``make test`` (``-n 2 --dist loadfile``: a file runs whole on one worker, so a
-#: module-scoped training run is built once) deals them out first; the rest follow in collection order.
+#: The test files in the order ``make test`` (``-n 2 --dist loadfile --no-loadscope-reorder``: a file runs whole
+#: on one worker, so a module-scoped training run is built once, and the files are dealt out in collection
+#: order, not re-sorted by their number of tests) deals them out first; the rest follow in collection order.
 #: The two slowest single tests first, each at the start of its worker (the default job, about 90 s; kill
 #: and resume), then the files longest first, so that the short files fill in at the end instead of one long
 #: file dealt out last setting the wall time. Seconds of each file in ``--durations`` of the whole suite on the

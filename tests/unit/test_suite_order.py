@@ -31,3 +31,9 @@ def test_long_files_move_to_the_front_in_table_order_and_the_rest_keep_theirs(py
     conftest.pytest_collection_modifyitems(None, items)
     assert [item.nodeid for item in items] == [f"{first}::t1", f"{second}::t1", f"{second}::t2",
                                                "tests/unit/a.py::t1", "tests/unit/b.py::t1", "tests/unit/a.py::t2"]
+
+
+def test_make_test_deals_whole_files_in_the_conftest_order():
+    """Without --no-loadscope-reorder, xdist re-sorts the files by their number of tests and LONG_FIRST is lost."""
+    (command,) = [line for line in (ROOT / "Makefile").read_text().splitlines() if " -m pytest " in line]
+    assert "-n 2" in command and "--dist loadfile" in command and "--no-loadscope-reorder" in command, command
