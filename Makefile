@@ -21,7 +21,7 @@ train: $(STAMP)
 test: $(STAMP)
 	@bash scripts/install_chromium.sh
 	$(VENV)/bin/ruff check src tests benchmarks scripts
-	$(PY) -m pytest -n 2 --durations=15 $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)

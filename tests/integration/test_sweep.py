@@ -18,7 +18,7 @@ from dmlkit.sweep.study import make_sampler, storage_url
 
 BASE = [
     "protocol.val_fraction=0.2", "train.max_steps=2", "eval.clustering=false", "eval.save_embeddings=false",
-    "train.num_threads=1",
+    "train.num_threads=1", "data.name=digits",  # 8x8 digits: trials of seconds; the sweep's logic is the same
 ]
 PARAMS = ["loss.args.margin=float:0.01:0.5:log", "optimizer.lr=float:1e-4:1e-2:log"]
 

@@ -31,6 +31,7 @@ TRAIN_ARGS = [
     "--set", "sampler.batch_size=16",
     "--set", "sampler.m=4",
     "--set", "model.embedding_size=16",
+    "--set", "data.name=digits",  # 8x8 digits: a process starts, trains and evaluates in seconds
 ]
 
 #: Loaded at interpreter start-up through PYTHONPATH: makes the fsync of a ``last.pt`` temp file

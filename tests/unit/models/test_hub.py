@@ -7,10 +7,8 @@ server on 127.0.0.1 started by the test; any other connection fails the test.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import socket
-import threading
 
 import pytest
 import torch
@@ -91,40 +89,6 @@ def test_installed_lite_packages_come_first():
         assert record["sha256"] == hashlib.sha256(f.read()).hexdigest()
 
 
-class _Server:
-    """An HTTP server on 127.0.0.1 serving ``files`` (path -> bytes) and counting requests."""
-
-    def __init__(self, files: dict[str, bytes]):
-        self.files, self.requests = files, []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                server.requests.append(self.path)
-                body = server.files.get(self.path)
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def tiny_weights():
     """A small CNN's trunk weights as bytes, and their SHA-256."""
@@ -137,12 +101,12 @@ def tiny_weights():
 
 
 @pytest.fixture
-def server(tiny_weights, monkeypatch):
+def server(tiny_weights, loopback, monkeypatch):
+    """The suite's loopback server (tests/conftest.py) publishing the weights under a matching and a wrong checksum."""
     _, body, sha = tiny_weights
     monkeypatch.delenv("HF_HUB_OFFLINE")  # downloads allowed; the socket guard keeps them on 127.0.0.1
-    srv = _Server({f"/w/small-{sha[:10]}.pth": body, "/w/small-0badc0ffee.pth": body})
-    yield srv
-    srv.close()
+    loopback.files.update({f"/w/small-{sha[:10]}.pth": body, "/w/small-0badc0ffee.pth": body})
+    return loopback
 
 
 def _same_trunk(a, b) -> bool:
