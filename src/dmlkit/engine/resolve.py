@@ -75,6 +75,10 @@ class ResolvedRun:
     fingerprint: str
     method: type[MethodHooks]
 
+    def method_hooks(self, trainer) -> MethodHooks:
+        """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
+        return MethodHooks() if self.method is MethodHooks else self.method(trainer)
+
     @property
     def choices(self) -> dict[str, tuple[Any, str]]:
         """What the recipe chose (model, data, batches, budget, ...) and the feature cache's resolution, with reasons."""

@@ -113,7 +113,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.elapsed = 0.0
         self.eval_seconds: list[float] = []  # wall time of each validation this session (the progress bar's ETA)
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
-        self.hooks = hooks if hooks is not None else run.method(self)  # a method's hooks see the trainer
+        self.hooks = hooks if hooks is not None else run.method_hooks(self)  # a method's hooks see the trainer
         self.callbacks = CallbackList([*run.early_stopping, *callbacks, *run.loggers])
         self.run.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
         self.augment = run.augment
