@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
         cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        if args.dry_run:
+            raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
     else:
         if args.from_sweep:
             if args.preset or args.config:
@@ -77,11 +79,10 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
+        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained or written
+            print(resolve_run(cfg, echo=lambda _line: None).format())
+            return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
-    if args.dry_run:  # the resolved run, printed; no folder claimed, nothing trained or written
-        cfg.train.progress = False
-        print(resolve_run(cfg, echo=lambda _line: None).format())
-        return 0
     claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
     if args.quiet:
         cfg.train.progress = False

@@ -119,7 +119,8 @@ class ResolvedRun:
             "precision": f"train.mixed_precision={cfg.train.mixed_precision}"
                          + (f" (autocast {self.autocast_dtype})" if self.autocast_dtype is not None else ""),
             "feature cache": ("on" if self.cache_plan.enabled else "off")
-                             + (" (decided after the budget's first plan)" if self.cache_deferred else ""),
+                             + (" (built if the budget's first plan buys the epochs)"
+                                if self.cache_deferred and self.cache_plan.enabled else ""),
             "method": self.method.__name__,
             "fingerprint": self.fingerprint,
         }
