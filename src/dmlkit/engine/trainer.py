@@ -38,6 +38,7 @@ from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.checkpointing import CheckpointingMixin
 from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the trainer's public names
+    SELECTION_METRIC,
     SIGNIFICANT_ERRORS,
     SelectionMixin,
     TrainResult,
