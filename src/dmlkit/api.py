@@ -18,6 +18,7 @@ from torch import nn
 from dmlkit.config.schema import RunConfig, config_from_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.run_dir import claim_directory, release_locks
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.exceptions import ConfigError
@@ -126,9 +127,9 @@ def fit(
     claim = claim_directory(run_dir, "train", resume=resume, option="out")
     try:
         try:
-            trainer = Trainer(cfg, run_dir, resume=resume, echo=echo, model=None if isinstance(model, str) else model,
-                              loss=loss, miner=miner, data=splits, optimizer=optimizer,
-                              callbacks=[*first, *callbacks, *loggers])
+            resolved = resolve_run(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
+                                   data=splits, optimizer=optimizer, echo=echo)
+            trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks, *loggers])
         except BaseException:
             claim.release()  # nothing was written: the folder is as it was
             raise

@@ -37,12 +37,16 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
+                   "measurements made) and print every part and what the recipe chose and why, then exit without "
+                   "training or writing anything")
     p.add_argument("--list-backbones", action="store_true", help="list backbones whose pretrained weights are here "
                    "(installed package, Hugging Face or torch hub cache) and why the others are not, then exit")
 
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
+    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.run_dir import claim_directory
     from dmlkit.engine.trainer import Trainer, format_metrics_table
 
@@ -63,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
         cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        if args.dry_run:
+            raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
     else:
         if args.from_sweep:
             if args.preset or args.config:
@@ -73,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
+        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained or written
+            print(resolve_run(cfg, echo=lambda _line: None).format())
+            return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
     claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
     if args.quiet:
@@ -86,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
     try:
-        trainer = Trainer(cfg, run_dir, resume=bool(args.resume), callbacks=callbacks)
+        trainer = Trainer(resolve_run(cfg), run_dir, resume=bool(args.resume), callbacks=callbacks)
     except BaseException:
         claim.release()  # nothing was written: the folder is as it was
         raise

@@ -42,6 +42,7 @@ def run_crossval(
     echo: Callable[[str], None] = print,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
+    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
 
@@ -64,7 +65,7 @@ def run_crossval(
             if not metrics_path.exists():
                 resume = (run_dir / "checkpoints" / "last.pt").exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                Trainer(fold_cfg, run_dir, resume=resume).fit()
+                Trainer(resolve_run(fold_cfg), run_dir, resume=resume).fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:

@@ -28,6 +28,7 @@ import yaml
 
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
+from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
@@ -237,7 +238,7 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) ->
         if (old / "checkpoints" / "last.pt").is_file() and not run_dir.exists():
             old.rename(run_dir)
     resumable = (run_dir / "checkpoints" / "last.pt").is_file() and source is not None
-    trainer = TrialTrainer(cfg, run_dir, resume=resumable, echo=quiet)
+    trainer = TrialTrainer(resolve_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
     if resumable:
         try:
             state = load_checkpoint(trainer.run.last_checkpoint)

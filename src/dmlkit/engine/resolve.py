@@ -1,0 +1,248 @@
+"""A run resolved: a config (plus any objects the caller brings) turned into everything the run trains with.
+
+:func:`resolve_run` is the one way into the engine: ``dmlkit train``, ``dmlkit.fit``, ``sweep`` and
+``crossval`` call it, and :class:`~dmlkit.engine.trainer.Trainer` receives its :class:`ResolvedRun`
+and builds nothing. The order of the steps is the order the parts depend on each other (and the
+order the global RNG is drawn in, so the same seed gives the same numbers):
+
+device -> process group -> loggers -> seed -> survey of the data -> model recipe -> backbone by budget
+-> model -> view size and pooling -> learning plan -> splits -> data recipe -> model again (ensemble /
+shift averaging) -> label map -> objective -> optimiser and schedule -> sampler -> batch augmentation
+-> autocast -> DDP / compile -> feature-cache plan -> fingerprint.
+
+``ResolvedRun.choices`` holds every value the recipe (and the measurements behind it) chose, with the
+reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train --dry-run``) and
+:meth:`ResolvedRun.summary` is the JSON-able record written to the run folder as ``resolved.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dmlkit.config import recipe as recipes
+from dmlkit.config.schema import RunConfig, config_to_dict
+from dmlkit.engine import backbone_choice, builders, device_data, distributed
+from dmlkit.engine.callbacks import Callback, EarlyStopping
+from dmlkit.engine.checkpoint import config_fingerprint
+from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
+from dmlkit.engine.learning_plan import plan_for_run
+from dmlkit.engine.loggers import build_loggers
+from dmlkit.engine.optim import build_optimizer, build_scheduler
+from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.view_size import measure_view_size
+from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
+from dmlkit.methods import enabled_methods
+from dmlkit.methods.hooks import MethodHooks
+
+#: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
+SUMMARY_FILE = "resolved.json"
+
+
+@dataclass
+class ResolvedRun:
+    """Every object a run trains with and every choice made for it (``choices``: ``{field: (value, reason)}``).
+
+    ``cfg`` is the config with the recipe's values filled in (what ``config.yaml`` saves); ``started``
+    the wall clock (``time.perf_counter``) when resolution began: ``train.time_budget`` counts from it.
+    """
+
+    cfg: RunConfig
+    started: float
+    device: torch.device
+    dist: distributed.DistInfo
+    loggers: list[Callback]
+    splits: Any
+    recipe: builders.ResolvedRecipe
+    model: nn.Module
+    channels_last: bool
+    label_map: builders.LabelMap
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: Any
+    early_stopping: list[Callback]
+    augment: Callable | None
+    autocast_dtype: torch.dtype | None
+    scaler: torch.amp.GradScaler | None
+    forward_model: nn.Module
+    cache_deferred: bool
+    cache_plan: CachePlan
+    fingerprint: str
+    method: type[MethodHooks]
+
+    def method_hooks(self, trainer) -> MethodHooks:
+        """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
+        return MethodHooks() if self.method is MethodHooks else self.method(trainer)
+
+    @property
+    def choices(self) -> dict[str, tuple[Any, str]]:
+        """What the recipe chose (model, data, batches, budget, ...) and the feature cache's resolution, with reasons."""
+        chosen = dict(self.recipe.choices)
+        chosen["train.feature_cache"] = (self.cfg.train.feature_cache, self.cache_plan.reason)
+        return chosen
+
+    def parts(self) -> dict[str, str]:
+        """One line per object of the run: what it is and its main settings."""
+        cfg, splits = self.cfg, self.splits
+        sizes = {name: f"{len(ds)} images, {len(torch.unique(ds.labels))} classes" for name, ds in splits.items()}
+        parameters = sum(p.numel() for p in self.model.parameters())
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        objective = self.objective
+        loss = getattr(objective, "loss", None)
+        miner = getattr(objective, "miner", None)
+        memory = getattr(objective, "memory", None)
+        groups = ", ".join(f"{len(g['params'])} tensors at lr {g['lr']:g}" for g in self.optimizer.param_groups)
+        return {
+            "device": f"{self.device}" + (f" (rank {self.dist.rank} of {self.dist.world_size})"
+                                           if self.dist.enabled else "") + f"; train.device={cfg.train.device}",
+            "data": f"{cfg.data.name}" + (f" at {cfg.data.root}" if cfg.data.root else "") + "; "
+                    + "; ".join(f"{name}: {size}" for name, size in sizes.items()),
+            "model": f"{cfg.model.name} ({type(self.model).__name__}), embedding size {cfg.model.embedding_size}, "
+                     f"{parameters:,} parameters ({trainable:,} trained)"
+                     + ("; channels_last" if self.channels_last else ""),
+            "objective": f"{type(loss).__name__ if loss is not None else type(objective).__name__}"
+                         + (f" + miner {type(miner).__name__}" if miner is not None else "")
+                         + (f" + memory {type(memory).__name__}" if memory is not None else "")
+                         + f" over {len(self.label_map)} training classes",
+            "optimizer": f"{type(self.optimizer).__name__} ({groups}); schedule {type(self.scheduler).__name__}",
+            "sampler": f"{type(self.sampler).__name__}, batch size {cfg.sampler.batch_size}"
+                       + (f", m={cfg.sampler.m}" if cfg.sampler.name == "m_per_class" else ""),
+            "steps": f"train.max_steps={cfg.train.max_steps}, train.eval_every={cfg.train.eval_every}, "
+                     f"train.time_budget={cfg.train.time_budget}",
+            "augmentation": f"data.augment={cfg.data.augment}"
+                            + (f" ({type(self.augment).__name__})" if self.augment is not None else ""),
+            "precision": f"train.mixed_precision={cfg.train.mixed_precision}"
+                         + (f" (autocast {self.autocast_dtype})" if self.autocast_dtype is not None else ""),
+            "feature cache": ("on" if self.cache_plan.enabled else "off")
+                             + (" (built if the budget's first plan buys the epochs)"
+                                if self.cache_deferred and self.cache_plan.enabled else ""),
+            "method": self.method.__name__,
+            "fingerprint": self.fingerprint,
+        }
+
+    def format(self) -> str:
+        """The resolved run as text: its objects, then what the recipe chose and why."""
+        parts = self.parts()
+        width = max(len(name) for name in parts)
+        lines = [f"resolved run: {self.cfg.name}"]
+        lines += [f"  {name.ljust(width)}  {text}" for name, text in parts.items()]
+        lines.append(f"what the recipe chose and why (training split: {self.recipe.profile.describe()}):")
+        chosen = self.choices
+        ordered = [path for path in recipes.RECIPE_FIELDS if path in chosen]
+        ordered += [path for path in chosen if path not in ordered]
+        lines += [f"  {path} = {chosen[path][0]}  ({chosen[path][1]})" for path in ordered]
+        return "\n".join(lines)
+
+    def summary(self) -> dict:
+        """A JSON-able record of :meth:`parts` and :attr:`choices` (``resolved.json`` in the run folder)."""
+        return {
+            "name": self.cfg.name,
+            "parts": self.parts(),
+            "training_split": self.recipe.profile.describe(),
+            "choices": {path: {"value": _plain(value), "reason": reason}
+                        for path, (value, reason) in self.choices.items()},
+        }
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON has it (tuples as lists; anything else unknown to JSON as its ``repr``)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return repr(value)
+
+
+def resolve_run(
+    cfg: RunConfig,
+    *,
+    model: nn.Module | None = None,
+    loss: nn.Module | None = None,
+    miner: nn.Module | None = None,
+    data=None,
+    optimizer: torch.optim.Optimizer | None = None,
+    echo: Callable[[str], None] = print,
+    started: float | None = None,
+) -> ResolvedRun:
+    """Resolve ``cfg`` into a :class:`ResolvedRun`; objects given replace what the config would build.
+
+    ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
+    ``miner`` (dmlkit's or pytorch-metric-learning's), ``data``
+    (:func:`dmlkit.data.user.user_splits` of the user's datasets) and ``optimizer`` replace the
+    config's; the recipe fills the fields nobody set (``cfg`` is completed in place) and ``echo``
+    prints its lines. ``started`` (``time.perf_counter``; default: now) is when the run began.
+    """
+    wall_clock = time.perf_counter
+    started = wall_clock() if started is None else started
+    # the device first (a ConfigError for a missing GPU comes before anything heavy); under
+    # torchrun it is this rank's GPU, cuda:LOCAL_RANK, and it picks the backend: nccl for CUDA, else gloo
+    device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
+    dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
+    echo = echo if dist.is_main else (lambda _message: None)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    # the config's loggers first: a missing package fails here, before anything heavy
+    loggers = build_loggers(cfg) if dist.is_main else []
+    seed_everything(cfg.seed)
+    survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+    model_choices = {} if model is not None else builders.apply_model_recipe(
+        cfg, survey, echo, accelerator=device.type == "cuda")
+    backbone_choice.choose_for_run(cfg, survey, model_choices, device)  # Lite0/1/2 by the time budget
+    built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
+    model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=device))  # photos
+    model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=device,
+                                      spent=wall_clock() - started))  # frozen stages, cached views
+    # transforms follow the model's preprocessing
+    splits = data if data is not None else builders.build_splits(cfg, built, survey)
+    resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
+                                            model=built, model_choices=model_choices,
+                                            accelerator=device.type == "cuda")
+    chose = {key: value for key, (value, _) in resolved_recipe.choices.items()}
+    if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
+        seed_everything(cfg.seed)  # the recipe asked for more
+        built = builders.build_model(cfg)
+    built = built.to(device)
+    channels_last = device_data.uses_channels_last(built, device)  # conv models on a GPU
+    if channels_last:
+        built.to(memory_format=torch.channels_last)
+    train_labels = splits.train.labels
+    label_map = builders.LabelMap(train_labels)
+    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner).to(device)
+    optimizer = optimizer if optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
+    # read at every step: a run planned to its time budget learns its step count after the first steps
+    scheduler = build_scheduler(optimizer, cfg.optimizer, lambda: cfg.train.max_steps)
+    sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size)
+    methods = enabled_methods(cfg)
+    patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
+    # the warp fills with the background as the model sees it: after the split's normalisation
+    background = torch.tensor(resolved_recipe.profile.background).view(1, -1, 1, 1)
+    transform = splits.train.transform
+    fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
+    augment = builders.build_batch_augmentation(cfg, fill)
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
+    scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
+    ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
+    forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
+    # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
+    cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
+        and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
+    cache_plan = plan_feature_cache(cfg, built, splits.train, augment, distributed=dist.enabled, echo=echo,
+                                    deferred=cache_deferred)
+    return ResolvedRun(
+        cfg=cfg, started=started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=resolved_recipe,
+        model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,
+        scheduler=scheduler, sampler=sampler, early_stopping=patience, augment=augment,
+        autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
+        cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
+        method=methods[0] if methods else MethodHooks,
+    )
+
+
+__all__ = ["SUMMARY_FILE", "ResolvedRun", "resolve_run"]

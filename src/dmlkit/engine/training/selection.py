@@ -1,0 +1,228 @@
+"""Validation, checkpoint selection and the final test evaluation.
+
+Every ``eval_every`` steps the validation fold is embedded and scored; MAP@R selects ``best.pt``
+(for a pretrained backbone only with a gain over the untrained embedding of more than
+:data:`SIGNIFICANT_ERRORS` paired standard errors, per query). At the end the selected weights
+embed the test split once (:meth:`SelectionMixin.finish`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmlkit.config.recipe import selects_by_significance
+from dmlkit.engine import device_data, distributed
+from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from dmlkit.evaluation.embed import embed_dataset
+from dmlkit.evaluation.metrics import SELECTION_METRIC
+from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns."""
+
+    test_metrics: dict
+    best_step: int
+    steps: int
+    selected_on: str
+    run_dir: Path
+    val_history: list = field(default_factory=list)
+
+
+class SelectionMixin:
+    """Scoring splits, choosing the weights to keep, the test split at the end (:class:`~dmlkit.engine.trainer.Trainer`)."""
+
+    def embed(self, dataset, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and labels of a whole split with the current weights, under the training autocast
+        (as ``dmlkit evaluate`` and ``dmlkit embed`` embed a run's splits, so they reproduce the metrics)."""
+        return embed_dataset(self.model, device_data.resident_on(dataset, self.device), self.cfg.eval.batch_size,
+                             self.cfg.data.num_workers, self.autocast_dtype, progress=progress)
+
+    def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
+              reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+              own_reference: torch.Tensor | None = None) -> dict:
+        """Retrieval, verification (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop),
+        ``own_reference`` the gallery row that is each query itself (-1: none; a CSV row both query and gallery).
+
+        Verification and clustering see every embedding of the split once (queries and gallery together)."""
+        from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
+
+        gallery, gallery_labels = reference if reference is not None else (None, None)
+        searched = self._searched(embeddings)  # on a GPU, the exact k-NN and retrieval metrics run on the card
+        metrics = retrieval_metrics(searched, labels, reference=None if gallery is None else self._searched(gallery),
+                                    reference_labels=gallery_labels, ks=tuple(self.cfg.eval.ks),
+                                    backend=self.cfg.eval.backend, own_reference=own_reference)
+        everything, everything_labels = (embeddings, labels) if gallery is None else query_gallery_union(
+            embeddings, labels, gallery, gallery_labels, own_reference)
+        metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
+        if clustering:
+            metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
+                                              seed=self.cfg.seed))
+        return metrics
+
+    def _searched(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Embeddings where the k-NN metrics search them: the training GPU (``evaluation.knn_device``), else as given."""
+        return embeddings.to(self.device) if self.device.type == "cuda" else embeddings
+
+    def evaluate_split(self, dataset, *, clustering: bool) -> dict:
+        """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
+        return self.score(*self.embed(dataset), clustering=clustering)
+
+    def _timed_validation(self) -> bool:
+        start = self.clock()
+        try:
+            return self.validate()
+        finally:
+            self.eval_seconds.append(self.clock() - start)
+
+    def validate(self) -> float:
+        """Score the validation fold; track the best weights; returns MAP@R."""
+        # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
+        compare = selects_by_significance(self.cfg)
+        result = None
+        if self.dist.is_main:
+            embeddings, labels = self.embed(self.splits.val)
+            per_query = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
+                         if compare else None)
+            result = (self.score(embeddings, labels, clustering=False), per_query)
+        metrics, per_query = distributed.broadcast_object(result)
+        score = float(metrics[SELECTION_METRIC])
+        improved = score > self.best_score
+        progress = improved
+        if compare and self.step == 0:
+            self.pretrained_val_ap = self.reference_val_ap = per_query  # the untrained embedding: what training must beat
+        elif compare and self.pretrained_val_ap is not None:
+            gain, error = paired_gain(per_query, self.pretrained_val_ap)
+            metrics = {**metrics, "gain_over_pretrained": gain, "gain_standard_error": error}
+            improved = improved and gain > SIGNIFICANT_ERRORS * error
+            # the stopping rule: progress is a significant gain over the last validation that made one
+            step_gain, step_error = paired_gain(per_query, self.reference_val_ap)
+            progress = step_gain > SIGNIFICANT_ERRORS * step_error
+            if progress:
+                self.reference_val_ap = per_query
+            metrics = {**metrics, "gain_over_reference": step_gain, "reference_standard_error": step_error}
+        self.last_eval_improved = progress
+        if improved:
+            self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
+            if self.dist.is_main:
+                save_checkpoint(self.run.best_checkpoint, self.weights_state())
+        else:
+            self.evals_since_best += 1
+        self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
+        stop = self.hooks.on_evaluation(self, score, improved)
+        self.callbacks.call("on_evaluation_end", self, self.step, metrics)
+        return stop or self.should_stop
+
+    def val_history(self) -> list[tuple[int, float]]:
+        """``(step, validation MAP@R)`` of every validation evaluation logged so far."""
+        return [(int(r["step"]), float(r[SELECTION_METRIC])) for r in self.run.read_log()
+                if r.get("kind") == "eval" and r.get("split") == "val" and SELECTION_METRIC in r]
+
+    def finish(self, has_val: bool) -> TrainResult:
+        """Load the selected weights, evaluate the test split once, write the results."""
+        kept_pretrained = None
+        if has_val and self.run.best_checkpoint.exists():
+            best = load_checkpoint(self.run.best_checkpoint)
+            self.model.load_state_dict(best["model"])
+            self.objective.load_state_dict(best["objective"])
+            selected_on = "val"
+            if selects_by_significance(self.cfg):
+                kept_pretrained = self.best_step == 0
+                self.echo(_selection_message(self.val_history(), self.best_step))
+        else:
+            save_checkpoint(self.run.best_checkpoint, self.weights_state())
+            self.best_step = self.step
+            selected_on = "last"
+        clustering = self.cfg.eval.clustering
+        # In-Shop style (query_gallery): queries retrieve from a separate gallery, saved as "gallery"
+        if getattr(self.splits, "eval_mode", "leave_one_out") == "query_gallery":
+            embedded = {"test": self.splits.query, "gallery": self.splits.gallery}
+        else:
+            embedded = {"test": self.splits.test} if self.splits.test is not None else {}  # objects: test optional
+        progress = bool(self.cfg.train.progress and self.dist.is_main)  # the test split: a bar with its own ETA
+        embedded = {split: (dataset, *self.embed(dataset, progress)) for split, dataset in embedded.items()}
+        reference = embedded["gallery"][1:] if "gallery" in embedded else None
+        own = own_rows(self.splits) if reference is not None else None
+        metrics = self.score(*embedded["test"][1:], clustering=clustering, reference=reference,
+                             own_reference=own) if embedded else {}
+        metrics = _floats(metrics)
+        result = dict(metrics)
+        categories = getattr(self.splits, "categories", None)
+        if embedded and categories is not None:  # a CSV 'category' column: each category's queries, whole gallery
+            result["per_category"] = per_category_metrics(*embedded["test"][1:], categories, reference, own,
+                                                          self.cfg.eval.ks, self.cfg.eval.backend)
+        result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
+                      train_seconds=round(self.elapsed, 3))
+        if kept_pretrained is not None:
+            result["kept_pretrained"] = kept_pretrained
+        if embedded:
+            self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
+        # data.skip_bad_images: files found unreadable while reading per item (in this process; see ImageFileDataset)
+        skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
+        if skipped:
+            self.echo(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
+        atomic_write_json(self.run.path / "metrics.json", result)
+        if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
+            for split, (dataset, embeddings, labels) in embedded.items():
+                self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
+        result = TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path,
+                             val_history=self.val_history())
+        self.callbacks.call("on_fit_end", self, result)
+        return result
+
+
+def per_category_metrics(embeddings: torch.Tensor, labels: torch.Tensor, categories: list[str],
+                         reference: tuple[torch.Tensor, torch.Tensor] | None, own: torch.Tensor | None,
+                         ks, backend: str) -> dict[str, dict]:
+    """``metrics.json``'s ``per_category``: retrieval metrics of each category's queries against the whole
+    gallery (``reference``; None: leave-one-out over the split)."""
+    from dmlkit.evaluation import retrieval_metrics_per_group
+
+    gallery, gallery_labels = reference if reference is not None else (None, None)
+    per_group = retrieval_metrics_per_group(embeddings, labels, categories, reference=gallery,
+                                            reference_labels=gallery_labels, ks=tuple(ks), backend=backend,
+                                            own_reference=own)
+    return {name: _floats(values) for name, values in per_group.items()}
+
+
+def own_rows(splits) -> torch.Tensor | None:
+    """The gallery row that is each query itself (same image path; -1: none), for a query/gallery split
+    whose rows may be both (a CSV with ``is_query``/``is_gallery``); None when the splits have no paths."""
+    from dmlkit.evaluation import own_reference_rows
+
+    query, gallery = splits.query, splits.gallery
+    if getattr(query, "paths", None) is None or getattr(gallery, "paths", None) is None:
+        return None
+    return own_reference_rows(query.paths, gallery.paths)
+
+
+#: A fine-tuned checkpoint replaces the pretrained embedding only when its validation MAP@R gain, paired
+#: per query, exceeds this many standard errors (a one-sided test at about 2 %): with few validation
+#: classes a gain of a few thousandths is noise, and keeping it would make the run worse than the backbone.
+SIGNIFICANT_ERRORS = 2.0
+
+
+def _selection_message(history: list[tuple[int, float]], best_step: int) -> str:
+    """What the run kept: the pretrained embedding (best at step 0) or a fine-tuned checkpoint."""
+    scores = dict(history)
+    start, best = scores.get(0), scores.get(best_step)
+    if best_step == 0:
+        last_step, last = max(history) if history else (0, start)
+        return (f"kept the pretrained embedding: no fine-tuned checkpoint beat its validation MAP@R {start:.4f} "
+                f"by more than {SIGNIFICANT_ERRORS:g} standard errors (step {last_step}: {last:.4f}); training did "
+                "not help on the held-out classes")
+    gain = "" if start is None else f", against {start:.4f} for the pretrained embedding at step 0"
+    return f"kept the fine-tuned checkpoint of step {best_step}: validation MAP@R {best:.4f}{gain}"
+
+
+def _floats(metrics: dict) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
+            out[k] = float(v) if not isinstance(v, (int, np.integer)) else int(v)
+    return out

@@ -1,0 +1,90 @@
+"""The time budget's room: ``train.max_steps`` / ``train.eval_every`` fitted to ``train.time_budget`` from
+the speeds measured while the run trains (the pure planner is :mod:`dmlkit.engine.budget`), and the
+feature cache whose building the budget's first plan decides (``train.feature_cache=auto``).
+"""
+
+from __future__ import annotations
+
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine import budget, distributed
+from dmlkit.engine.budget import Speeds
+from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
+
+
+class TimeBudgetMixin:
+    """Planning to the budget and the feature cache it pays for (:class:`~dmlkit.engine.trainer.Trainer`)."""
+
+    def measured_speeds(self, step_seconds: float, has_val: bool) -> Speeds:
+        """This run's speeds: a training step (given), a validation and the test split's evaluation.
+
+        Before the first validation, an embedded image is taken to cost a third of a trained one
+        (forward only) times the views the model averages (mirror, shifts).
+        """
+        num_val = len(self.splits.val) if has_val else 0
+        test = self.splits.test if self.splits.test is not None else getattr(self.splits, "query", None)
+        num_test = len(test) if test is not None else 0
+        if getattr(self.splits, "gallery", None) is not None:
+            num_test += len(self.splits.gallery)
+        if self.eval_seconds:
+            per_eval = sum(self.eval_seconds) / len(self.eval_seconds)
+            test_seconds = budget.estimate_test_seconds(per_eval, num_val, num_test)
+        else:
+            per_image = step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * _views(self.cfg)
+            per_eval, test_seconds = num_val * per_image, num_test * per_image
+        return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
+
+    def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
+        """Fit ``train.max_steps`` and ``train.eval_every`` into ``train.time_budget`` (engine/budget.py)."""
+        cfg = self.cfg
+        if cfg.train.time_budget is None or speeds is None:
+            return
+        first = self.plan is None
+        if self._recipe_schedule is None:  # what the recipe asked for: a plan never trains more
+            self._recipe_schedule = (cfg.train.max_steps, cfg.train.eval_every)
+        ceiling, interval = self._recipe_schedule
+        plan = budget.plan_run(cfg.train.time_budget, self.wall_clock() - self.started, self.step, ceiling, interval,
+                               speeds, has_val=has_val, interval=None if first else cfg.train.eval_every)
+        plan = distributed.broadcast_object(plan)  # every rank trains the same steps
+        changed = (plan.max_steps, plan.eval_every) != (cfg.train.max_steps, cfg.train.eval_every)
+        self.plan = plan
+        cfg.train.max_steps, cfg.train.eval_every = plan.max_steps, plan.eval_every
+        if first or changed:
+            self.run.log({"kind": "plan", "step": self.step, "time": self.elapsed, "max_steps": plan.max_steps,
+                          "eval_every": plan.eval_every, "predicted_seconds": round(plan.seconds, 1),
+                          "step_seconds": speeds.step_seconds, "eval_seconds": speeds.eval_seconds,
+                          "test_seconds": speeds.test_seconds})
+        if first:
+            self.echo(f"time budget: {plan.reason}")
+        if bar is not None and bar.total != plan.max_steps:
+            bar.total = plan.max_steps
+            bar.refresh()
+
+    def _cache_after_first_plan(self) -> bool:
+        """Under a time budget (``feature_cache=auto``): build the cache when the planned epochs make it pay
+        (:func:`~dmlkit.engine.feature_cache.views_for_epochs`); True when it was built."""
+        if not (self.cache_deferred and self.cache_plan.enabled) or self.feature_cache is not None:
+            return False
+        self.cache_deferred = False
+        epochs = self.cfg.train.max_steps * (self.cfg.sampler.batch_size or 1) / max(len(self.splits.train), 1)
+        self.cache_views = views_for_epochs(epochs, self.cache_plan.views)
+        if not self.cache_views:
+            self.echo(f"feature cache: not built: the budget buys about {epochs:.1f} epochs, too few for cached views "
+                      f"to save more than they cost ({EPOCHS_PER_VIEW} epochs a view, at least {MIN_VIEWS} views)")
+            return False
+        self.cache_frozen_features()
+        return True
+
+    def cache_frozen_features(self) -> None:
+        """Run the frozen stages once on the cached views (``train.feature_cache``); steps then start from them."""
+        if not self.cache_views or self.feature_cache is not None:
+            return
+        self.feature_cache = FrozenFeatureCache.build(
+            self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
+            autocast_dtype=self.autocast_dtype, echo=self.echo,
+            progress=bool(self.cfg.train.progress and self.dist.is_main))
+        self.train_forward = self.model.forward_from_prefix
+
+def _views(cfg: RunConfig) -> int:
+    """Forward passes per embedded image: the mirror (``model.flip_average``) and the shifts (``model.shift_average``)."""
+    shifts = (2 * (cfg.model.shift_average or 0) + 1) ** 2
+    return (2 if cfg.model.flip_average else 1) * shifts
