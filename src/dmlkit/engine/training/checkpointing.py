@@ -21,13 +21,15 @@ from dmlkit.exceptions import CheckpointError
 class CheckpointingMixin:
     """The trainer's state as a checkpoint, and back (:class:`~dmlkit.engine.trainer.Trainer`)."""
 
+    def _checkpoint_header(self) -> dict:
+        """What every checkpoint file starts with: its format, the run's fingerprint and config, the step."""
+        return {"format": "dmlkit-checkpoint-1", "fingerprint": self.fingerprint,
+                "config": config_to_dict(self.cfg), "step": self.step}
+
     def state_dict(self) -> dict:
         """Everything needed to continue exactly (weights_only-loadable)."""
         return {
-            "format": "dmlkit-checkpoint-1",
-            "fingerprint": self.fingerprint,
-            "config": config_to_dict(self.cfg),
-            "step": self.step,
+            **self._checkpoint_header(),
             "epoch": self.position.epoch,
             "batch_in_epoch": self.position.batch_in_epoch,
             "model": self.model.state_dict(),
@@ -88,10 +90,7 @@ class CheckpointingMixin:
     def weights_state(self) -> dict:
         """Model and objective weights only (the best checkpoint, export, evaluation)."""
         return {
-            "format": "dmlkit-checkpoint-1",
-            "fingerprint": self.fingerprint,
-            "config": config_to_dict(self.cfg),
-            "step": self.step,
+            **self._checkpoint_header(),
             "model": copy.deepcopy(self.model.state_dict()),
             "objective": copy.deepcopy(self.objective.state_dict()),
         }
