@@ -6,9 +6,9 @@ and builds nothing. The order of the steps is the order the parts depend on each
 order the global RNG is drawn in, so the same seed gives the same numbers):
 
 device -> process group -> loggers -> seed -> survey of the data -> model recipe -> backbone by budget
--> model -> view size and pooling -> learning plan -> splits -> data recipe -> model again (ensemble /
-shift averaging) -> label map -> objective -> optimiser and schedule -> sampler -> batch augmentation
--> autocast -> DDP / compile -> feature-cache plan -> fingerprint.
+-> model -> view size and pooling -> learning plan -> splits -> data recipe -> glyph plan (steps, members and
+validations from measured costs) -> model again (ensemble / shift averaging) -> label map -> objective -> optimiser
+and schedule -> sampler -> batch augmentation -> autocast -> DDP / compile -> feature-cache plan -> fingerprint.
 
 ``ResolvedRun.choices`` holds every value the recipe (and the measurements behind it) chose, with the
 reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train --dry-run``) and
@@ -30,6 +30,7 @@ from dmlkit.engine import backbone_choice, builders, device_data, distributed
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint import config_fingerprint
 from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
+from dmlkit.engine.glyph_plan import plan_for_run as plan_glyphs_for_run
 from dmlkit.engine.learning_plan import plan_for_run
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
@@ -204,6 +205,12 @@ def resolve_run(
     resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
                                             model=built, model_choices=model_choices,
                                             accelerator=device.type == "cuda")
+    if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
+        planned = plan_glyphs_for_run(cfg, splits, built, resolved_recipe.choices, device=device,
+                                      spent=wall_clock() - started)
+        resolved_recipe.choices.update(planned)
+        if planned:
+            echo(recipes.format_planned(planned))
     chose = {key: value for key, (value, _) in resolved_recipe.choices.items()}
     if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
         seed_everything(cfg.seed)  # the recipe asked for more

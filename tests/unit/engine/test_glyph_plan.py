@@ -1,0 +1,124 @@
+"""The glyph recipe plans its steps, members and validations for the machine it finds (issue 40).
+
+A clock that advances a fixed time per reading stands in for a slow or a fast machine: every timed
+pass of :func:`measure_glyph_costs` then takes exactly that long, so the plan is known in advance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmlkit.config import recipe
+from dmlkit.engine import glyph_plan
+from dmlkit.engine.budget import SAFETY_MARGIN
+from dmlkit.engine.glyph_plan import MIN_STEP_SHARE, TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
+from dmlkit.engine.resolve import resolve_run
+from dmlkit.models import create_model
+
+#: Omniglot's development set as the recipe sees it: 1,249 steps of 3 members, 10 validations of 280 images,
+#: 1,360 test images, the 80-s budget of small images.
+OMNIGLOT = dict(time_budget=recipe.SMALL_IMAGE_TIME_BUDGET, spent=5.0, steps=1249, members=3, evaluations=10,
+                val_images=280, test_images=1360)
+
+
+class TickClock:
+    """A clock that advances ``seconds`` at every reading: each timed pass (two readings) takes ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds = 0.0, seconds
+
+    def __call__(self) -> float:
+        self.now += self.seconds
+        return self.now
+
+
+def predicted_seconds(plan, costs: GlyphCosts, spent: float, val_images: int, test_images: int) -> float:
+    """The plan's end, written out independently of plan_glyphs: steps of every member, then the embeddings."""
+    return spent + plan.steps * plan.members * costs.step + \
+        (val_images * plan.evaluations + test_images) * plan.members * costs.embed
+
+
+def test_a_fast_machine_keeps_the_recipe():
+    costs = GlyphCosts(step=0.010, embed=0.0002, views=25)  # 37 s of steps, 0.6 s of embeddings
+    plan = plan_glyphs(**OMNIGLOT, costs=costs)
+    assert (plan.members, plan.steps, plan.evaluations, plan.binds) == (3, 1249, 10, False)
+    assert plan.eval_every == 124
+    assert plan.seconds == pytest.approx(predicted_seconds(plan, costs, 5.0, 280, 1360))
+    assert "10 ms a training step of one member" in plan.reason and "25 shifts" in plan.reason
+
+
+def test_a_slow_machine_gets_fewer_steps_that_fit_the_budget():
+    costs = GlyphCosts(step=0.030, embed=0.0004, views=25)  # the recipe: 112 s of steps alone
+    plan = plan_glyphs(**OMNIGLOT, costs=costs)
+    assert plan.binds and plan.members == 3  # three members still buy more than half of the steps
+    assert MIN_STEP_SHARE * 1249 <= plan.steps < 1249
+    usable = recipe.SMALL_IMAGE_TIME_BUDGET * (1 - SAFETY_MARGIN)
+    end = predicted_seconds(plan, costs, 5.0, 280, 1360)
+    assert end <= usable and plan.seconds == pytest.approx(end)
+    assert end + 3 * costs.step > usable  # the steps are what fits, not fewer
+    assert plan.eval_every == plan.steps // plan.evaluations
+    assert "do not fit the 80-s budget" in plan.reason and "30 ms a training step of one member" in plan.reason
+
+
+def test_a_slower_machine_trades_members_for_steps_and_one_member_is_the_floor():
+    costs = GlyphCosts(step=0.045, embed=0.0005, views=25)
+    plan = plan_glyphs(**OMNIGLOT, costs=costs)
+    three = (OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN) - 5.0 - (280 * 10 + 1360) * 3 * 0.0005) / (3 * 0.045)
+    assert three < MIN_STEP_SHARE * 1249  # three members would buy under half of the steps
+    assert plan.members == 2 and plan.steps >= MIN_STEP_SHARE * 1249
+    crawling = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001))
+    assert crawling.members == 1 and 1 <= crawling.steps < MIN_STEP_SHARE * 1249
+    assert "no member count buys" in crawling.reason
+
+
+def test_without_validation_no_validation_is_planned():
+    plan = plan_glyphs(**{**OMNIGLOT, "evaluations": 0, "val_images": 0, "members": 1},
+                       costs=GlyphCosts(step=0.1, embed=0.001))
+    assert plan.evaluations == 0 and plan.eval_every == plan.steps and plan.binds
+
+
+def test_measured_costs_follow_the_clock_and_leave_the_model_and_the_random_state_alone():
+    model = create_model("small_cnn", embedding_size=16, width=4, in_chans=1, shift_average=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    costs = measure_glyph_costs(model, 8, (1, 28, 28), views=25, device=torch.device("cpu"), dtype=None,
+                                clock=TickClock(0.25))
+    assert costs.step == pytest.approx(0.25) and costs.views == 25
+    assert costs.embed == pytest.approx(0.25 / TIMED_IMAGES * 25)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert model.shift_average == 2 and model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics too
+
+
+@pytest.mark.parametrize("seconds, keeps", [(1e-5, True), (0.5, False)])
+def test_the_run_plans_its_steps_from_the_machine_and_says_what_it_measured(monkeypatch, tiny_config, seconds, keeps):
+    measure = glyph_plan.measure_glyph_costs
+    monkeypatch.setattr(glyph_plan, "measure_glyph_costs",
+                        lambda *args, **kwargs: measure(*args, **{**kwargs, "clock": TickClock(seconds)}))
+    lines = []
+    cfg = tiny_config("train.max_steps=null", "train.eval_every=null")  # the steps and the budget left to the recipe
+    resolved = resolve_run(cfg, echo=lines.append)
+    assert cfg.train.time_budget == recipe.SMALL_IMAGE_TIME_BUDGET  # MNIST digits in memory, from scratch
+    recipe_steps = recipe.resolve(tiny_config("train.max_steps=null", "train.eval_every=null"),
+                                  resolved.recipe.profile)["train.max_steps"][0]
+    value, reason = resolved.choices["train.max_steps"]
+    assert value == cfg.train.max_steps
+    assert f"{seconds * 1000:.0f} ms a training step of one member" in reason
+    if keeps:
+        assert value == recipe_steps and "fit the 80-s budget" in reason
+    else:
+        usable = recipe.SMALL_IMAGE_TIME_BUDGET * (1 - SAFETY_MARGIN)
+        assert 1 <= value < recipe_steps and value * seconds <= usable
+        assert "do not fit the 80-s budget" in reason
+        assert any(line.startswith("recipe:   train.max_steps = ") and "planned to the time budget" in line
+                   for line in lines)
+
+
+def test_steps_set_by_hand_are_not_planned(monkeypatch, tiny_config):
+    def fail(*args, **kwargs):
+        raise AssertionError("measured although train.max_steps was set")
+
+    monkeypatch.setattr(glyph_plan, "measure_glyph_costs", fail)
+    resolved = resolve_run(tiny_config("train.time_budget=30"), echo=lambda _: None)
+    assert resolved.cfg.train.max_steps == 4  # tiny_config's
