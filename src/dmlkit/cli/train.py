@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.run_dir import claim_directory
+    from dmlkit.engine.timing import process_started
     from dmlkit.engine.trainer import Trainer, format_metrics_table
 
     if args.list_backbones:
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
     try:
-        trainer = Trainer(resolve_run(cfg), run_dir, resume=bool(args.resume), callbacks=callbacks)
+        # train.time_budget counts from the process's start: the interpreter, the imports and reading the config too
+        trainer = Trainer(resolve_run(cfg, started=process_started()), run_dir, resume=bool(args.resume),
+                          callbacks=callbacks)
     except BaseException:
         claim.release()  # nothing was written: the folder is as it was
         raise

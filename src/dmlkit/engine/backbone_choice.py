@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -77,23 +77,29 @@ def choose_backbone(
     time_budget: float,
     costs: Mapping[str, BackboneCost],
     candidates: Sequence[str] = CANDIDATES,
+    spent: Callable[[], float] = lambda: 0.0,
 ) -> tuple[str, str]:
     """The largest of ``candidates`` (smallest first) whose run fits ``time_budget`` seconds, and why.
 
     Only the costs of candidates tried are read (largest first, the smallest never), so ``costs``
-    may measure lazily. The smallest candidate is the fallback when none larger fits.
+    may measure lazily. The smallest candidate is the fallback when none larger fits. ``spent()``
+    gives the seconds of the run gone when a candidate is judged (issue 40: the process start, the
+    survey and the measurements of the larger candidates): only the rest of the budget is usable.
     """
-    usable = USABLE_SHARE * time_budget
     seen = max(MIN_EPOCHS * train_images, MIN_IMAGES_SEEN)
     rejected: list[str] = []
+    usable = USABLE_SHARE * time_budget
     for name in reversed(candidates[1:]):
         cost = costs[name]
+        gone = spent()  # after this candidate's own measurement
+        usable = USABLE_SHARE * max(0.0, time_budget - gone)
         embed = images_to_embed * cost.embed_at(eval_size)
         train = seen * cost.train_at(train_size)
         left = usable - embed
         epochs = left / (train_images * cost.train_at(train_size)) if left > 0 else 0.0
         if embed + train <= usable:
-            return name, (f"the largest EfficientNet-Lite the {time_budget:.0f}-s budget trains: about "
+            return name, (f"the largest EfficientNet-Lite the {time_budget:.0f}-s budget trains"
+                          + (f" ({gone:.0f} s of it spent before)" if gone >= 0.5 else "") + ": about "
                           f"{embed:.0f} s to embed {images_to_embed:,} images at {eval_size} px leave time for "
                           f"{epochs:.1f} epochs of {train_images:,} images at {train_size} px "
                           f"(>= {MIN_EPOCHS} epochs and {MIN_IMAGES_SEEN:,} images needed, {USABLE_SHARE:.0%} "
@@ -213,13 +219,14 @@ def _candidates_here() -> tuple[dict[str, tuple[bool, str]], tuple[str, ...]]:
     return here, available
 
 
-def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device) -> None:
+def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device,
+                   spent: Callable[[], float] = lambda: 0.0) -> None:
     """Replace the recipe's photo backbone by the one :func:`choose_backbone` picks for this run.
 
     Acts only when the recipe named the backbone (``model.name=auto``, listed in ``model_choices``)
     and it uses offline weights; chooses among the candidates whose weights are installed or cached
     (the line says where from, and which were left out and why); updates ``cfg.model.name`` and
-    the ``model.name`` recipe line.
+    the ``model.name`` recipe line. ``spent()``: seconds of the run gone (counted against the budget).
     """
     from dmlkit.config import recipe
 
@@ -242,7 +249,7 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     else:
         name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
                                     images_to_embed=to_embed, time_budget=float(budget), costs=costs,
-                                    candidates=available)
+                                    candidates=available, spent=spent)
     missing = [f"{candidate} ({here[candidate][1]})" for candidate in CANDIDATES if candidate not in available]
     why += f"; weights: {here[name][1]}"
     if missing:

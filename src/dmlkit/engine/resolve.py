@@ -195,7 +195,8 @@ def resolve_run(
     survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
     model_choices = {} if model is not None else builders.apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
-    backbone_choice.choose_for_run(cfg, survey, model_choices, device)  # Lite0/1/2 by the time budget
+    backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
+                                   spent=lambda: wall_clock() - started)
     built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
     model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=device))  # photos
     model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=device,

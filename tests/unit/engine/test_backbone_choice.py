@@ -62,6 +62,23 @@ def test_the_boundary_is_the_formula():
     assert choose(CPU, n, embed, budget=(need + need1) / 2 / USABLE_SHARE)[0] == LITE1
 
 
+def test_what_the_run_spent_before_a_candidate_is_judged_counts_against_the_budget():
+    """Issue 40: the process start, the survey and the larger candidates' own measurements use the budget too."""
+    n, embed = 2000, 3000
+    need = embed * CPU[LITE2].embed + MIN_EPOCHS * n * CPU[LITE2].train
+    budget = need / USABLE_SHARE * 1.05
+    assert choose(CPU, n, embed, budget=budget)[0] == LITE2
+    readings = []
+
+    def spent() -> float:  # 10% of the budget gone when Lite2 is judged
+        readings.append(0.1 * budget)
+        return readings[-1]
+
+    name, why = choose_backbone(train_images=n, train_size=224, eval_size=224, images_to_embed=embed,
+                                time_budget=budget, costs=CPU, spent=spent)
+    assert name == LITE1 and readings and f"({0.1 * budget:.0f} s of it spent before)" in why
+
+
 def test_costs_scale_with_the_view_area():
     """Measured at 224 px; a 112-px view costs a quarter, so the same budget affords Lite2 on 4x the data."""
     n, embed = 8000, 2000
