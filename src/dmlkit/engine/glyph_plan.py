@@ -15,7 +15,8 @@ included), and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budg
 with ``evaluations`` the recipe's (10), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
-the recipe's steps, the steps cut to what fits; when no count does, one member with the steps it buys.
+the recipe's steps, the steps cut to what fits; when no count does, one member with the steps it buys, but
+never fewer than :data:`FLOOR_SHARE` of the recipe's when the recipe chose the budget (which is then raised).
 The trainer's own plan (:mod:`dmlkit.engine.budget`) still re-times the steps once training runs.
 """
 
@@ -36,6 +37,11 @@ from dmlkit.engine import budget
 #: members' gain (Omniglot validation characters: 3 members 0.887 against one model's 0.873 at the same steps)
 #: was measured at the recipe's steps, and a member trained for a fraction of them adds little.
 MIN_STEP_SHARE = 0.5
+
+#: A budget the recipe chose (not one set by hand) is raised rather than cut a model trained from scratch below this
+#: share of the recipe's steps: a few dozen steps from random weights give an embedding of no use, and on a machine
+#: that busy the run had better take longer (the plan says so).
+FLOOR_SHARE = 0.25
 
 #: Steps timed for a member's training step, after one warm-up step (the best of them is taken).
 TIMED_STEPS = 5
@@ -69,9 +75,11 @@ class GlyphPlan:
 
 
 def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, evaluations: int, val_images: int,
-                test_images: int, costs: GlyphCosts) -> GlyphPlan:
+                test_images: int, costs: GlyphCosts, floor: int = 1) -> GlyphPlan:
     """The members, steps and validation count that fit ``time_budget`` seconds, ``spent`` of them gone (module
-    docstring). ``steps``, ``members`` and ``evaluations`` are the recipe's (``evaluations`` 0 without validation)."""
+    docstring). ``steps``, ``members`` and ``evaluations`` are the recipe's (``evaluations`` 0 without validation).
+    ``floor``: the fewest steps planned (one member then; ``seconds`` may then exceed the budget, and the reason
+    says by how much)."""
     if steps < 1 or members < 1:
         raise ValueError(f"plan_glyphs needs steps >= 1 and members >= 1. Got steps={steps}, members={members}.")
     usable = time_budget * (1.0 - budget.SAFETY_MARGIN) - spent
@@ -88,6 +96,8 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     fits = [o for o in options if o[1] == steps and o[0] == members]
     enough = [o for o in options if o[1] >= MIN_STEP_SHARE * steps]
     n, planned, evals, left = fits[0] if fits else enough[0] if enough else options[-1]
+    floored = planned < floor
+    planned = max(planned, min(floor, steps))
     every = max(1, planned // evals) if evals else planned
     seconds = spent + planned * n * costs.step + (val_images * evals + test_images) * costs.embed * n
     measured = (f"measured here: {costs.step * 1000:.0f} ms a training step of one member, "
@@ -100,6 +110,8 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     rows = "; ".join(f"{o[0]} member(s): {o[1]} steps" for o in options)
     why = (f"the most members whose steps are at least {MIN_STEP_SHARE:.0%} of the recipe's {steps}"
            if enough else f"no member count buys {MIN_STEP_SHARE:.0%} of the recipe's {steps} steps: one member")
+    if floored:
+        why += f", and no fewer than {planned} steps from scratch: the run takes longer than the budget"
     reason = (f"the recipe's {steps} steps of {members} member(s) do not fit the {time_budget:.0f}-s budget on this "
               f"machine; {why}: {n} member(s), {planned} steps, {evals} validation(s) (predicted end {seconds:.0f} s, "
               f"{spent:.0f} s spent before the plan); {measured}; options: {rows}")
@@ -191,10 +203,17 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, choices: Mapping[str, 
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
     evaluations = max(1, cfg.train.max_steps // cfg.train.eval_every) if has_val else 0
     test = [getattr(splits, name, None) for name in ("test", "query", "gallery")]
+    chose_budget = "train.time_budget" in choices  # a budget set by hand is never exceeded on purpose
     plan = plan_glyphs(time_budget=float(cfg.train.time_budget), spent=spent, steps=int(cfg.train.max_steps),
                        members=members, evaluations=evaluations, val_images=len(splits.val) if has_val else 0,
-                       test_images=sum(len(s) for s in test if s is not None), costs=costs)
+                       test_images=sum(len(s) for s in test if s is not None), costs=costs,
+                       floor=math.ceil(FLOOR_SHARE * cfg.train.max_steps) if chose_budget else 1)
     planned: dict[str, tuple[Any, str]] = {"train.max_steps": (plan.steps, f"planned to the time budget: {plan.reason}")}
+    needed = math.ceil(plan.seconds / (1.0 - budget.SAFETY_MARGIN))
+    if chose_budget and needed > cfg.train.time_budget:  # the floor: the trainer's own plan must not cut below it
+        planned["train.time_budget"] = (float(needed), f"{choices['train.time_budget'][1]}; raised from "
+                                        f"{cfg.train.time_budget:.0f} s to what the plan's {plan.steps} steps need "
+                                        "on this machine")
     if "train.eval_every" in choices and has_val:
         planned["train.eval_every"] = (plan.eval_every, f"{plan.evaluations} validation evaluations (planned)")
     if "model.ensemble" in choices and plan.members != members:
@@ -206,5 +225,5 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, choices: Mapping[str, 
     return planned
 
 
-__all__ = ["GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "measure_glyph_costs", "plan_for_run", "plan_glyphs",
+__all__ = ["FLOOR_SHARE", "GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "measure_glyph_costs", "plan_for_run", "plan_glyphs",
            "plans_glyphs"]

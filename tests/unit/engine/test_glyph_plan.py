@@ -6,6 +6,8 @@ pass of :func:`measure_glyph_costs` then takes exactly that long, so the plan is
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -70,6 +72,9 @@ def test_a_slower_machine_trades_members_for_steps_and_one_member_is_the_floor()
     crawling = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001))
     assert crawling.members == 1 and 1 <= crawling.steps < MIN_STEP_SHARE * 1249
     assert "no member count buys" in crawling.reason
+    floored = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001), floor=400)
+    assert (floored.members, floored.steps) == (1, 400) and floored.seconds > OMNIGLOT["time_budget"]
+    assert "no fewer than 400 steps" in floored.reason
 
 
 def test_without_validation_no_validation_is_planned():
@@ -91,28 +96,48 @@ def test_measured_costs_follow_the_clock_and_leave_the_model_and_the_random_stat
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics too
 
 
-@pytest.mark.parametrize("seconds, keeps", [(1e-5, True), (0.5, False)])
-def test_the_run_plans_its_steps_from_the_machine_and_says_what_it_measured(monkeypatch, tiny_config, seconds, keeps):
+def run_on_clock(monkeypatch, tiny_config, seconds: float, *overrides: str):
+    """resolve_run of the tiny default job with the steps left to the recipe, every timed pass taking ``seconds``;
+    returns (resolved run, printed lines, the recipe's own steps)."""
     measure = glyph_plan.measure_glyph_costs
     monkeypatch.setattr(glyph_plan, "measure_glyph_costs",
                         lambda *args, **kwargs: measure(*args, **{**kwargs, "clock": TickClock(seconds)}))
     lines = []
-    cfg = tiny_config("train.max_steps=null", "train.eval_every=null")  # the steps and the budget left to the recipe
-    resolved = resolve_run(cfg, echo=lines.append)
+    left_to_recipe = ("train.max_steps=null", "train.eval_every=null", *overrides)
+    resolved = resolve_run(tiny_config(*left_to_recipe), echo=lines.append)
+    recipe_steps = recipe.resolve(tiny_config(*left_to_recipe), resolved.recipe.profile)["train.max_steps"][0]
+    return resolved, lines, recipe_steps
+
+
+def test_a_fast_machine_keeps_the_recipe_steps_and_says_what_it_measured(monkeypatch, tiny_config):
+    resolved, _, recipe_steps = run_on_clock(monkeypatch, tiny_config, 1e-5)
+    cfg = resolved.cfg
     assert cfg.train.time_budget == recipe.SMALL_IMAGE_TIME_BUDGET  # MNIST digits in memory, from scratch
-    recipe_steps = recipe.resolve(tiny_config("train.max_steps=null", "train.eval_every=null"),
-                                  resolved.recipe.profile)["train.max_steps"][0]
     value, reason = resolved.choices["train.max_steps"]
-    assert value == cfg.train.max_steps
-    assert f"{seconds * 1000:.0f} ms a training step of one member" in reason
-    if keeps:
-        assert value == recipe_steps and "fit the 80-s budget" in reason
-    else:
-        usable = recipe.SMALL_IMAGE_TIME_BUDGET * (1 - SAFETY_MARGIN)
-        assert 1 <= value < recipe_steps and value * seconds <= usable
-        assert "do not fit the 80-s budget" in reason
-        assert any(line.startswith("recipe:   train.max_steps = ") and "planned to the time budget" in line
-                   for line in lines)
+    assert value == cfg.train.max_steps == recipe_steps
+    assert "fit the 80-s budget" in reason and "0 ms a training step of one member" in reason
+
+
+def test_a_slow_machine_cuts_a_budget_set_by_hand_to_what_fits(monkeypatch, tiny_config):
+    resolved, lines, recipe_steps = run_on_clock(monkeypatch, tiny_config, 0.5, "train.time_budget=80")
+    value, reason = resolved.choices["train.max_steps"]
+    usable = 80 * (1 - SAFETY_MARGIN)
+    assert 1 <= value < recipe_steps and value * 0.5 <= usable and value == resolved.cfg.train.max_steps
+    assert resolved.cfg.train.time_budget == 80  # a budget set by hand stays
+    assert "do not fit the 80-s budget" in reason and "500 ms a training step of one member" in reason
+    assert any(line.startswith("recipe:   train.max_steps = ") and "planned to the time budget" in line
+               for line in lines)
+
+
+def test_on_a_crawling_machine_the_recipe_raises_its_own_budget_rather_than_train_a_few_steps(monkeypatch,
+                                                                                               tiny_config):
+    resolved, _, recipe_steps = run_on_clock(monkeypatch, tiny_config, 0.5)
+    cfg = resolved.cfg
+    assert cfg.train.max_steps == math.ceil(glyph_plan.FLOOR_SHARE * recipe_steps)
+    assert cfg.train.time_budget > recipe.SMALL_IMAGE_TIME_BUDGET
+    assert cfg.train.time_budget * (1 - SAFETY_MARGIN) >= cfg.train.max_steps * 0.5  # the trainer keeps the floor
+    assert "raised from 80 s" in resolved.choices["train.time_budget"][1]
+    assert "takes longer than the budget" in resolved.choices["train.max_steps"][1]
 
 
 def test_steps_set_by_hand_are_not_planned(monkeypatch, tiny_config):
