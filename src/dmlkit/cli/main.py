@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 from dmlkit import __version__
 from dmlkit.engine.allocator import tune_cpu_allocator
+from dmlkit.engine.timing import process_started
 from dmlkit.exceptions import DmlkitError
 
 #: verb -> (module, one-line help)
@@ -45,8 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a command from the shell (argv None) counts its time budget from the process's start; one called in a
+    # running Python process (main([...])) from this call
+    started = process_started() if argv is None else time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._started = started
     if not getattr(args, "verb", None):
         parser.print_help()
         return 2

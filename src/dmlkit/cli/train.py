@@ -48,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.run_dir import claim_directory
-    from dmlkit.engine.timing import process_started
     from dmlkit.engine.trainer import Trainer, format_metrics_table
 
     if args.list_backbones:
@@ -96,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
     try:
-        # train.time_budget counts from the process's start: the interpreter, the imports and reading the config too
-        trainer = Trainer(resolve_run(cfg, started=process_started()), run_dir, resume=bool(args.resume),
+        # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
+        trainer = Trainer(resolve_run(cfg, started=getattr(args, "_started", None)), run_dir, resume=bool(args.resume),
                           callbacks=callbacks)
     except BaseException:
         claim.release()  # nothing was written: the folder is as it was

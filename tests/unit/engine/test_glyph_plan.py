@@ -14,7 +14,7 @@ import torch
 from dmlkit.config import recipe
 from dmlkit.engine import glyph_plan
 from dmlkit.engine.budget import SAFETY_MARGIN
-from dmlkit.engine.glyph_plan import MIN_STEP_SHARE, TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
+from dmlkit.engine.glyph_plan import TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.models import create_model
 
@@ -50,27 +50,29 @@ def test_a_fast_machine_keeps_the_recipe():
     assert "10 ms a training step of one member" in plan.reason and "25 shifts" in plan.reason
 
 
-def test_a_slow_machine_gets_fewer_steps_that_fit_the_budget():
-    costs = GlyphCosts(step=0.030, embed=0.0004, views=25)  # the recipe: 112 s of steps alone
+def test_a_slower_machine_drops_members_before_steps():
+    costs = GlyphCosts(step=0.020, embed=0.0004, views=25)  # 3 members: 75 s of steps; 2 members: 50 s
     plan = plan_glyphs(**OMNIGLOT, costs=costs)
-    assert plan.binds and plan.members == 3  # three members still buy more than half of the steps
-    assert MIN_STEP_SHARE * 1249 <= plan.steps < 1249
+    assert plan.binds and (plan.members, plan.steps, plan.evaluations) == (2, 1249, 10)
+    assert plan.seconds == pytest.approx(predicted_seconds(plan, costs, 5.0, 280, 1360))
+    assert plan.seconds <= OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN)
+    assert "3 member(s): " in plan.reason and "2 member(s): 1249 steps" in plan.reason
+    assert "20 ms a training step of one member" in plan.reason
+    assert plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.045, embed=0.0005)).members == 1
+
+
+def test_a_slow_machine_gets_fewer_steps_that_fit_the_budget():
+    costs = GlyphCosts(step=0.080, embed=0.0004, views=25)  # one member's 1,249 steps: 100 s
+    plan = plan_glyphs(**OMNIGLOT, costs=costs)
+    assert plan.binds and plan.members == 1 and plan.steps < 1249
     usable = recipe.SMALL_IMAGE_TIME_BUDGET * (1 - SAFETY_MARGIN)
     end = predicted_seconds(plan, costs, 5.0, 280, 1360)
     assert end <= usable and plan.seconds == pytest.approx(end)
     assert end + 3 * costs.step > usable  # the steps are what fits, not fewer
     assert plan.eval_every == plan.steps // plan.evaluations
-    assert "do not fit the 80-s budget" in plan.reason and "30 ms a training step of one member" in plan.reason
-
-
-def test_a_slower_machine_trades_members_for_steps_and_one_member_is_the_floor():
-    costs = GlyphCosts(step=0.045, embed=0.0005, views=25)
-    plan = plan_glyphs(**OMNIGLOT, costs=costs)
-    three = (OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN) - 5.0 - (280 * 10 + 1360) * 3 * 0.0005) / (3 * 0.045)
-    assert three < MIN_STEP_SHARE * 1249  # three members would buy under half of the steps
-    assert plan.members == 2 and plan.steps >= MIN_STEP_SHARE * 1249
+    assert "do not fit the 80-s budget" in plan.reason and "80 ms a training step of one member" in plan.reason
     crawling = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001))
-    assert crawling.members == 1 and 1 <= crawling.steps < MIN_STEP_SHARE * 1249
+    assert crawling.members == 1 and 1 <= crawling.steps < 0.2 * 1249
     assert "no member count buys" in crawling.reason
     floored = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001), floor=400)
     assert (floored.members, floored.steps) == (1, 400) and floored.seconds > OMNIGLOT["time_budget"]
