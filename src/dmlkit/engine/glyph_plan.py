@@ -185,16 +185,17 @@ def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
 
 
 def plan_for_run(cfg: Any, splits: Any, model: nn.Module, choices: Mapping[str, tuple[Any, str]], *,
-                 device: torch.device, spent: float) -> dict[str, tuple[Any, str]]:
+                 device: torch.device, spent: float) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
-    :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``;
-    ``{}`` when :func:`plans_glyphs` says no. ``model``: one member as built before the recipe; ``spent``: seconds
-    of the run gone so far."""
+    :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
+    and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
+    a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: one member
+    as built before the recipe; ``spent``: seconds of the run gone so far."""
     from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
 
     if not plans_glyphs(cfg, choices):
-        return {}
+        return {}, None
     members = int(cfg.model.ensemble or 1)
     shift = int(cfg.model.shift_average or 0)
     views = (2 * shift + 1) ** 2 * (2 if cfg.model.flip_average else 1)
@@ -224,7 +225,7 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, choices: Mapping[str, 
     if not plan.binds:
         planned = {"train.max_steps": (plan.steps, f"{choices['train.max_steps'][1]}; {plan.reason}")}
     recipe.apply(cfg, planned)
-    return planned
+    return planned, costs.embed * plan.members
 
 
 __all__ = ["FLOOR_SHARE", "GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "measure_glyph_costs", "plan_for_run", "plan_glyphs",

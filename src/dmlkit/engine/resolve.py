@@ -75,6 +75,7 @@ class ResolvedRun:
     cache_plan: CachePlan
     fingerprint: str
     method: type[MethodHooks]
+    embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -206,9 +207,10 @@ def resolve_run(
     resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
                                             model=built, model_choices=model_choices,
                                             accelerator=device.type == "cuda")
+    embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
-        planned = plan_glyphs_for_run(cfg, splits, built, resolved_recipe.choices, device=device,
-                                      spent=wall_clock() - started)
+        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe.choices, device=device,
+                                                     spent=wall_clock() - started)
         resolved_recipe.choices.update(planned)
         if planned:
             echo(recipes.format_planned(planned))
@@ -249,7 +251,7 @@ def resolve_run(
         scheduler=scheduler, sampler=sampler, early_stopping=patience, augment=augment,
         autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
         cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
-        method=methods[0] if methods else MethodHooks,
+        method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds,
     )
 
 

@@ -16,6 +16,7 @@ from dmlkit.engine import glyph_plan
 from dmlkit.engine.budget import SAFETY_MARGIN
 from dmlkit.engine.glyph_plan import TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
 from dmlkit.engine.resolve import resolve_run
+from dmlkit.engine.trainer import Trainer
 from dmlkit.models import create_model
 
 #: Omniglot's development set as the recipe sees it: 1,249 steps of 3 members, 10 validations of 280 images,
@@ -129,6 +130,14 @@ def test_a_slow_machine_cuts_a_budget_set_by_hand_to_what_fits(monkeypatch, tiny
     assert "do not fit the 80-s budget" in reason and "500 ms a training step of one member" in reason
     assert any(line.startswith("recipe:   train.max_steps = ") and "planned to the time budget" in line
                for line in lines)
+
+
+def test_the_trainer_estimates_the_test_split_from_the_measured_embedding(monkeypatch, tiny_config, tmp_path):
+    resolved, _, _ = run_on_clock(monkeypatch, tiny_config, 0.5, "train.time_budget=80")
+    assert resolved.embed_seconds == pytest.approx(0.5 / TIMED_IMAGES)  # one member, no shifts (tiny_config)
+    trainer = Trainer(resolved, tmp_path, echo=lambda _: None)
+    speeds = trainer.measured_speeds(2.0, has_val=False)  # before any validation
+    assert speeds.test_seconds == pytest.approx(len(resolved.splits.test) * 0.5 / TIMED_IMAGES)
 
 
 def test_on_a_crawling_machine_the_recipe_raises_its_own_budget_rather_than_train_a_few_steps(monkeypatch,

@@ -17,8 +17,9 @@ class TimeBudgetMixin:
     def measured_speeds(self, step_seconds: float, has_val: bool) -> Speeds:
         """This run's speeds: a training step (given), a validation and the test split's evaluation.
 
-        Before the first validation, an embedded image is taken to cost a third of a trained one
-        (forward only) times the views the model averages (mirror, shifts).
+        Before the first validation, an embedded image costs what the glyph plan measured before training
+        (``ResolvedRun.embed_seconds``), else a third of a trained one (forward only) times the views the
+        model averages (mirror, shifts).
         """
         num_val = len(self.splits.val) if has_val else 0
         test = self.splits.test if self.splits.test is not None else getattr(self.splits, "query", None)
@@ -29,7 +30,8 @@ class TimeBudgetMixin:
             per_eval = sum(self.eval_seconds) / len(self.eval_seconds)
             test_seconds = budget.estimate_test_seconds(per_eval, num_val, num_test)
         else:
-            per_image = step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * _views(self.cfg)
+            per_image = getattr(self.resolved, "embed_seconds", None) \
+                or step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * _views(self.cfg)
             per_eval, test_seconds = num_val * per_image, num_test * per_image
         return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
 
