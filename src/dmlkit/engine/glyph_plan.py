@@ -184,23 +184,26 @@ def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
             and not cfg.asap.enabled and distributed.torchrun_local_rank() is None)
 
 
-def plan_for_run(cfg: Any, splits: Any, model: nn.Module, choices: Mapping[str, tuple[Any, str]], *,
+def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
                  device: torch.device, spent: float) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
     :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
     a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: one member
-    as built before the recipe; ``spent``: seconds of the run gone so far."""
+    as built before the recipe; ``recipe_run``: the data recipe's result (``builders.ResolvedRecipe``: the
+    training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far."""
     from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
+
+    profile, choices = recipe_run.profile, recipe_run.choices
 
     if not plans_glyphs(cfg, choices):
         return {}, None
     members = int(cfg.model.ensemble or 1)
     shift = int(cfg.model.shift_average or 0)
     views = (2 * shift + 1) ** 2 * (2 if cfg.model.flip_average else 1)
-    sample = splits.train[0][0]
-    shape = tuple(int(s) for s in sample.shape[-3:]) if sample.dim() >= 3 else (1, *sample.shape[-2:])
+    side = cfg.data.crop_size or cfg.data.image_size  # the size the model is fed, where the data options set it
+    shape = (profile.channels, side or profile.height, side or profile.width)
     costs = measure_glyph_costs(model, int(cfg.sampler.batch_size), shape, views=views, device=device,
                                 dtype=autocast_dtype(cfg.train.mixed_precision))
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps

@@ -209,7 +209,7 @@ def resolve_run(
                                             accelerator=device.type == "cuda")
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
-        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe.choices, device=device,
+        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe, device=device,
                                                      spent=wall_clock() - started)
         resolved_recipe.choices.update(planned)
         if planned:
