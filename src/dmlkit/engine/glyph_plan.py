@@ -44,8 +44,10 @@ MIN_STEP_SHARE = 1.0
 #: that busy the run had better take longer (the plan says so).
 FLOOR_SHARE = 0.25
 
-#: Steps timed for a member's training step, after one warm-up step (the best of them is taken).
+#: Steps timed for a member's training step (the best of them is taken), after WARM_UP_STEPS untimed ones (the
+#: first steps of a fresh model run slower).
 TIMED_STEPS = 5
+WARM_UP_STEPS = 2
 
 #: Images per timed embedding pass (one member, eval mode, no shifts).
 TIMED_IMAGES = 64
@@ -134,7 +136,7 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
                         clock: Callable[[], float] = time.perf_counter) -> GlyphCosts:
     """:class:`GlyphCosts` of one member (``model``, a single embedder) on random images of ``shape`` ``[C, H, W]``:
     a training step at ``batch`` (forward, backward, an AdamW update of a copy of the model; the best of
-    :data:`TIMED_STEPS` after a warm-up) and an eval-mode embedding per image times ``views`` (its shifts).
+    :data:`TIMED_STEPS` after :data:`WARM_UP_STEPS`) and an eval-mode embedding per image times ``views`` (its shifts).
     ``model`` and the global random state are left as they were."""
     member = copy.deepcopy(model).to(device)
     if device.type == "cpu":
@@ -155,7 +157,8 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
             torch.cuda.synchronize(device)
 
     member.train()
-    step()  # warm-up: oneDNN primitives, allocations
+    for _ in range(WARM_UP_STEPS):  # oneDNN primitives, allocations, the optimiser's state
+        step()
     step_seconds = _best_of(step, TIMED_STEPS, clock)
     images = torch.randn(TIMED_IMAGES, *shape, generator=g).to(device)
     shift = getattr(member, "shift_average", 0)
