@@ -400,7 +400,8 @@ def split_features(claim: PhotoClaim, seed: int, quick: bool, store, echo: Calla
                          [units[i] for i in rows["train"]])
 
 
-def _fit(claim: PhotoClaim, arm: Arm, seed: int, steps: int, train, val, test, run_dir: Path) -> None:
+def _fit(claim: PhotoClaim, arm: Arm, seed: int, steps: int, train, val, test, run_dir: Path,
+         fold: int | None = None) -> None:
     import dmlkit
     from dmlkit.models import FeatureHead
 
@@ -410,7 +411,9 @@ def _fit(claim: PhotoClaim, arm: Arm, seed: int, steps: int, train, val, test, r
     config["eval"] = {"ks": [1, 2, 4, 8], "over_cluster": 4, "save_embeddings": True}
     config["train"] = {"max_steps": steps, "eval_every": every, "checkpoint_every": every, "progress": False,
                        "patience": None, "num_threads": THREADS, "mixed_precision": "none"}
-    config["protocol"] = {"val_class_fraction": 0.0}
+    # the validation split is ``val`` (fold claims: the held-out fold, which ASAP's schedule reads as protocol.fold)
+    config["protocol"] = {"val_class_fraction": 0.0, "seed": seed,
+                          **({"num_folds": claim.folds, "fold": fold} if fold is not None else {})}
     if "asap" in config:
         config["asap"]["patience"] = min(config["asap"]["patience"], max(1, claim.evals // 4))
     torch.manual_seed(seed)  # the head's initial weights
@@ -438,7 +441,7 @@ def run_arm(claim: PhotoClaim, arm: Arm, seed: int, steps: int, splits: SplitFea
             train_rows = [i for i, u in enumerate(units) if u not in held]
             val_rows = [i for i, u in enumerate(units) if u in held]
             val = splits.train.subset(val_rows)
-            _timed(lambda: _fit(claim, arm, seed, steps, splits.train.subset(train_rows), val, splits.test, run_dir),
+            _timed(lambda: _fit(claim, arm, seed, steps, splits.train.subset(train_rows), val, splits.test, run_dir, f),
                    f"{claim.name}/{arm.name}/seed{seed}/fold{f}", run_dir, echo)
         return
     if (seed_dir / "metrics.json").exists():

@@ -173,6 +173,11 @@ class FeatureDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.features[index][:, None, None], int(self.labels[index])
 
+    def sample_images(self, count: int) -> torch.Tensor:
+        """Up to ``count`` evenly spaced items as ``[n, F, 1, 1]`` (what the recipe's profile reads; nothing is resized)."""
+        step = max(1, len(self) // count)
+        return self.features[::step][:count, :, None, None].float()
+
     def subset(self, rows: Sequence[int] | torch.Tensor) -> "FeatureDataset":
         """The rows ``rows`` (labels renumbered over the classes they keep)."""
         rows = torch.as_tensor(rows, dtype=torch.int64)
