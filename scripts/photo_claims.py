@@ -400,6 +400,22 @@ def split_features(claim: PhotoClaim, seed: int, quick: bool, store, echo: Calla
                          [units[i] for i in rows["train"]])
 
 
+def backbone_reference(claim: PhotoClaim, splits: SplitFeatures, out: Path) -> dict:
+    """The test metrics of the frozen backbone's L2-normalised pooled features, no head (``OUT/CLAIM/backbone.json``)."""
+    from dmlkit.engine.checkpoint import atomic_write_json
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+
+    path = out / claim.name / "backbone.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    features = torch.nn.functional.normalize(splits.test.features.float(), dim=1)
+    labels = splits.test.labels
+    metrics = {k: float(v) for k, v in retrieval_metrics(features, labels, ks=(1, 4)).items()}
+    metrics.update({k: float(v) for k, v in clustering_metrics(features, labels, over_cluster=4).items()})
+    atomic_write_json(path, metrics)
+    return metrics
+
+
 def _fit(claim: PhotoClaim, arm: Arm, seed: int, steps: int, train, val, test, run_dir: Path,
          fold: int | None = None) -> None:
     import dmlkit
@@ -528,6 +544,10 @@ def summarise(claim: PhotoClaim, arms: list[Arm], seeds: list[int], steps: int, 
     keys = (*claim.metrics, "wall_seconds", "steps")
     summary: dict = {"claim": claim.name, "title": claim.title, "data": claim.data, "steps": steps, "seeds": seeds,
                      "folds": claim.folds, "differs": claim.differs, "arms": {}, "comparisons": []}
+    reference = out / claim.name / "backbone.json"
+    if reference.exists():  # the same test classes for every seed: one value
+        row = json.loads(reference.read_text())
+        summary["arms"]["backbone (no head)"] = {k: mean_se([row[k]] if k in row else []) for k in keys}
     for name, values in per_arm.items():
         summary["arms"][name] = {k: mean_se(list(values.get(k, {}).values())) for k in keys}
     for c in claim.comparisons:
@@ -662,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.summary_only:
             for seed in seeds:
                 splits = split_features(claim, seed, args.quick, store, print)
+                backbone_reference(claim, splits, out)
                 for arm in arms:
                     run_arm(claim, arm, seed, steps, splits, out, print)
         summary = summarise(claim, arms, seeds, steps, out)

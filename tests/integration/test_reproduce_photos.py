@@ -124,6 +124,8 @@ def test_tiny_photo_claims_run_end_to_end_and_resume(photos, tmp_path, monkeypat
         stats = summary["arms"][arm]["map_at_r"]
         assert stats["n"] == 2 and 0 < stats["mean"] <= 1 and stats["se"] >= 0
         assert summary["arms"][arm]["steps"]["mean"] == 4
+    reference = summary["arms"]["backbone (no head)"]["map_at_r"]  # the stored features themselves, scored once
+    assert reference["n"] == 1 and 0 < reference["mean"] <= 1
     (cmp,) = summary["comparisons"]
     assert cmp["difference"]["n"] == 2 and cmp["verdict"] in ("holds", "reversed", "not separable at this scale")
     table = (out / "tiny" / "summary.md").read_text()
