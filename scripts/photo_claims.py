@@ -13,6 +13,10 @@ interrupted one resumes from its last checkpoint. Per claim ``OUT/CLAIM/summary.
 ``summary.md``: mean +- standard error of each metric over seeds (fold claims: over fold models,
 and the concatenated fold ensemble over seeds), the paired difference of each compared pair of arms
 with its standard error, and a verdict (:func:`verdict`) beside what the paper reports.
+
+``--quick``: 16 images a class of mini-ImageNet (1,024 photos) and 6 drawings a character of
+Omniglot (816), each claim's ``quick_steps`` (100), seed 0 unless ``--seeds``: a check that
+everything runs, not a result. ``--core``: only the two arms of each claim's first comparison.
 """
 
 from __future__ import annotations
@@ -156,7 +160,6 @@ class Arm:
     name: str
     config: dict
     normalization: str = "l2"
-    core: bool = True
 
 
 @dataclass(frozen=True)
@@ -230,9 +233,9 @@ register(PhotoClaim(
     arms=(
         Arm("proxy-anchor", _loss("proxy_anchor", lr_multiplier=100, margin=0.1, alpha=32)),
         Arm("ms", _loss("multi_similarity", _MS_MINER, **_MS)),
-        Arm("proxy-nca", _loss("proxy_nca", lr_multiplier=100, softmax_scale=1), core=False),
+        Arm("proxy-nca", _loss("proxy_nca", lr_multiplier=100, softmax_scale=1)),
         Arm("triplet", _loss("triplet_margin", ("triplet_margin", {"margin": 0.2, "type_of_triplets": "semihard"}),
-                             margin=0.2), core=False),
+                             margin=0.2)),
     ),
     comparisons=(
         Comparison("proxy-anchor", "ms", "recall_at_1", "Proxy-Anchor above MS (CUB-200 R@1 68.4 vs 65.7 at 512-D)"),
@@ -254,9 +257,9 @@ register(PhotoClaim(
     arms=(
         Arm("c2", _loss("contrastive", **_C2), normalization="bounded"),
         Arm("c2-asap", _proxy_pair("contrastive", _C2, asap=True), normalization="bounded"),
-        Arm("c2-proxy", _proxy_pair("contrastive", _C2, per_class=4), normalization="bounded", core=False),
-        Arm("ms", _loss("multi_similarity", _MS_MINER, **_MS), normalization="bounded", core=False),
-        Arm("ms-asap", _proxy_pair("multi_similarity", _MS, asap=True), normalization="bounded", core=False),
+        Arm("c2-proxy", _proxy_pair("contrastive", _C2, per_class=4), normalization="bounded"),
+        Arm("ms", _loss("multi_similarity", _MS_MINER, **_MS), normalization="bounded"),
+        Arm("ms-asap", _proxy_pair("multi_similarity", _MS, asap=True), normalization="bounded"),
     ),
     comparisons=(
         Comparison("c2-asap", "c2", "map_at_r", "C2 + ASAP above C2 (Table 1, MAP@R and P@1, all four data sets)"),
@@ -299,9 +302,9 @@ register(PhotoClaim(
         Arm("dro-topk-pn", _loss("dro", weighting="top_k_pn", base="margin", k_pos=64, k_neg=64, margin=0.2,
                                  threshold=0.5)),
         Arm("ms", _loss("multi_similarity", _MS_MINER, **_MS)),
-        Arm("dro-topk", _loss("dro", weighting="top_k", base="margin", k=128, margin=0.2, threshold=0.5), core=False),
-        Arm("contrastive", _loss("contrastive", pos_margin=0.0, neg_margin=0.5), core=False),
-        Arm("lifted", _loss("lifted_structure", neg_margin=1.0, pos_margin=0.0), core=False),
+        Arm("dro-topk", _loss("dro", weighting="top_k", base="margin", k=128, margin=0.2, threshold=0.5)),
+        Arm("contrastive", _loss("contrastive", pos_margin=0.0, neg_margin=0.5)),
+        Arm("lifted", _loss("lifted_structure", neg_margin=1.0, pos_margin=0.0)),
     ),
     comparisons=(
         Comparison("dro-topk-pn", "ms", "recall_at_1", "DRO-TopK-PN above MS (Table 2, CUB/Cars/SOP R@1)"),
@@ -325,13 +328,12 @@ register(PhotoClaim(
                                                                       "margin": 0.2}),
                                  margin=0.2, distance=_SQ)),
         Arm("margin-dw", _loss("margin", ("distance_weighted", {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4}),
-                               margin=0.2, beta=1.2, learn_beta=True), core=False),
+                               margin=0.2, beta=1.2, learn_beta=True)),
         Arm("margin-dw+eps", _loss("margin", ("easy_positive", {"negative": "distance_weighted"}),
-                                   margin=0.2, beta=1.2, learn_beta=True), core=False),
-        Arm("ms", _loss("multi_similarity", ("multi_similarity", {"epsilon": 0.1}), alpha=2, beta=50, base=1.0),
-            core=False),
+                                   margin=0.2, beta=1.2, learn_beta=True)),
+        Arm("ms", _loss("multi_similarity", ("multi_similarity", {"epsilon": 0.1}), alpha=2, beta=50, base=1.0)),
         Arm("ms+eps", _loss("multi_similarity", ("easy_positive", {"negative": "multi_similarity", "epsilon": 0.1}),
-                            alpha=2, beta=50, base=1.0), core=False),
+                            alpha=2, beta=50, base=1.0)),
     ),
     comparisons=(
         Comparison("triplet+eps", "triplet", "nmi_plus", "EPS + semi-hard triplet above triplet (Table 3, Omniglot NMI+)"),
@@ -346,10 +348,6 @@ register(PhotoClaim(
     metrics=("recall_at_1", "map_at_r", "nmi", "nmi_plus"),
     sampler={"name": "m_per_class", "batch_size": 64, "m": 16},
 ))
-
-#: The claims and arms each verdict rests on (``--core``): the first comparison of each claim.
-CORE_NOTE = "first comparison of each claim"
-
 
 # ----------------------------------------------------------------------------- statistics
 
