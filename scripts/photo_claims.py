@@ -47,6 +47,10 @@ Z = 2.0
 
 BACKBONE = "efficientnet_lite0"
 
+#: The trained head: ``EMBEDDING_SIZE``-D, initialised as ``HEAD_INIT`` (``identity`` needs the backbone's width).
+EMBEDDING_SIZE = 128
+HEAD_INIT = "kaiming"
+
 
 def create_backbone(name: str) -> torch.nn.Module:
     """The frozen backbone (ImageNet weights, offline), an Embedder whose ``features`` are the pooled trunk output."""
@@ -431,7 +435,8 @@ def _fit(claim: PhotoClaim, arm: Arm, seed: int, steps: int, train, val, test, r
     if "asap" in config:
         config["asap"]["patience"] = min(config["asap"]["patience"], max(1, claim.evals // 4))
     torch.manual_seed(seed)  # the head's initial weights
-    head = FeatureHead(train.features.shape[1], 128, arm.normalization)
+    width = train.features.shape[1]
+    head = FeatureHead(width, width if HEAD_INIT == "identity" else EMBEDDING_SIZE, arm.normalization, HEAD_INIT)
     if run_dir.exists() and not (run_dir / "checkpoints" / "last.pt").exists():
         shutil.rmtree(run_dir)  # started but nothing to resume from
     dmlkit.fit(head, None, train, val_data=val, test_data=test, out=run_dir, report=False, echo=lambda s: None,
