@@ -56,7 +56,8 @@ def create_backbone(name: str) -> torch.nn.Module:
     """The frozen backbone (ImageNet weights, offline), an Embedder whose ``features`` are the pooled trunk output."""
     from dmlkit.models import create_model
 
-    return create_model(name, pretrained=True, embedding_size=None, head_init="identity")
+    model = create_model(name, pretrained=True, embedding_size=None, head_init="identity")
+    return model.to("cuda") if torch.cuda.is_available() else model
 
 
 #: How the script builds a backbone from its name (tests put a tiny stub here).

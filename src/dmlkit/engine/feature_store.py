@@ -131,12 +131,13 @@ def pooled_features(model: nn.Module, images: Sequence[str] | torch.Tensor, *, i
                      "batch_size": [Interval(int, 1, None)]})
     was_training = model.training
     model.eval()
+    device = next(iter(model.parameters()), torch.empty(0)).device
     out, start = [], time.perf_counter()
     try:
         for lo in range(0, len(images), batch_size):
             batch = torch.stack([centre_view(_read(images[i]), image_size)
                                  for i in range(lo, min(len(images), lo + batch_size))])
-            x = model.preprocess(batch)
+            x = model.preprocess(batch.to(device))
             features = model.features(x)
             if views == 2:
                 features = (features + model.features(x.flip(-1))) / 2
