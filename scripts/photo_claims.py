@@ -394,8 +394,8 @@ def split_features(claim: PhotoClaim, seed: int, quick: bool, store, echo: Calla
     train_u, val_u, test_u = unit_split(units, data.test_units, data.val_units, seed)
     if claim.folds:
         train_u = sorted(train_u + val_u)
-    rows = {name: [i for i, u in enumerate(units) if u in set(part)]
-            for name, part in (("train", train_u), ("val", val_u), ("test", test_u))}
+    part_of = {u: name for name, part in (("train", train_u), ("val", val_u), ("test", test_u)) for u in part}
+    rows = {name: [i for i, u in enumerate(units) if part_of[u] == name] for name in ("train", "val", "test")}
     from dmlkit.engine.feature_store import FeatureDataset
 
     train = FeatureDataset(stored.features[rows["train"]], [train_names[i] for i in rows["train"]])
