@@ -392,8 +392,8 @@ def split_features(claim: PhotoClaim, seed: int, quick: bool, store, echo: Calla
     backbone = _backbone(BACKBONE)
     stored = store.features(backbone, BACKBONE, images, eval_names, image_size=data.image_size, echo=echo)
     train_u, val_u, test_u = unit_split(units, data.test_units, data.val_units, seed)
-    if claim.folds:
-        train_u = sorted(train_u + val_u)
+    if claim.folds:  # the folds of the non-test units validate; no other validation split
+        train_u, val_u = sorted(train_u + val_u), []
     part_of = {u: name for name, part in (("train", train_u), ("val", val_u), ("test", test_u)) for u in part}
     rows = {name: [i for i, u in enumerate(units) if part_of[u] == name] for name in ("train", "val", "test")}
     from dmlkit.engine.feature_store import FeatureDataset
