@@ -125,6 +125,10 @@ def test_feature_dataset_items_labels_and_subsets():
     part = data.subset([2, 3])
     assert part.class_names == ["dog", "eel"] and part.labels.tolist() == [0, 1]
     assert data.sample_images(2).shape == (2, 3, 1, 1)
+    from dmlkit.data.user import UserDataset
+
+    # the recipe's first look through dmlkit.fit's wrapper: the stored features as they are, not resized to 64 px
+    assert torch.equal(UserDataset(data).sample_images(4), features[:, :, None, None])
     with pytest.raises(DataError, match="features has 4 rows but names has 3"):
         FeatureDataset(features, ["a", "b", "c"])
 
