@@ -16,6 +16,9 @@ docs/results.md used 2). Claims with ``folds=k`` use the class-disjoint k-fold p
 Table 1 instead (``dmlkit.engine.crossval``): one model per fold, selected on its held-out fold,
 reported as the fold-model average and the concatenated-embedding ensemble.
 ``--core`` runs only the arms each verdict rests on (``all --quick --core`` is the short check).
+
+``reproduce.py photos [CLAIM...] [--seeds 0 1 2] [--quick] [--core] [--out DIR]`` runs the photo claims
+of the five papers instead (``scripts/photo_claims.py``: frozen pretrained backbone, stored features).
 """
 
 from __future__ import annotations
@@ -750,6 +753,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["photos"]:  # the photo claims (scripts/photo_claims.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import photo_claims
+
+        return photo_claims.main(argv[1:])
     args = parse_args(argv)
     if args.pixels:
         for data_name in ("mnist", "digits"):

@@ -75,7 +75,13 @@ class UserDataset(Dataset):
         return UserDataset(self.dataset, self.rows[torch.as_tensor(indices, dtype=torch.int64)], self._raw, self.name)
 
     def sample_images(self, count: int) -> torch.Tensor:
-        """Up to ``count`` evenly spaced images as float ``[n, C, 64, 64]`` (the recipe's first look)."""
+        """Up to ``count`` evenly spaced images as float ``[n, C, 64, 64]`` (the recipe's first look).
+
+        A dataset with its own ``sample_images(count)`` (stored features: ``[n, F, 1, 1]``) gives its own look.
+        """
+        own = getattr(self.dataset, "sample_images", None)
+        if own is not None and len(self.rows) == len(self.dataset):
+            return own(count)
         step = max(1, len(self) // count)
         images = torch.stack([self[i][0].float() for i in range(0, len(self), step)[:count]])
         return torch.nn.functional.interpolate(images, size=(64, 64), mode="bilinear", align_corners=False)

@@ -23,6 +23,7 @@ from dmlkit.models.efficientnet_lite import (
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head
 from dmlkit.models.ensemble import EmbedderEnsemble
 from dmlkit.models.eps_mnist import EPSMnistNet
+from dmlkit.models.feature_head import FeatureHead
 from dmlkit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess, make_cfg, preprocess
 from dmlkit.models.resnetv2 import PreActResNet
 from dmlkit.models.small_cnn import SmallCNN
@@ -41,6 +42,7 @@ __all__ = [
     "EPSMnistNet",
     "Embedder",
     "EmbedderEnsemble",
+    "FeatureHead",
     "GlobalPool",
     "PreActResNet",
     "Preprocess",
