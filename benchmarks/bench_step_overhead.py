@@ -95,6 +95,7 @@ def measure_row(fused: bool, overrides: list[str], warmup: int, steps: int, coun
         trainer.fit()
     return {"ops": sum(window.ops.values()) / counted, "syncs": sum(window.syncs.values()) / counted,
             "ms": statistics.median(window.times) * 1e3, "sync_kinds": dict(window.syncs),
+            "op_kinds": {name: count / counted for name, count in window.ops.most_common()},
             "optimizer": type(trainer.optimizer).__name__ + (" fused" if fused else "")}
 
 
