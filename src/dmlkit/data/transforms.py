@@ -277,10 +277,11 @@ class RandomTranslate(nn.Module):
         shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)  # drawn on the CPU whatever the images' device
         shifts = host_to_device(shifts, device)  # queued, not waited for, on a card
         # a pixel comes from (row - shift) clamped into the image: the border repeats (replicate padding)
-        rows = (torch.arange(h, device=device) - shifts[:, :1]).clamp_(0, h - 1)[:, None, :, None]  # [B, 1, H, 1]
-        cols = (torch.arange(w, device=device) - shifts[:, 1:]).clamp_(0, w - 1)[:, None, None, :]  # [B, 1, 1, W]
-        batch = torch.arange(b, device=device)[:, None, None, None]
-        channel = torch.arange(c, device=device)[None, :, None, None]
+        down, right = shifts.view(b, 2, 1).unbind(1)  # [B, 1] each
+        rows = (torch.arange(h, device=device) - down).clamp_(0, h - 1).view(b, 1, h, 1)
+        cols = (torch.arange(w, device=device) - right).clamp_(0, w - 1).view(b, 1, 1, w)
+        batch = torch.arange(b, device=device).view(b, 1, 1, 1)
+        channel = torch.arange(c, device=device).view(1, c, 1, 1)
         return images[batch, channel, rows, cols]  # one gather, [B, C, H, W]
 
 
