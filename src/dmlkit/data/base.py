@@ -252,7 +252,7 @@ class TensorImageDataset(SeededAugmentation, Dataset):
     def float_images(self, indices: torch.Tensor | slice | None = None) -> torch.Tensor:
         """Images as float32 in [0, 1], ``[n, C, H, W]`` (whole split when ``indices`` is None)."""
         x = self.images if indices is None else self.images[indices]
-        return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        return torch.div(x, 255.0) if x.dtype == torch.uint8 else x.float()  # one kernel: uint8 / 255 is float32
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img = self.float_images(slice(index, index + 1))[0]

@@ -268,6 +268,7 @@ class RandomTranslate(nn.Module):
                 f"The 'max_shift' parameter of RandomTranslate must be an int >= 0. Got {max_shift!r} instead."
             )
         self.max_shift = max_shift
+        self._grids: tuple = ((), ())  # (shape and device, index grids): made once, not at every batch
 
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         if self.max_shift == 0:
@@ -276,13 +277,21 @@ class RandomTranslate(nn.Module):
         s, device = self.max_shift, images.device
         shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)  # drawn on the CPU whatever the images' device
         shifts = host_to_device(shifts, device)  # queued, not waited for, on a card
+        batch, channel, row, col = self._index_grids(b, c, h, w, device)
         # a pixel comes from (row - shift) clamped into the image: the border repeats (replicate padding)
         down, right = shifts.view(b, 2, 1).unbind(1)  # [B, 1] each
-        rows = (torch.arange(h, device=device) - down).clamp_(0, h - 1).view(b, 1, h, 1)
-        cols = (torch.arange(w, device=device) - right).clamp_(0, w - 1).view(b, 1, 1, w)
-        batch = torch.arange(b, device=device).view(b, 1, 1, 1)
-        channel = torch.arange(c, device=device).view(1, c, 1, 1)
+        rows = (row - down).clamp_(0, h - 1).view(b, 1, h, 1)
+        cols = (col - right).clamp_(0, w - 1).view(b, 1, 1, w)
         return images[batch, channel, rows, cols]  # one gather, [B, C, H, W]
+
+    def _index_grids(self, b: int, c: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Batch ``[B, 1, 1, 1]`` and channel ``[1, C, 1, 1]`` indices, row ``[H]`` and column ``[W]`` positions."""
+        key = (b, c, h, w, device)
+        if self._grids[0] != key:
+            grids = (torch.arange(b, device=device).view(b, 1, 1, 1), torch.arange(c, device=device).view(1, c, 1, 1),
+                     torch.arange(h, device=device), torch.arange(w, device=device))
+            self._grids = (key, grids)
+        return self._grids[1]
 
 
 class RandomAffine(nn.Module):
