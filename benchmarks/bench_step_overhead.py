@@ -11,7 +11,8 @@ visible on the CPU, per step of ``Trainer.fit``'s own loop (batch, augmentation,
   at least a pass through the dispatcher on a card);
 * ``syncs``: host synchronisations per step, counted by ``tests/unit/losses/_host_syncs.py`` with every
   tensor treated as device memory (checks of data take the card's branch, as in ``bench_launches.py``);
-* ``ms``: host milliseconds per step at one thread (median of the steps between two ``on_step_end`` calls).
+* ``ms``: host milliseconds per step at one thread (median of the steps between two ``on_step_end`` calls;
+  the median of ``--rounds`` processes per side, run alternately).
 
 Rows: the default job as the CPU runs it (AdamW over parameter lists), and as a card runs it (fused AdamW,
 which this script forces on the CPU, as ``build_optimizer`` picks it for parameters on CUDA). Each side
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--steps", type=int, default=60, help="timed steps per row")
     parser.add_argument("--counted", type=int, default=20, help="steps whose operators and syncs are counted")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per side, alternating; ms is their median")
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -135,9 +137,16 @@ def main() -> None:
     before = args.before or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
                                            capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as scratch:
-        sides = {"before": run_side(extract_source(before, Path(scratch)), args), "after": run_side(ROOT / "src", args)}
+        sources = {"before": extract_source(before, Path(scratch)), "after": ROOT / "src"}
+        rounds = {side: [] for side in sources}
+        for turn in range(args.rounds):  # the sides alternate (and swap who goes first): drifting load hits both
+            for side in (("before", "after") if turn % 2 == 0 else ("after", "before")):
+                rounds[side].append(run_side(sources[side], args))
+    sides = {side: {name: dict(runs[0][name], ms=statistics.median(run[name]["ms"] for run in runs))
+                    for name in ROWS} for side, runs in rounds.items()}
     load = os.getloadavg()[0]
-    print(f"before: {before[:12]}, after: this checkout; 1 thread; load average {load:.2f}")
+    print(f"before: {before[:12]}, after: this checkout; 1 thread; medians of {args.rounds} alternating processes "
+          f"per side; load average {load:.2f}")
     print(f"{'row':46} {'ops before':>10} {'after':>7} {'ratio':>6} {'syncs before':>12} {'after':>6} "
           f"{'ms before':>9} {'after':>7} {'ratio':>6}")
     for name in ROWS:
