@@ -85,3 +85,22 @@ def follow_device_(module: nn.Module, device: torch.device, *probes: torch.Tenso
     it; on one device the call is a comparison per probe."""
     if any(t.device != device for t in probes):
         module.to(device)
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device, pin: bool | None = None) -> torch.Tensor:
+    """``tensor`` on ``device``; from host memory through page-locked memory, without blocking, when ``pin``
+    (default: for a CUDA ``device``).
+
+    A plain ``.to("cuda")`` of a host tensor waits for the card's queue to drain (a host synchronisation);
+    a non-blocking copy from pinned memory is queued like a kernel. The pinned staging buffer is held by
+    PyTorch's caching host allocator until the copy is done. Any other move is a plain ``.to``.
+    """
+    if tensor.device == device:
+        return tensor
+    if pin is None:
+        pin = device.type == "cuda"
+    if pin and tensor.device.type == "cpu":
+        if not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=True)
+    return tensor.to(device)

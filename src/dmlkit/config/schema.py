@@ -191,6 +191,9 @@ class TrainConfig:
     (in training, ``dmlkit evaluate`` and ``dmlkit embed``). ``auto`` lets the recipe
     pick ``bf16`` where the device computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
     bf16) and ``none`` elsewhere. ``compile`` wraps the model in ``torch.compile``.
+    ``on_nonfinite``: a step whose loss or gradient norm is not finite stops training with a
+    ``NonFiniteError`` (``stop``) or is skipped (``skip``); with a fused optimiser (Adam/AdamW on CUDA)
+    the check runs on the device and is read with the next log record (docs/gpu.md).
     Every ``log_every`` steps a record goes to ``log.jsonl`` and, with
     ``tensorboard``, the same scalars to TensorBoard event files in ``RUN_DIR/tensorboard``
     (needs the ``tensorboard`` package). ``loggers`` names experiment trackers

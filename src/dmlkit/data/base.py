@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from dmlkit._devices import host_to_device
 from dmlkit._validation import as_class_ids
 from dmlkit.exceptions import DataError
 from dmlkit.seeds import derive_seed
@@ -251,7 +252,7 @@ class TensorImageDataset(SeededAugmentation, Dataset):
     def float_images(self, indices: torch.Tensor | slice | None = None) -> torch.Tensor:
         """Images as float32 in [0, 1], ``[n, C, H, W]`` (whole split when ``indices`` is None)."""
         x = self.images if indices is None else self.images[indices]
-        return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        return torch.div(x, 255.0) if x.dtype == torch.uint8 else x.float()  # one kernel: uint8 / 255 is float32
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img = self.float_images(slice(index, index + 1))[0]
@@ -264,7 +265,7 @@ class TensorImageDataset(SeededAugmentation, Dataset):
         to the whole batch; any other transform per item, with the same per-item seeding as ``[i]``.
         """
         rows = torch.as_tensor(indices, dtype=torch.int64)
-        images = self.float_images(rows)
+        images = self.float_images(host_to_device(rows, self.images.device))  # images on a card: a queued copy
         if self.transform is not None:
             if getattr(self.transform, "batched", False):
                 images = self.transform(images)

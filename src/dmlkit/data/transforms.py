@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from dmlkit._devices import host_to_device
 from dmlkit.exceptions import InvalidParameterError
 
 PRESETS = ("musgrave", "proxy_anchor")
@@ -267,19 +268,30 @@ class RandomTranslate(nn.Module):
                 f"The 'max_shift' parameter of RandomTranslate must be an int >= 0. Got {max_shift!r} instead."
             )
         self.max_shift = max_shift
+        self._grids: tuple = ((), ())  # (shape and device, index grids): made once, not at every batch
 
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         if self.max_shift == 0:
             return images
-        b, _, h, w = images.shape
-        s = self.max_shift
+        b, c, h, w = images.shape
+        s, device = self.max_shift, images.device
         shifts = torch.randint(-s, s + 1, (b, 2), generator=generator)  # drawn on the CPU whatever the images' device
-        padded = torch.nn.functional.pad(images, (s, s, s, s), mode="replicate")
-        rows = (torch.arange(h)[None, :] + s - shifts[:, :1]).clamp(0, h + 2 * s - 1)  # [B, H]
-        cols = (torch.arange(w)[None, :] + s - shifts[:, 1:]).clamp(0, w + 2 * s - 1)  # [B, W]
-        batch, rows, cols = (t.to(images.device) for t in (torch.arange(b)[:, None, None], rows, cols))
-        out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
-        return out.permute(0, 3, 1, 2).contiguous()
+        shifts = host_to_device(shifts, device)  # queued, not waited for, on a card
+        batch, channel, row, col = self._index_grids(b, c, h, w, device)
+        # a pixel comes from (row - shift) clamped into the image: the border repeats (replicate padding)
+        down, right = shifts.view(b, 2, 1).unbind(1)  # [B, 1] each
+        rows = (row - down).clamp_(0, h - 1).view(b, 1, h, 1)
+        cols = (col - right).clamp_(0, w - 1).view(b, 1, 1, w)
+        return images[batch, channel, rows, cols]  # one gather, [B, C, H, W]
+
+    def _index_grids(self, b: int, c: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Batch ``[B, 1, 1, 1]`` and channel ``[1, C, 1, 1]`` indices, row ``[H]`` and column ``[W]`` positions."""
+        key = (b, c, h, w, device)
+        if self._grids[0] != key:
+            grids = (torch.arange(b, device=device).view(b, 1, 1, 1), torch.arange(c, device=device).view(1, c, 1, 1),
+                     torch.arange(h, device=device), torch.arange(w, device=device))
+            self._grids = (key, grids)
+        return self._grids[1]
 
 
 class RandomAffine(nn.Module):
@@ -322,9 +334,10 @@ class RandomAffine(nn.Module):
         theta = torch.stack([
             torch.stack([a11, a12, u[:, 3] * 2 * self.shift], dim=1),
             torch.stack([a21, a22, u[:, 4] * 2 * self.shift], dim=1),
-        ], dim=1).to(images.device, images.dtype)  # computed on the CPU, applied on the images' device
+        ], dim=1)
+        theta = host_to_device(theta, images.device).to(images.dtype)  # computed on the CPU, applied on the images' device
         grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
-        fill = images.new_tensor(self.fill).view(1, -1, 1, 1)
+        fill = self.fill[0] if len(self.fill) == 1 else host_to_device(torch.tensor(self.fill), images.device).view(1, -1, 1, 1)
         warped = torch.nn.functional.grid_sample(images - fill, grid, mode="bilinear", padding_mode="zeros",
                                                  align_corners=False)
         return warped + fill
@@ -370,7 +383,7 @@ class RandomResizedCropFlip(nn.Module):
         flip = torch.where(u[:, 4] < 0.5, -1.0, 1.0)
         zero = torch.zeros_like(width)
         theta = torch.stack([torch.stack([width * flip, zero, cx], 1), torch.stack([zero, height, cy], 1)], 1)
-        grid = torch.nn.functional.affine_grid(theta.to(images.device, images.dtype),
+        grid = torch.nn.functional.affine_grid(host_to_device(theta, images.device).to(images.dtype),
                                                [b, images.shape[1], self.size, self.size], align_corners=False)
         return torch.nn.functional.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
@@ -453,7 +466,7 @@ class RandomCropFlip(nn.Module):
         rows = (top[:, None] + steps[None, :])[:, :, None]  # [B, S, 1]
         cols = left[:, None] + steps[None, :]  # [B, S]
         cols = torch.where((u[:, 2] < 0.5)[:, None], cols.flip(1), cols)[:, None, :]  # [B, 1, S]
-        batch, rows, cols = (t.to(images.device) for t in (torch.arange(b)[:, None, None], rows, cols))
+        batch, rows, cols = (host_to_device(t, images.device) for t in (torch.arange(b)[:, None, None], rows, cols))
         return images.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 
     def extra_repr(self) -> str:

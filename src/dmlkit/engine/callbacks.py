@@ -31,7 +31,8 @@ class Callback:
         """Before the first step of this session (after the checkpoint is loaded on a resume)."""
 
     def on_step_end(self, trainer: "Trainer", step: int, metrics: dict) -> None:
-        """After optimisation step ``step`` (1-based); ``metrics`` holds ``loss`` and ``lr``."""
+        """After optimisation step ``step`` (1-based); ``metrics`` holds ``loss`` (a 0-dim tensor on the training
+        device: reading it waits for the device's queued work) and ``lr``."""
 
     def on_log(self, trainer: "Trainer", record: dict) -> None:
         """Every record written to ``log.jsonl`` (``kind`` train / eval / projection / data, ``step``)."""

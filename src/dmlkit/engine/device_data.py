@@ -25,6 +25,8 @@ import copy
 import torch
 from torch import nn
 
+from dmlkit._devices import host_to_device
+
 #: An in-memory split moves to the GPU when its images take at most this share of the free memory.
 RESIDENT_SHARE = 0.5
 
@@ -49,12 +51,9 @@ def resident_on(dataset, device: torch.device):
 
 
 def to_device(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
-    """``tensor`` on ``device``; from the CPU with ``pin`` through page-locked memory, without blocking."""
-    if tensor.device == device:
-        return tensor
-    if pin and tensor.device.type == "cpu" and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=pin)
+    """``tensor`` on ``device``; from the CPU with ``pin`` through page-locked memory, without blocking
+    (:func:`dmlkit._devices.host_to_device`)."""
+    return host_to_device(tensor, device, pin)
 
 
 def uses_channels_last(model: nn.Module, device: torch.device) -> bool:

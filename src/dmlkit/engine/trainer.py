@@ -47,6 +47,7 @@ from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the 
     paired_gain,
     per_category_metrics,
 )
+from dmlkit.engine.training.step_checks import DeviceStepChecks, skips_on_device
 from dmlkit.engine.training.time_budget import TimeBudgetMixin
 from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
@@ -121,6 +122,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.autocast_dtype = run.autocast_dtype
         self.autocast_device = self.device.type
         self.scaler = run.scaler  # fp16 only: gradients underflow without loss scaling
+        # a fused optimiser skips a non-finite step on the device: no host read per step (step_checks.py)
+        self.step_checks = (DeviceStepChecks(self.device, stop=self.cfg.train.on_nonfinite == "stop")
+                            if self.scaler is None and skips_on_device(self.optimizer) else None)
         self.forward_model = run.forward_model  # DDP-wrapped under torchrun, compiled with train.compile
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         self.cache_deferred = run.cache_deferred  # auto under a time budget: decided after the first plan
@@ -137,14 +141,20 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
 
     # ------------------------------------------------------------------ loop
 
-    def training_step(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None) -> float:
-        """One optimisation step; returns the loss value (NaN when a non-finite step was skipped).
+    def training_step(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None
+                      ) -> torch.Tensor:
+        """One optimisation step; returns the loss as a detached 0-dim tensor (NaN when a non-finite step was skipped).
 
-        Per-step work beyond a hand-written loop is kept to what the engine promises: one
-        ``.item()`` of the loss (its finite check and the returned value), one fused norm over
-        all gradients (their finite check, and the clipping norm when ``grad_clip`` is set).
+        Reading the returned value (``float(...)``) waits for the device; the loop reads it only every
+        ``train.log_every`` steps. When the optimiser skips updates on the device (PyTorch's fused
+        Adam/AdamW/SGD, what a CUDA run uses) and no fp16 scaler is in play, the step's finite check
+        (loss and gradient norm) stays on the device too (:mod:`~dmlkit.engine.training.step_checks`):
+        no host synchronisation at all, and a non-finite step is reported (``skip``) or raised
+        (``stop``) at the next read (:meth:`read_step_checks`). Otherwise loss and gradient norm are
+        read together, once, before the update. Beyond a hand-written loop the engine adds one fused
+        norm over all gradients (their finite check, and the clipping norm when ``grad_clip`` is set).
 
-        With ``mixed_precision=fp16`` the loss is scaled before backward and the gradients are
+        With ``mixed_precision=fp16`` the loss is read before its scaled backward and the gradients are
         unscaled right after it (and the proxy all-reduce), so the method hook, the finite check
         and clipping all see true gradients. A non-finite gradient found by that unscale is an
         fp16 overflow: the scaler skips the update and lowers its scale, the step is not a
@@ -154,6 +164,33 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         """
         if not self.model.training:  # evaluation puts it back; the check saves a walk over every module
             self.model.train()
+        loss = self._batch_loss(images, labels, indices)
+        if self.scaler is not None:
+            return self._scaled_step(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.dist.enabled:
+            distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
+        self.hooks.after_backward(self)
+        total = self._gradient_norm()
+        if self.step_checks is not None:  # the update is skipped on the device when the step is not finite
+            self.optimizer.found_inf = self.step_checks.queue(loss, total)
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+        else:
+            value, norm = torch.stack([loss.detach().float(), total]).tolist()  # one read for both checks
+            if not math.isfinite(value):
+                return self._non_finite("loss", value)
+            if not math.isfinite(norm):
+                return self._non_finite("gradient norm", norm)
+            self.optimizer.step()
+        self.scheduler.step()
+        return loss.detach()
+
+    def _batch_loss(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None) -> torch.Tensor:
+        """The objective on the batch's embeddings (batch on the device, autocast, all-gather, method hook)."""
         if self._to_device:  # (images already on the card stay: an in-memory split augmented there)
             images = device_data.to_device(images, self.device, self._pin)
             labels = device_data.to_device(labels, self.device, self._pin)
@@ -171,33 +208,55 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             if self.dist.enabled:
                 indices = distributed.all_gather_labels(torch.as_tensor(indices)).tolist()
             self.hooks.on_batch_embeddings(self, indices, embeddings.detach())
-        loss = self.objective(embeddings, labels)
+        return self.objective(embeddings, labels)
+
+    def _scaled_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """fp16: the loss read first, its scaled backward, the unscale, then the scaler's step."""
         value = loss.item()
         if not math.isfinite(value):
             return self._non_finite("loss", value)
-        self.optimizer.zero_grad(set_to_none=True)
         scaler = self.scaler
-        if scaler is None:
-            loss.backward()
-        else:
-            scaler.scale(loss).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
         if self.dist.enabled:
-            distributed.allreduce_gradients_(self.objective.parameters())  # proxies: DDP wraps only the model
-        if scaler is not None:
-            scaler.unscale_(self.optimizer)  # records whether the scaled backward overflowed
+            distributed.allreduce_gradients_(self.objective.parameters())
+        scaler.unscale_(self.optimizer)  # records whether the scaled backward overflowed
         self.hooks.after_backward(self)
-        total = self._gradient_norm()
+        total = float(self._gradient_norm())
         if not math.isfinite(total):
-            if scaler is not None and self._scaler_backed_off():
+            if self._scaler_backed_off():
                 return self._skip_step(value)
             return self._non_finite("gradient norm", total)
-        if scaler is None:
-            self.optimizer.step()
-        else:
-            scaler.step(self.optimizer)
-            scaler.update()
+        scaler.step(self.optimizer)
+        scaler.update()
         self.scheduler.step()
+        return loss.detach()
+
+    def read_step_checks(self, loss: torch.Tensor) -> float:
+        """``loss``'s value, after the device's pending finite checks are read (one host synchronisation).
+
+        Skipped steps are reported (``train.on_nonfinite=skip``); a non-finite step under ``stop``
+        raises :class:`~dmlkit.exceptions.NonFiniteError` naming it (every update from it on was skipped).
+        """
+        if self.step_checks is None:
+            return float(loss)
+        value, skipped = self.step_checks.read(loss)
+        if skipped and self.step_checks.stop:
+            first = self.step - skipped + 1
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"Non-finite loss or gradient norm at step {first}; training stopped, weights were not updated "
+                f"from step {first} on; {self._last_good_checkpoint()}. "
+                "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
+            )
+        if skipped:
+            self.echo(f"warning: steps up to {self.step}: {skipped} non-finite step(s) skipped since the last log record")
         return value
+
+    def _settle_step_checks(self, loss: torch.Tensor) -> None:
+        """Read the device's finite checks when steps were queued since the last read (else nothing to wait for)."""
+        if self.step_checks is not None and self.step_checks.queued:
+            self.read_step_checks(loss)
 
     def _scaler_backed_off(self) -> bool:
         """Close the scaler's iteration after a non-finite gradient; True when it was an fp16 overflow.
@@ -209,38 +268,40 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.scaler.update()
         return self.scaler.get_scale() < before
 
-    def _skip_step(self, value: float) -> float:
+    def _skip_step(self, value: float) -> torch.Tensor:
         """No update this step, but the schedule advances (it stays aligned with the step count)."""
         self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # a skipped step on purpose: no optimiser step before this scheduler step
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()
-        return value
+        return torch.tensor(value)
 
-    def _gradient_norm(self) -> float:
+    def _gradient_norm(self) -> torch.Tensor:
         """Total L2 norm of every gradient in one fused pass; clips to ``optimizer.grad_clip`` when set.
 
         The norm is the finite check: a NaN or infinite gradient anywhere makes it non-finite.
         """
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not params:
-            return 0.0
+            return torch.zeros((), device=self.device)
         clip = self.cfg.optimizer.grad_clip
         if clip is not None:
-            return float(torch.nn.utils.clip_grad_norm_(params, clip))
-        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))  # the norm clipping would use, no clip
+            return torch.nn.utils.clip_grad_norm_(params, clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params])  # the norm clipping would use, no clip
 
-    def _non_finite(self, what: str, value: float) -> float:
+    def _non_finite(self, what: str, value: float) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.train.on_nonfinite == "skip":
             self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
             return self._skip_step(float("nan"))
-        last = self.run.last_checkpoint
-        where = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
         raise NonFiniteError(
-            f"Non-finite {what} ({value}) at step {self.step + 1}; training stopped, weights were not updated; {where}. "
-            "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
+            f"Non-finite {what} ({value}) at step {self.step + 1}; training stopped, weights were not updated; "
+            f"{self._last_good_checkpoint()}. Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
         )
+
+    def _last_good_checkpoint(self) -> str:
+        last = self.run.last_checkpoint
+        return f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
 
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
@@ -324,28 +385,32 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                     self.plan, start_step, start_elapsed = None, self.step, self.elapsed
                     timed.clear()
                     t_last = self.clock()  # building the cache is not training time (the budget's clock counts it)
-            if math.isfinite(value):
-                running = value if running is None else 0.9 * running + 0.1 * value
             lr = self.optimizer.param_groups[0]["lr"]
-            if self.step % cfg.train.log_every == 0:
+            if self.step % cfg.train.log_every == 0:  # the loss is read here only: one host synchronisation
+                loss_value = self.read_step_checks(value)
                 record = {"kind": "train", "step": self.step, "epoch": self.position.epoch, "time": self.elapsed,
-                          "loss": value, "lr": lr}
+                          "loss": loss_value, "lr": lr}
                 if self.scaler is not None:  # fp16: a falling scale means overflowing (skipped) steps
                     record["grad_scale"] = self.scaler.get_scale()
                 self.run.log(record)
+                if math.isfinite(loss_value):  # the bar's running loss: over the logged steps
+                    running = loss_value if running is None else 0.9 * running + 0.1 * loss_value
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{running:.4f}", refresh=False)
             self.callbacks.call("on_step_end", self, self.step, {"loss": value, "lr": lr})
             if bar is not None:
                 bar.update(1)
-                if running is not None:
-                    bar.set_postfix(loss=f"{running:.4f}", refresh=False)
             evaluated = False
             if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
+                self._settle_step_checks(value)  # a non-finite step stops before it is validated
                 stop = self._timed_validation()
                 evaluated = True
                 if self.plan is not None and not stop and speeds() is not None:  # re-plan at the speeds measured so far
                     self._plan_to_budget(speeds(), has_val, bar)
                 t_last = self.clock()  # evaluation time is not training time
             stop = stop or self.should_stop or self.step >= cfg.train.max_steps
+            if stop or self.step % cfg.train.checkpoint_every == 0:
+                self._settle_step_checks(value)  # nothing non-finite goes into a checkpoint or ends training unseen
             if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
                 self.save()
         if bar is not None:

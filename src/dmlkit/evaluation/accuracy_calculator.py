@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from dmlkit.evaluation.clustering import kmeans_assignments
+from dmlkit.evaluation.information import adjusted_mutual_information, normalized_mutual_information
 from dmlkit.evaluation.knn import knn
 from dmlkit.exceptions import DataError, InvalidParameterError
 
@@ -137,14 +138,12 @@ class AccuracyCalculator:
         return kmeans_assignments(query.float(), num_clusters)
 
     def calculate_AMI(self, query_labels, cluster_labels, **kwargs) -> float:
-        from sklearn.metrics import adjusted_mutual_info_score
-
-        return float(adjusted_mutual_info_score(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels)))
+        """scikit-learn's ``adjusted_mutual_info_score`` (PML's), computed by :mod:`dmlkit.evaluation.information`."""
+        return adjusted_mutual_information(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels))
 
     def calculate_NMI(self, query_labels, cluster_labels, **kwargs) -> float:
-        from sklearn.metrics import normalized_mutual_info_score
-
-        return float(normalized_mutual_info_score(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels)))
+        """scikit-learn's ``normalized_mutual_info_score`` (PML's), computed by :mod:`dmlkit.evaluation.information`."""
+        return normalized_mutual_information(_to_numpy(query_labels).reshape(-1), _to_numpy(cluster_labels))
 
     def calculate_precision_at_1(self, **kwargs):
         return self._knn_metric_from_kwargs("precision_at_1", **kwargs)

@@ -41,3 +41,14 @@ def test_factory_and_validation():
         batch_augmentation("rotate")
     with pytest.raises(InvalidParameterError, match="'max_shift' parameter of RandomTranslate"):
         RandomTranslate(-1)
+
+
+def test_one_module_over_batches_of_other_shapes_matches_the_loop_reference():
+    """The index grids are kept between batches: a batch of another shape gets its own."""
+    translate = RandomTranslate(2)
+    for seed, shape in enumerate([(5, 3, 9, 7), (3, 3, 9, 7), (5, 1, 6, 11), (5, 3, 9, 7)]):
+        images = torch.rand(shape, dtype=torch.float64)
+        out = translate(images, torch.Generator().manual_seed(seed))
+        shifts = torch.randint(-2, 3, (shape[0], 2), generator=torch.Generator().manual_seed(seed))
+        for i in range(shape[0]):
+            assert torch.equal(out[i], reference_shift(images[i], int(shifts[i, 0]), int(shifts[i, 1])))

@@ -14,6 +14,9 @@ import importlib
 import pytest
 import torch
 
+import dmlkit.data.base as base
+import dmlkit.data.transforms as transforms
+from dmlkit import _devices
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.data.transforms import (
     BackboneNormalize,
@@ -196,3 +199,22 @@ def test_evaluation_searches_the_embeddings_on_the_training_gpu(tmp_path, tiny_c
     # (approx: where a real card is present, the search beside it may sum in another order)
     assert trainer.score(embeddings, labels, clustering=False) == pytest.approx(on_cpu, rel=1e-12)
     assert len(moved) == 1 and moved[0] is embeddings  # the k-NN search gets the embeddings on the card
+
+
+def test_host_to_device_queues_the_copies_of_the_batch_augmentation_and_indexing(monkeypatch):
+    """The translate's shifts and an in-memory split's row indices reach the images' device through
+    ``host_to_device``: pinned, non-blocking for CUDA (never a blocking ``.to``, a host synchronisation)."""
+    moved = []
+    real = _devices.host_to_device
+
+    def recording(tensor, device, pin=None):
+        moved.append((tuple(tensor.shape), tensor.dtype))
+        return real(tensor, device, pin)
+
+    monkeypatch.setattr(transforms, "host_to_device", recording)
+    monkeypatch.setattr(base, "host_to_device", recording)
+    images = torch.rand(6, 1, 8, 8)
+    RandomTranslate(2)(images, torch.Generator().manual_seed(0))
+    TensorImageDataset(images, torch.arange(6), [str(i) for i in range(6)]).get_batch([0, 3])
+    assert moved == [((6, 2), torch.int64), ((2,), torch.int64)]
+    assert real(images, torch.device("cpu")) is images  # on its device already: nothing to copy
