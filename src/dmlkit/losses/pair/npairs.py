@@ -16,7 +16,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise
+from dmlkit.losses.pair.terms import Pairwise, rounded_to_input
 
 
 @LOSSES.register("npairs")
@@ -58,7 +58,7 @@ class NPairsLoss(PairLoss):
         sign = 1.0 if self.distance.is_inverted else -1.0
         log_soft = torch.log_softmax(pairs.mat if sign > 0 else -pairs.mat, 1)
         scale = 1.0 / max(self.reducer.divisor(anchors.numel(), anchors.numel()), 1)
-        value = torch.trace(log_soft) * -scale
+        value = rounded_to_input(-log_soft.diagonal(), batch).sum() * scale
         soft = log_soft.exp_()
         soft.diagonal().sub_(1.0)
         return pairs.attach(value, soft.mul_(sign * scale))

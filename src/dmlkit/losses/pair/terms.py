@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from dmlkit.distances import BaseDistance
 from dmlkit.exceptions import InvalidParameterError
+from dmlkit.losses.pair.batch import PairBatch
 
 #: Largest number of elements one chunk of a [chunk, R] working tensor may hold.
 CHUNK_ELEMENTS = 1 << 22
@@ -33,6 +34,30 @@ def oriented(value: float | torch.Tensor, distance: BaseDistance) -> float | tor
 def weighted_sum(terms: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``sum(weight * term)`` over the selected pairs, no normalisation (DRO weights rule)."""
     return torch.where(mask, weight * terms, terms.new_zeros(())).sum()
+
+
+def in_input_precision(mat: torch.Tensor, distance: BaseDistance, batch: PairBatch) -> torch.Tensor:
+    """``mat`` with the values PML's distance gives for half-precision embeddings; ``mat`` itself otherwise.
+
+    PML computes its matrix in the embeddings' dtype (each of the normalisation and the product
+    rounded there) and its float16 tests compare against formulas evaluated that way; where a loss
+    amplifies the matrix (Circle's ``gamma`` of 256) the rounding decides the result's last bit. The
+    matrix is then recomputed in the input dtype and taken to ``mat``'s dtype; the loss built on it
+    still accumulates in float32, and the gradient is ``mat``'s (float32).
+    """
+    if not batch.half_precision:
+        return mat
+    with torch.no_grad():
+        low = batch.input_dtype
+        x = batch.embeddings.to(low)
+        rounded = distance(x, x if batch.same_set else batch.references.to(low)).to(mat.dtype)
+    return mat + (rounded - mat).detach() if mat.requires_grad else rounded
+
+
+def rounded_to_input(terms: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+    """Per-element ``terms`` (float32) rounded to the half-precision embeddings' dtype, as PML's per-element
+    losses are before its reducer averages them; ``terms`` itself for float32/float64 inputs."""
+    return terms.to(batch.input_dtype).to(terms.dtype) if batch.half_precision else terms
 
 
 class _AttachGradient(torch.autograd.Function):
