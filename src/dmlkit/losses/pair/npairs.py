@@ -16,7 +16,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, rounded_to_input
+from dmlkit.losses.pair.terms import Pairwise, in_input_precision, rounded_to_input
 
 
 @LOSSES.register("npairs")
@@ -56,7 +56,8 @@ class NPairsLoss(PairLoss):
         pairs = Pairwise(self.distance, x, x, same_set=True, rows=anchors, cols=positives)
         # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
         sign = 1.0 if self.distance.is_inverted else -1.0
-        log_soft = torch.log_softmax(pairs.mat if sign > 0 else -pairs.mat, 1)
+        mat = in_input_precision(pairs.mat, self.distance, batch, anchors, positives)
+        log_soft = torch.log_softmax(mat if sign > 0 else -mat, 1)
         scale = 1.0 / max(self.reducer.divisor(anchors.numel(), anchors.numel()), 1)
         value = rounded_to_input(-log_soft.diagonal(), batch).sum() * scale
         soft = log_soft.exp_()

@@ -36,21 +36,32 @@ def weighted_sum(terms: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) 
     return torch.where(mask, weight * terms, terms.new_zeros(())).sum()
 
 
-def in_input_precision(mat: torch.Tensor, distance: BaseDistance, batch: PairBatch) -> torch.Tensor:
+def in_input_precision(
+    mat: torch.Tensor,
+    distance: BaseDistance,
+    batch: PairBatch,
+    rows: torch.Tensor | None = None,
+    cols: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``mat`` with the values PML's distance gives for half-precision embeddings; ``mat`` itself otherwise.
 
     PML computes its matrix in the embeddings' dtype (each of the normalisation and the product
     rounded there) and its float16 tests compare against formulas evaluated that way; where a loss
     amplifies the matrix (Circle's ``gamma`` of 256) the rounding decides the result's last bit. The
-    matrix is then recomputed in the input dtype and taken to ``mat``'s dtype; the loss built on it
-    still accumulates in float32, and the gradient is ``mat``'s (float32).
+    matrix (the ``[rows, cols]`` block of the same-set matrix when given) is then recomputed in the
+    input dtype and taken to ``mat``'s dtype; the loss built on it still accumulates in float32, and
+    the gradient is ``mat``'s (float32).
     """
     if not batch.half_precision:
         return mat
     with torch.no_grad():
         low = batch.input_dtype
         x = batch.embeddings.to(low)
-        rounded = distance(x, x if batch.same_set else batch.references.to(low)).to(mat.dtype)
+        if rows is not None:
+            rounded = distance(x.index_select(0, rows), x.index_select(0, cols))
+        else:
+            rounded = distance(x, x if batch.same_set else batch.references.to(low))
+        rounded = rounded.to(mat.dtype)
     return mat + (rounded - mat).detach() if mat.requires_grad else rounded
 
 
