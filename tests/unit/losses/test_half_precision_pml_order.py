@@ -131,3 +131,15 @@ def test_ranked_list_of_a_float16_batch_follows_the_float16_weights(margin, alph
     loss = RankedListLoss(margin=margin, Tn=tn, imbalance=imbalance, alpha=alpha, Tp=tp)(x.clone().requires_grad_(True), y)
     assert loss.dtype == HALF
     assert torch.isclose(loss, torch.tensor(expected).to(HALF), rtol=1e-2), (loss.item(), expected)  # PML's rtol
+
+
+@pytest.mark.parametrize("make", [lambda: CircleLoss(m=0.25, gamma=256), NPairsLoss,
+                                  lambda: RankedListLoss(margin=0.4, Tn=0.8, alpha=0.8, Tp=0.5)],
+                         ids=["circle", "npairs", "ranked_list"])
+def test_a_zero_row_of_a_float16_batch_keeps_the_loss_finite(make):
+    """A zero row's float16 norm clamps to 0 (PML's value is NaN); its float32 entries stand in, as for float32."""
+    x, y = half_batch(5, n=12, d=4, classes=3)
+    x[[0, 7]] = 0.0
+    loss = make()(x, y)
+    assert torch.isfinite(loss)
+    assert torch.isclose(loss.float(), make()(x.detach().float(), y), rtol=1e-2, atol=1e-3)

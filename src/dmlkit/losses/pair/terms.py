@@ -50,7 +50,8 @@ def in_input_precision(
     amplifies the matrix (Circle's ``gamma`` of 256) the rounding decides the result's last bit. The
     matrix (the ``[rows, cols]`` block of the same-set matrix when given) is then recomputed in the
     input dtype and taken to ``mat``'s dtype; the loss built on it still accumulates in float32, and
-    the gradient is ``mat``'s (float32).
+    the gradient is ``mat``'s (float32). Where the half-precision value is not finite (a row whose norm
+    underflows to 0 there, so PML's value is NaN) the float32 value stays.
     """
     if not batch.half_precision:
         return mat
@@ -62,6 +63,7 @@ def in_input_precision(
         else:
             rounded = distance(x, x if batch.same_set else batch.references.to(low))
         rounded = rounded.to(mat.dtype)
+        rounded = torch.where(torch.isfinite(rounded), rounded, mat.detach())
     return mat + (rounded - mat).detach() if mat.requires_grad else rounded
 
 
