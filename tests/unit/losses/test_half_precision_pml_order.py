@@ -143,3 +143,15 @@ def test_a_zero_row_of_a_float16_batch_keeps_the_loss_finite(make):
     loss = make()(x, y)
     assert torch.isfinite(loss)
     assert torch.isclose(loss.float(), make()(x.detach().float(), y), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("make", [lambda: CircleLoss(m=0.25, gamma=256), NPairsLoss,
+                                  lambda: RankedListLoss(margin=1.2, Tn=-10.0, imbalance=0.9, alpha=0.4, Tp=-10.0)],
+                         ids=["circle", "npairs", "ranked_list"])
+def test_a_bfloat16_batch_keeps_the_float32_accumulation(make):
+    """PML's float16 roundings are float16's: a bfloat16 batch gets the float32 loss rounded once, as every loss."""
+    x, y = half_batch(1, n=12, d=4, classes=3)
+    x = x.to(torch.bfloat16)
+    loss = make()(x, y)
+    assert loss.dtype == torch.bfloat16
+    assert loss == make()(x.float(), y).to(torch.bfloat16)

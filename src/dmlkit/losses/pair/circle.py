@@ -7,6 +7,10 @@ weights ``a_p``, ``a_n`` are held constant in the gradient (the paper's Sec. 3.2
 PML vs paper: none in the value. PML's defaults (``m=0.4, gamma=80``, the paper's fine-grained
 retrieval setting), cosine similarity, and its reduction (``AvgNonZeroReducer`` over anchors; an
 anchor without a positive or a negative gives 0) are kept.
+
+float16 batches: the cosine matrix is computed in float16 as PML's distance computes it (its rounding,
+times ``gamma``, decides the loss's last bits in PML's float16 test), the rest in float32
+(:func:`~dmlkit.losses.pair.terms.in_input_precision`).
 """
 
 from __future__ import annotations

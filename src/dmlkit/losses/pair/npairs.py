@@ -5,6 +5,9 @@ default distance is a dot product of L2-normalised embeddings (a cosine) and no 
 dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity(normalize_embeddings=False)`` for
 the paper's logits. The pair of a class is its first sample and that sample's first positive
 (batch order), as in PML, so the values match.
+
+float16 batches: the anchor-positive block is computed in float16 and each class's term rounded to
+float16 before the mean, as PML's per-pair losses are (its float16 test compares to the last bit).
 """
 
 from __future__ import annotations

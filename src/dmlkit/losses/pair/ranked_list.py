@@ -11,6 +11,9 @@ PML vs paper: PML's defaults (``alpha = 1 + margin / 2``, ``Tp = 0``: the paper'
 and its ``1e-5`` per reference added to each weight sum (a guard against ``0/0``: the values
 differ from the exact ratio by under ``1e-5 R / |P*|`` relative) are kept, and the weights are
 not detached, as in PML. Pairs at distance exactly 0 are left out, as PML's masks do.
+
+float16 batches: distances, weights, guard and ratios in float16 as PML computes them (a weight
+below float16's smallest subnormal is 0), the reduction in float32.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ def _weighted_ratio(
 
     Numerator and denominator are both scaled by ``exp(-shift)``, ``shift`` the row's largest
     positive exponent, so no weight overflows; the ratio is unchanged. The derivative
-    ``w_k (1 + T t_k - T L) / (sum w + guard)`` is exact without autograd. With ``low`` (the
-    half-precision embeddings' dtype) the weights, sums and ratio are computed in that dtype as
+    ``w_k (1 + T t_k - T L) / (sum w + guard)`` is exact without autograd. With ``low`` (float16,
+    the embeddings' dtype) the weights, sums and ratio are computed in that dtype as
     PML computes them (a weight below its smallest subnormal is 0, and the guard is added to each
     weight before the sum, so it vanishes beside weights near 1); the results come back in ``terms``' dtype.
     """
@@ -102,7 +105,7 @@ class RankedListLoss(PairLoss):
         else:  # the terms themselves go to the reducer: autograd
             d = self.distance.matrix(batch.embeddings, batch.references)
         d = in_input_precision(d, self.distance, batch)
-        low = batch.input_dtype if batch.half_precision else None
+        low = batch.input_dtype if batch.float16_input else None
         boundary = self.alpha - self.margin
         nonzero = d > 0
         pos = masks.positive & (d > boundary) & nonzero

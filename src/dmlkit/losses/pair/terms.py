@@ -43,17 +43,17 @@ def in_input_precision(
     rows: torch.Tensor | None = None,
     cols: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``mat`` with the values PML's distance gives for half-precision embeddings; ``mat`` itself otherwise.
+    """``mat`` with the values PML's distance gives for float16 embeddings; ``mat`` itself otherwise.
 
     PML computes its matrix in the embeddings' dtype (each of the normalisation and the product
     rounded there) and its float16 tests compare against formulas evaluated that way; where a loss
     amplifies the matrix (Circle's ``gamma`` of 256) the rounding decides the result's last bit. The
     matrix (the ``[rows, cols]`` block of the same-set matrix when given) is then recomputed in the
     input dtype and taken to ``mat``'s dtype; the loss built on it still accumulates in float32, and
-    the gradient is ``mat``'s (float32). Where the half-precision value is not finite (a row whose norm
+    the gradient is ``mat``'s (float32). Where the float16 value is not finite (a row whose norm
     underflows to 0 there, so PML's value is NaN) the float32 value stays.
     """
-    if not batch.half_precision:
+    if not batch.float16_input:
         return mat
     with torch.no_grad():
         low = batch.input_dtype
@@ -68,9 +68,9 @@ def in_input_precision(
 
 
 def rounded_to_input(terms: torch.Tensor, batch: PairBatch) -> torch.Tensor:
-    """Per-element ``terms`` (float32) rounded to the half-precision embeddings' dtype, as PML's per-element
-    losses are before its reducer averages them; ``terms`` itself for float32/float64 inputs."""
-    return terms.to(batch.input_dtype).to(terms.dtype) if batch.half_precision else terms
+    """Per-element ``terms`` (float32) rounded to float16 for float16 embeddings, as PML's per-element losses
+    are before its reducer averages them; ``terms`` itself otherwise."""
+    return terms.to(batch.input_dtype).to(terms.dtype) if batch.float16_input else terms
 
 
 class _AttachGradient(torch.autograd.Function):
