@@ -14,6 +14,8 @@ CASES = {
 }
 #: losses that estimate 1 - (a precision) or a probability: values in [0, 1].
 BOUNDED = {"fastap", "smooth_ap", "histogram"}
+#: losses that keep PML's float16 roundings of their matrix or weights (test_half_precision_pml_order.py).
+PML_FLOAT16_ROUNDINGS = {"circle", "ranked_list"}
 
 
 def make(name):
@@ -37,8 +39,12 @@ def test_half_precision_input_gives_the_fp32_loss_in_its_dtype(name, make_batch)
     value = make(name)(half, y)
     value.backward()
     assert value.dtype == torch.float16 and half.grad.dtype == torch.float16
+    reference = make(name)(half.detach().float(), y)
+    if name in PML_FLOAT16_ROUNDINGS:  # a few float16 steps as PML's, the rest in fp32: within fp16's resolution
+        torch.testing.assert_close(value.float(), reference, rtol=2e-3, atol=1e-4)
+        return
     # accumulated in fp32, rounded once: the fp32 loss of the same (rounded) inputs, rounded to fp16
-    assert value == make(name)(half.detach().float(), y).half()
+    assert value == reference.half()
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

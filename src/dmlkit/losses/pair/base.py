@@ -203,6 +203,7 @@ class PairLoss(MetricLoss):
             selection=pairs,
             weights=weights,
             pos_mask=pos_mask,
+            input_dtype=embeddings.dtype,
         )
 
     def _check_selection(self, pairs: object, shape: tuple[int, int]) -> None:

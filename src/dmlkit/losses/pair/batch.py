@@ -46,6 +46,14 @@ class PairBatch:
     selection: Selection | None
     weights: torch.Tensor | None
     pos_mask: torch.Tensor | None
+    #: The dtype the caller's embeddings came in (before a float16 / bfloat16 batch's float32 upcast).
+    input_dtype: torch.dtype | None = None
+
+    @property
+    def float16_input(self) -> bool:
+        """Whether the caller's embeddings were float16 (``embeddings`` holds their float32 copy): the dtype
+        of PML's float16 tests, whose roundings a few losses keep (bfloat16 accumulates in float32 throughout)."""
+        return self.input_dtype == torch.float16
 
     def label_pair_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positive, negative)`` ``[B, R]`` from ``pos_mask`` or the labels."""

@@ -7,6 +7,10 @@ weights ``a_p``, ``a_n`` are held constant in the gradient (the paper's Sec. 3.2
 PML vs paper: none in the value. PML's defaults (``m=0.4, gamma=80``, the paper's fine-grained
 retrieval setting), cosine similarity, and its reduction (``AvgNonZeroReducer`` over anchors; an
 anchor without a positive or a negative gives 0) are kept.
+
+float16 batches: the cosine matrix is computed in float16 as PML's distance computes it (its rounding,
+times ``gamma``, decides the loss's last bits in PML's float16 test), the rest in float32
+(:func:`~dmlkit.losses.pair.terms.in_input_precision`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts, require_orientation
+from dmlkit.losses.pair.terms import Pairwise, in_input_precision, reduces_from_counts, require_orientation
 
 
 @LOSSES.register("circle")
@@ -60,7 +64,7 @@ class CircleLoss(PairLoss):
         if not valid.any():
             return zero_loss(batch.embeddings, batch.references)
         if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer: autograd
-            s = self.distance.matrix(batch.embeddings, batch.references)
+            s = in_input_precision(self.distance.matrix(batch.embeddings, batch.references), self.distance, batch)
             slope = self._slopes(s.detach(), pos)
             logits = slope * self._centred(s, pos)
             total = masked_logsumexp(logits, pos, dim=1) + masked_logsumexp(logits, neg, dim=1)
@@ -68,8 +72,9 @@ class CircleLoss(PairLoss):
             return self.reducer(torch.where(valid, F.softplus(total), total.new_zeros(())))
         pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         with torch.no_grad():
-            slope = self._slopes(pairs.mat, pos)  # d(logit)/ds, the weights held constant
-            logits = slope * self._centred(pairs.mat, pos)
+            mat = in_input_precision(pairs.mat, self.distance, batch)
+            slope = self._slopes(mat, pos)  # d(logit)/ds, the weights held constant
+            logits = slope * self._centred(mat, pos)
             exps, totals, shifts = [], [], []
             for group in (pos, neg):  # softmax within the positives and within the negatives
                 shift = logits.masked_fill(~group, float("-inf")).amax(1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)

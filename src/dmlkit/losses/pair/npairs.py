@@ -5,6 +5,9 @@ default distance is a dot product of L2-normalised embeddings (a cosine) and no 
 dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity(normalize_embeddings=False)`` for
 the paper's logits. The pair of a class is its first sample and that sample's first positive
 (batch order), as in PML, so the values match.
+
+float16 batches: the anchor-positive block is computed in float16 and each class's term rounded to
+float16 before the mean, as PML's per-pair losses are (its float16 test compares to the last bit).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise
+from dmlkit.losses.pair.terms import Pairwise, in_input_precision, rounded_to_input
 
 
 @LOSSES.register("npairs")
@@ -56,9 +59,10 @@ class NPairsLoss(PairLoss):
         pairs = Pairwise(self.distance, x, x, same_set=True, rows=anchors, cols=positives)
         # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
         sign = 1.0 if self.distance.is_inverted else -1.0
-        log_soft = torch.log_softmax(pairs.mat if sign > 0 else -pairs.mat, 1)
+        mat = in_input_precision(pairs.mat, self.distance, batch, anchors, positives)
+        log_soft = torch.log_softmax(mat if sign > 0 else -mat, 1)
         scale = 1.0 / max(self.reducer.divisor(anchors.numel(), anchors.numel()), 1)
-        value = torch.trace(log_soft) * -scale
+        value = rounded_to_input(-log_soft.diagonal(), batch).sum() * scale
         soft = log_soft.exp_()
         soft.diagonal().sub_(1.0)
         return pairs.attach(value, soft.mul_(sign * scale))

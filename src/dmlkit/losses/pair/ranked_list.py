@@ -11,6 +11,9 @@ PML vs paper: PML's defaults (``alpha = 1 + margin / 2``, ``Tp = 0``: the paper'
 and its ``1e-5`` per reference added to each weight sum (a guard against ``0/0``: the values
 differ from the exact ratio by under ``1e-5 R / |P*|`` relative) are kept, and the weights are
 not detached, as in PML. Pairs at distance exactly 0 are left out, as PML's masks do.
+
+float16 batches: distances, weights, guard and ratios in float16 as PML computes them (a weight
+below float16's smallest subnormal is 0), the reduction in float32.
 """
 
 from __future__ import annotations
@@ -23,28 +26,38 @@ from dmlkit.exceptions import AssertedParameterError, InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts, require_orientation
+from dmlkit.losses.pair.terms import Pairwise, in_input_precision, reduces_from_counts, require_orientation
 
 #: PML's guard, added once per reference to each anchor's weight sums.
 WEIGHT_EPS = 1e-5
 
 
-def _weighted_ratio(terms: torch.Tensor, temperature: float, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _weighted_ratio(
+    terms: torch.Tensor, temperature: float, mask: torch.Tensor, low: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(L, dL/dt)`` per row: ``L = sum_mask w t / (sum_mask w + 1e-5 R)``, ``w = exp(temperature t)``.
 
     Numerator and denominator are both scaled by ``exp(-shift)``, ``shift`` the row's largest
     positive exponent, so no weight overflows; the ratio is unchanged. The derivative
-    ``w_k (1 + T t_k - T L) / (sum w + guard)`` is exact without autograd.
+    ``w_k (1 + T t_k - T L) / (sum w + guard)`` is exact without autograd. With ``low`` (float16,
+    the embeddings' dtype) the weights, sums and ratio are computed in that dtype as
+    PML computes them (a weight below its smallest subnormal is 0, and the guard is added to each
+    weight before the sum, so it vanishes beside weights near 1); the results come back in ``terms``' dtype.
     """
+    out_dtype = terms.dtype
+    if low is not None:
+        terms = terms.to(low)
     exponent = torch.where(mask, temperature * terms, terms.new_full((), float("-inf")))
     shift = exponent.detach().amax(1, keepdim=True).clamp_min(0.0)
     weights = torch.exp(exponent - shift)  # 0 outside the mask
-    guard = WEIGHT_EPS * terms.shape[1] * torch.exp(-shift)
-    total = weights.sum(1, keepdim=True) + guard
+    if low is None:
+        total = weights.sum(1, keepdim=True) + WEIGHT_EPS * terms.shape[1] * torch.exp(-shift)
+    else:
+        total = (weights + WEIGHT_EPS * torch.exp(-shift)).sum(1, keepdim=True)
     ratio = (weights * torch.where(mask, terms, terms.new_zeros(()))).sum(1, keepdim=True) / total
     with torch.no_grad():
         slope = weights * (1 + temperature * (terms - ratio)) / total
-    return ratio.squeeze(1), slope.masked_fill_(~mask, 0.0)
+    return ratio.squeeze(1).to(out_dtype), slope.masked_fill_(~mask, 0.0).to(out_dtype)
 
 
 @LOSSES.register("ranked_list")
@@ -91,12 +104,14 @@ class RankedListLoss(PairLoss):
             d = pairs.mat
         else:  # the terms themselves go to the reducer: autograd
             d = self.distance.matrix(batch.embeddings, batch.references)
+        d = in_input_precision(d, self.distance, batch)
+        low = batch.input_dtype if batch.float16_input else None
         boundary = self.alpha - self.margin
         nonzero = d > 0
         pos = masks.positive & (d > boundary) & nonzero
         neg = masks.negative & (d < self.alpha) & nonzero
-        loss_p, slope_p = _weighted_ratio(d - boundary, self.Tp, pos)
-        loss_n, slope_n = _weighted_ratio(self.alpha - d, self.Tn, neg)
+        loss_p, slope_p = _weighted_ratio(d - boundary, self.Tp, pos, low)
+        loss_n, slope_n = _weighted_ratio(self.alpha - d, self.Tn, neg, low)
         terms = (1 - self.imbalance) * loss_p + self.imbalance * loss_n
         if not closed_form:
             return self.reducer(terms)

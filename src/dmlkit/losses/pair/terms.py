@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from dmlkit.distances import BaseDistance
 from dmlkit.exceptions import InvalidParameterError
+from dmlkit.losses.pair.batch import PairBatch
 
 #: Largest number of elements one chunk of a [chunk, R] working tensor may hold.
 CHUNK_ELEMENTS = 1 << 22
@@ -33,6 +34,43 @@ def oriented(value: float | torch.Tensor, distance: BaseDistance) -> float | tor
 def weighted_sum(terms: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``sum(weight * term)`` over the selected pairs, no normalisation (DRO weights rule)."""
     return torch.where(mask, weight * terms, terms.new_zeros(())).sum()
+
+
+def in_input_precision(
+    mat: torch.Tensor,
+    distance: BaseDistance,
+    batch: PairBatch,
+    rows: torch.Tensor | None = None,
+    cols: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``mat`` with the values PML's distance gives for float16 embeddings; ``mat`` itself otherwise.
+
+    PML computes its matrix in the embeddings' dtype (each of the normalisation and the product
+    rounded there) and its float16 tests compare against formulas evaluated that way; where a loss
+    amplifies the matrix (Circle's ``gamma`` of 256) the rounding decides the result's last bit. The
+    matrix (the ``[rows, cols]`` block of the same-set matrix when given) is then recomputed in the
+    input dtype and taken to ``mat``'s dtype; the loss built on it still accumulates in float32, and
+    the gradient is ``mat``'s (float32). Where the float16 value is not finite (a row whose norm
+    underflows to 0 there, so PML's value is NaN) the float32 value stays.
+    """
+    if not batch.float16_input:
+        return mat
+    with torch.no_grad():
+        low = batch.input_dtype
+        x = batch.embeddings.to(low)
+        if rows is not None:
+            rounded = distance(x.index_select(0, rows), x.index_select(0, cols))
+        else:
+            rounded = distance(x, x if batch.same_set else batch.references.to(low))
+        rounded = rounded.to(mat.dtype)
+        rounded = torch.where(torch.isfinite(rounded), rounded, mat.detach())
+    return mat + (rounded - mat).detach() if mat.requires_grad else rounded
+
+
+def rounded_to_input(terms: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+    """Per-element ``terms`` (float32) rounded to float16 for float16 embeddings, as PML's per-element losses
+    are before its reducer averages them; ``terms`` itself otherwise."""
+    return terms.to(batch.input_dtype).to(terms.dtype) if batch.float16_input else terms
 
 
 class _AttachGradient(torch.autograd.Function):
