@@ -252,7 +252,7 @@ register(PhotoClaim(
     ),
     steps=600, quick_steps=100,
     differs=_FROZEN.format(size=224, data="mini-ImageNet's 64 training classes at 84 px (32 train / 8 val / 24 test "
-                           "classes; ImageNet classes the backbone was trained on)", budget="600 steps of 64"),
+                           "classes; ImageNet classes the backbone was trained on)", budget="{steps} steps of 64"),
     metrics=("recall_at_1", "recall_at_4", "map_at_r", "nmi", "early_val_map_at_r", "steps_to_90pct"),
 ))
 
@@ -275,7 +275,7 @@ register(PhotoClaim(
     ),
     steps=600, quick_steps=100, evals=4, folds=4,
     differs=_FROZEN.format(size=224, data="mini-ImageNet, 40 training classes in 4 class-disjoint folds of 10, 24 test "
-                           "classes", budget="600 steps a fold model (the paper: up to 100 epochs); 512-D fold "
+                           "classes", budget="{steps} steps a fold model (the paper: up to 100 epochs); 512-D fold "
                            "models, so a 2048-D ensemble (the paper: 4 x 128 = 512-D)"),
     metrics=("map_at_r", "precision_at_1", "recall_at_1", "ensemble_map_at_r", "ensemble_precision_at_1"),
 ))
@@ -298,7 +298,7 @@ register(PhotoClaim(
     ),
     steps=600, quick_steps=100,
     differs=_FROZEN.format(size=224, data="mini-ImageNet (32 train / 8 val / 24 test classes; 16 proxies for the 32 "
-                           "training classes in the 0.5 arms)", budget="600 steps of 64"),
+                           "training classes in the 0.5 arms)", budget="{steps} steps of 64"),
 ))
 
 register(PhotoClaim(
@@ -320,7 +320,7 @@ register(PhotoClaim(
     ),
     steps=600, quick_steps=100,
     differs=_FROZEN.format(size=224, data="mini-ImageNet (32 train / 8 val / 24 test classes), batches of 64 = 16 "
-                           "classes x 4", budget="600 steps"),
+                           "classes x 4", budget="{steps} steps"),
 ))
 
 register(PhotoClaim(
@@ -351,7 +351,7 @@ register(PhotoClaim(
     steps=600, quick_steps=100,
     differs=_FROZEN.format(size=112, data="Omniglot background_small1 (5 alphabets); trained on alphabet labels of 70% of "
                            "the characters, validated and tested on held-out characters with character labels "
-                           "(NMI+: 4x over-clustering)", budget="600 steps, batches of 4 alphabets x 16"),
+                           "(NMI+: 4x over-clustering)", budget="{steps} steps, batches of 4 alphabets x 16"),
     metrics=("recall_at_1", "map_at_r", "nmi", "nmi_plus"),
     sampler={"name": "m_per_class", "batch_size": 64, "m": 16},
 ))
@@ -549,7 +549,7 @@ def summarise(claim: PhotoClaim, arms: list[Arm], seeds: list[int], steps: int, 
     per_arm = {arm.name: run_values(claim, arm, seeds, steps, out) for arm in arms}
     keys = (*claim.metrics, "wall_seconds", "steps")
     summary: dict = {"claim": claim.name, "title": claim.title, "data": claim.data, "steps": steps, "seeds": seeds,
-                     "folds": claim.folds, "differs": claim.differs, "arms": {}, "comparisons": []}
+                     "folds": claim.folds, "differs": claim.differs.replace("{steps}", str(steps)), "arms": {}, "comparisons": []}
     reference = out / claim.name / "backbone.json"
     if reference.exists():  # the same test classes for every seed: one value
         row = json.loads(reference.read_text())

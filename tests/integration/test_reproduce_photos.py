@@ -111,7 +111,7 @@ def test_tiny_photo_claims_run_end_to_end_and_resume(photos, tmp_path, monkeypat
     comparison = (photos.Comparison("pa", "ms", "map_at_r", "paper says pa"),)
     small = {"name": "m_per_class", "batch_size": 8, "m": 2}
     monkeypatch.setitem(photos.CLAIMS, "tiny", photos.PhotoClaim(
-        "tiny", "tiny", "fixture", arms, comparison, steps=4, quick_steps=4, differs="stub", evals=2, sampler=small))
+        "tiny", "tiny", "fixture", arms, comparison, steps=4, quick_steps=4, differs="stub, {steps} steps", evals=2, sampler=small))
     monkeypatch.setitem(photos.CLAIMS, "tiny-folds", photos.PhotoClaim(
         "tiny-folds", "tiny folds", "fixture", arms,
         (photos.Comparison("pa", "ms", "ensemble_map_at_r", "ensemble"),), steps=3, quick_steps=3, differs="stub",
@@ -129,7 +129,7 @@ def test_tiny_photo_claims_run_end_to_end_and_resume(photos, tmp_path, monkeypat
     (cmp,) = summary["comparisons"]
     assert cmp["difference"]["n"] == 2 and cmp["verdict"] in ("holds", "reversed", "not separable at this scale")
     table = (out / "tiny" / "summary.md").read_text()
-    assert "| pa − ms | map_at_r |" in table and "Differs from the paper: stub." in table
+    assert "| pa − ms | map_at_r |" in table and "Differs from the paper: stub, 4 steps." in table
     # the features were stored once and every run read them; test classes are the same in every run
     assert len(list((out / "features").iterdir())) == 1
     labels = [np.load(out / "tiny" / a / f"seed{s}" / "embeddings" / "test.npz")["labels"] for a in ("pa", "ms")
