@@ -6,8 +6,6 @@ losses below makes no synchronisation but the documented ones:
 
 * TripletMarginLoss: one ``nonzero`` listing the positive pairs (the triplets are enumerated per pair
   in chunks; the list's length is the data's).
-* ProxyAnchorLoss: one ``unique`` of the proxies whose class is in the batch (Eq. (4)'s ``P+``; the
-  loss sums over exactly those columns).
 
 Under ``DMLKIT_TEST_DEVICE=cuda`` (``scripts/gpu_check.sh``) the same calls run on that device.
 """
@@ -24,6 +22,7 @@ from dmlkit.exceptions import DataError
 from ._host_syncs import count_host_syncs
 
 B, D, C = 64, 16, 40
+MANY = 200
 
 #: ``name: (factory, the syncs a forward + backward may make)``.
 HOT_PATH_LOSSES = {
@@ -34,7 +33,14 @@ HOT_PATH_LOSSES = {
     "CosFaceLoss": (lambda: L.CosFaceLoss(C, D), {}),
     "SoftTripleLoss": (lambda: L.SoftTripleLoss(C, D), {}),
     "ProxyNCALoss": (lambda: L.ProxyNCALoss(C, D), {}),
-    "ProxyAnchorLoss": (lambda: L.ProxyAnchorLoss(C, D), {"aten._unique2.default": 1}),
+    "ProxyAnchorLoss": (lambda: L.ProxyAnchorLoss(C, D), {}),
+    # more proxies than the batch has candidates: the static block of the batch's proxies, repeats masked
+    "ProxyAnchorLoss (200 classes)": (lambda: L.ProxyAnchorLoss(MANY, D), {}),
+    "ProxyAnchorLoss (K=2, nearest)": (lambda: L.ProxyAnchorLoss(MANY, D, proxies_per_class=2, assignment="nearest"), {}),
+    "ProxyAnchorLoss (fractional)": (lambda: L.ProxyAnchorLoss(MANY, D, proxies_per_class=0.5), {}),
+    "ProxyAnchorLoss (medium)": (lambda: L.ProxyAnchorLoss(MANY, D, matmul_precision="medium"), {}),
+    "ProxyNCALoss (medium)": (lambda: L.ProxyNCALoss(MANY, D, matmul_precision="medium"), {}),
+    "SoftTripleLoss (medium)": (lambda: L.SoftTripleLoss(MANY, D, matmul_precision="medium"), {}),
     "TripletMarginLoss": (lambda: L.TripletMarginLoss(), {"aten.nonzero.default": 1}),
     "LiftedStructureLoss": (lambda: L.LiftedStructureLoss(), {}),
     "GeneralizedLiftedStructureLoss": (lambda: L.GeneralizedLiftedStructureLoss(), {}),
