@@ -6,6 +6,9 @@ losses below makes no synchronisation but the documented ones:
 
 * TripletMarginLoss: one ``nonzero`` listing the positive pairs (the triplets are enumerated per pair
   in chunks; the list's length is the data's).
+* CircleLoss: one read (is there an anchor with a positive and a negative?); NTXentLoss and SupConLoss:
+  one (is there a positive pair and a negative pair?). The reducer's count (mean of the non-zero terms) stays on
+  the device, and NT-Xent's selected terms are masked, not indexed.
 
 Under ``DMLKIT_TEST_DEVICE=cuda`` (``scripts/gpu_check.sh``) the same calls run on that device.
 """
@@ -17,6 +20,7 @@ import torch
 
 import dmlkit._validation as validation
 import dmlkit.losses as L
+import dmlkit.mining as M
 from dmlkit.exceptions import DataError
 
 from ._host_syncs import count_host_syncs
@@ -42,6 +46,10 @@ HOT_PATH_LOSSES = {
     "ProxyNCALoss (medium)": (lambda: L.ProxyNCALoss(MANY, D, matmul_precision="medium"), {}),
     "SoftTripleLoss (medium)": (lambda: L.SoftTripleLoss(MANY, D, matmul_precision="medium"), {}),
     "TripletMarginLoss": (lambda: L.TripletMarginLoss(), {"aten.nonzero.default": 1}),
+    # the reducer's divisor stays a tensor; left: the "anything to contrast?" reads before the closed form
+    "CircleLoss": (lambda: L.CircleLoss(), {"aten._local_scalar_dense.default": 1}),
+    "NTXentLoss": (lambda: L.NTXentLoss(), {"aten._local_scalar_dense.default": 1}),
+    "SupConLoss": (lambda: L.SupConLoss(), {"aten._local_scalar_dense.default": 1}),
     "LiftedStructureLoss": (lambda: L.LiftedStructureLoss(), {}),
     "GeneralizedLiftedStructureLoss": (lambda: L.GeneralizedLiftedStructureLoss(), {}),
     "ContrastiveLoss": (lambda: L.ContrastiveLoss(), {}),
@@ -105,3 +113,25 @@ def test_out_of_range_labels_still_raise_on_both_branches(labels, monkeypatch):
     monkeypatch.setattr(validation, "reads_on_host", lambda tensor: False)
     with pytest.raises(RuntimeError, match=rf"labels must lie in \[0, {C}\) for num_classes={C}"):
         loss(x, y)  # the queued assertion (on a GPU it fires at the next synchronisation)
+
+
+#: Miners list index tuples sized by the data, so each makes at least one read; ``name: (factory, syncs)``.
+MINERS = {
+    "BatchHardMiner": (lambda: M.BatchHardMiner(), {"aten.nonzero.default": 1}),
+    # the positive pairs, then the kept (pair, negative) entries: two lists, memory O(pairs x B), not O(B^3)
+    "TripletMarginMiner": (lambda: M.TripletMarginMiner(type_of_triplets="semihard"), {"aten.nonzero.default": 2}),
+    "BatchEasyHardMiner": (lambda: M.BatchEasyHardMiner(), {"aten.nonzero.default": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(MINERS))
+def test_miners_make_one_read_per_index_list(name, batch, test_device, as_on_an_accelerator):
+    factory, expected = MINERS[name]
+    miner = factory()
+    x, y = batch
+    reference = miner(x, y).to_indices_tuple()
+    with count_host_syncs() as counts:
+        mined = miner(x, y)
+    assert dict(counts) == expected
+    mined = mined.to_indices_tuple()
+    assert all(torch.equal(a, b) for a, b in zip(mined, reference)) and mined[0].numel() > 0

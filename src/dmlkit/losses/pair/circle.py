@@ -24,7 +24,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, in_input_precision, reduces_from_counts, require_orientation
+from dmlkit.losses.pair.terms import Pairwise, count_divisor, in_input_precision, reduces_from_counts, require_orientation
 
 
 @LOSSES.register("circle")
@@ -85,7 +85,7 @@ class CircleLoss(PairLoss):
             valid = valid[:, None]
             total = torch.where(valid, totals[0].log() + totals[1].log() + shifts[0] + shifts[1], 0.0)
             terms = torch.where(valid, F.softplus(total), 0.0).squeeze(1)
-            divisor = max(float(self.reducer.divisor(terms.numel(), int((terms > 0).sum()))), 1.0)
+            divisor = count_divisor(self.reducer, terms.numel(), (terms > 0).sum())
             weight = torch.where(valid, torch.sigmoid(total), 0.0) / divisor
             softmax = exps[0] / totals[0].clamp_min(1e-300) + exps[1] / totals[1].clamp_min(1e-300)
             grad = softmax.mul_(slope).mul_(weight)
