@@ -52,17 +52,19 @@ class _TemperatureLoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         pos, neg = masks.positive, masks.negative
-        if not bool(pos.any() & neg.any()):  # nothing to contrast (one read of the device, not two)
-            return zero_loss(batch.embeddings, batch.references)
+        contrast = pos.any() & neg.any()  # PML: a loss of 0 without a positive pair and a negative pair
         sign = 1.0 if self.distance.is_inverted else -1.0  # logits: s / T, or -d / T
         if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer
+            if not bool(contrast):
+                return zero_loss(batch.embeddings, batch.references)
             mat = self.distance.matrix(batch.embeddings, batch.references)
             terms, selected = self.terms(pos, neg, mat * (sign / self.temperature))
             return self.reducer(terms, selected)
         pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         with torch.no_grad():
             logits = pairs.mat * (sign / self.temperature)
-            terms, selected, grad = self.closed_form(pos, neg, logits)
+            # nothing to contrast: no positive pair is kept, so every term and gradient is an exact 0 (no read)
+            terms, selected, grad = self.closed_form(pos & contrast, neg, logits)
             if selected is None:
                 num_selected, kept = terms.numel(), terms
             else:  # masked, not indexed: no output sized by the data
