@@ -101,19 +101,17 @@ class BatchEasyHardMiner(BaseMiner):
                 pos_pick = self._pick(mat, pos_ok, farthest=self.pos_strategy == "hard")
             if self.neg_strategy != "all":
                 neg_pick = self._pick(mat, neg_ok, farthest=self.neg_strategy == "easy")
-        rows = torch.arange(mat.shape[0], device=mat.device)
         if pos_pick is None and neg_pick is None:  # "all" and "all": every pair
             return PairSelection(positive, negative, listed=(*positive.nonzero(as_tuple=True),
                                                              *negative.nonzero(as_tuple=True)))
         if pos_pick is not None and neg_pick is not None:
-            keep = pos_pick[2] & neg_pick[2]
-            a = rows[keep]
-            return PairSelection.from_pairs(a, pos_pick[1][keep], a, neg_pick[1][keep], *mat.shape)
+            a = (pos_pick[2] & neg_pick[2]).nonzero().squeeze(1)  # the kept anchors: one read, then gathers
+            return PairSelection.from_pairs(a, pos_pick[1][a], a, neg_pick[1][a], *mat.shape)
         # "all" takes every pair, outside the allowed range too (as pytorch-metric-learning does);
         # its mask is the label mask itself, the picked side one entry per kept anchor.
         picked = pos_pick if pos_pick is not None else neg_pick
-        keep = picked[2]
-        a, other = rows[keep], picked[1][keep]
+        a = picked[2].nonzero().squeeze(1)
+        other = picked[1][a]
         one = torch.zeros_like(positive)
         one[a, other] = True
         if pos_pick is None:

@@ -223,8 +223,29 @@ class ProxyBank(nn.Module):
         return groups[:, None] * k + torch.arange(k, device=groups.device)[None, :]
 
     def present_columns(self, labels: torch.Tensor) -> torch.Tensor:
-        """Sorted indices ``[U]`` of the proxies whose class (group) occurs in ``labels``."""
+        """Sorted indices ``[U]`` of the proxies whose class (group) occurs in ``labels``.
+
+        ``U`` depends on the labels' values (a host synchronisation on a card); the losses use
+        :meth:`batch_columns`, the same set in a block whose size depends on shapes only.
+        """
         return torch.unique(self.candidate_columns(labels))
+
+    def batch_columns(self, labels: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The proxies of the classes (groups) in ``labels [B]`` as a block of static shape: ``(columns, first)``.
+
+        ``columns [n]`` (``n = B*K``, or ``B`` when fractional) are the batch's candidate proxies sorted, each
+        proxy of :meth:`present_columns` once or several times in a row; ``first [n]`` (bool) marks the first
+        of each run, so a rule that counts every present proxy once keeps ``first`` and masks the repeats.
+        No output is sized by the labels' values, so nothing waits for a card. When ``n >= num_proxies``
+        the block would be no smaller than the whole bank: ``(None, None)`` then means every proxy.
+        """
+        candidates = self.candidate_columns(labels).reshape(-1)
+        if candidates.numel() >= self.num_proxies:
+            return None, None
+        columns = torch.sort(candidates).values
+        first = torch.ones_like(columns, dtype=torch.bool)
+        torch.ne(columns[1:], columns[:-1], out=first[1:])
+        return columns, first
 
     # ------------------------------------------------------------------------- assignment
     def assign(
@@ -234,12 +255,14 @@ class ProxyBank(nn.Module):
         assignment: str = "static",
         columns: torch.Tensor | None = None,
         check: bool = True,
+        first: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positive [B, P], negative [B, P])`` proxy masks for each sample (``check``: see :meth:`groups`).
 
         ``similarity [B, P]`` is larger-is-closer; with ``columns [U]`` it holds only those
         proxies (``[B, U]``; for ``"nearest"`` they must include every candidate proxy of the
-        batch, e.g. :meth:`present_columns`). Rules (Proxy-NCA Sec. 4.1, Eq. (5)):
+        batch, e.g. :meth:`present_columns`, or :meth:`batch_columns` with its ``first [U]``: then a
+        repeated column is neither positive nor negative). Rules (Proxy-NCA Sec. 4.1, Eq. (5)):
 
         * ``"static"``: positives are all proxies of the sample's class (``K`` of them; the one
           pre-assigned proxy when fractional); negatives are all other proxies.
@@ -255,14 +278,18 @@ class ProxyBank(nn.Module):
             )
         candidates = self.candidate_mask(labels, columns, check)
         if assignment == "static" or (assignment == "nearest" and self.proxies_per_class == 1):
-            return candidates, ~candidates
-        if assignment == "nearest":
+            positive = candidates
+        elif assignment == "nearest":
+            # argmax takes the first of equal maxima: a proxy's first column in a sorted block
             masked = similarity.detach().masked_fill(~candidates, float("-inf"))
             nearest = masked.argmax(dim=1)
             positive = torch.zeros_like(candidates)
             positive[torch.arange(similarity.shape[0], device=similarity.device), nearest] = True
+        else:
+            raise InvalidParameterError(f"assignment must be one of {ASSIGNMENTS}. Got {assignment!r} instead.")
+        if first is None:
             return positive, ~candidates
-        raise InvalidParameterError(f"assignment must be one of {ASSIGNMENTS}. Got {assignment!r} instead.")
+        return positive & first, (~candidates).logical_and_(first)
 
     # ---------------------------------------------------------------------- initialisation
     @torch.no_grad()

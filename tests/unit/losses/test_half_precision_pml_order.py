@@ -1,4 +1,5 @@
-"""float16 batches where PML's float16 tests decide the last bits: Circle, N-pair and ranked list losses.
+"""float16 batches where PML's float16 tests decide the last bits: Circle, N-pair and ranked list losses
+(and L-Softmax, whose float16 test fails on its own reference's overflow).
 
 PML computes these losses in the embeddings' dtype and its own float16 tests compare against their
 formulas evaluated that way (``isclose`` at its default ``rtol=1e-5`` for Circle and N-pair, which in
@@ -155,3 +156,33 @@ def test_a_bfloat16_batch_keeps_the_float32_accumulation(make):
     loss = make()(x, y)
     assert loss.dtype == torch.bfloat16
     assert loss == make()(x.float(), y).to(torch.bfloat16)
+
+
+def large_margin_reference(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, margin: int, scale: float) -> torch.Tensor:
+    """Per-sample L-Softmax losses (Liu et al. 2016 Eq. (4)-(6)): the target logit ``|x||W_y| psi(theta)`` with
+    ``psi = (-1)^k cos(m theta) - 2k``, ``k = floor(m theta / pi)``; the others ``|x||W_j| cos``; float64."""
+    x, w = x.double(), w.double()
+    magnitudes = x.norm(dim=1)[:, None] * w.norm(dim=0)[None, :]
+    cos = (x @ w) / magnitudes
+    theta = torch.acos(cos.gather(1, y[:, None]).clamp(-1, 1))
+    k = torch.floor(theta * margin / math.pi)
+    psi = torch.where(k % 2 == 0, 1.0, -1.0) * torch.cos(margin * theta) - 2 * k
+    logits = cos.scatter(1, y[:, None], psi) * magnitudes * scale
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def test_large_margin_softmax_of_a_float16_batch_where_a_float16_sum_overflows():
+    """PML's float16 test of L-Softmax (angles 0..179 degrees, scaled ellipse, margin 10, scale 2) fails for both
+    PML and dmlkit when its float16 reference's mean over 180 samples sums past float16's largest value (65504):
+    the reference is then ``inf``. dmlkit's loss is the float32 mean rounded once, finite and equal to the equation."""
+    from dmlkit.losses import LargeMarginSoftmaxLoss
+
+    angles = torch.arange(180, dtype=torch.float64).deg2rad()
+    x = (torch.stack([angles.cos() * 2, angles.sin() * 0.5], dim=1) * 10).to(HALF)
+    y = torch.randint(0, 10, (180,), generator=torch.Generator().manual_seed(1))
+    loss_fn = LargeMarginSoftmaxLoss(num_classes=10, embedding_size=2, margin=10, scale=2)
+    value = loss_fn(x, y)
+    per_sample = large_margin_reference(x, loss_fn.W.detach(), y, 10, 2.0)
+    assert per_sample.sum() > torch.finfo(HALF).max  # a float16 accumulation of this mean overflows
+    assert value.dtype == HALF and torch.isfinite(value)
+    assert value.double().item() == pytest.approx(per_sample.mean().item(), rel=2e-3)

@@ -6,8 +6,6 @@ losses below makes no synchronisation but the documented ones:
 
 * TripletMarginLoss: one ``nonzero`` listing the positive pairs (the triplets are enumerated per pair
   in chunks; the list's length is the data's).
-* ProxyAnchorLoss: one ``unique`` of the proxies whose class is in the batch (Eq. (4)'s ``P+``; the
-  loss sums over exactly those columns).
 
 Under ``DMLKIT_TEST_DEVICE=cuda`` (``scripts/gpu_check.sh``) the same calls run on that device.
 """
@@ -19,11 +17,13 @@ import torch
 
 import dmlkit._validation as validation
 import dmlkit.losses as L
+import dmlkit.mining as M
 from dmlkit.exceptions import DataError
 
 from ._host_syncs import count_host_syncs
 
 B, D, C = 64, 16, 40
+MANY = 200
 
 #: ``name: (factory, the syncs a forward + backward may make)``.
 HOT_PATH_LOSSES = {
@@ -34,8 +34,19 @@ HOT_PATH_LOSSES = {
     "CosFaceLoss": (lambda: L.CosFaceLoss(C, D), {}),
     "SoftTripleLoss": (lambda: L.SoftTripleLoss(C, D), {}),
     "ProxyNCALoss": (lambda: L.ProxyNCALoss(C, D), {}),
-    "ProxyAnchorLoss": (lambda: L.ProxyAnchorLoss(C, D), {"aten._unique2.default": 1}),
+    "ProxyAnchorLoss": (lambda: L.ProxyAnchorLoss(C, D), {}),
+    # more proxies than the batch has candidates: the static block of the batch's proxies, repeats masked
+    "ProxyAnchorLoss (200 classes)": (lambda: L.ProxyAnchorLoss(MANY, D), {}),
+    "ProxyAnchorLoss (K=2, nearest)": (lambda: L.ProxyAnchorLoss(MANY, D, proxies_per_class=2, assignment="nearest"), {}),
+    "ProxyAnchorLoss (fractional)": (lambda: L.ProxyAnchorLoss(MANY, D, proxies_per_class=0.5), {}),
+    "ProxyAnchorLoss (medium)": (lambda: L.ProxyAnchorLoss(MANY, D, matmul_precision="medium"), {}),
+    "ProxyNCALoss (medium)": (lambda: L.ProxyNCALoss(MANY, D, matmul_precision="medium"), {}),
+    "SoftTripleLoss (medium)": (lambda: L.SoftTripleLoss(MANY, D, matmul_precision="medium"), {}),
     "TripletMarginLoss": (lambda: L.TripletMarginLoss(), {"aten.nonzero.default": 1}),
+    # the reducer's count and "anything to contrast?" stay on the device
+    "CircleLoss": (lambda: L.CircleLoss(), {}),
+    "NTXentLoss": (lambda: L.NTXentLoss(), {}),
+    "SupConLoss": (lambda: L.SupConLoss(), {}),
     "LiftedStructureLoss": (lambda: L.LiftedStructureLoss(), {}),
     "GeneralizedLiftedStructureLoss": (lambda: L.GeneralizedLiftedStructureLoss(), {}),
     "ContrastiveLoss": (lambda: L.ContrastiveLoss(), {}),
@@ -99,3 +110,25 @@ def test_out_of_range_labels_still_raise_on_both_branches(labels, monkeypatch):
     monkeypatch.setattr(validation, "reads_on_host", lambda tensor: False)
     with pytest.raises(RuntimeError, match=rf"labels must lie in \[0, {C}\) for num_classes={C}"):
         loss(x, y)  # the queued assertion (on a GPU it fires at the next synchronisation)
+
+
+#: Miners list index tuples sized by the data, so each makes at least one read; ``name: (factory, syncs)``.
+MINERS = {
+    "BatchHardMiner": (lambda: M.BatchHardMiner(), {"aten.nonzero.default": 1}),
+    # the positive pairs, then the kept (pair, negative) entries: two lists, memory O(pairs x B), not O(B^3)
+    "TripletMarginMiner": (lambda: M.TripletMarginMiner(type_of_triplets="semihard"), {"aten.nonzero.default": 2}),
+    "BatchEasyHardMiner": (lambda: M.BatchEasyHardMiner(), {"aten.nonzero.default": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(MINERS))
+def test_miners_make_one_read_per_index_list(name, batch, test_device, as_on_an_accelerator):
+    factory, expected = MINERS[name]
+    miner = factory()
+    x, y = batch
+    reference = miner(x, y).to_indices_tuple()
+    with count_host_syncs() as counts:
+        mined = miner(x, y)
+    assert dict(counts) == expected
+    mined = mined.to_indices_tuple()
+    assert all(torch.equal(a, b) for a, b in zip(mined, reference)) and mined[0].numel() > 0

@@ -93,3 +93,21 @@ def test_terms_handed_to_a_reducer_equal_the_closed_form_path(make_batch):
         value.backward()
         results.append((value.detach(), e.grad))
     torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 1, 1, 2, 3], [0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]])
+def test_anchors_without_positives_or_negatives_keep_the_gradient_finite(labels):
+    """A singleton class (an anchor without positives) gave NaN gradients through the closed form (0 / 0 where a
+    float32 clamp at 1e-300 is 0); no anchor with both kinds of pairs gives PML's 0, read nowhere on the host."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.tensor(labels)
+    for dtype in (torch.float32, torch.float64):
+        ours, theirs = x.to(dtype).requires_grad_(True), x.to(dtype).requires_grad_(True)
+        a, b = CircleLoss()(ours, y), pml_losses.CircleLoss()(theirs, y)
+        a.backward()
+        if b.requires_grad:
+            b.backward()
+        expected = torch.zeros_like(theirs) if theirs.grad is None else theirs.grad
+        assert torch.isfinite(ours.grad).all()
+        torch.testing.assert_close(a, b.to(a.dtype), rtol=1e-5, atol=0.0)
+        torch.testing.assert_close(ours.grad, expected, rtol=1e-4, atol=1e-6)

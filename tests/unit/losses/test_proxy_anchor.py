@@ -80,17 +80,21 @@ def test_gradient_matches_equation_6(C, K, B):
     assert value.item() == pytest.approx(ref, rel=1e-10)
 
 
-def fused(loss, xn, pn, y, assignment):
-    """The module's fused kernel applied to explicit normalised embeddings and raw proxies."""
+def fused(loss, xn, pn, y, assignment, unique=False):
+    """The module's fused kernel applied to explicit normalised embeddings and raw proxies.
+
+    ``unique``: the block of present proxies is ``torch.unique``'s (each proxy once, sized by the labels'
+    values) instead of the static-shape block the loss uses (repeats masked).
+    """
     from functools import partial
 
     from dmlkit.losses.proxy._fused import fused_proxy_loss
     from dmlkit.losses.proxy.proxy_anchor import proxy_anchor_kernel
 
-    cols = loss.bank.present_columns(y)
+    cols, first = (loss.bank.present_columns(y), None) if unique else loss.bank.batch_columns(y)
 
     def assign(present_z):
-        return loss.bank.assign(present_z, y, assignment, columns=cols)
+        return loss.bank.assign(present_z, y, assignment, columns=cols, first=first)
 
     kernel = partial(proxy_anchor_kernel, columns=cols, assign=assign, alpha=loss.alpha, margin=loss.margin)
     return fused_proxy_loss(xn, pn, kernel, loss.alpha)
@@ -112,6 +116,25 @@ def test_gradcheck(K, assignment):
     assert torch.autograd.gradcheck(of_inputs, (x, proxies))
     assert torch.autograd.gradcheck(lambda e: loss(e, y), (x,))
     assert loss(x, y).item() == pytest.approx(of_inputs(x, proxies).item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("K,assignment,C,B", [(1, "static", 40, 16), (2, "static", 40, 16), (3, "nearest", 40, 16),
+                                               (1, "static", 12, 8), (1, "static", 3, 16)])
+def test_static_block_equals_the_unique_columns(K, assignment, C, B):
+    """The static-shape block (sorted candidates, repeats masked; or every proxy when the batch's candidates are
+    as many as the proxies) gives the value and gradients of the route over ``torch.unique``'s columns."""
+    g = torch.Generator().manual_seed(K * 100 + C)
+    x = torch.nn.functional.normalize(torch.randn(B, 6, generator=g, dtype=torch.float64), dim=1)
+    y = torch.randint(0, min(C, B // 2), (B,), generator=g)  # classes repeat in the batch
+    loss = ProxyAnchorLoss(C, 6, alpha=16, proxies_per_class=K, assignment=assignment).double()
+    results = []
+    for unique in (True, False):
+        xn, pn = x.clone().requires_grad_(True), loss.proxies.detach().clone().requires_grad_(True)
+        value = fused(loss, xn, pn, y, assignment, unique=unique)
+        results.append((value, *torch.autograd.grad(value, (xn, pn))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
+    assert results[0][2].abs().sum() > 0
 
 
 @pytest.mark.parametrize("seed", [0, 1])

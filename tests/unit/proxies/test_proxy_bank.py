@@ -58,6 +58,23 @@ def test_assignment_rules():
         bank.assign(sim, labels, "random")
 
 
+@pytest.mark.parametrize("K", [1, 3, 0.5])
+def test_batch_columns_hold_the_present_proxies_once_each_in_a_static_shape(K):
+    bank = ProxyBank(20, 2, proxies_per_class=K)
+    labels = torch.tensor([17, 2, 17, 17, 0])
+    columns, first = bank.batch_columns(labels)
+    width = 1 if K < 1 else K
+    assert columns.shape == first.shape == (labels.numel() * width,)  # sized by the batch, not by its values
+    assert torch.equal(columns[first], bank.present_columns(labels))
+    assert torch.equal(columns, columns.sort().values)
+    sim = torch.randn(5, columns.numel())
+    pos, neg = bank.assign(sim, labels, "static", columns=columns, first=first)
+    assert not (pos | neg)[:, ~first].any()  # repeats are neither positive nor negative
+    unique_pos, unique_neg = bank.assign(sim[:, first], labels, "static", columns=columns[first])
+    assert torch.equal(pos[:, first], unique_pos) and torch.equal(neg[:, first], unique_neg)
+    assert bank.batch_columns(torch.arange(20)) == (None, None)  # as many candidates as proxies
+
+
 def test_dynamic_triplets_use_the_positive_and_negative_samples_nearest_proxies():
     """Proxy-NCA Sec. 4.1: (x, p(y), p(Z)) with p = nearest proxy of that sample (Eq. (5))."""
     sim = torch.tensor([[0.9, 0.1, 0.0],   # sample 0 (label 0): nearest proxy 0

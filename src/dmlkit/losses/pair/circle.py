@@ -24,7 +24,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, in_input_precision, reduces_from_counts, require_orientation
+from dmlkit.losses.pair.terms import Pairwise, count_divisor, in_input_precision, reduces_from_counts, require_orientation
 
 
 @LOSSES.register("circle")
@@ -60,10 +60,10 @@ class CircleLoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         pos, neg = masks.positive, masks.negative
-        valid = pos.any(1) & neg.any(1)
-        if not valid.any():
-            return zero_loss(batch.embeddings, batch.references)
+        valid = pos.any(1) & neg.any(1)  # anchors with both kinds of pairs; none: a loss of 0 (PML)
         if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer: autograd
+            if not bool(valid.any()):
+                return zero_loss(batch.embeddings, batch.references)
             s = in_input_precision(self.distance.matrix(batch.embeddings, batch.references), self.distance, batch)
             slope = self._slopes(s.detach(), pos)
             logits = slope * self._centred(s, pos)
@@ -85,9 +85,10 @@ class CircleLoss(PairLoss):
             valid = valid[:, None]
             total = torch.where(valid, totals[0].log() + totals[1].log() + shifts[0] + shifts[1], 0.0)
             terms = torch.where(valid, F.softplus(total), 0.0).squeeze(1)
-            divisor = max(float(self.reducer.divisor(terms.numel(), int((terms > 0).sum()))), 1.0)
+            divisor = count_divisor(self.reducer, terms.numel(), (terms > 0).sum())
             weight = torch.where(valid, torch.sigmoid(total), 0.0) / divisor
-            softmax = exps[0] / totals[0].clamp_min(1e-300) + exps[1] / totals[1].clamp_min(1e-300)
+            tiny = torch.finfo(totals[0].dtype).tiny  # an anchor without positives (or negatives): 0 / tiny = 0
+            softmax = exps[0] / totals[0].clamp_min(tiny) + exps[1] / totals[1].clamp_min(tiny)
             grad = softmax.mul_(slope).mul_(weight)
         return pairs.attach(terms.sum() / divisor, grad)
 

@@ -21,7 +21,7 @@ from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import masked_logsumexp
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, reduces_from_counts
+from dmlkit.losses.pair.terms import Pairwise, count_divisor, reduces_from_counts
 
 ELEMENT_REDUCTIONS = ("mean", "mean_nonzero", "sum", "threshold")
 
@@ -52,20 +52,25 @@ class _TemperatureLoss(PairLoss):
     def compute_pair_loss(self, batch: PairBatch) -> torch.Tensor:
         masks = batch.pair_masks()
         pos, neg = masks.positive, masks.negative
-        if not (pos.any() and neg.any()):  # nothing to contrast
-            return zero_loss(batch.embeddings, batch.references)
+        contrast = pos.any() & neg.any()  # PML: a loss of 0 without a positive pair and a negative pair
         sign = 1.0 if self.distance.is_inverted else -1.0  # logits: s / T, or -d / T
         if not reduces_from_counts(self.reducer):  # the terms themselves go to the reducer
+            if not bool(contrast):
+                return zero_loss(batch.embeddings, batch.references)
             mat = self.distance.matrix(batch.embeddings, batch.references)
             terms, selected = self.terms(pos, neg, mat * (sign / self.temperature))
             return self.reducer(terms, selected)
         pairs = Pairwise(self.distance, batch.embeddings, batch.references, batch.same_set)
         with torch.no_grad():
             logits = pairs.mat * (sign / self.temperature)
-            terms, selected, grad = self.closed_form(pos, neg, logits)
-            kept = terms if selected is None else terms[selected]
-            divisor = max(float(self.reducer.divisor(kept.numel(), int((kept > 0).sum()))), 1.0)
-            grad.mul_(sign / (self.temperature * divisor))
+            # nothing to contrast: no positive pair is kept, so every term and gradient is an exact 0 (no read)
+            terms, selected, grad = self.closed_form(pos & contrast, neg, logits)
+            if selected is None:
+                num_selected, kept = terms.numel(), terms
+            else:  # masked, not indexed: no output sized by the data
+                num_selected, kept = selected.sum(), terms.masked_fill(~selected, 0.0)
+            divisor = count_divisor(self.reducer, num_selected, (kept > 0).sum())
+            grad.mul_(sign / self.temperature).div_(divisor)
         return pairs.attach(kept.sum() / divisor, grad)
 
     def terms(self, pos: torch.Tensor, neg: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -26,7 +26,7 @@ from dmlkit.exceptions import AssertedParameterError, InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch
-from dmlkit.losses.pair.terms import Pairwise, in_input_precision, reduces_from_counts, require_orientation
+from dmlkit.losses.pair.terms import Pairwise, count_divisor, in_input_precision, reduces_from_counts, require_orientation
 
 #: PML's guard, added once per reference to each anchor's weight sums.
 WEIGHT_EPS = 1e-5
@@ -115,6 +115,6 @@ class RankedListLoss(PairLoss):
         terms = (1 - self.imbalance) * loss_p + self.imbalance * loss_n
         if not closed_form:
             return self.reducer(terms)
-        divisor = max(float(self.reducer.divisor(terms.numel(), int((terms > 0).sum()))), 1.0)
+        divisor = count_divisor(self.reducer, terms.numel(), (terms > 0).sum())
         grad = ((1 - self.imbalance) * slope_p - self.imbalance * slope_n) / divisor  # dt/dd: +1, -1
         return pairs.attach(terms.sum() / divisor, grad)

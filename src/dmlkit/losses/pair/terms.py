@@ -171,6 +171,13 @@ def require_orientation(distance: BaseDistance, owner: str, similarity: bool, wh
         raise InvalidParameterError(f"The 'distance' parameter of {owner} must be {what}. Got {distance!r} instead.")
 
 
+def count_divisor(reducer: object, num_selected: int | torch.Tensor, num_nonzero: torch.Tensor) -> int | torch.Tensor:
+    """``reducer.divisor(num_selected, num_nonzero)``, at least 1 (no terms: a loss of 0, not NaN), in the counts'
+    type: a count kept as a tensor is never read by the host (no synchronisation on a card)."""
+    divisor = reducer.divisor(num_selected, num_nonzero)
+    return divisor.clamp_min(1) if isinstance(divisor, torch.Tensor) else max(divisor, 1)
+
+
 def reduces_from_counts(reducer: object) -> bool:
     """Whether ``reducer`` divides the sum of the terms by a count (``reducer.divisor``), so a loss
     with a closed-form gradient need not hand it the terms."""

@@ -198,15 +198,17 @@ class ProxyLoss(MetricLoss):
         kernel: Kernel,
         scale: float,
         labels: torch.Tensor,
-        columns: torch.Tensor | None = None,
+        block: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """:func:`fused_proxy_loss` with this loss's scratch buffers and ``matmul_precision`` (in
-        ``"medium"``, the proxies of ``labels``' classes stay fp32; ``columns`` = those proxies'
-        rows when the caller already has them)."""
-        exact = None
-        if self.matmul_precision == "medium":
-            exact = self.bank.present_columns(labels) if columns is None else columns
-        return fused_proxy_loss(xn, proxies, kernel, scale, self._workspace, self.matmul_precision, exact)
+        ``"medium"``, the proxies of ``labels``' classes stay fp32; ``block`` = their
+        :meth:`ProxyBank.batch_columns` when the caller already has it)."""
+        precision, exact, first = self.matmul_precision, None, None
+        if precision == "medium":
+            exact, first = self.bank.batch_columns(labels) if block is None else block
+            if exact is None:  # every proxy is a candidate of the batch: all products stay fp32
+                precision = "highest"
+        return fused_proxy_loss(xn, proxies, kernel, scale, self._workspace, precision, exact, first)
 
     def reject_kwargs(self, kwargs: dict) -> None:
         """Raise on keyword arguments this loss does not use (miner pairs, ref_emb, ...), never ignore them."""

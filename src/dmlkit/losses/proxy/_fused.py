@@ -74,7 +74,7 @@ class _FusedProxyLoss(torch.autograd.Function):
     """``kernel(scale * pn xn^T)`` with the gradients of the module docstring, found in ``forward``."""
 
     @staticmethod
-    def forward(ctx, xn, proxies, kernel, scale, need_xn, need_proxies, workspace, exact_rows):
+    def forward(ctx, xn, proxies, kernel, scale, need_xn, need_proxies, workspace, exact_rows, exact_first):
         workspace = Workspace() if workspace is None else workspace
         inv_norm = inverse_row_norms(proxies)
         shape = (proxies.shape[0], xn.shape[0])
@@ -96,6 +96,8 @@ class _FusedProxyLoss(torch.autograd.Function):
         grad_xn = grad_proxies = None
         if grad_z is not None and exact_rows is not None:
             exact_grad = grad_z.index_select(0, exact_rows)
+            if exact_first is not None:  # a repeated row counts once: its copies add zeros below
+                exact_grad.mul_(exact_first[:, None])
             grad_z = low.copy_(grad_z).index_fill_(0, exact_rows, 0.0)
         if need_xn:
             grad_xn = torch.mm(grad_z.T, unit_low).to(xn.dtype)
@@ -106,7 +108,7 @@ class _FusedProxyLoss(torch.autograd.Function):
             weighted = xn if row_factor is None else xn * row_factor[:, None]
             grad_unit = matmul_nt(grad_z, weighted.T.to(grad_z.dtype)).to(proxies.dtype)
             if exact_rows is not None:
-                grad_unit.index_copy_(0, exact_rows, torch.mm(exact_grad, weighted))
+                grad_unit.index_fill_(0, exact_rows, 0.0).index_add_(0, exact_rows, torch.mm(exact_grad, weighted))
             grad_proxies = tangent_(grad_unit, unit, workspace.get("product", tuple(proxies.shape), unit))
             grad_proxies.mul_((inv_norm * scale)[:, None])
         ctx.save_for_backward(grad_xn, grad_proxies)
@@ -120,7 +122,7 @@ class _FusedProxyLoss(torch.autograd.Function):
             grad_xn = grad_xn * grad_output
         if grad_proxies is not None:
             grad_proxies = grad_proxies * grad_output
-        return grad_xn, grad_proxies, None, None, None, None, None, None
+        return grad_xn, grad_proxies, None, None, None, None, None, None, None
 
 
 def fused_proxy_loss(
@@ -131,6 +133,7 @@ def fused_proxy_loss(
     workspace: Optional[Workspace] = None,
     matmul_precision: str = "highest",
     exact_rows: Optional[torch.Tensor] = None,
+    exact_first: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``kernel`` applied to ``z = scale * normalize(proxies) xn^T [P, B]``, differentiable in ``xn`` and ``proxies``.
 
@@ -139,7 +142,9 @@ def fused_proxy_loss(
     class's proxies, and reductions over ``K`` run along a contiguous batch dimension.
     ``matmul_precision="medium"`` runs the products in bf16 (see the module docstring) except
     for the proxies ``exact_rows`` (those of the batch's classes: every positive), which stay
-    fp32; it applies to fp32 inputs only (fp64 stays exact).
+    fp32; it applies to fp32 inputs only (fp64 stays exact). ``exact_rows`` may repeat a row (a block of
+    :meth:`ProxyBank.batch_columns`, whose size does not depend on the labels' values) when ``exact_first``
+    marks the first of each repeat.
     """
     if matmul_precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}, got {matmul_precision!r}.")
@@ -147,8 +152,8 @@ def fused_proxy_loss(
     if matmul_precision == "medium" and proxies.dtype == torch.float32:
         exact_rows = proxies.new_empty(0, dtype=torch.long) if exact_rows is None else exact_rows
     else:
-        exact_rows = None
+        exact_rows = exact_first = None
     return _FusedProxyLoss.apply(
         xn, proxies, kernel, float(scale), grad and xn.requires_grad, grad and proxies.requires_grad, workspace,
-        exact_rows,
+        exact_rows, exact_first,
     )

@@ -39,7 +39,7 @@ Assign = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
 def proxy_anchor_kernel(
-    z: torch.Tensor, need_grad: bool, columns: torch.Tensor, assign: Assign, alpha: float, margin: float
+    z: torch.Tensor, need_grad: bool, columns: torch.Tensor | None, assign: Assign, alpha: float, margin: float
 ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
     """Eq. (4) and its gradient Eq. (6) from ``z = alpha * s [P, B]`` (overwritten with ``dl/dz``).
 
@@ -47,13 +47,20 @@ def proxy_anchor_kernel(
     as a negative, so their term is ``softplus(t_p)``, ``t_p = alpha delta + log sum_i E_pi`` with
     ``E_pi = exp(z_pi - m_p)`` (shift ``m_p = 0`` when ``exp`` cannot overflow, else the row
     max), and ``dl/dz_pi = sigmoid(t_p) E_pi / (|P| sum_i E_pi)`` (Eq. (6) divided by ``alpha``).
-    The proxies ``columns [U]`` of classes in the batch are computed exactly on a ``[U, B]`` block
-    (:func:`proxy_anchor_terms`); ``assign(alpha * s[:, columns])`` gives their ``(positive, negative)`` masks.
+    The proxies ``columns [n]`` of classes in the batch (:meth:`ProxyBank.batch_columns`: a proxy may
+    repeat, and ``assign`` gives its repeats neither positives nor negatives, so they add exact zeros)
+    are computed exactly on an ``[n, B]`` block (:func:`proxy_anchor_terms`);
+    ``assign(alpha * s[:, columns])`` gives their ``(positive, negative)`` masks. ``columns=None``: every
+    proxy is in the block (the bank is no larger than the batch's candidates), and there is no bulk.
     """
     num_proxies = z.shape[0]
+    offset = alpha * margin
+    if columns is None:
+        positive, negative = assign(z.T)
+        loss, grad = proxy_anchor_terms(z, positive.T, negative.T, offset, num_proxies)
+        return loss, (grad if need_grad else None), None
     present_z = z.index_select(0, columns)
     positive, negative = assign(present_z.T)
-    offset = alpha * margin
     present, grad_present = proxy_anchor_terms(present_z, positive.T, negative.T, offset, num_proxies)
     exps, sums, lse = exp_sum_(z, 1, alpha)  # |z| <= alpha
     lse = lse.add_(offset)
@@ -61,8 +68,9 @@ def proxy_anchor_kernel(
     loss = present + bulk.sum() / num_proxies
     if not need_grad:
         return loss, None, None
-    coef = torch.sigmoid(lse).div_(sums).div_(num_proxies)
-    return loss, exps.mul_(coef[:, None]).index_copy_(0, columns, grad_present), None
+    coef = torch.sigmoid(lse).div_(sums).div_(num_proxies).index_fill_(0, columns, 0.0)
+    # a repeated column's row of grad_present is zero: adding it leaves the first one's values exact
+    return loss, exps.mul_(coef[:, None]).index_add_(0, columns, grad_present), None
 
 
 @LOSSES.register("proxy_anchor")
@@ -126,10 +134,10 @@ class ProxyAnchorLoss(ProxyLoss):
         self.reject_kwargs(kwargs)
         embeddings, proxies = common_dtype(embeddings, self.proxies)
         xn = normalize_rows(embeddings)
-        columns = self.bank.present_columns(labels)
+        columns, first = self.bank.batch_columns(labels)  # static shapes: no host synchronisation
 
         def assign(present_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # labels checked just above
-            return self.bank.assign(present_z, labels, self.assignment, columns=columns, check=False)
+            return self.bank.assign(present_z, labels, self.assignment, columns=columns, check=False, first=first)
 
         kernel = partial(proxy_anchor_kernel, columns=columns, assign=assign, alpha=self.alpha, margin=self.margin)
-        return self.fused(xn, proxies, kernel, self.alpha, labels, columns)
+        return self.fused(xn, proxies, kernel, self.alpha, labels, (columns, first))
