@@ -21,8 +21,7 @@ A shared machine's interruptions only ever add time, and one slow measurement us
 the second run took Lite0). So a candidate that misses the budget by less than :data:`REMEASURE_WITHIN` times
 is measured again, and a third time when the second was faster than the first by more than
 :data:`DISAGREEMENT` and still missed; the rule reads the fastest of a candidate's measurements (each cost
-separately). A machine that stays
-slow measures slow every time and still gets the smaller backbone.
+separately). A machine that stays slow measures slow every time and still gets the smaller backbone.
 """
 
 from __future__ import annotations
@@ -140,9 +139,9 @@ def choose_backbone(
             measured.append(measure_again(name))  # the fastest of the measurements so far
             gone, usable, embed, train = judged(measured[-1])
         cost = measured[-1]
-        times = "" if len(measured) == 1 else (f"; measured {len(measured)} times, the fastest kept: "
+        times = "" if len(measured) == 1 else (f"; measured {len(measured)} times, the fastest kept (after each: "
                                                + ", ".join(f"{1000 * c.embed:.1f}" for c in measured)
-                                               + " ms an embedded image")
+                                               + " ms an embedded image)")
         left = usable - embed
         epochs = left / (train_images * cost.train_at(train_size)) if left > 0 else 0.0
         if embed + train <= usable:

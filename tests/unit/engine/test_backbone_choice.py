@@ -223,7 +223,7 @@ def test_a_slow_first_measurement_does_not_flip_the_choice():
     machine = Machine(35.8 / 17.0, 1.0)
     name, why = choose_backbone(**MINI, costs=machine.first(), measure_again=machine.measure)
     assert name == LITE2 and len(machine.taken[LITE2]) == 2
-    assert "measured 2 times, the fastest kept: 35.8, 17.0 ms an embedded image" in why
+    assert "measured 2 times, the fastest kept (after each: 35.8, 17.0 ms an embedded image)" in why
 
 
 def test_a_second_measurement_that_disagrees_gets_a_third():
