@@ -78,7 +78,8 @@ def build_model(cfg: RunConfig) -> nn.Module:
                 freeze_bn=m.freeze_bn,
                 frozen_stages=m.frozen_stages or 0,
                 shift_average=m.shift_average or 0,
-            flip_average=bool(m.flip_average),
+                flip_average=bool(m.flip_average),
+                head_init=m.head_init or "kaiming",  # the recipe's identity head for a pretrained backbone
                 **m.args,
             )
         except TypeError as exc:  # a timm model's keyword arguments are known only to timm

@@ -28,6 +28,7 @@ def measured(monkeypatch, tmp_path):
         return FAST
 
     monkeypatch.setattr(backbone_choice, "_measure", measure)
+    monkeypatch.setattr(backbone_choice, "_MEASURED", {})  # nothing measured before in this process
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
