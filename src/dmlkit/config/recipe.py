@@ -15,7 +15,8 @@ field                              rule
 ``train.max_steps``                ``epochs * images / batch_size``; epochs from the data size
                                    (80 for 1,000 images or fewer, then about 80,000 images seen,
                                    at least 10 epochs), between 50 and 2,000 steps
-``train.eval_every``               10 evaluations when there is a validation split, else 1
+``train.eval_every``               10 evaluations when there is a validation split (4 for small
+                                   images in memory trained from scratch), else 1
 ``train.time_budget``              720 s for the whole run when the steps are left to the recipe too
                                    (80 s for small images in memory trained from scratch): the steps
                                    are cut to what fits (``dmlkit.engine.budget``; for a model from
@@ -32,7 +33,8 @@ field                              rule
                                    shifts of up to 2 px; else 0
 ``model.ensemble``                 small images with fewer than 100 images per class: 3 members
                                    (one model's embedding varies much with its initialisation
-                                   there, and small images make members cheap); else 1
+                                   there, and small images make members cheap), each a small CNN
+                                   of width 16 instead of 32; else 1
 ``train.mixed_precision``          ``auto``: bf16 where the device computes it natively, else none
 =================================  ============================================================
 """
