@@ -15,7 +15,8 @@ field                              rule
 ``train.max_steps``                ``epochs * images / batch_size``; epochs from the data size
                                    (80 for 1,000 images or fewer, then about 80,000 images seen,
                                    at least 10 epochs), between 50 and 2,000 steps
-``train.eval_every``               10 evaluations when there is a validation split, else 1
+``train.eval_every``               10 evaluations when there is a validation split (4 for small
+                                   images in memory trained from scratch), else 1
 ``train.time_budget``              720 s for the whole run when the steps are left to the recipe too
                                    (80 s for small images in memory trained from scratch): the steps
                                    are cut to what fits (``dmlkit.engine.budget``; for a model from
@@ -32,7 +33,8 @@ field                              rule
                                    shifts of up to 2 px; else 0
 ``model.ensemble``                 small images with fewer than 100 images per class: 3 members
                                    (one model's embedding varies much with its initialisation
-                                   there, and small images make members cheap); else 1
+                                   there, and small images make members cheap), each a small CNN
+                                   of width 16 instead of 32; else 1
 ``train.mixed_precision``          ``auto``: bf16 where the device computes it natively, else none
 =================================  ============================================================
 """
@@ -225,6 +227,17 @@ PHOTO_BACKBONE = "efficientnet_lite0"
 GLYPH_MODEL = "small_cnn"
 GLYPH_MODEL_ARGS = {"width": 32}
 
+#: The small CNN's width when the recipe trains an ensemble (issue 40): three members of width 16 cost about what
+#: one of width 32 costs on a CPU without bf16 (44 against 27 ms a step of 64 28x28 glyphs, 4.6 against 3.1 ms an
+#: embedded image with 25 shifts), and on the Omniglot validation characters three of them beat one of width 32
+#: (seed 0, fp32, 1,249 steps: 0.882 against 0.872; two members of width 24: 0.874).
+ENSEMBLE_MEMBER_WIDTH = 16
+
+#: Validations of a small CNN trained from scratch on small images (issue 40): under the cosine schedule the best
+#: validation came late (steps 744-1,089 of 1,249 in five Omniglot runs, fp32) and each validation embeds the
+#: validation split 25 times (its shifts) per member, so four of them, at every quarter.
+SCRATCH_EVALUATIONS = 4
+
 #: Evaluation sizes of photos (the shorter side is resized to ``size * 256 / 224``, then centre-cropped):
 #: the largest multiple of 32 the images hold without upsampling, within these bounds.
 PHOTO_EVAL_SIZES = (224, 288)
@@ -338,7 +351,13 @@ def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) 
     args, why = dict(m.args), []
     if m.name == "auto" and name == GLYPH_MODEL and not args:
         args.update(GLYPH_MODEL_ARGS)
-        why.append("the small CNN's width for the default job")
+        members = m.ensemble if m.ensemble is not None else ensemble_members(cfg, profile, warm=False)[0]
+        if members > 1:
+            args["width"] = ENSEMBLE_MEMBER_WIDTH
+            why.append(f"width {ENSEMBLE_MEMBER_WIDTH} for each of {members} ensemble members (three cost about one "
+                       f"of width {GLYPH_MODEL_ARGS['width']}; the validation characters preferred them)")
+        else:
+            why.append("the small CNN's width for the default job")
     if not warm and "in_chans" not in args:  # a pretrained backbone keeps its own input channels
         args["in_chans"] = profile.channels
         why.append(f"trained from scratch on the data's {profile.channels} channel(s)")
@@ -465,10 +484,12 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
     if cfg.train.eval_every is None:
         steps = cfg.train.max_steps if cfg.train.max_steps is not None else out["train.max_steps"][0]
         has_val = has_validation(cfg)
-        count = FINETUNE_EVALUATIONS if warm else 10
+        count = FINETUNE_EVALUATIONS if warm else SCRATCH_EVALUATIONS if small else 10
         every = max(1, steps // count) if has_val else steps
         out["train.eval_every"] = (every, (f"{count} validation evaluations" + (" after the untrained one at step 0"
-                                                                                if warm else ""))
+                                                                                if warm else "")
+                                           + (" (small images from scratch: the best come late under the cosine "
+                                              "schedule)" if count == SCRATCH_EVALUATIONS and not warm else ""))
                                    if has_val else "no validation split: at the end")
     if cfg.train.patience is None and warm and has_validation(cfg):
         out["train.patience"] = (FINETUNE_PATIENCE, f"stop after {FINETUNE_PATIENCE} validations without a significant "
@@ -510,17 +531,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         else:
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
     if cfg.model.ensemble is None:
-        if warm:
-            out["model.ensemble"] = (1, "one pretrained backbone")
-        elif cfg.asap.enabled:
-            out["model.ensemble"] = (1, "ASAP re-initialises one model's proxies")
-        elif small and profile.median_per_class < FEW_PER_CLASS:
-            out["model.ensemble"] = (ENSEMBLE_MEMBERS, f"{profile.median_per_class} < {FEW_PER_CLASS} images per class "
-                                                       f"of small images: {ENSEMBLE_MEMBERS} members side by side")
-        else:
-            out["model.ensemble"] = (1, "one model" + ("" if small else f" (images larger than {SMALL_SIDE} px or on disk)")
-                                        + ("" if profile.median_per_class < FEW_PER_CLASS else
-                                           f" ({profile.median_per_class} images per class)"))
+        out["model.ensemble"] = ensemble_members(cfg, profile, warm=warm)
     if cfg.data.num_workers is None:
         if accelerator and not profile.in_memory:
             workers = max(1, min(8, (os.cpu_count() or 2) - 1))
@@ -532,6 +543,21 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
                                         else ("none", "no native bf16 on this device"))
     return out
+
+
+def ensemble_members(cfg: Any, profile: DataProfile, *, warm: bool) -> tuple[int, str]:
+    """The recipe's ``model.ensemble`` and its reason: :data:`ENSEMBLE_MEMBERS` for small images held in memory with
+    fewer than :data:`FEW_PER_CLASS` images per class trained from scratch (not under ASAP), else 1."""
+    small = profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+    if warm:
+        return 1, "one pretrained backbone"
+    if cfg.asap.enabled:
+        return 1, "ASAP re-initialises one model's proxies"
+    if small and profile.median_per_class < FEW_PER_CLASS:
+        return ENSEMBLE_MEMBERS, (f"{profile.median_per_class} < {FEW_PER_CLASS} images per class of small images: "
+                                  f"{ENSEMBLE_MEMBERS} members side by side")
+    return 1, ("one model" + ("" if small else f" (images larger than {SMALL_SIDE} px or on disk)")
+               + ("" if profile.median_per_class < FEW_PER_CLASS else f" ({profile.median_per_class} images per class)"))
 
 
 def _fmt(values: tuple[float, ...]) -> str:

@@ -63,7 +63,8 @@ def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_cla
 def test_glyphs_keep_the_small_cnn_from_scratch_on_their_own_channels():
     got = resolved(profile(54, 20, 28, kind="glyph", in_memory=True))
     assert got["model.name"] == "small_cnn" and got["model.pretrained"] is False
-    assert got["model.args"] == {"width": 32, "in_chans": 3}  # colour glyphs stay in colour
+    # colour glyphs stay in colour; 20 per class: the recipe's ensemble, whose members are of width 16
+    assert got["model.args"] == {"width": recipe_module.ENSEMBLE_MEMBER_WIDTH, "in_chans": 3}
     assert got["model.embedding_size"] == 64 and got["model.pooling"] == "avg" and got["model.flip_average"] is False
     assert got["model.head_init"] == "kaiming" and got["model.freeze_bn"] is False
     assert got["optimizer.lr"] == recipe_module.SCRATCH_LR and got["optimizer.head_lr_multiplier"] == 1.0

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.config.recipe import profile_split, resolve
+from dmlkit.config import recipe as recipe_module
+from dmlkit.config.recipe import profile_split, resolve, resolve_model
 from dmlkit.data.base import TensorImageDataset
 
 
@@ -86,4 +87,25 @@ def test_user_values_are_never_overridden_and_m_divides_the_batch():
     got = choices_for(glyphs(200, 20), **{"sampler.m": 8, "train.max_steps": 77, "data.augment": "none"})
     assert "sampler.m" not in got and "train.max_steps" not in got and "data.augment" not in got
     assert choices_for(glyphs(5, 500), **{"sampler.batch_size": 30})["sampler.m"] == 15
-    assert choices_for(glyphs(5, 500), **{"protocol.val_class_fraction": 0.2})["train.eval_every"] == 125
+    # small images from scratch validate at every quarter (SCRATCH_EVALUATIONS), not ten times
+    assert choices_for(glyphs(5, 500), **{"protocol.val_class_fraction": 0.2})["train.eval_every"] == 1250 // 4
+
+
+def model_args_for(dataset, **overrides) -> dict:
+    """``model.args`` the recipe gives the default job's ``model.name=auto`` on ``dataset``."""
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=[f"{k}={v}" for k, v in overrides.items()])
+    return resolve_model(cfg, profile_split(dataset))["model.args"][0]
+
+
+def test_ensemble_members_are_narrower_than_one_model():
+    # the recipe's 3 members (Omniglot-like: 20 images per class) are of width 16: three cost about one of width 32
+    assert model_args_for(glyphs(200, 20)) == {"width": recipe_module.ENSEMBLE_MEMBER_WIDTH, "in_chans": 1} == \
+        {"width": 16, "in_chans": 1}
+    # one model (MNIST-like: 500 per class), an ensemble of one set by hand, ASAP's one model: the width-32 CNN
+    assert model_args_for(glyphs(5, 500))["width"] == 32
+    assert model_args_for(glyphs(200, 20), **{"model.ensemble": 1})["width"] == 32
+    assert model_args_for(glyphs(200, 20), **{"asap.enabled": True, "protocol.fold": 0})["width"] == 32
+    # two members set by hand are an ensemble too; a width set by hand is kept
+    assert model_args_for(glyphs(5, 500), **{"model.ensemble": 2})["width"] == 16
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=["model.args.width=48"])
+    assert resolve_model(cfg, profile_split(glyphs(200, 20)))["model.args"][0] == {"width": 48, "in_chans": 1}
