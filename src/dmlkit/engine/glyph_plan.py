@@ -192,8 +192,9 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
     :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
-    a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: one member
-    as built before the recipe; ``recipe_run``: the data recipe's result (``builders.ResolvedRecipe``: the
+    a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: the model
+    as built before the recipe (one member, or the whole ensemble when ``model.ensemble`` was set by hand: its first
+    member is timed); ``recipe_run``: the data recipe's result (``builders.ResolvedRecipe``: the
     training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far."""
     from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
@@ -207,7 +208,8 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
     views = (2 * shift + 1) ** 2 * (2 if cfg.model.flip_average else 1)
     side = cfg.data.crop_size or cfg.data.image_size  # the size the model is fed, where the data options set it
     shape = (profile.channels, side or profile.height, side or profile.width)
-    costs = measure_glyph_costs(model, int(cfg.sampler.batch_size), shape, views=views, device=device,
+    member = model.members[0] if hasattr(model, "members") else model  # an ensemble set by hand is built whole
+    costs = measure_glyph_costs(member, int(cfg.sampler.batch_size), shape, views=views, device=device,
                                 dtype=autocast_dtype(cfg.train.mixed_precision))
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
     evaluations = max(1, cfg.train.max_steps // cfg.train.eval_every) if has_val else 0

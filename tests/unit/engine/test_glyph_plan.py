@@ -17,7 +17,7 @@ from dmlkit.engine.budget import SAFETY_MARGIN
 from dmlkit.engine.glyph_plan import TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.trainer import Trainer
-from dmlkit.models import create_model
+from dmlkit.models import EmbedderEnsemble, create_model
 
 #: Omniglot's development set as the recipe sees it: 1,249 steps of 3 members, 10 validations of 280 images,
 #: 1,360 test images, the 80-s budget of small images.
@@ -158,3 +158,21 @@ def test_steps_set_by_hand_are_not_planned(monkeypatch, tiny_config):
     monkeypatch.setattr(glyph_plan, "measure_glyph_costs", fail)
     resolved = resolve_run(tiny_config("train.time_budget=30"), echo=lambda _: None)
     assert resolved.cfg.train.max_steps == 4  # tiny_config's
+
+
+def test_members_set_by_hand_are_timed_one_at_a_time(monkeypatch, tiny_config):
+    # model.ensemble set by hand builds the whole ensemble before the plan; the plan multiplies one member's costs
+    # by the members, so it must time one member (timing all of them over-counted 4 members 4 times over)
+    timed = []
+    measure = glyph_plan.measure_glyph_costs
+
+    def spy(model, *args, **kwargs):
+        timed.append(model)
+        return measure(model, *args, **{**kwargs, "clock": TickClock(1e-5)})
+
+    monkeypatch.setattr(glyph_plan, "measure_glyph_costs", spy)
+    resolved = resolve_run(tiny_config("train.max_steps=null", "train.eval_every=null", "model.ensemble=3"),
+                           echo=lambda _: None)
+    assert isinstance(resolved.model, EmbedderEnsemble) and len(resolved.model.members) == 3
+    assert len(timed) == 1 and not isinstance(timed[0], EmbedderEnsemble)
+    assert timed[0].embedding_size * 3 == resolved.model.embedding_size
