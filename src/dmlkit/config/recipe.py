@@ -459,7 +459,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                             + (f" (all {profile.num_classes} classes)" if classes == profile.num_classes
                                                else f", about {DEFAULT_BATCH} images"))
     warm = uses_pretrained_weights(cfg)
-    small = profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+    small = small_in_memory(profile)
     if cfg.train.time_budget is None and cfg.train.max_steps is None and small and not warm:
         out["train.time_budget"] = (SMALL_IMAGE_TIME_BUDGET, f"small images in memory, a small CNN from scratch: the "
                                     f"whole run in {SMALL_IMAGE_TIME_BUDGET:.0f} s on this machine, the test split's "
@@ -545,10 +545,15 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
     return out
 
 
+def small_in_memory(profile: DataProfile) -> bool:
+    """Whether the training images are held in memory and no side exceeds :data:`SMALL_SIDE` px (glyphs, digits)."""
+    return profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+
+
 def ensemble_members(cfg: Any, profile: DataProfile, *, warm: bool) -> tuple[int, str]:
     """The recipe's ``model.ensemble`` and its reason: :data:`ENSEMBLE_MEMBERS` for small images held in memory with
     fewer than :data:`FEW_PER_CLASS` images per class trained from scratch (not under ASAP), else 1."""
-    small = profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+    small = small_in_memory(profile)
     if warm:
         return 1, "one pretrained backbone"
     if cfg.asap.enabled:
