@@ -17,7 +17,8 @@ with its standard error, and a verdict (:func:`verdict`) beside what the paper r
 
 ``--quick``: 16 images a class of mini-ImageNet (1,024 photos) and 6 drawings a character of
 Omniglot (816), each claim's ``quick_steps`` (100), seed 0 unless ``--seeds``: a check that
-everything runs, not a result. ``--core``: only the two arms of each claim's first comparison.
+everything runs, not a result (its figure goes to ``OUT/figures``, never ``docs/figures``).
+``--core``: only the two arms of each claim's first comparison.
 """
 
 from __future__ import annotations
@@ -599,8 +600,9 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def figure_val_curves(claim: PhotoClaim, arms: list[Arm], seeds: list[int], out: Path) -> Path | None:
-    """Proxy-Anchor Fig. 1 on photos: validation MAP@R against training steps, every arm and seed."""
+def figure_val_curves(claim: PhotoClaim, arms: list[Arm], seeds: list[int], out: Path, folder: Path) -> Path | None:
+    """Proxy-Anchor Fig. 1 on photos: validation MAP@R against training steps, every arm and seed, drawn into
+    ``folder``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -623,8 +625,8 @@ def figure_val_curves(claim: PhotoClaim, arms: list[Arm], seeds: list[int], out:
     ax.set_ylabel("validation MAP@R (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    path = FIGURES / f"photos-{claim.name}-val-curves.png"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"photos-{claim.name}-val-curves.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -694,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(claim, arms, seeds, steps, out)
         print("\n" + markdown(summary))
         if claim.name == "proxy-anchor" and not args.no_figures:
-            path = figure_val_curves(claim, arms, seeds, out)
+            # a --quick check draws beside its runs: docs/figures holds the full run's figure
+            path = figure_val_curves(claim, arms, seeds, out, out / "figures" if args.quick else FIGURES)
             if path is not None:
                 print(f"figure: {path}")
     print(f"photos: {time.perf_counter() - start:.0f} s wall")
