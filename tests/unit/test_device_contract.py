@@ -315,6 +315,25 @@ def test_cross_batch_memory_whose_memory_alone_was_moved_brings_the_rest_of_its_
     assert_parked_call(_filled_memory(), x, y, prepare=bring_the_memory_home)
 
 
+def test_cross_batch_memory_add_to_memory_after_its_memory_alone_was_moved():
+    """PML's ``test_remove_self_comparisons``: the memory tensors moved by hand, then ``add_to_memory`` (no
+    forward): the slots are written where the memory now lives and the pointer, counts and slots follow."""
+    x, y = batch()
+    expected = _filled_memory()
+    expected.add_to_memory(x, y, 5)
+    emu = DeviceEmulator()
+    memory = emu.park(_filled_memory())
+    with emu:
+        memory.embedding_memory = memory.embedding_memory.to(x.device)
+        memory.label_memory = memory.label_memory.to(x.device)
+        memory.add_to_memory(x, y, 5)
+    assert not emu.away_state(memory), f"CrossBatchMemory left {emu.away_state(memory)} on the away device"
+    torch.testing.assert_close(memory.embedding_memory, expected.embedding_memory, rtol=0, atol=0)
+    assert torch.equal(memory.label_memory, expected.label_memory)
+    assert torch.equal(memory.curr_batch_idx, expected.curr_batch_idx)
+    assert int(memory.queue_idx) == int(expected.queue_idx) == BATCH + 5
+
+
 # -- losses outside the registry (PML names) -------------------------------------------------------------
 
 

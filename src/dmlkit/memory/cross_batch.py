@@ -125,6 +125,9 @@ class CrossBatchMemory(nn.Module):
         (also kept as ``curr_batch_idx``). The pointer and fill count are replaced, not updated in
         place, so a value read before the call keeps its meaning (as PML's integer does)."""
         n = embeddings.shape[0]
+        # PML's users move embedding_memory / label_memory by hand and then call add_to_memory (no forward):
+        # the pointer, counts and memory follow the embeddings, as in forward
+        follow_device_(self, embeddings.device, *self._buffers.values())
         slots = (self.queue_idx + torch.arange(n, device=self.queue_idx.device)) % self.memory_size
         self.embedding_memory.index_copy_(0, slots, embeddings.detach().to(self.embedding_memory.dtype))
         self.label_memory.index_copy_(0, slots, labels.to(self.label_memory.device, self.label_memory.dtype))
