@@ -70,7 +70,8 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
     ``ceiling`` and ``eval_every`` are the recipe's steps and interval: when they fit, they stay.
     Otherwise the steps are cut to what the time left buys after the test evaluation and the
     validations to come; the first plan (``interval=None``) spreads the evaluations anew
-    (:data:`EVALUATION_SHARE` of the budget, :data:`EVALUATIONS` of them), a later one keeps the
+    (:data:`EVALUATION_SHARE` of the budget, :data:`EVALUATIONS` of them, never more than ``eval_every``
+    gave over ``ceiling`` steps), a later one keeps the
     planned ``interval`` so evaluation points do not move. Never fewer steps than already taken.
     """
     step_s = max(speeds.step_seconds, 1e-9)
@@ -87,7 +88,8 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
                     f"{ceiling} steps fit the {budget:.0f}-s budget (predicted end {seconds:.0f} s)")
     every = eval_every if interval is None else interval
     if has_val and interval is None:
-        count = evaluation_count(budget, eval_s)
+        # never more validations than the recipe's interval gave (cutting steps must not add validations)
+        count = min(evaluation_count(budget, eval_s), max(1, -(-ceiling // max(eval_every, 1))))
         affordable = max(0.0, left - count * eval_s) / step_s
         while count > 1 and affordable < count * MIN_STEPS_PER_EVALUATION:  # few steps: fewer validations
             count -= 1

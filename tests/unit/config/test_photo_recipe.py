@@ -67,7 +67,10 @@ def test_glyphs_keep_the_small_cnn_from_scratch_on_their_own_channels():
     assert got["model.args"] == {"width": recipe_module.ENSEMBLE_MEMBER_WIDTH, "in_chans": 3}
     assert got["model.embedding_size"] == 64 and got["model.pooling"] == "avg" and got["model.flip_average"] is False
     assert got["model.head_init"] == "kaiming" and got["model.freeze_bn"] is False
-    assert got["optimizer.lr"] == recipe_module.SCRATCH_LR and got["optimizer.head_lr_multiplier"] == 1.0
+    # narrow members take the larger step the validation characters chose; one model of width 32 keeps SCRATCH_LR
+    assert got["optimizer.lr"] == recipe_module.ENSEMBLE_MEMBER_LR and got["optimizer.head_lr_multiplier"] == 1.0
+    one = resolved(profile(54, 20, 28, kind="glyph", in_memory=True), "model.ensemble=1")
+    assert one["model.args"]["width"] == 32 and one["optimizer.lr"] == recipe_module.SCRATCH_LR
     assert "data.image_size" not in got and "data.crop_size" not in got
 
 

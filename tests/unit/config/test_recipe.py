@@ -50,16 +50,16 @@ def test_profile_reads_counts_shape_background_and_kind():
                           "train.max_steps": 1250, "model.ensemble": 1, "model.shift_average": 2}),
         # many classes, 20 each (Omniglot-like): m=4, affine; 4,000 images -> 20 epochs; 3 members
         (glyphs(200, 20), {"sampler.m": 4, "data.augment": "affine", "train.max_steps": 1250,
-                           "model.ensemble": 3, "model.shift_average": 2}),
+                           "model.ensemble": recipe_module.ENSEMBLE_MEMBERS, "model.shift_average": 2}),
         # two images per class: m=2 (pairs), affine, 80 epochs of a small set
         (glyphs(50, 2), {"sampler.m": 2, "sampler.batch_size": 64, "data.augment": "affine", "train.max_steps": 125,
-                         "model.ensemble": 3}),
+                         "model.ensemble": recipe_module.ENSEMBLE_MEMBERS}),
         # 500 images per class, three classes: batches of all 3 classes x 16; 1,500 images -> 53 epochs
         (glyphs(3, 500), {"sampler.m": 16, "sampler.batch_size": 48, "data.augment": "translate",
                           "train.max_steps": 1656, "model.ensemble": 1}),
         # small photos in memory: shifts, not glyph warps
         (photos(10, 40), {"sampler.m": 8, "data.augment": "translate", "train.max_steps": 500,
-                          "model.ensemble": 3, "model.shift_average": 2}),
+                          "model.ensemble": recipe_module.ENSEMBLE_MEMBERS, "model.shift_average": 2}),
         # tiny 8x8 glyphs (digits-like): no shift averaging
         (glyphs(5, 180, size=8), {"sampler.m": 16, "model.shift_average": 0, "model.ensemble": 1}),
         # larger photos: one model, no shift averaging
@@ -88,7 +88,7 @@ def test_user_values_are_never_overridden_and_m_divides_the_batch():
     assert "sampler.m" not in got and "train.max_steps" not in got and "data.augment" not in got
     assert choices_for(glyphs(5, 500), **{"sampler.batch_size": 30})["sampler.m"] == 15
     # small images from scratch validate at every quarter (SCRATCH_EVALUATIONS), not ten times
-    assert choices_for(glyphs(5, 500), **{"protocol.val_class_fraction": 0.2})["train.eval_every"] == 1250 // 4
+    assert choices_for(glyphs(5, 500), **{"protocol.val_class_fraction": 0.2})["train.eval_every"] == 313  # ceil(1,250 / 4)
 
 
 def model_args_for(dataset, **overrides) -> dict:

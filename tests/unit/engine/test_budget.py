@@ -47,6 +47,20 @@ def test_large_data_is_cut_to_end_inside_the_budget(step_seconds):
     assert plan.seconds == pytest.approx(end)
 
 
+def test_cutting_steps_never_adds_validations():
+    """Omniglot's seed-2 run of 2026-11-27: the recipe's 1,249 steps with 4 validations (every 313) did not fit the
+    80-s budget on a busy machine; the cut plan spread 9 validations (every 107) instead of at most the recipe's 4."""
+    speeds = Speeds(step_seconds=0.06, eval_seconds=1.2, test_seconds=6.0)
+    plan = plan_run(80.0, 8.0, step=2, ceiling=1249, eval_every=313, speeds=speeds, has_val=True)
+    assert plan.binds and plan.max_steps < 1249
+    validations = -(-(plan.max_steps - 2) // plan.eval_every)
+    assert 1 <= validations <= 4
+    end = 8.0 + _cost(2, plan.max_steps, plan.eval_every, speeds)
+    assert end <= 80.0 * (1 - SAFETY_MARGIN) + 1e-6 and plan.seconds == pytest.approx(end)
+    # the budget's share alone would have allowed more: the recipe's interval is what caps them
+    assert EVALUATIONS[1] > 4
+
+
 def test_a_slower_machine_plans_fewer_steps():
     plans = [plan_run(720.0, 30.0, 4, 100_000, 100, Speeds(s, 10.0, 30.0), has_val=True) for s in (0.5, 1.0, 4.0)]
     steps = [p.max_steps for p in plans]

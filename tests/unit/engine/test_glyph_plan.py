@@ -46,7 +46,8 @@ def test_a_fast_machine_keeps_the_recipe():
     costs = GlyphCosts(step=0.010, embed=0.0002, views=25)  # 37 s of steps, 0.6 s of embeddings
     plan = plan_glyphs(**OMNIGLOT, costs=costs)
     assert (plan.members, plan.steps, plan.evaluations, plan.binds) == (3, 1249, 10, False)
-    assert plan.eval_every == 124
+    assert plan.eval_every == 125  # rounded up: 10 validations, the last at step 1,249 (not 11)
+    assert -(-plan.steps // plan.eval_every) == plan.evaluations
     assert plan.seconds == pytest.approx(predicted_seconds(plan, costs, 5.0, 280, 1360))
     assert "10 ms a training step of one member" in plan.reason and "25 shifts" in plan.reason
 
@@ -70,7 +71,7 @@ def test_a_slow_machine_gets_fewer_steps_that_fit_the_budget():
     end = predicted_seconds(plan, costs, 5.0, 280, 1360)
     assert end <= usable and plan.seconds == pytest.approx(end)
     assert end + 3 * costs.step > usable  # the steps are what fits, not fewer
-    assert plan.eval_every == plan.steps // plan.evaluations
+    assert plan.eval_every == -(-plan.steps // plan.evaluations)  # rounded up: no extra validation at the end
     assert "do not fit the 80-s budget" in plan.reason and "80 ms a training step of one member" in plan.reason
     crawling = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.5, embed=0.001))
     assert crawling.members == 1 and 1 <= crawling.steps < 0.2 * 1249
