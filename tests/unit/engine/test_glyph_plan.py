@@ -14,7 +14,7 @@ import torch
 from dmlkit.config import recipe
 from dmlkit.engine import glyph_plan
 from dmlkit.engine.budget import SAFETY_MARGIN
-from dmlkit.engine.glyph_plan import TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
+from dmlkit.engine.glyph_plan import MIN_STEP_SHARE, TIMED_IMAGES, GlyphCosts, measure_glyph_costs, plan_glyphs
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.trainer import Trainer
 from dmlkit.models import EmbedderEnsemble, create_model
@@ -53,13 +53,18 @@ def test_a_fast_machine_keeps_the_recipe():
 
 
 def test_a_slower_machine_drops_members_before_steps():
-    costs = GlyphCosts(step=0.020, embed=0.0004, views=25)  # 3 members: 75 s of steps; 2 members: 50 s
+    costs = GlyphCosts(step=0.022, embed=0.0004, views=25)  # 3 members: 82 s of steps (1,024 fit: 82 %); 2: 55 s
     plan = plan_glyphs(**OMNIGLOT, costs=costs)
     assert plan.binds and (plan.members, plan.steps, plan.evaluations) == (2, 1249, 10)
     assert plan.seconds == pytest.approx(predicted_seconds(plan, costs, 5.0, 280, 1360))
     assert plan.seconds <= OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN)
     assert "3 member(s): " in plan.reason and "2 member(s): 1249 steps" in plan.reason
-    assert "20 ms a training step of one member" in plan.reason
+    assert "22 ms a training step of one member" in plan.reason
+    # within MIN_STEP_SHARE (90 %) of the steps the members stay and the steps are cut to fit
+    close = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.020, embed=0.0004, views=25))
+    assert close.binds and close.members == 3 and MIN_STEP_SHARE * 1249 <= close.steps < 1249
+    assert close.seconds <= OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN)
+    assert "90% of the recipe's 1249 steps" in close.reason
     assert plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.045, embed=0.0005)).members == 1
 
 
