@@ -468,6 +468,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                                else f", about {DEFAULT_BATCH} images"))
     warm = uses_pretrained_weights(cfg)
     small = small_in_memory(profile)
+    ensemble = ensemble_members(cfg, profile, warm=warm)  # the recipe's members (and why), when not set by hand
     if cfg.train.time_budget is None and cfg.train.max_steps is None and small and not warm:
         out["train.time_budget"] = (SMALL_IMAGE_TIME_BUDGET, f"small images in memory, a small CNN from scratch: the "
                                     f"whole run in {SMALL_IMAGE_TIME_BUDGET:.0f} s on this machine, the test split's "
@@ -493,7 +494,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         steps = cfg.train.max_steps if cfg.train.max_steps is not None else out["train.max_steps"][0]
         has_val = has_validation(cfg)
         count = FINETUNE_EVALUATIONS if warm else SCRATCH_EVALUATIONS if small else 10
-        every = max(1, -(-steps // count)) if has_val else steps  # rounded up: the last one is the final step's
+        every = evaluation_interval(steps, count) if has_val else steps
         out["train.eval_every"] = (every, (f"{count} validation evaluations" + (" after the untrained one at step 0"
                                                                                 if warm else "")
                                            + (" (small images from scratch: the best come late under the cosine "
@@ -505,8 +506,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
     if cfg.optimizer.lr is None:
         if warm:
             out["optimizer.lr"] = (PRETRAINED_LR, "a pretrained backbone fine-tunes gently")
-        elif narrow_ensemble_members(cfg, cfg.model.ensemble if cfg.model.ensemble is not None
-                                     else ensemble_members(cfg, profile, warm=warm)[0]):
+        elif narrow_ensemble_members(cfg, cfg.model.ensemble if cfg.model.ensemble is not None else ensemble[0]):
             out["optimizer.lr"] = (ENSEMBLE_MEMBER_LR, f"ensemble members of width {ENSEMBLE_MEMBER_WIDTH} trained from "
                                                        "scratch (the validation characters preferred a larger step "
                                                        f"than the width-{GLYPH_MODEL_ARGS['width']} model's {SCRATCH_LR:g})")
@@ -546,7 +546,7 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         else:
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
     if cfg.model.ensemble is None:
-        out["model.ensemble"] = ensemble_members(cfg, profile, warm=warm)
+        out["model.ensemble"] = ensemble
     if cfg.data.num_workers is None:
         if accelerator and not profile.in_memory:
             workers = max(1, min(8, (os.cpu_count() or 2) - 1))
@@ -558,6 +558,17 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
                                         else ("none", "no native bf16 on this device"))
     return out
+
+
+def evaluation_interval(steps: int, count: int) -> int:
+    """The validation interval that gives ``count`` validations over ``steps`` steps, the last at the final step
+    (rounded up: ``steps // count`` put an extra one there, since the final step always validates)."""
+    return max(1, -(-steps // max(count, 1)))
+
+
+def evaluations_over(steps: int, every: int) -> int:
+    """Validations an interval of ``every`` steps gives over ``steps`` steps, the final step's included."""
+    return -(-steps // max(every, 1))
 
 
 def small_in_memory(profile: DataProfile) -> bool:

@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dmlkit.config.recipe import DEFAULT_TIME_BUDGET  # noqa: F401  (the recipe's default, planned to here)
+from dmlkit.config.recipe import (
+    DEFAULT_TIME_BUDGET,  # noqa: F401  (the recipe's default, planned to here)
+    evaluations_over,
+)
 
 #: Steps timed for the first plan, after one warm-up step (oneDNN primitives, allocator pools).
 CALIBRATION_STEPS = 3
@@ -89,7 +92,7 @@ def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: i
     every = eval_every if interval is None else interval
     if has_val and interval is None:
         # never more validations than the recipe's interval gave (cutting steps must not add validations)
-        count = min(evaluation_count(budget, eval_s), max(1, -(-ceiling // max(eval_every, 1))))
+        count = min(evaluation_count(budget, eval_s), max(1, evaluations_over(ceiling, eval_every)))
         affordable = max(0.0, left - count * eval_s) / step_s
         while count > 1 and affordable < count * MIN_STEPS_PER_EVALUATION:  # few steps: fewer validations
             count -= 1

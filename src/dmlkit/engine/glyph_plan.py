@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
+from dmlkit.config.recipe import evaluation_interval, evaluations_over
 from dmlkit.engine import budget
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. The
@@ -104,7 +105,7 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     n, planned, evals, left = fits[0] if fits else enough[0] if enough else options[-1]
     floored = planned < floor
     planned = max(planned, min(floor, steps))
-    every = max(1, -(-planned // evals)) if evals else planned  # rounded up: the last validation is the final step's
+    every = evaluation_interval(planned, evals) if evals else planned
     seconds = spent + planned * n * costs.step + (val_images * evals + test_images) * costs.embed * n
     measured = (f"measured here: {costs.step * 1000:.0f} ms a training step of one member, "
                 f"{costs.embed * 1000:.2f} ms an embedded image per member"
@@ -215,7 +216,7 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
     costs = measure_glyph_costs(member, int(cfg.sampler.batch_size), shape, views=views, device=device,
                                 dtype=autocast_dtype(cfg.train.mixed_precision))
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
-    evaluations = max(1, -(-cfg.train.max_steps // cfg.train.eval_every)) if has_val else 0  # the last: the final step
+    evaluations = max(1, evaluations_over(cfg.train.max_steps, cfg.train.eval_every)) if has_val else 0
     test = [getattr(splits, name, None) for name in ("test", "query", "gallery")]
     chose_budget = "train.time_budget" in choices  # a budget set by hand is never exceeded on purpose
     plan = plan_glyphs(time_budget=float(cfg.train.time_budget), spent=spent, steps=int(cfg.train.max_steps),
