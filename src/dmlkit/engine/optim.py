@@ -38,22 +38,30 @@ def parameter_groups(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) ->
     return [g for g in groups if g["params"]]
 
 
-def _all_on_cuda(groups: list[dict]) -> bool:
-    """Whether every parameter of ``groups`` is a floating-point CUDA tensor (what fused Adam needs)."""
+#: Devices with PyTorch's fused Adam/AdamW kernels.
+FUSED_DEVICES = ("cuda", "cpu")
+
+
+def _fused_capable(groups: list[dict]) -> bool:
+    """Whether every parameter of ``groups`` is a floating-point tensor on one device type of :data:`FUSED_DEVICES`."""
     params = [p for g in groups for p in g["params"]]
-    return bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+    types = {p.device.type for p in params}
+    return len(types) == 1 and types <= set(FUSED_DEVICES) and all(p.is_floating_point() for p in params)
 
 
 def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """Adam, AdamW, RMSprop or SGD over :func:`parameter_groups`.
 
     Adam and AdamW take PyTorch's fused kernels when every parameter is a floating-point tensor on a
-    CUDA device (one launch per step instead of several per parameter; the same update rule).
+    CUDA device or the CPU (one kernel per parameter instead of several passes over each list; the
+    same update rule). On a CPU that is a third of the foreach step's time for the small models
+    trained from scratch (0.32 against 0.91 ms for three width-16 glyph CNNs, issue 40), and it
+    skips a non-finite update by itself (``found_inf``), so the step needs no host read either.
     """
     groups = parameter_groups(model, loss, cfg)
     wd = cfg.weight_decay
     adam = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": wd}
-    if cfg.name in ("adam", "adamw") and _all_on_cuda(groups):
+    if cfg.name in ("adam", "adamw") and _fused_capable(groups):
         adam["fused"] = True
     if cfg.name == "adam":
         return torch.optim.Adam(groups, **adam)

@@ -47,7 +47,7 @@ from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the 
     paired_gain,
     per_category_metrics,
 )
-from dmlkit.engine.training.step_checks import DeviceStepChecks, skips_on_device
+from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_device
 from dmlkit.engine.training.time_budget import TimeBudgetMixin
 from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
@@ -122,9 +122,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.autocast_dtype = run.autocast_dtype
         self.autocast_device = self.device.type
         self.scaler = run.scaler  # fp16 only: gradients underflow without loss scaling
-        # a fused optimiser skips a non-finite step on the device: no host read per step (step_checks.py)
+        # a fused optimiser skips a non-finite step on an accelerator: no host read per step (step_checks.py)
         self.step_checks = (DeviceStepChecks(self.device, stop=self.cfg.train.on_nonfinite == "stop")
-                            if self.scaler is None and skips_on_device(self.optimizer) else None)
+                            if self.scaler is None and checks_stay_on_device(self.optimizer, self.device) else None)
         self.forward_model = run.forward_model  # DDP-wrapped under torchrun, compiled with train.compile
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         self.cache_deferred = run.cache_deferred  # auto under a time budget: decided after the first plan

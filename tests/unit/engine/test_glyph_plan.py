@@ -60,11 +60,11 @@ def test_a_slower_machine_drops_members_before_steps():
     assert plan.seconds <= OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN)
     assert "3 member(s): " in plan.reason and "2 member(s): 1249 steps" in plan.reason
     assert "22 ms a training step of one member" in plan.reason
-    # within MIN_STEP_SHARE (90 %) of the steps the members stay and the steps are cut to fit
+    # within MIN_STEP_SHARE (85 %) of the steps the members stay and the steps are cut to fit
     close = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.020, embed=0.0004, views=25))
     assert close.binds and close.members == 3 and MIN_STEP_SHARE * 1249 <= close.steps < 1249
     assert close.seconds <= OMNIGLOT["time_budget"] * (1 - SAFETY_MARGIN)
-    assert "90% of the recipe's 1249 steps" in close.reason
+    assert "85% of the recipe's 1249 steps" in close.reason
     assert plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.045, embed=0.0005)).members == 1
 
 

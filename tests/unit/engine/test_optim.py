@@ -56,16 +56,16 @@ def test_schedules():
     assert schedule_factor(cos, 100, 100) < 1e-12
 
 
-def test_adam_takes_the_fused_kernels_only_where_every_parameter_is_on_a_gpu(monkeypatch):
+def test_adam_takes_the_fused_kernels_where_every_parameter_is_on_the_cpu_or_a_gpu(monkeypatch):
     import dmlkit.engine.optim as optim
 
     for name in ("adam", "adamw"):
         monkeypatch.undo()
         cfg = OptimizerConfig(name=name, lr=1e-2, weight_decay=1e-3, loss_lr_multiplier=1)
-        assert not build_optimizer(TwoPart(), WithProxies(), cfg).defaults.get("fused")  # CPU parameters
+        assert build_optimizer(TwoPart(), WithProxies(), cfg).defaults.get("fused")  # CPU parameters
         results = []
-        for fused in (False, True):  # the fused step (CPU kernels stand in for the card's) moves weights as the plain one
-            monkeypatch.setattr(optim, "_all_on_cuda", lambda groups, fused=fused: fused)
+        for fused in (False, True):  # the fused step moves the weights as the foreach one does
+            monkeypatch.setattr(optim, "_fused_capable", lambda groups, fused=fused: fused)
             torch.manual_seed(0)
             model, loss = TwoPart(), WithProxies()
             opt = build_optimizer(model, loss, cfg)
@@ -78,4 +78,10 @@ def test_adam_takes_the_fused_kernels_only_where_every_parameter_is_on_a_gpu(mon
         torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-7)
         assert not torch.equal(results[0], torch.zeros_like(results[0]))
     monkeypatch.undo()
-    assert not optim._all_on_cuda([{"params": [nn.Parameter(torch.zeros(2))]}])
+    assert optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2))]}])
+    # no fused kernels on the meta device, for integer tensors, or across device types
+    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2, device="meta"))]}])
+    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]}])
+    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2)),
+                                                 nn.Parameter(torch.zeros(2, device="meta"))]}])
+    assert not optim._fused_capable([{"params": []}])

@@ -2,9 +2,10 @@
 
 A step's loss and gradient norm decide whether its update is applied; reading them on the host every
 step would make the host wait for the card every step. PyTorch's fused optimisers (Adam, AdamW, SGD
-with ``fused=True``, what :func:`dmlkit.engine.optim.build_optimizer` picks on CUDA) take a
-``found_inf`` tensor and skip the update on the device when it is non-zero, the mechanism
-``torch.amp.GradScaler`` uses. :class:`DeviceStepChecks` builds that flag from the loss and the
+with ``fused=True``, what :func:`dmlkit.engine.optim.build_optimizer` picks on CUDA and the CPU) take
+a ``found_inf`` tensor and skip the update on the device when it is non-zero, the mechanism
+``torch.amp.GradScaler`` uses; the trainer relies on it on an accelerator only
+(:func:`checks_stay_on_device`). :class:`DeviceStepChecks` builds that flag from the loss and the
 gradient norm and counts what it skipped; the trainer reads the counts (one host synchronisation)
 only where it needs them: the log record, before a validation, a checkpoint or the end of training.
 
@@ -20,10 +21,19 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit import _validation
+
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` honours a ``found_inf`` attribute (PyTorch's fused optimisers)."""
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def checks_stay_on_device(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
+    """Whether a step's finite checks are queued on ``device`` (:class:`DeviceStepChecks`): the optimiser skips
+    updates there, and a read on the host would wait for the device. On the CPU (fused AdamW too) a read is free, so
+    the trainer reads loss and gradient norm each step and a non-finite step is reported the moment it happens."""
+    return skips_on_device(optimizer) and not _validation.reads_on_host(torch.empty(0, device=device))
 
 
 class DeviceStepChecks:
