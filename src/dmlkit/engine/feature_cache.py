@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from dmlkit.exceptions import ConfigError
+from dmlkit.models.inference_copy import chunk_for
 from dmlkit.seeds import derive_generator
 
 #: ``train.feature_cache``: ``auto`` (the recipe decides), ``on`` (a ConfigError where impossible), ``off``.
@@ -226,13 +227,19 @@ class FrozenFeatureCache:
             from tqdm.auto import tqdm
 
             chunks = tqdm(chunks, desc="feature cache", unit="batch", leave=False, dynamic_ncols=True)
+        per_pass = None  # images per pass of the frozen stages: on a CPU, chunks whose activations stay small
         for lo in chunks:
             rows = torch.arange(lo, min(n, lo + BUILD_BATCH))
             images = dataset.get_batch(rows)[0]
             for v, generator in enumerate(generators):
                 crops = augment(images, generator) if augment is not None else images
+                crops = crops.to(device)
                 with autocast:
-                    features = model.prefix(crops.to(device)).permute(0, 2, 3, 1)  # [b, h, w, C]
+                    if per_pass is None:
+                        per_pass = (chunk_for(model, model.prefix, crops[:1], autocast_dtype)
+                                    if device.type == "cpu" else BUILD_BATCH)
+                    features = torch.cat([model.prefix(part) for part in crops.split(per_pass)])
+                features = features.permute(0, 2, 3, 1)  # [b, h, w, C]
                 if storage is None:
                     storage = torch.empty((n, views, *features.shape[1:]), dtype=dtype)
                 storage[rows, v] = features.to("cpu", dtype)

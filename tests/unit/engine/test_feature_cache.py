@@ -82,6 +82,35 @@ def test_the_cache_is_deterministic_for_a_seed_with_distinct_bf16_views_of_the_t
         torch.testing.assert_close(cache.storage[:, v], expected, rtol=0, atol=0)
 
 
+def test_on_a_cpu_the_frozen_stages_run_in_chunks_and_store_what_whole_batches_give(model, monkeypatch):
+    import dmlkit.engine.feature_cache as feature_cache
+
+    data, augment = photos(n=11), RandomResizedCropFlip(CROP)
+    calls = []
+    monkeypatch.setattr(feature_cache, "chunk_for", lambda *args: calls.append(args[2].shape) or 4)
+    sizes, prefix = [], model.prefix
+    monkeypatch.setattr(model, "prefix", lambda images: sizes.append(len(images)) or prefix(images))
+    chunked = FrozenFeatureCache.build(model, data, augment, views=2, seed=3, dtype=torch.float32, echo=lambda _: None)
+    monkeypatch.setattr(model, "prefix", prefix)
+    assert calls == [(1, 3, CROP, CROP)]  # asked once, with one image of the first batch
+    assert sizes == [4, 4, 3] * 2  # 11 images in chunks of 4, for each of the 2 views
+    monkeypatch.setattr(feature_cache, "chunk_for", lambda *args: BUILD_BATCH)
+    whole = FrozenFeatureCache.build(model, data, augment, views=2, seed=3, dtype=torch.float32, echo=lambda _: None)
+    torch.testing.assert_close(chunked.storage, whole.storage, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_keep_the_largest_activation_within_the_chunk_bytes():
+    from dmlkit.models.inference_copy import CHUNK_BYTES, chunk_for
+
+    widen = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.MaxPool2d(2))
+    image = torch.zeros(1, 3, 100, 100)
+    largest = 64 * 100 * 100  # the convolution's output per image, larger than the pooled one
+    assert chunk_for(widen, widen, image) == CHUNK_BYTES // (largest * 4)
+    assert chunk_for(widen, widen, image, torch.bfloat16) == CHUNK_BYTES // (largest * 2)
+    assert chunk_for(widen, widen, torch.zeros(1, 3, 2000, 2000)) == 1  # never fewer than one image
+    assert not widen._forward_hooks and not widen[0]._forward_hooks  # the hooks are removed
+
+
 def test_a_batch_takes_one_stored_view_per_image_by_the_generator(model):
     data = photos(n=10)
     cache = FrozenFeatureCache.build(model, data, RandomResizedCropFlip(CROP), views=4, seed=0, echo=lambda _: None)
