@@ -81,7 +81,8 @@ def main() -> None:
     c, w = statistics.median(chunked), statistics.median(whole)
     print(f"{args.model}, {args.frozen_stages} frozen stages, {args.images} images x {args.views} views at "
           f"{args.crop} px, {args.threads} threads, median of {args.rounds} builds")
-    print("| ms per image-view | plan's estimate | chunked build (now) | whole batches (before) | before / now | now / estimate |")
+    print("| ms per image-view | plan's estimate | chunked build (now) | whole batches (before) | before / now "
+          "| now / estimate |")
     print("| --- | --- | --- | --- | --- | --- |")
     print(f"| {args.model} | {planned.prefix * 1e3:.1f} | {c * 1e3:.1f} | {w * 1e3:.1f} | {w / c:.2f}x | "
           f"{c / planned.prefix:.2f}x |")
