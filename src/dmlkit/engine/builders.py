@@ -332,13 +332,15 @@ def build_objective(cfg: RunConfig, num_classes: int, *, loss: nn.Module | None 
         if loss is not None or miner is not None:
             raise ConfigError(f"model.ensemble={size} trains one loss per member; it cannot share one loss or "
                               "miner object. Set model.ensemble=1, or name the loss in the config.")
-        return EnsembleObjective([_member_objective(cfg, num_classes) for _ in range(size)],
+        return EnsembleObjective([build_member_objective(cfg, num_classes) for _ in range(size)],
                                  [cfg.model.embedding_size] * size)
-    return _member_objective(cfg, num_classes, loss, miner)
+    return build_member_objective(cfg, num_classes, loss, miner)
 
 
-def _member_objective(cfg: RunConfig, num_classes: int, loss: nn.Module | None = None,
-                      miner: nn.Module | None = None) -> TrainingObjective:
+def build_member_objective(cfg: RunConfig, num_classes: int, loss: nn.Module | None = None,
+                           miner: nn.Module | None = None) -> TrainingObjective:
+    """One model's objective: the loss (the config's, or ``loss``), miner and cross-batch memory; what
+    :func:`build_objective` gives each ensemble member (and the glyph plan times with a member's step)."""
     from dmlkit.mining import MINERS
 
     lc = cfg.loss

@@ -5,12 +5,13 @@ shaped on a CPU with native bf16, where Omniglot's 1,249 steps of 3 ensemble mem
 validations and the test split took 55 s; on a CPU without it the same plan took 154 s. So once the
 recipe has read the training split, and before the model is built again as an ensemble,
 :func:`measure_glyph_costs` times on this machine one member's training step at the run's batch
-(forward, backward and the optimiser's update) and one member's embedding of an image (its shifts
-included), and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
+(forward, the run's loss, backward and the optimiser's update of the member and its loss), the
+batch augmentation the members share, and one member's embedding of an image (its shifts included),
+and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
 
     embedding(N) = (val x evaluations + test) x embed x N                        (N members)
     left(N)      = budget x (1 - SAFETY_MARGIN) - spent - embedding(N)
-    steps(N)     = left(N) / (N x step)
+    steps(N)     = left(N) / (shared + N x step)
 
 with ``evaluations`` the recipe's (10), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
@@ -33,6 +34,7 @@ from torch import nn
 
 from dmlkit.config.recipe import evaluation_interval, evaluations_over
 from dmlkit.engine import budget
+from dmlkit.engine.optim import fused_capable
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
 #: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
@@ -59,12 +61,18 @@ TIMED_IMAGES = 64
 
 @dataclass(frozen=True)
 class GlyphCosts:
-    """Seconds on this machine: one member's training step at the run's batch, and one member's embedding of one
-    image with every shift it averages (``views`` passes)."""
+    """Seconds on this machine: one member's training step at the run's batch, one member's embedding of one
+    image with every shift it averages (``views`` passes), and what a step costs once for all members
+    (``shared``: the batch augmentation)."""
 
     step: float
     embed: float
     views: int = 1
+    shared: float = 0.0
+
+    def steps_seconds(self, steps: int, members: int) -> float:
+        """Seconds of ``steps`` training steps of ``members`` members."""
+        return steps * (self.shared + members * self.step)
 
 
 @dataclass(frozen=True)
@@ -95,20 +103,21 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
         per_val = val_images * costs.embed * n
         evals = min(evaluations, budget.evaluation_count(time_budget, per_val)) if val_images and evaluations else 0
         full = usable - (val_images * evaluations + test_images) * costs.embed * n
-        if full >= steps * n * costs.step:  # the recipe's steps and validations fit with n members
+        if full >= costs.steps_seconds(steps, n):  # the recipe's steps and validations fit with n members
             options.append((n, steps, evaluations, full))
             break
         left = usable - (val_images * evals + test_images) * costs.embed * n
-        options.append((n, max(1, min(steps, int(left / max(n * costs.step, 1e-12)))), evals, left))
+        options.append((n, max(1, min(steps, int(left / max(costs.steps_seconds(1, n), 1e-12)))), evals, left))
     fits = [o for o in options if o[1] == steps and o[0] == members]
     enough = [o for o in options if o[1] >= MIN_STEP_SHARE * steps]
     n, planned, evals, left = fits[0] if fits else enough[0] if enough else options[-1]
     floored = planned < floor
     planned = max(planned, min(floor, steps))
     every = evaluation_interval(planned, evals) if evals else planned
-    seconds = spent + planned * n * costs.step + (val_images * evals + test_images) * costs.embed * n
-    measured = (f"measured here: {costs.step * 1000:.0f} ms a training step of one member, "
-                f"{costs.embed * 1000:.2f} ms an embedded image per member"
+    seconds = spent + costs.steps_seconds(planned, n) + (val_images * evals + test_images) * costs.embed * n
+    measured = (f"measured here: {costs.step * 1000:.0f} ms a training step of one member"
+                + (f" and {costs.shared * 1000:.1f} ms a batch's augmentation" if costs.shared else "")
+                + f", {costs.embed * 1000:.2f} ms an embedded image per member"
                 + (f" ({costs.views} shifts)" if costs.views > 1 else ""))
     if fits:
         reason = (f"the recipe's {steps} steps of {members} member(s) and {evaluations} validation(s) fit the "
@@ -137,33 +146,51 @@ def _best_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) ->
 
 def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int], *, views: int,
                         device: torch.device, dtype: torch.dtype | None,
-                        clock: Callable[[], float] = time.perf_counter) -> GlyphCosts:
+                        clock: Callable[[], float] = time.perf_counter, objective: nn.Module | None = None,
+                        labels: torch.Tensor | None = None, augment: Callable | None = None) -> GlyphCosts:
     """:class:`GlyphCosts` of one member (``model``, a single embedder) on random images of ``shape`` ``[C, H, W]``:
-    a training step at ``batch`` (forward, backward, an AdamW update of a copy of the model; the best of
-    :data:`TIMED_STEPS` after :data:`WARM_UP_STEPS`) and an eval-mode embedding per image times ``views`` (its shifts).
-    ``model`` and the global random state are left as they were."""
+    a training step at ``batch`` (forward, ``objective(embeddings, labels)``, backward and the update of a copy of
+    the model and the objective by the AdamW the run gets, at learning rate 0; the best of :data:`TIMED_STEPS` after
+    :data:`WARM_UP_STEPS`; without ``objective`` a sum of squares stands in), ``augment(images, generator)`` on the
+    batch (``shared``, once per step for all members) and an eval-mode embedding per image times ``views`` (its
+    shifts). ``model``, ``objective`` and the global random state are left as they were."""
     member = copy.deepcopy(model).to(device)
     if device.type == "cpu":
         member = member.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.AdamW([p for p in member.parameters() if p.requires_grad], lr=0.0)
+    loss_fn = copy.deepcopy(objective).to(device) if objective is not None else None
+    params = [p for module in (member, loss_fn) if module is not None for p in module.parameters() if p.requires_grad]
+    groups = [{"params": params}]
+    optimizer = torch.optim.AdamW(groups, lr=0.0, **({"fused": True} if fused_capable(groups) else {}))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, *shape, generator=g).to(device)
+    y = (labels if labels is not None else torch.zeros(batch, dtype=torch.int64)).to(device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def step() -> None:
         with autocast:
             out = member(x)
-        loss = out.float().square().sum()
+        loss = loss_fn(out.float(), y) if loss_fn is not None else out.float().square().sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize()
 
     member.train()
     for _ in range(WARM_UP_STEPS):  # oneDNN primitives, allocations, the optimiser's state
         step()
     step_seconds = _best_of(step, TIMED_STEPS, clock)
+    shared = 0.0
+    if augment is not None:
+        def augmentation() -> None:
+            augment(x, g)
+            synchronize()
+
+        augmentation()
+        shared = _best_of(augmentation, TIMED_STEPS, clock)
     images = torch.randn(TIMED_IMAGES, *shape, generator=g).to(device)
     shift = getattr(member, "shift_average", 0)
     member.shift_average = 0  # one pass per image; the shifts are ``views`` such passes
@@ -172,13 +199,12 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
     def embed() -> None:
         with torch.no_grad(), autocast:
             member(images)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize()
 
     embed()
     per_image = _best_of(embed, 2, clock) / TIMED_IMAGES
     member.shift_average = shift
-    return GlyphCosts(step_seconds, per_image * views, views)
+    return GlyphCosts(step_seconds, per_image * views, views, shared)
 
 
 def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
@@ -191,15 +217,19 @@ def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
             and not cfg.asap.enabled and distributed.torchrun_local_rank() is None)
 
 
-def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
-                 device: torch.device, spent: float) -> tuple[dict[str, tuple[Any, str]], float | None]:
+def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, device: torch.device, spent: float,
+                 objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None
+                 ) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
     :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
     a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: the model
     as built before the recipe (one member, or the whole ensemble when ``model.ensemble`` was set by hand: its first
     member is timed); ``recipe_run``: the data recipe's result (``builders.ResolvedRecipe``: the
-    training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far."""
+    training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far; ``objective``:
+    builds one member's objective for a number of classes (timed with the member's step, on labels of the sampler's
+    ``m`` images per class; built on a forked random state, so the run's own draws are unchanged); ``augment``: the
+    run's batch augmentation (timed once per step)."""
     from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
 
@@ -213,8 +243,13 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *,
     side = cfg.data.crop_size or cfg.data.image_size  # the size the model is fed, where the data options set it
     shape = (profile.channels, side or profile.height, side or profile.width)
     member = model.members[0] if hasattr(model, "members") else model  # an ensemble set by hand is built whole
-    costs = measure_glyph_costs(member, int(cfg.sampler.batch_size), shape, views=views, device=device,
-                                dtype=autocast_dtype(cfg.train.mixed_precision))
+    batch, classes = int(cfg.sampler.batch_size), max(1, int(splits.train.labels.unique().numel()))
+    labels = (torch.arange(batch) // max(1, int(cfg.sampler.m or 1))) % classes
+    with torch.random.fork_rng(devices=[]):
+        timed_objective = objective(classes) if objective is not None else None
+    costs = measure_glyph_costs(member, batch, shape, views=views, device=device,
+                                dtype=autocast_dtype(cfg.train.mixed_precision), objective=timed_objective,
+                                labels=labels, augment=augment)
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
     evaluations = max(1, evaluations_over(cfg.train.max_steps, cfg.train.eval_every)) if has_val else 0
     test = [getattr(splits, name, None) for name in ("test", "query", "gallery")]

@@ -42,7 +42,7 @@ def parameter_groups(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) ->
 FUSED_DEVICES = ("cuda", "cpu")
 
 
-def _fused_capable(groups: list[dict]) -> bool:
+def fused_capable(groups: list[dict]) -> bool:
     """Whether every parameter of ``groups`` is a floating-point tensor on one device type of :data:`FUSED_DEVICES`."""
     params = [p for g in groups for p in g["params"]]
     types = {p.device.type for p in params}
@@ -61,7 +61,7 @@ def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> 
     groups = parameter_groups(model, loss, cfg)
     wd = cfg.weight_decay
     adam = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": wd}
-    if cfg.name in ("adam", "adamw") and _fused_capable(groups):
+    if cfg.name in ("adam", "adamw") and fused_capable(groups):
         adam["fused"] = True
     if cfg.name == "adam":
         return torch.optim.Adam(groups, **adam)

@@ -207,10 +207,18 @@ def resolve_run(
     resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
                                             model=built, model_choices=model_choices,
                                             accelerator=device.type == "cuda")
+    # the warp fills with the background as the model sees it: after the split's normalisation
+    background = torch.tensor(resolved_recipe.profile.background).view(1, -1, 1, 1)
+    transform = splits.train.transform
+    fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
+    augment = builders.build_batch_augmentation(cfg, fill)
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
+        member_objective = (None if loss is not None or miner is not None else  # a member's step is timed with it
+                            lambda classes: builders.build_member_objective(cfg, classes))
         planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe, device=device,
-                                                     spent=wall_clock() - started)
+                                                     spent=wall_clock() - started, objective=member_objective,
+                                                     augment=augment)
         resolved_recipe.choices.update(planned)
         if planned:
             echo(recipes.format_planned(planned))
@@ -231,11 +239,6 @@ def resolve_run(
     sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size)
     methods = enabled_methods(cfg)
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
-    # the warp fills with the background as the model sees it: after the split's normalisation
-    background = torch.tensor(resolved_recipe.profile.background).view(1, -1, 1, 1)
-    transform = splits.train.transform
-    fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
-    augment = builders.build_batch_augmentation(cfg, fill)
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
     ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process

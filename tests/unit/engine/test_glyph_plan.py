@@ -38,7 +38,7 @@ class TickClock:
 
 def predicted_seconds(plan, costs: GlyphCosts, spent: float, val_images: int, test_images: int) -> float:
     """The plan's end, written out independently of plan_glyphs: steps of every member, then the embeddings."""
-    return spent + plan.steps * plan.members * costs.step + \
+    return spent + plan.steps * (costs.shared + plan.members * costs.step) + \
         (val_images * plan.evaluations + test_images) * plan.members * costs.embed
 
 
@@ -103,6 +103,33 @@ def test_measured_costs_follow_the_clock_and_leave_the_model_and_the_random_stat
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert model.shift_average == 2 and model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics too
+
+
+def test_the_member_step_is_timed_with_its_loss_and_the_shared_augmentation_once():
+    from dmlkit.data.transforms import RandomAffine
+    from dmlkit.losses import ProxyAnchorLoss
+
+    model = create_model("small_cnn", embedding_size=16, width=4, in_chans=1)
+    objective = ProxyAnchorLoss(num_classes=5, embedding_size=16)
+    proxies, rng = objective.proxies.detach().clone(), torch.random.get_rng_state()
+    calls = []
+
+    def augment(images, generator):
+        calls.append(images.shape)
+        return RandomAffine()(images, generator)
+
+    labels = torch.arange(8) // 2 % 5
+    costs = measure_glyph_costs(model, 8, (1, 28, 28), views=1, device=torch.device("cpu"), dtype=None,
+                                clock=TickClock(0.25), objective=objective, labels=labels, augment=augment)
+    assert costs.step == pytest.approx(0.25) and costs.shared == pytest.approx(0.25)
+    assert calls and all(shape == (8, 1, 28, 28) for shape in calls)
+    assert torch.equal(objective.proxies, proxies) and objective.proxies.grad is None  # a copy was trained
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    # the shared cost is paid once a step, whatever the members: 3 members of 10 ms and 2 ms shared = 32 ms a step
+    plan = plan_glyphs(**OMNIGLOT, costs=GlyphCosts(step=0.010, embed=0.0002, views=25, shared=0.002))
+    assert (plan.members, plan.steps) == (3, 1249)
+    assert plan.seconds == pytest.approx(5.0 + 1249 * 0.032 + (280 * 10 + 1360) * 3 * 0.0002)
+    assert "2.0 ms a batch's augmentation" in plan.reason
 
 
 def run_on_clock(monkeypatch, tiny_config, seconds: float, *overrides: str):

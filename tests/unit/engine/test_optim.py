@@ -65,7 +65,7 @@ def test_adam_takes_the_fused_kernels_where_every_parameter_is_on_the_cpu_or_a_g
         assert build_optimizer(TwoPart(), WithProxies(), cfg).defaults.get("fused")  # CPU parameters
         results = []
         for fused in (False, True):  # the fused step moves the weights as the foreach one does
-            monkeypatch.setattr(optim, "_fused_capable", lambda groups, fused=fused: fused)
+            monkeypatch.setattr(optim, "fused_capable", lambda groups, fused=fused: fused)
             torch.manual_seed(0)
             model, loss = TwoPart(), WithProxies()
             opt = build_optimizer(model, loss, cfg)
@@ -78,10 +78,10 @@ def test_adam_takes_the_fused_kernels_where_every_parameter_is_on_the_cpu_or_a_g
         torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-7)
         assert not torch.equal(results[0], torch.zeros_like(results[0]))
     monkeypatch.undo()
-    assert optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2))]}])
+    assert optim.fused_capable([{"params": [nn.Parameter(torch.zeros(2))]}])
     # no fused kernels on the meta device, for integer tensors, or across device types
-    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2, device="meta"))]}])
-    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]}])
-    assert not optim._fused_capable([{"params": [nn.Parameter(torch.zeros(2)),
+    assert not optim.fused_capable([{"params": [nn.Parameter(torch.zeros(2, device="meta"))]}])
+    assert not optim.fused_capable([{"params": [nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]}])
+    assert not optim.fused_capable([{"params": [nn.Parameter(torch.zeros(2)),
                                                  nn.Parameter(torch.zeros(2, device="meta"))]}])
-    assert not optim._fused_capable([{"params": []}])
+    assert not optim.fused_capable([{"params": []}])

@@ -25,7 +25,7 @@ def as_on_a_card(monkeypatch, fused: bool = True) -> None:
     """Checks of data take the card's branch; ``build_optimizer`` picks the fused AdamW a card gets."""
     monkeypatch.setattr(validation, "reads_on_host", lambda tensor: False)
     if fused:
-        monkeypatch.setattr(optim, "_fused_capable", lambda groups: True)
+        monkeypatch.setattr(optim, "fused_capable", lambda groups: True)
 
 
 class CountBetween(Callback):
