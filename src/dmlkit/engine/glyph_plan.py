@@ -39,10 +39,10 @@ from dmlkit.engine.optim import fused_capable
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
 #: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
 #: count set by hand; sessions 35-36): 5 members x 820 steps (66 %) 0.8390 and x 1,000 (80 %) 0.8456 lose to
-#: 4 x 1,243 (0.8482), while 4 x 1,104 (89 %) 0.8483 beats 3 x 1,243 (0.8442): a member is worth the last ~12 % of the
-#: steps (under the cosine schedule they add little: +0.0002 to +0.004 validation MAP@R from step 939 to 1,249), not a
-#: fifth of them. Earlier, at equal compute far from the recipe's steps (1,800 member-steps), one member x 1,800 steps
-#: 0.881 beat 3 x 600 0.867.
+#: 4 x 1,243 (0.8482), 4 x 995 (80 %) 0.8440 ties 3 x 1,243 (0.8442), and 4 x 1,104 (89 %) 0.8483 beats it: a
+#: member is worth the last ~12 % of the steps (under the cosine schedule they add little: +0.0002 to +0.004
+#: validation MAP@R from step 939 to 1,249), not a fifth of them. Earlier, at equal compute far from the recipe's
+#: steps (1,800 member-steps), one member x 1,800 steps 0.881 beat 3 x 600 0.867.
 MIN_STEP_SHARE = 0.85
 
 #: A budget the recipe chose (not one set by hand) is raised rather than cut a model trained from scratch below this
