@@ -55,8 +55,9 @@ def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> 
     Adam and AdamW take PyTorch's fused kernels when every parameter is a floating-point tensor on a
     CUDA device or the CPU (one kernel per parameter instead of several passes over each list; the
     same update rule). On a CPU that is a third of the foreach step's time for the small models
-    trained from scratch (0.32 against 0.91 ms for three width-16 glyph CNNs, issue 40), and it
-    skips a non-finite update by itself (``found_inf``), so the step needs no host read either.
+    trained from scratch (0.36 against 0.92 ms for three glyph ensemble members, issue 40:
+    ``benchmarks/bench_optimizer_step.py``); on a GPU it also skips a non-finite update by itself
+    (``found_inf``), so the step needs no host read there (``training/step_checks.py``).
     """
     groups = parameter_groups(model, loss, cfg)
     wd = cfg.weight_decay

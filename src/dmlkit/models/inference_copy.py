@@ -12,9 +12,10 @@ with one leading zero row or column. ``benchmarks/bench_photos.py`` measures the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,24 @@ FOLD_TOLERANCE = 1e-4
 CHUNK_BYTES = 24 * 2**20
 
 
+@contextlib.contextmanager
+def _largest_output(model: nn.Module, images: int) -> Iterator[list[int]]:
+    """While open, ``[n]``: the most elements per image (of ``images`` in the batch) any module of ``model`` has
+    output so far (per input image: flip averaging runs 2 images per image)."""
+    largest = [0]
+
+    def record(module, args, out) -> None:
+        if isinstance(out, torch.Tensor):
+            largest[0] = max(largest[0], out.numel() // max(1, images))
+
+    hooks = [module.register_forward_hook(record) for module in model.modules()]
+    try:
+        yield largest
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _conv_batch_norm_pairs(
     model: nn.Module, probe: torch.Tensor
 ) -> tuple[list[tuple[nn.Conv2d, nn.BatchNorm2d]], int, torch.Tensor]:
@@ -35,13 +54,7 @@ def _conv_batch_norm_pairs(
     ``probe``, the largest number of elements per image of any layer's output, and the output."""
     produced: dict[int, tuple[nn.Conv2d, torch.Tensor]] = {}  # outputs kept alive: ids are not reused
     pairs: list[tuple[nn.Conv2d, nn.BatchNorm2d]] = []
-    largest = [0]
-
-    def record_size(mod, args, out) -> None:  # per input image: flip averaging runs 2 images per image
-        if isinstance(out, torch.Tensor):
-            largest[0] = max(largest[0], out.numel() // len(probe))
-
-    hooks = [module.register_forward_hook(record_size) for module in model.modules()]
+    hooks = []
     for module in model.modules():
         if isinstance(module, nn.Conv2d):  # timm's Conv2dSame too: its padding comes before the product
             hooks.append(module.register_forward_hook(lambda mod, args, out: produced.__setitem__(id(out), (mod, out))))
@@ -49,7 +62,7 @@ def _conv_batch_norm_pairs(
             hooks.append(module.register_forward_pre_hook(
                 lambda mod, args: pairs.append((produced[id(args[0])][0], mod)) if id(args[0]) in produced else None))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _largest_output(model, len(probe)) as largest:
             output = model(probe)
     finally:
         for hook in hooks:
@@ -221,22 +234,11 @@ def chunk_for(model: nn.Module, run: Callable[[torch.Tensor], Any], image: torch
     """Images per call of ``run`` (a pass through ``model``'s modules, without gradients) on a CPU: the largest
     output of any module for the one-image batch ``image``, kept within :data:`CHUNK_BYTES` (:func:`chunk_size`).
 
-    Whole batches of photos at 224 px cost nearly twice as much per image as such chunks (fresh zero-filled pages
-    for every large activation: the frozen stages of EfficientNet-Lite2 on 64 images 30 against 17 ms an image,
-    ``benchmarks/bench_feature_cache.py``)."""
-    largest = [0]
-
-    def record(module, args, out) -> None:
-        if isinstance(out, torch.Tensor):
-            largest[0] = max(largest[0], out.numel() // max(1, len(image)))
-
-    hooks = [module.register_forward_hook(record) for module in model.modules()]
-    try:
-        with torch.no_grad():
-            run(image)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    Whole batches of photos at 224 px cost about twice as much per image as such chunks (fresh zero-filled pages
+    for every large activation: the feature cache's build through EfficientNet-Lite2's 4 frozen stages, batches of
+    64, 23.7 against 10.9 ms an image-view, ``benchmarks/bench_feature_cache.py``)."""
+    with torch.no_grad(), _largest_output(model, len(image)) as largest:
+        run(image)
     return chunk_size(largest[0], dtype if dtype is not None else image.dtype)
 
 
