@@ -73,6 +73,7 @@ RECIPE_FIELDS = (
     "data.augment",
     "model.shift_average",
     "model.ensemble",
+    "protocol.member_folds",
     "data.num_workers",
     "train.mixed_precision",
     "train.feature_cache",  # resolved by dmlkit.engine.feature_cache once the model and the batches exist
@@ -547,6 +548,8 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
     if cfg.model.ensemble is None:
         out["model.ensemble"] = ensemble
+    if cfg.protocol.member_folds is None:
+        out["protocol.member_folds"] = member_folds_choice(cfg, cfg.model.ensemble or ensemble[0], warm)
     if cfg.data.num_workers is None:
         if accelerator and not profile.in_memory:
             workers = max(1, min(8, (os.cpu_count() or 2) - 1))
@@ -574,6 +577,20 @@ def evaluations_over(steps: int, every: int) -> int:
 def small_in_memory(profile: DataProfile) -> bool:
     """Whether the training images are held in memory and no side exceeds :data:`SMALL_SIDE` px (glyphs, digits)."""
     return profile.in_memory and 0 < max(profile.height, profile.width) <= SMALL_SIDE
+
+
+def member_folds_choice(cfg: Any, members: int, warm: bool) -> tuple[bool, str]:
+    """The recipe's ``protocol.member_folds`` and its reason: on for an ensemble trained from scratch with validation
+    classes (each member holds out its own fold of them), else off."""
+    fraction = cfg.protocol.val_class_fraction
+    if members < 2 or warm or not fraction or cfg.protocol.fold is not None:
+        return False, "one model, or no class-disjoint validation to give each member its own fold"
+    folds = max(2, round(1 / fraction))
+    if members > folds:
+        return False, f"{members} members but only {folds} folds of the training classes"
+    return True, (f"each member holds out its own of {folds} folds of the training classes and trains on the rest "
+                  "(the ensemble sees every training class; Omniglot's validation characters, nested: +0.008 MAP@R "
+                  "over members sharing one fold)")
 
 
 def narrow_ensemble_members(cfg: Any, members: int) -> bool:

@@ -69,6 +69,13 @@ class ProtocolConfig:
     training classes (class-disjoint); ``None`` lets the recipe decide (0.2 with >= 20 classes,
     else 0). The test classes are never used for selection.
 
+    ``member_folds=True`` (with ``model.ensemble=N > 1`` and validation classes): each ensemble member holds out
+    its own fold of the training classes (``round(1 / val_class_fraction)`` seeded folds; member 0's is the
+    held-out validation classes) and trains on the rest, in its own batches; each member is scored on its own
+    fold and the pooled per-query MAP@R selects the checkpoint (the fold models of Musgrave et al. trained side
+    by side as one ensemble, which then has seen every training class). ``None`` lets the recipe decide (on for
+    the recipe's glyph ensemble).
+
     ``selection`` is how the validation MAP@R picks the kept checkpoint (and drives early stopping):
     ``significant`` (dmlkit's rule for pretrained backbones: a checkpoint must beat the untrained
     embedding of step 0 by 2 standard errors of the paired per-query gain) or ``best`` (the highest
@@ -80,6 +87,7 @@ class ProtocolConfig:
     seed: int = 0
     val_fraction: float = 0.0
     val_class_fraction: Optional[float] = None
+    member_folds: Optional[bool] = None
     selection: str = "significant"
 
 
@@ -372,6 +380,14 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("protocol.fold and protocol.val_fraction are alternatives: set one of them.")
     if cfg.asap.enabled and p.fold is None and p.val_fraction == 0:
         problems.append("asap.enabled needs a validation split: set protocol.fold (or protocol.val_fraction).")
+    if p.member_folds and (p.fold is not None or p.val_fraction > 0 or p.val_class_fraction == 0):
+        problems.append("protocol.member_folds holds out each member's fold of the training classes: it needs "
+                        "protocol.val_class_fraction > 0 (or left to the recipe), not protocol.fold or "
+                        "protocol.val_fraction.")
+    if p.member_folds and p.val_class_fraction and (cfg.model.ensemble or 1) > max(2, round(1 / p.val_class_fraction)):
+        problems.append(f"protocol.member_folds gives each of model.ensemble={cfg.model.ensemble} members its own "
+                        f"fold, but protocol.val_class_fraction={p.val_class_fraction} makes only "
+                        f"{max(2, round(1 / p.val_class_fraction))} folds: raise the fraction or lower the ensemble.")
     if cfg.asap.enabled and (cfg.model.ensemble or 1) > 1:
         problems.append("asap.enabled trains one model's proxies: set model.ensemble=1 (or leave ASAP off).")
     if cfg.data.pipeline != "recipe" and cfg.data.augment not in ("auto", "crop"):

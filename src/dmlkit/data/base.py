@@ -315,7 +315,8 @@ class DataSplits:
     ``gallery`` (which share one label space) and ``eval_mode="query_gallery"``, as does a CSV manifest
     with ``is_query``/``is_gallery`` (where a row may be both). ``categories`` names the category of every
     evaluated row (``test``, or ``query``) when the data has one (a CSV ``category`` column), for
-    per-category metrics.
+    per-category metrics. ``before_holdout`` is the training split before its validation classes were held out
+    (set when they were: ensemble members with their own folds train on parts of it).
     """
 
     name: str
@@ -327,6 +328,7 @@ class DataSplits:
     eval_mode: str = "leave_one_out"
     info: dict = field(default_factory=dict)
     categories: list[str] | None = None
+    before_holdout: SplitDataset | None = None
 
     def items(self) -> list[tuple[str, SplitDataset]]:
         """(split name, dataset) for every split that is present, in a fixed order."""

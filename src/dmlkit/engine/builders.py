@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import inspect
 import warnings
 from dataclasses import dataclass
@@ -161,6 +163,7 @@ def build_splits(cfg: RunConfig, model: nn.Module, survey=None):
 
 
 def _hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
+    splits.before_holdout = splits.train
     splits.train, splits.val = hold_out_classes(splits.train, fraction, seed)
     _evaluate_like_test(splits)
     splits.info["val_classes"] = list(splits.val.class_names)
@@ -320,18 +323,22 @@ def _nested_loss(spec):
 
 
 def build_objective(cfg: RunConfig, num_classes: int, *, loss: nn.Module | None = None,
-                    miner: nn.Module | None = None) -> TrainingObjective | EnsembleObjective:
+                    miner: nn.Module | None = None, member_folds=None) -> TrainingObjective | EnsembleObjective:
     """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory.
 
     A ``loss`` or ``miner`` object (dmlkit's or pytorch-metric-learning's) is used instead of the
     config's. With ``model.ensemble=N > 1``: N such objectives, one per member
-    (:class:`EnsembleObjective`; config-built losses only).
+    (:class:`EnsembleObjective`; config-built losses only); with ``member_folds``
+    (:class:`~dmlkit.engine.member_folds.MemberFolds`) each over its member's own training classes.
     """
     size = cfg.model.ensemble or 1
     if size > 1:
         if loss is not None or miner is not None:
             raise ConfigError(f"model.ensemble={size} trains one loss per member; it cannot share one loss or "
                               "miner object. Set model.ensemble=1, or name the loss in the config.")
+        if member_folds is not None:
+            return EnsembleObjective([build_member_objective(cfg, count) for count in member_folds.class_counts()],
+                                     [cfg.model.embedding_size] * size, member_labels=member_folds.label_maps)
         return EnsembleObjective([build_member_objective(cfg, num_classes) for _ in range(size)],
                                  [cfg.model.embedding_size] * size)
     return build_member_objective(cfg, num_classes, loss, miner)
@@ -416,10 +423,24 @@ class BatchPosition:
     batch_in_epoch: int = 0
 
 
-def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, world_size: int = 1):
-    """The sampler named by ``cfg.sampler`` (``dmlkit.data.samplers``), seeded by ``cfg.seed``."""
+def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, world_size: int = 1,
+                        member_folds=None):
+    """The sampler named by ``cfg.sampler`` (``dmlkit.data.samplers``), seeded by ``cfg.seed``; with
+    ``member_folds`` one per member over its own training rows, side by side
+    (:class:`~dmlkit.engine.member_folds.MemberBatchSampler`; member 0 seeded by ``cfg.seed``, the others by seeds
+    derived from it)."""
     from dmlkit.data.samplers import create_sampler
 
+    if member_folds is not None:
+        from dmlkit.engine.member_folds import MemberBatchSampler
+        from dmlkit.seeds import derive_seed
+
+        samplers = []
+        for i, rows in enumerate(member_folds.train_rows):
+            member_cfg = copy.deepcopy(cfg)
+            member_cfg.seed = cfg.seed if i == 0 else derive_seed(cfg.seed, "member sampler", i)
+            samplers.append(build_batch_sampler(member_cfg, labels[rows], rank=rank, world_size=world_size))
+        return MemberBatchSampler(samplers, member_folds.train_rows)
     s = cfg.sampler
     if len(labels) < s.batch_size * world_size:
         raise DataError(

@@ -24,6 +24,7 @@ The trainer's own plan (:mod:`dmlkit.engine.budget`) still re-times the steps on
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -63,16 +64,18 @@ TIMED_IMAGES = 64
 class GlyphCosts:
     """Seconds on this machine: one member's training step at the run's batch, one member's embedding of one
     image with every shift it averages (``views`` passes), and what a step costs once for all members
-    (``shared``: the batch augmentation)."""
+    (``shared``: the batch augmentation; with ``own_batches``, ``protocol.member_folds``, each member's)."""
 
     step: float
     embed: float
     views: int = 1
     shared: float = 0.0
+    own_batches: bool = False
 
     def steps_seconds(self, steps: int, members: int) -> float:
-        """Seconds of ``steps`` training steps of ``members`` members."""
-        return steps * (self.shared + members * self.step)
+        """Seconds of ``steps`` training steps of ``members`` members (``own_batches``: each member its own batch,
+        augmented with the others' in one call: ``shared`` per member)."""
+        return steps * (self.shared * (members if self.own_batches else 1) + members * self.step)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,8 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     every = evaluation_interval(planned, evals) if evals else planned
     seconds = spent + costs.steps_seconds(planned, n) + (val_images * evals + test_images) * costs.embed * n
     measured = (f"measured here: {costs.step * 1000:.0f} ms a training step of one member"
-                + (f" and {costs.shared * 1000:.1f} ms a batch's augmentation" if costs.shared else "")
+                + (f" and {costs.shared * 1000:.1f} ms a batch's augmentation"
+                   + (" (each member's batch)" if costs.own_batches else "") if costs.shared else "")
                 + f", {costs.embed * 1000:.2f} ms an embedded image per member"
                 + (f" ({costs.views} shifts)" if costs.views > 1 else ""))
     if fits:
@@ -250,6 +254,8 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     costs = measure_glyph_costs(member, batch, shape, views=views, device=device,
                                 dtype=autocast_dtype(cfg.train.mixed_precision), objective=timed_objective,
                                 labels=labels, augment=augment)
+    if cfg.protocol.member_folds:  # each member its own batch (engine/member_folds.py): augmented once per member
+        costs = dataclasses.replace(costs, own_batches=True)
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
     evaluations = max(1, evaluations_over(cfg.train.max_steps, cfg.train.eval_every)) if has_val else 0
     test = [getattr(splits, name, None) for name in ("test", "query", "gallery")]

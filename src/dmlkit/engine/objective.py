@@ -65,15 +65,31 @@ class EnsembleObjective(nn.Module):
     own (``sizes`` columns each, rescaled by ``sqrt(N)`` back to the member's norm) and applies
     member ``i``'s loss, miner and memory to part ``i`` alone: each member learns as if it were
     trained by itself, with its own proxies.
+
+    ``member_labels`` (``protocol.member_folds``): the batch is ``N`` blocks of rows, block ``i`` member
+    ``i``'s own batch (``EmbedderEnsemble.member_batches``); member ``i``'s loss sees block ``i`` of its
+    columns, its labels mapped by ``member_labels[i]`` (the run's label ``c`` -> the member's own
+    ``0..C_i-1``; its proxies are its training classes only).
     """
 
-    def __init__(self, objectives: list[TrainingObjective], sizes: list[int]):
+    def __init__(self, objectives: list[TrainingObjective], sizes: list[int],
+                 member_labels: list[torch.Tensor] | None = None):
         super().__init__()
         if len(objectives) != len(sizes):
             raise ValueError(f"EnsembleObjective got {len(objectives)} objectives for {len(sizes)} members.")
+        if member_labels is not None and len(member_labels) != len(sizes):
+            raise ValueError(f"EnsembleObjective got {len(member_labels)} label maps for {len(sizes)} members.")
         self.objectives = nn.ModuleList(objectives)
         self.sizes = list(sizes)
+        self.member_labels = None if member_labels is None else [m.clone() for m in member_labels]
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         parts = split_embeddings(embeddings, self.sizes)
-        return torch.stack([objective(part, labels) for objective, part in zip(self.objectives, parts)]).sum()
+        if self.member_labels is None:
+            return torch.stack([objective(part, labels) for objective, part in zip(self.objectives, parts)]).sum()
+        rows = embeddings.shape[0] // len(self.sizes)
+        losses = []
+        for i, (objective, part, lookup) in enumerate(zip(self.objectives, parts, self.member_labels)):
+            own = lookup.to(labels.device)[labels[i * rows:(i + 1) * rows]]
+            losses.append(objective(part[i * rows:(i + 1) * rows], own))
+        return torch.stack(losses).sum()

@@ -32,9 +32,11 @@ from dmlkit.engine.checkpoint import config_fingerprint
 from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
 from dmlkit.engine.glyph_plan import plan_for_run as plan_glyphs_for_run
 from dmlkit.engine.learning_plan import plan_for_run
+from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.seeding import seed_everything
+from dmlkit.exceptions import ConfigError
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.methods import enabled_methods
@@ -75,6 +77,7 @@ class ResolvedRun:
     cache_plan: CachePlan
     fingerprint: str
     method: type[MethodHooks]
+    member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
 
     def method_hooks(self, trainer) -> MethodHooks:
@@ -230,13 +233,31 @@ def resolve_run(
     channels_last = device_data.uses_channels_last(built, device)  # conv models on a GPU
     if channels_last:
         built.to(memory_format=torch.channels_last)
+    member_folds = None
+    if cfg.protocol.member_folds and not uses_member_folds(cfg, built, splits):
+        if "protocol.member_folds" not in resolved_recipe.choices and (cfg.model.ensemble or 1) > 1:
+            raise ConfigError("protocol.member_folds=true needs an ensemble built from the config "
+                              "(model.ensemble > 1) in one process, with validation classes held out of the "
+                              "training split (protocol.val_class_fraction > 0; not a validation split given).")
+        cfg.protocol.member_folds = False  # the recipe's choice, on a run with nothing to fold (one member)
+        unfolded = {"protocol.member_folds": (False, "one model, or no validation classes held out of the training "
+                                                     "split: no folds to give")}
+        resolved_recipe.choices.update(unfolded)
+        echo(recipes.format_planned(unfolded))
+    if cfg.protocol.member_folds:
+        label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
+        member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
+                                          cfg.protocol.seed)
+        built.member_batches = True
     train_labels = splits.train.labels
     label_map = builders.LabelMap(train_labels)
-    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner).to(device)
+    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner,
+                                         member_folds=member_folds).to(device)
     optimizer = optimizer if optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
     scheduler = build_scheduler(optimizer, cfg.optimizer, lambda: cfg.train.max_steps)
-    sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size)
+    sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
+                                           member_folds=member_folds)
     methods = enabled_methods(cfg)
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
@@ -254,8 +275,18 @@ def resolve_run(
         scheduler=scheduler, sampler=sampler, early_stopping=patience, augment=augment,
         autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
         cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
-        method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds,
+        method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds, member_folds=member_folds,
     )
+
+
+def uses_member_folds(cfg: RunConfig, model: nn.Module, splits) -> bool:
+    """Whether the run trains its ensemble's members on their own folds (``protocol.member_folds``): asked for,
+    an ensemble built from the config, and validation classes held out of the training split."""
+    from dmlkit.models.ensemble import EmbedderEnsemble
+
+    return bool(cfg.protocol.member_folds) and isinstance(model, EmbedderEnsemble) \
+        and splits.val is not None and splits.before_holdout is not None \
+        and distributed.torchrun_local_rank() is None  # an all-gathered batch would mix the members' blocks
 
 
 __all__ = ["SUMMARY_FILE", "ResolvedRun", "resolve_run"]

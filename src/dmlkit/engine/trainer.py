@@ -105,6 +105,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
         self.sampler = run.sampler
+        self.member_folds = run.member_folds  # protocol.member_folds: each member validates on its own fold
         self.position = builders.BatchPosition()
         self.step = 0
         self.best_score = -math.inf

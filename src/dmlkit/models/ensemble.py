@@ -3,7 +3,9 @@
 The same construction as the 512-D ensemble of ASAP Table 1 (after Musgrave et al. 2020): each
 member's normalised embedding is concatenated and the result re-normalised. Here the members are
 trained together in one run (``model.ensemble=N``), each from its own initialisation and with its
-own loss (``dmlkit.engine.objective.EnsembleObjective``), on the same batches.
+own loss (``dmlkit.engine.objective.EnsembleObjective``), on the same batches, or with
+``member_batches`` each on its own batch (``protocol.member_folds``: each member holds out its own
+fold of the training classes, ``dmlkit.engine.member_folds``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ class EmbedderEnsemble(nn.Module):
     :func:`split_embeddings` undoes the concatenation for the per-member losses.
     ``pretrained_cfg`` and :meth:`preprocess` are the first member's (all members share one
     backbone name, so one preprocessing).
+
+    With ``member_batches=True``, a training-mode batch is ``N`` blocks of equal size, block ``i``
+    member ``i``'s own batch: the output is block-diagonal, ``[N x b, sum of member sizes]``, with
+    member ``i``'s embeddings of block ``i`` in its columns (the same ``1 / sqrt(N)`` scale) and zeros
+    elsewhere, and each member computes only its block. Eval mode embeds every image by every member.
     """
 
-    def __init__(self, members: Sequence[Embedder]):
+    def __init__(self, members: Sequence[Embedder], *, member_batches: bool = False):
         super().__init__()
         if len(members) < 2:
             raise ValueError(f"EmbedderEnsemble needs at least 2 members. Got {len(members)}.")
@@ -34,13 +41,21 @@ class EmbedderEnsemble(nn.Module):
         self.pretrained_cfg: dict[str, Any] = dict(members[0].pretrained_cfg)
         self.weights_report = members[0].weights_report
         self.pretrained_weights = getattr(members[0], "pretrained_weights", None)
+        self.member_batches = member_batches
 
     @property
     def embedding_size(self) -> int:
         return sum(m.embedding_size for m in self.members)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([member(x) for member in self.members], dim=1) * len(self.members) ** -0.5
+        scale = len(self.members) ** -0.5
+        if self.training and self.member_batches:
+            if x.shape[0] % len(self.members):
+                raise ValueError(f"EmbedderEnsemble with member_batches takes {len(self.members)} equal blocks of "
+                                 f"rows in training mode. Got a batch of {x.shape[0]}.")
+            blocks = x.chunk(len(self.members))
+            return torch.block_diag(*[member(block) for member, block in zip(self.members, blocks)]) * scale
+        return torch.cat([member(x) for member in self.members], dim=1) * scale
 
     @property
     def member_sizes(self) -> list[int]:
@@ -50,7 +65,7 @@ class EmbedderEnsemble(nn.Module):
         return self.members[0].preprocess(images, resize=resize)
 
     def extra_repr(self) -> str:
-        return f"members={len(self.members)}"
+        return f"members={len(self.members)}" + (", member_batches=True" if self.member_batches else "")
 
 
 def split_embeddings(embeddings: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:

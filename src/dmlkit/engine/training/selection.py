@@ -17,6 +17,7 @@ import torch
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.engine import device_data, distributed
 from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from dmlkit.engine.member_folds import score_member_folds
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
@@ -42,6 +43,16 @@ class SelectionMixin:
         (as ``dmlkit evaluate`` and ``dmlkit embed`` embed a run's splits, so they reproduce the metrics)."""
         return embed_dataset(self.model, device_data.resident_on(dataset, self.device), self.cfg.eval.batch_size,
                              self.cfg.data.num_workers, self.autocast_dtype, progress=progress)
+
+    def _embed_with(self, module, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and labels of a split by ``module`` (one ensemble member), as :meth:`embed` does the model's."""
+        return embed_dataset(module, device_data.resident_on(dataset, self.device), self.cfg.eval.batch_size,
+                             self.cfg.data.num_workers, self.autocast_dtype)
+
+    def _score_with_queries(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """Validation metrics and the per-query AP@R of one split's embeddings."""
+        per_query = map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
+        return self.score(embeddings, labels, clustering=False), per_query
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -85,7 +96,10 @@ class SelectionMixin:
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
         compare = selects_by_significance(self.cfg)
         result = None
-        if self.dist.is_main:
+        if self.dist.is_main and self.member_folds is not None:  # each member on its own fold (engine/member_folds.py)
+            result = score_member_folds(self.model, self.splits.val, self.member_folds, self._embed_with,
+                                        self._score_with_queries)
+        elif self.dist.is_main:
             embeddings, labels = self.embed(self.splits.val)
             per_query = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
                          if compare else None)

@@ -22,6 +22,8 @@ class TimeBudgetMixin:
         model averages (mirror, shifts).
         """
         num_val = len(self.splits.val) if has_val else 0
+        if has_val and getattr(self, "member_folds", None) is not None:  # each member embeds its own fold only
+            num_val = num_val / self.member_folds.members
         test = self.splits.test if self.splits.test is not None else getattr(self.splits, "query", None)
         num_test = len(test) if test is not None else 0
         if getattr(self.splits, "gallery", None) is not None:
