@@ -32,13 +32,13 @@ from dmlkit.engine.checkpoint import config_fingerprint
 from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
 from dmlkit.engine.glyph_plan import plan_for_run as plan_glyphs_for_run
 from dmlkit.engine.learning_plan import plan_for_run
-from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.loggers import build_loggers
+from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.seeding import seed_everything
-from dmlkit.exceptions import ConfigError
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
+from dmlkit.exceptions import ConfigError
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
 
