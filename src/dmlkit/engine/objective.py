@@ -81,15 +81,17 @@ class EnsembleObjective(nn.Module):
             raise ValueError(f"EnsembleObjective got {len(member_labels)} label maps for {len(sizes)} members.")
         self.objectives = nn.ModuleList(objectives)
         self.sizes = list(sizes)
-        self.member_labels = None if member_labels is None else [m.clone() for m in member_labels]
+        self.member_labels = member_labels is not None
+        for i, lookup in enumerate(member_labels or ()):  # buffers: they follow the objective to its device
+            self.register_buffer(f"member_labels_{i}", lookup.clone(), persistent=False)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         parts = split_embeddings(embeddings, self.sizes)
-        if self.member_labels is None:
+        if not self.member_labels:
             return torch.stack([objective(part, labels) for objective, part in zip(self.objectives, parts)]).sum()
         rows = embeddings.shape[0] // len(self.sizes)
         losses = []
-        for i, (objective, part, lookup) in enumerate(zip(self.objectives, parts, self.member_labels)):
-            own = lookup.to(labels.device)[labels[i * rows:(i + 1) * rows]]
+        for i, (objective, part) in enumerate(zip(self.objectives, parts)):
+            own = getattr(self, f"member_labels_{i}")[labels[i * rows:(i + 1) * rows]]
             losses.append(objective(part[i * rows:(i + 1) * rows], own))
         return torch.stack(losses).sum()

@@ -135,6 +135,8 @@ def test_each_members_loss_sees_its_block_with_its_own_labels():
     torch.testing.assert_close(got, expected)
     got.backward()
     assert torch.count_nonzero(ensemble.grad[:6, 5:]) == 0 and torch.count_nonzero(ensemble.grad[6:, :5]) == 0
+    assert not any("member_labels" in key for key in objective.state_dict())  # checkpoints keep their keys
+    assert torch.equal(objective.member_labels_1, maps[1])  # a buffer: it follows the objective's device
     with pytest.raises(ValueError, match="1 label maps for 2 members"):
         EnsembleObjective([TrainingObjective(loss) for loss in losses], [5, 5], member_labels=maps[:1])
 
