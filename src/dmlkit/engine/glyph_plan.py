@@ -16,8 +16,9 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
 with ``evaluations`` the recipe's (10), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
-the recipe's steps even were each step :data:`STEP_MARGIN` times slower than measured (members go before steps); when no count does, one member with the steps it buys, but
-never fewer than :data:`FLOOR_SHARE` of the recipe's when the recipe chose the budget (which is then raised).
+the recipe's steps even were each step :data:`STEP_MARGIN` times slower than measured (members go before
+steps); when no count does, one member with the steps it buys, but never fewer than :data:`FLOOR_SHARE` of
+the recipe's when the recipe chose the budget (which is then raised).
 The trainer's own plan (:mod:`dmlkit.engine.budget`) still re-times the steps once training runs.
 """
 
@@ -303,5 +304,5 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     return planned, costs.embed * plan.members
 
 
-__all__ = ["FLOOR_SHARE", "GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "STEP_MARGIN", "measure_glyph_costs", "plan_for_run", "plan_glyphs",
-           "plans_glyphs"]
+__all__ = ["FLOOR_SHARE", "GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "STEP_MARGIN", "measure_glyph_costs",
+           "plan_for_run", "plan_glyphs", "plans_glyphs"]
