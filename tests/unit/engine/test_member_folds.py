@@ -255,3 +255,29 @@ def test_member_folds_set_by_hand_for_a_users_own_model_are_refused():
     model = create_model("small_cnn", embedding_size=8, width=4, in_chans=1)  # one model: nothing to fold
     with pytest.raises(ConfigError, match="protocol.member_folds=true needs an ensemble built from the config"):
         resolve_run(cfg, model=model, echo=lambda _line: None)
+
+
+def test_a_resumed_member_fold_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, crash_in_step):
+    from dmlkit.engine.checkpoint import load_checkpoint
+    from dmlkit.engine.trainer import Trainer
+
+    overrides = ["data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character", "data.image_size=28",
+                 "model.ensemble=2", "model.name=small_cnn", "model.args={width: 4, in_chans: 1}",
+                 "model.shift_average=0", "train.max_steps=5", "train.eval_every=5", "train.checkpoint_every=1",
+                 "train.progress=false", "sampler.batch_size=16"]
+    whole = Trainer(load_config(overrides=overrides), tmp_path / "whole", echo=lambda _: None)
+    whole.fit()
+    cut = Trainer(load_config(overrides=overrides), tmp_path / "cut", echo=lambda _: None)
+    crash_in_step(cut, 4)
+    with pytest.raises(KeyboardInterrupt):
+        cut.fit()
+    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["step"] == 3
+    resumed = Trainer(load_config(path=tmp_path / "cut" / "config.yaml"), tmp_path / "cut", resume=True,
+                      echo=lambda _: None)
+    assert resumed.member_folds is not None and resumed.cfg.protocol.member_folds is True
+    resumed.fit()
+    trained = [load_checkpoint(run / "checkpoints" / "last.pt") for run in (tmp_path / "whole", tmp_path / "cut")]
+    for part in ("model", "objective"):
+        assert trained[0][part].keys() == trained[1][part].keys()
+        for name in trained[0][part]:
+            torch.testing.assert_close(trained[1][part][name], trained[0][part][name], rtol=0, atol=0, msg=name)
