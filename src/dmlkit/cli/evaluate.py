@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
         metrics.update(verification_metrics(*query_gallery_union(q, ql, g, gl, own), seed=cfg.seed))
         scored = (q, ql, splits.categories, (g, gl), own)
     else:
+        if args.split == "val" and cfg.protocol.member_folds and (cfg.model.ensemble or 1) > 1:
+            raise ConfigError(
+                "this run's ensemble members each held out their own fold of the training classes "
+                "(protocol.member_folds): all members but one trained on every validation class, so no split is held "
+                "out from the whole ensemble. Its validation (each member on its own fold) is in the run's log.jsonl; "
+                "use --split test or --split train."
+            )
         emb, labels = embed(require_split(splits, args.split, cfg))
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         scored = (emb, labels, splits.categories, None, None)

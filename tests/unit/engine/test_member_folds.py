@@ -197,7 +197,7 @@ def test_member_folds_are_refused_without_validation_classes_or_with_too_many_me
             load_config(overrides=overrides)
 
 
-def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_path):
+def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_path, capsys):
     """The recipe turns member folds on for the glyph ensemble; every validation scores each member on its fold."""
     from dmlkit import load
     from dmlkit.engine.resolve import resolve_run
@@ -221,6 +221,11 @@ def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_
     assert 0.0 < result.test_metrics["map_at_r"] <= 1.0
     model = load(tmp_path / "run")  # the saved ensemble embeds like any other
     assert isinstance(model, EmbedderEnsemble) and len(model.members) == 3
+    from dmlkit.cli.main import main
+
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--split", "val"]) == 2  # no split is held out from every member
+    assert "each held out their own fold of the training classes" in capsys.readouterr().err
 
 
 def test_a_plan_cut_to_one_member_turns_the_recipes_member_folds_off_and_says_so(monkeypatch):
