@@ -68,6 +68,13 @@ EXAMPLES_NOT_RUN = {
 
 #: Text after a verb's examples (Markdown lines).
 NOTES = {
+    "evaluate": [
+        "A run whose ensemble members each held out their own fold of the training classes "
+        "(`protocol.member_folds`, the glyph recipe's ensemble) has no split held out from every member: "
+        "`--split val` is refused there with that reason; the run's own validation (each member scored on its own "
+        "fold) is in its `log.jsonl`.",
+        "",
+    ],
     "report": [
         "## What the page shows",
         "",
