@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from dmlkit.config.schema import member_fold_count
+
 #: Fields the recipe may fill, in the order they are printed.
 RECIPE_FIELDS = (
     "model.name",
@@ -585,7 +587,7 @@ def member_folds_choice(cfg: Any, members: int, warm: bool) -> tuple[bool, str]:
     fraction = cfg.protocol.val_class_fraction
     if members < 2 or warm or not fraction or cfg.protocol.fold is not None:
         return False, "one model, or no class-disjoint validation to give each member its own fold"
-    folds = max(2, round(1 / fraction))
+    folds = member_fold_count(fraction)
     if members > folds:
         return False, f"{members} members but only {folds} folds of the training classes"
     return True, (f"each member holds out its own of {folds} folds of the training classes and trains on the rest, "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import inspect
 import warnings
 from dataclasses import dataclass
@@ -423,9 +422,9 @@ class BatchPosition:
 
 
 def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, world_size: int = 1,
-                        member_folds=None):
-    """The sampler named by ``cfg.sampler`` (``dmlkit.data.samplers``), seeded by ``cfg.seed``; with
-    ``member_folds`` one per member over its own training rows, side by side
+                        member_folds=None, seed: int | None = None):
+    """The sampler named by ``cfg.sampler`` (``dmlkit.data.samplers``), seeded by ``seed`` (default ``cfg.seed``);
+    with ``member_folds`` one per member over its own training rows, side by side
     (:class:`~dmlkit.engine.member_folds.MemberBatchSampler`; member 0 seeded by ``cfg.seed``, the others by seeds
     derived from it)."""
     from dmlkit.data.samplers import create_sampler
@@ -434,11 +433,9 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
         from dmlkit.engine.member_folds import MemberBatchSampler
         from dmlkit.seeds import derive_seed
 
-        samplers = []
-        for i, rows in enumerate(member_folds.train_rows):
-            member_cfg = copy.deepcopy(cfg)
-            member_cfg.seed = cfg.seed if i == 0 else derive_seed(cfg.seed, "member sampler", i)
-            samplers.append(build_batch_sampler(member_cfg, labels[rows], rank=rank, world_size=world_size))
+        seeds = [cfg.seed] + [derive_seed(cfg.seed, "member sampler", i) for i in range(1, member_folds.members)]
+        samplers = [build_batch_sampler(cfg, labels[rows], rank=rank, world_size=world_size, seed=member_seed)
+                    for rows, member_seed in zip(member_folds.train_rows, seeds)]
         return MemberBatchSampler(samplers, member_folds.train_rows)
     s = cfg.sampler
     if len(labels) < s.batch_size * world_size:
@@ -447,7 +444,7 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
             + (f" x {world_size} processes" if world_size > 1 else "")
             + ": set a smaller sampler.batch_size or add images."
         )
-    common = dict(batch_size=s.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
+    common = dict(batch_size=s.batch_size, seed=cfg.seed if seed is None else seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":
         # an epoch is one pass over the training split (PML's default length is 100000 images)
         return create_sampler("m_per_class", labels=labels, m=s.m, length_before_new_iter=len(labels), **common)

@@ -155,22 +155,23 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     return GlyphPlan(n, planned, evals, every, seconds, True, reason)
 
 
-def _median_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
+def _timed(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> list[float]:
+    """Seconds of ``repeats`` calls of ``fn``, sorted."""
     times = []
     for _ in range(repeats):
         start = clock()
         fn()
         times.append(clock() - start)
-    return sorted(times)[len(times) // 2]
+    return sorted(times)
+
+
+def _median_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
+    times = _timed(fn, repeats, clock)
+    return times[len(times) // 2]
 
 
 def _best_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        best = min(best, clock() - start)
-    return best
+    return _timed(fn, repeats, clock)[0]
 
 
 def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int], *, views: int,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dmlkit.config.schema import member_fold_count as fold_count
 from dmlkit.seeds import derive_generator
 
 
@@ -44,11 +45,6 @@ class MemberFolds:
     def class_counts(self) -> list[int]:
         """The number of training classes of each member (its proxies)."""
         return [int((m >= 0).sum()) for m in self.label_maps]
-
-
-def fold_count(val_class_fraction: float) -> int:
-    """Folds of the training classes for a validation fraction: ``round(1 / fraction)``, at least 2."""
-    return max(2, round(1.0 / val_class_fraction))
 
 
 def fold_classes(held: list[str], rest: list[str], members: int, folds: int, seed: int) -> list[list[str]]:
@@ -75,13 +71,13 @@ def apply_member_folds(splits, label_map, members: int, fraction: float, seed: i
     names = list(full.class_names)
     rest = sorted(set(names) - set(held))
     folds = fold_classes(held, rest, members, fold_count(fraction), seed)
-    row_class = [names[i] for i in full.labels.tolist()]
-    in_fold = [torch.tensor([c in set(fold) for c in row_class]) for fold in folds]
-    any_fold = torch.stack(in_fold).any(0)
-    val_rows_full = torch.nonzero(any_fold).flatten()
+    index = {name: i for i, name in enumerate(names)}
+    in_fold = [torch.isin(full.labels, torch.tensor([index[c] for c in fold], dtype=full.labels.dtype))
+               for fold in folds]
+    val_rows_full = torch.nonzero(torch.stack(in_fold).any(0)).flatten()
     evaluation = full.subset(val_rows_full, relabel=False)
     evaluation.transform, evaluation.augmentation_seed = val.transform, None
-    position = torch.full((len(row_class),), -1, dtype=torch.int64)
+    position = torch.full((len(full.labels),), -1, dtype=torch.int64)
     position[val_rows_full] = torch.arange(len(val_rows_full))
     run_labels = label_map(full.labels)
     label_maps = []
@@ -117,25 +113,25 @@ class MemberBatchSampler:
         return torch.cat([p[:count] for p in parts], dim=1)
 
 
-def score_member_folds(model, val, folds: MemberFolds, embed, score) -> tuple[dict, torch.Tensor]:
+def score_member_folds(model, val, folds: MemberFolds, embed, score) -> tuple[dict, torch.Tensor | None]:
     """Validation metrics of a member-fold ensemble: member ``i`` embeds its fold's rows of ``val`` (``embed(module,
-    dataset) -> (embeddings, labels)``) and ``score(embeddings, labels) -> (metrics, per-query AP@R)`` scores them;
-    the metrics are means over all folds' queries (each fold weighted by its images), the per-query AP@R
-    concatenated. Also ``map_at_r_member_<i>`` for each member."""
-    metrics: dict[str, float] = {}
-    per_query, weights = [], []
+    dataset) -> (embeddings, labels)``) and ``score(embeddings, labels) -> (metrics, per-query AP@R or None)`` scores
+    them; the metrics are means over all folds' queries (each fold weighted by its images), the per-query AP@R
+    concatenated (None when ``score`` gives none). Also ``map_at_r_member_<i>`` for each member."""
+    sums: dict[str, float] = {}
+    members: dict[str, float] = {}
+    per_query = []
     for i, (member, rows) in enumerate(zip(model.members, folds.val_rows)):
         fold_metrics, ap = score(*embed(member, val.subset(rows, relabel=False)))
-        weights.append(len(rows))
-        per_query.append(ap)
         for key, value in fold_metrics.items():
             if isinstance(value, (int, float)):
-                metrics[key] = metrics.get(key, 0.0) + float(value) * len(rows)
-        metrics[f"map_at_r_member_{i}"] = float(fold_metrics["map_at_r"])
-    total = float(sum(weights))
-    pooled = {key: value / total for key, value in metrics.items() if not key.startswith("map_at_r_member_")}
-    pooled.update({key: value for key, value in metrics.items() if key.startswith("map_at_r_member_")})
-    return pooled, torch.cat(per_query)
+                sums[key] = sums.get(key, 0.0) + float(value) * len(rows)
+        members[f"map_at_r_member_{i}"] = float(fold_metrics["map_at_r"])
+        if ap is not None:
+            per_query.append(ap)
+    total = float(sum(len(rows) for rows in folds.val_rows))
+    pooled = {key: value / total for key, value in sums.items()}
+    return {**pooled, **members}, torch.cat(per_query) if per_query else None
 
 
 __all__ = ["MemberBatchSampler", "MemberFolds", "apply_member_folds", "fold_classes", "fold_count",

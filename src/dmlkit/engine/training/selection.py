@@ -49,10 +49,13 @@ class SelectionMixin:
         return embed_dataset(module, device_data.resident_on(dataset, self.device), self.cfg.eval.batch_size,
                              self.cfg.data.num_workers, self.autocast_dtype)
 
-    def _score_with_queries(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[dict, torch.Tensor]:
-        """Validation metrics and the per-query AP@R of one split's embeddings."""
-        per_query = map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
-        return self.score(embeddings, labels, clustering=False), per_query
+    def _score_with_queries(self, embeddings: torch.Tensor, labels: torch.Tensor, per_query: bool
+                            ) -> tuple[dict, torch.Tensor | None]:
+        """Validation metrics of one split's embeddings, and their per-query AP@R when ``per_query`` (the
+        significance rule compares them)."""
+        ap = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
+              if per_query else None)
+        return self.score(embeddings, labels, clustering=False), ap
 
     def score(self, embeddings: torch.Tensor, labels: torch.Tensor, *, clustering: bool,
               reference: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -98,12 +101,9 @@ class SelectionMixin:
         result = None
         if self.dist.is_main and self.member_folds is not None:  # each member on its own fold (engine/member_folds.py)
             result = score_member_folds(self.model, self.splits.val, self.member_folds, self._embed_with,
-                                        self._score_with_queries)
+                                        lambda e, y: self._score_with_queries(e, y, compare))
         elif self.dist.is_main:
-            embeddings, labels = self.embed(self.splits.val)
-            per_query = (map_at_r_per_query(self._searched(embeddings), labels, backend=self.cfg.eval.backend)
-                         if compare else None)
-            result = (self.score(embeddings, labels, clustering=False), per_query)
+            result = self._score_with_queries(*self.embed(self.splits.val), compare)
         metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])
         improved = score > self.best_score
