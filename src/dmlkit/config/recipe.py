@@ -47,8 +47,6 @@ from typing import Any
 
 import torch
 
-from dmlkit.config.schema import member_fold_count
-
 #: Fields the recipe may fill, in the order they are printed.
 RECIPE_FIELDS = (
     "model.name",
@@ -587,6 +585,8 @@ def member_folds_choice(cfg: Any, members: int, warm: bool) -> tuple[bool, str]:
     fraction = cfg.protocol.val_class_fraction
     if members < 2 or warm or not fraction or cfg.protocol.fold is not None:
         return False, "one model, or no class-disjoint validation to give each member its own fold"
+    from dmlkit.data.splits import member_fold_count  # deferred, as the recipe's other data imports
+
     folds = member_fold_count(fraction)
     if members > folds:
         return False, f"{members} members but only {folds} folds of the training classes"

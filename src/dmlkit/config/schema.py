@@ -356,10 +356,10 @@ CONSTRAINTS: dict[str, list] = {
 }
 
 
-def member_fold_count(val_class_fraction: float) -> int:
-    """Folds of the training classes that ``protocol.member_folds`` deals the members: ``round(1 / fraction)``, at
-    least 2."""
-    return max(2, round(1.0 / val_class_fraction))
+def _member_fold_count(val_class_fraction: float) -> int:
+    from dmlkit.data.splits import member_fold_count  # deferred: the config loads without the data package
+
+    return member_fold_count(val_class_fraction)
 
 
 def _cross_checks(cfg: RunConfig) -> list[str]:
@@ -390,10 +390,10 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         problems.append("protocol.member_folds holds out each member's fold of the training classes: it needs "
                         "protocol.val_class_fraction > 0 (or left to the recipe), not protocol.fold or "
                         "protocol.val_fraction.")
-    if p.member_folds and p.val_class_fraction and (cfg.model.ensemble or 1) > member_fold_count(p.val_class_fraction):
+    if p.member_folds and p.val_class_fraction and (cfg.model.ensemble or 1) > _member_fold_count(p.val_class_fraction):
         problems.append(f"protocol.member_folds gives each of model.ensemble={cfg.model.ensemble} members its own "
                         f"fold, but protocol.val_class_fraction={p.val_class_fraction} makes only "
-                        f"{member_fold_count(p.val_class_fraction)} folds: raise the fraction or lower the ensemble.")
+                        f"{_member_fold_count(p.val_class_fraction)} folds: raise the fraction or lower the ensemble.")
     if cfg.asap.enabled and (cfg.model.ensemble or 1) > 1:
         problems.append("asap.enabled trains one model's proxies: set model.ensemble=1 (or leave ASAP off).")
     if cfg.data.pipeline != "recipe" and cfg.data.augment not in ("auto", "crop"):

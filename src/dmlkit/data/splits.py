@@ -46,6 +46,12 @@ def class_disjoint_folds(class_names: Sequence[str], num_folds: int, seed: int) 
     return folds
 
 
+def member_fold_count(val_class_fraction: float) -> int:
+    """Folds of the training classes that ``protocol.member_folds`` deals an ensemble's members (one held out by each
+    member): ``round(1 / val_class_fraction)``, at least 2."""
+    return max(2, round(1.0 / val_class_fraction))
+
+
 def split_classes(class_names: Sequence[str], train_fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """Split distinct classes into (train, val) with ``round(fraction * C)`` training classes."""
     names = sorted(set(class_names))

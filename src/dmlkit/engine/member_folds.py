@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dmlkit.config.schema import member_fold_count as fold_count
+from dmlkit.data.splits import member_fold_count as fold_count
 from dmlkit.seeds import derive_generator
 
 
