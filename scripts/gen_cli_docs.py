@@ -74,6 +74,11 @@ NOTES = {
         "`--split val` is refused there with that reason; the run's own validation (each member scored on its own "
         "fold) is in its `log.jsonl`.",
         "",
+        "`--split val` embeds as the run's validations did: over the shifts of `eval.val_shift_average` where the "
+        "run set it (the recipe's 1 px where the model averages its embeddings over 2 px), so it reproduces the "
+        "run's logged validation metrics; `--set eval.val_shift_average=2` embeds with the test split's shifts. "
+        "The test and training splits always take the model's own (`model.shift_average`).",
+        "",
     ],
     "report": [
         "## What the page shows",

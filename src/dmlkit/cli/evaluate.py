@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
+    from dmlkit.models.embedder import shift_radius
 
     bad = [o for o in args.overrides if not o.split("=", 1)[0].startswith(("data.", "protocol.", "eval."))]
     if bad:
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 "out from the whole ensemble. Its validation (each member on its own fold) is in the run's log.jsonl; "
                 "use --split test or --split train."
             )
-        emb, labels = embed(require_split(splits, args.split, cfg))
+        with shift_radius(embedder.model, cfg.eval.val_shift_average if args.split == "val" else None):
+            emb, labels = embed(require_split(splits, args.split, cfg))  # the validation's shifts, as the run's own
         metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
         scored = (emb, labels, splits.categories, None, None)
         metrics.update(verification_metrics(emb, labels, seed=cfg.seed))

@@ -31,6 +31,8 @@ field                              rule
                                    ``data.pipeline``: its crops (``crop`` in memory, ``none`` on disk)
 ``model.shift_average``            small images (16 to 64 px a side): embeddings averaged over
                                    shifts of up to 2 px; else 0
+``eval.val_shift_average``         1 px for the validations when the model averages over larger
+                                   shifts (the test split keeps the model's); else as the test
 ``model.ensemble``                 small images with fewer than 100 images per class: 3 members
                                    (one model's embedding varies much with its initialisation
                                    there, and small images make members cheap), each a small CNN
@@ -72,6 +74,7 @@ RECIPE_FIELDS = (
     "optimizer.loss_lr_multiplier",
     "data.augment",
     "model.shift_average",
+    "eval.val_shift_average",
     "model.ensemble",
     "protocol.member_folds",
     "data.num_workers",
@@ -283,6 +286,10 @@ DEFAULT_TIME_BUDGET = 720.0
 #: members: 55 s on a CPU with native bf16) they stay; on a slower machine they are cut to fit
 #: (dmlkit.engine.glyph_plan, from a training step and an embedding measured before training).
 SMALL_IMAGE_TIME_BUDGET = 80.0
+
+#: The shift radius of the validation embeddings when the model averages over larger shifts (``eval.val_shift_average``):
+#: a validation compares checkpoints of one run, and 9 passes an image cost about a third of 25 (docs/recipes.md).
+VAL_SHIFT_RADIUS = 1
 
 #: Validations without a significant gain (SIGNIFICANT_ERRORS standard errors of the paired per-query
 #: differences, engine/trainer.py) after which fine-tuning stops.
@@ -546,6 +553,12 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                              "part of the image out")
         else:
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
+    shift = cfg.model.shift_average if cfg.model.shift_average is not None else out["model.shift_average"][0]
+    if cfg.eval.val_shift_average is None and shift > VAL_SHIFT_RADIUS:
+        out["eval.val_shift_average"] = (VAL_SHIFT_RADIUS, f"validations embed over shifts of up to {VAL_SHIFT_RADIUS} "
+                                         f"px ({(2 * VAL_SHIFT_RADIUS + 1) ** 2} passes an image instead of "
+                                         f"{(2 * shift + 1) ** 2}): they compare checkpoints of one run; the test "
+                                         f"split keeps {shift} px")
     if cfg.model.ensemble is None:
         out["model.ensemble"] = ensemble
     if cfg.protocol.member_folds is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from dmlkit.config.recipe import (
     DEFAULT_TIME_BUDGET,  # noqa: F401  (the recipe's default, planned to here)
@@ -129,3 +130,12 @@ def seconds_left(step: int, max_steps: int, eval_every: int, speeds: Speeds, *, 
     """Remaining wall time: the steps and validations to come and the test evaluation (the progress bar's ETA)."""
     evals = (max_steps // eval_every - step // eval_every + (max_steps % eval_every != 0)) if has_val else 0
     return (max_steps - step) * speeds.step_seconds + max(evals, 0) * speeds.eval_seconds + speeds.test_seconds
+
+
+def embedding_views(cfg: Any, validation: bool = False) -> int:
+    """Forward passes per embedded image: the mirror (``model.flip_average``) and the shifts (``model.shift_average``;
+    with ``validation``, ``eval.val_shift_average`` where set)."""
+    radius = cfg.model.shift_average or 0
+    if validation and cfg.eval.val_shift_average is not None:
+        radius = cfg.eval.val_shift_average
+    return (2 if cfg.model.flip_average else 1) * (2 * radius + 1) ** 2

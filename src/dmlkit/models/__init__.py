@@ -20,7 +20,7 @@ from dmlkit.models.efficientnet_lite import (
     lite_imagenet_state_dict,
     rename_lite0_keys,
 )
-from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head
+from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head, shift_radius
 from dmlkit.models.ensemble import EmbedderEnsemble
 from dmlkit.models.eps_mnist import EPSMnistNet
 from dmlkit.models.feature_head import FeatureHead
@@ -63,4 +63,5 @@ __all__ = [
     "read_state_dict",
     "register_model",
     "rename_lite0_keys",
+    "shift_radius",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -244,3 +245,24 @@ class Embedder(nn.Module):
     def extra_repr(self) -> str:
         return (f"normalization={self.normalization!r}, freeze_bn={self.freeze_bn}, shift_average={self.shift_average}, "
                 f"flip_average={self.flip_average}")
+
+
+@contextlib.contextmanager
+def shift_radius(model: nn.Module, radius: int | None) -> Iterator[None]:
+    """Within the block, every :class:`Embedder` in ``model`` (an ensemble's members too) averages its eval-mode
+    embeddings over shifts of up to ``radius`` pixels instead of its own ``shift_average``; ``None`` changes nothing.
+    The validation embeds so (``eval.val_shift_average``): fewer shifts than the test embedding, a fraction of the
+    cost, and the checkpoints it compares are all embedded alike."""
+    if radius is None:
+        yield
+        return
+    embedders = [m for m in model.modules() if isinstance(m, Embedder)]
+    saved = [m.shift_average for m in embedders]
+    try:
+        for m in embedders:
+            m.shift_average = int(radius)
+        yield
+    finally:
+        for m, r in zip(embedders, saved):
+            m.shift_average = r
+

@@ -21,6 +21,7 @@ from dmlkit.engine.member_folds import score_member_folds
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
+from dmlkit.models.embedder import shift_radius
 
 
 @dataclass
@@ -99,11 +100,12 @@ class SelectionMixin:
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
         compare = selects_by_significance(self.cfg)
         result = None
-        if self.dist.is_main and self.member_folds is not None:  # each member on its own fold (engine/member_folds.py)
-            result = score_member_folds(self.model, self.splits.val, self.member_folds, self._embed_with,
-                                        lambda e, y: self._score_with_queries(e, y, compare))
-        elif self.dist.is_main:
-            result = self._score_with_queries(*self.embed(self.splits.val), compare)
+        with shift_radius(self.model, self.cfg.eval.val_shift_average):  # the validation's shifts, not the test's
+            if self.dist.is_main and self.member_folds is not None:  # each member on its own fold (member_folds.py)
+                result = score_member_folds(self.model, self.splits.val, self.member_folds, self._embed_with,
+                                            lambda e, y: self._score_with_queries(e, y, compare))
+            elif self.dist.is_main:
+                result = self._score_with_queries(*self.embed(self.splits.val), compare)
         metrics, per_query = distributed.broadcast_object(result)
         score = float(metrics[SELECTION_METRIC])
         improved = score > self.best_score

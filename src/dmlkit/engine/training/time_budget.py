@@ -5,7 +5,6 @@ feature cache whose building the budget's first plan decides (``train.feature_ca
 
 from __future__ import annotations
 
-from dmlkit.config.schema import RunConfig
 from dmlkit.engine import budget, distributed
 from dmlkit.engine.budget import Speeds
 from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
@@ -28,13 +27,14 @@ class TimeBudgetMixin:
         num_test = len(test) if test is not None else 0
         if getattr(self.splits, "gallery", None) is not None:
             num_test += len(self.splits.gallery)
-        if self.eval_seconds:
+        views, val_views = budget.embedding_views(self.cfg), budget.embedding_views(self.cfg, validation=True)
+        if self.eval_seconds:  # a validation image costs val_views passes, a test image views
             per_eval = sum(self.eval_seconds) / len(self.eval_seconds)
-            test_seconds = budget.estimate_test_seconds(per_eval, num_val, num_test)
+            test_seconds = budget.estimate_test_seconds(per_eval, num_val, num_test) * views / val_views
         else:
             per_image = getattr(self.resolved, "embed_seconds", None) \
-                or step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * _views(self.cfg)
-            per_eval, test_seconds = num_val * per_image, num_test * per_image
+                or step_seconds / max(self.cfg.sampler.batch_size or 1, 1) / 3.0 * views
+            per_eval, test_seconds = num_val * per_image * val_views / views, num_test * per_image
         return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
 
     def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
@@ -87,8 +87,3 @@ class TimeBudgetMixin:
             autocast_dtype=self.autocast_dtype, echo=self.echo,
             progress=bool(self.cfg.train.progress and self.dist.is_main))
         self.train_forward = self.model.forward_from_prefix
-
-def _views(cfg: RunConfig) -> int:
-    """Forward passes per embedded image: the mirror (``model.flip_average``) and the shifts (``model.shift_average``)."""
-    shifts = (2 * (cfg.model.shift_average or 0) + 1) ** 2
-    return (2 if cfg.model.flip_average else 1) * shifts
