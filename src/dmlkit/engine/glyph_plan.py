@@ -291,9 +291,9 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     costs = measure_glyph_costs(member, batch, shape, views=views, device=device,
                                 dtype=autocast_dtype(cfg.train.mixed_precision), objective=timed_objective,
                                 labels=labels, augment=augment)
-    costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True))
-    if cfg.protocol.member_folds:  # each member its own batch (engine/member_folds.py): augmented once per member
-        costs = dataclasses.replace(costs, own_batches=True)
+    # a validation image at its own shifts; with member folds each member its own batch, augmented once per member
+    costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True),
+                                own_batches=bool(cfg.protocol.member_folds))
     has_val = splits.val is not None and cfg.train.eval_every is not None and cfg.train.eval_every < cfg.train.max_steps
     evaluations = max(1, evaluations_over(cfg.train.max_steps, cfg.train.eval_every)) if has_val else 0
     test = [getattr(splits, name, None) for name in ("test", "query", "gallery")]

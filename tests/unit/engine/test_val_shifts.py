@@ -9,6 +9,7 @@ import torch
 
 from dmlkit.cli.main import main
 from dmlkit.engine import glyph_plan
+from dmlkit.engine.checkpoint import load_checkpoint
 from dmlkit.engine.glyph_plan import GlyphCosts, plan_glyphs
 from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.retrieval import map_at_r_per_query
@@ -80,7 +81,7 @@ def test_validations_embed_at_their_radius_and_the_test_split_at_the_models(tmp_
     # the logged validation is the radius-1 embedding's: re-embed the validation split with the kept weights
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     best = max((r for r in log if r.get("split") == "val"), key=lambda r: r["map_at_r"])
-    state = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", weights_only=False)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
     trainer.model.load_state_dict(state["model"])
     with shift_radius(trainer.model, 1):
         emb, labels = embed(trainer.model, trainer.splits.val)
