@@ -54,8 +54,8 @@ MIN_STEP_SHARE = 0.85
 #: recipe's steps, more members at fewer steps than the rule above allows; timed as the median of 9, the trainer's
 #: first steps ran 0.93-1.11x the plan's (then up to 1.25x as the machine slowed), while a margin of 1.2 turned down
 #: a fourth member that bought 99 % of the steps. Session 38, eleven runs timed as the median of 9: the trainer's
-#: first steps ran 0.81-1.19x the plan's (median 1.01), and with a margin of 1.1 the plan kept three members that
-#: left 12-22 s of the 80-s budget unused where four bought 88-90 % of the steps (4-fold cross-validation above:
+#: first steps ran 0.81-1.19x the plan's (median 1.04), and with a margin of 1.1 the plan kept three members that
+#: left 11-22 s of the 80-s budget unused where four bought 80-90 % of the steps (4-fold cross-validation above:
 #: 4 members x 89 % beat 3 x 100 %, 4 x 80 % tied it). So no margin: the measured speed decides, and the trainer
 #: cuts the steps when they run slower. Steps are planned at the measured speed either way.
 STEP_MARGIN = 1.0
