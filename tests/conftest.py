@@ -137,7 +137,9 @@ class LoopbackFiles:
     ``files[path] = bytes`` publishes a file; ``drop_after[path] = n`` makes the next request for it
     announce the full length, send ``n`` bytes and close the connection (a cut transfer), once.
     ``ignore_range`` holds paths whose server ignores ``Range``; ``requests`` records
-    ``(path, range_header)`` of every request.
+    ``(path, range_header)`` of every request. A hostile or unlucky server: ``headers[path]`` replaces
+    response headers (a value of None leaves the header out, e.g. ``Content-Length``), ``redirects[path]``
+    answers 302 with that ``Location``.
     """
 
     def __init__(self):
@@ -145,6 +147,8 @@ class LoopbackFiles:
         self.drop_after: dict[str, int] = {}
         self.ignore_range: set[str] = set()  # paths answered in full (200) whatever Range asks
         self.requests: list[tuple[str, str | None]] = []
+        self.headers: dict[str, dict[str, str | None]] = {}
+        self.redirects: dict[str, str] = {}
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -153,6 +157,12 @@ class LoopbackFiles:
 
             def do_GET(self):
                 owner.requests.append((self.path, self.headers.get("Range")))
+                if self.path in owner.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", owner.redirects[self.path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 data = owner.files.get(self.path)
                 if data is None:
                     self.send_error(404)
@@ -169,8 +179,11 @@ class LoopbackFiles:
                 else:
                     self.send_response(200)
                 body = data[start:]
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Accept-Ranges", "bytes")
+                headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes",
+                           **owner.headers.get(self.path, {})}
+                for key, value in headers.items():
+                    if value is not None:
+                        self.send_header(key, value)
                 self.end_headers()
                 cut = owner.drop_after.pop(self.path, None)
                 self.wfile.write(body if cut is None else body[:cut])

@@ -6,20 +6,29 @@ members than ``max_members`` or more declared bytes than ``max_bytes`` refuses t
 The members are then written into a staging folder inside the target (bytes counted as they are
 written, so a header that under-states a size is caught too) and moved into place only when all
 of them are out; a failure removes the staging folder and leaves what the target held untouched.
+
+Nothing already in the target is removed or replaced: a member whose path the target holds as
+another kind (a file where the archive has a folder, or the reverse) or with other bytes refuses the
+archive, naming the paths, before anything is moved (files with the same bytes are left as they are).
+The declared size is checked against the free space first, and staging folders left by a killed
+extraction of the same archive are removed when a later one runs.
 """
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import stat
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Callable, Iterator
 
+from dmlkit._transfer import space_shortfall, write_failure
 from dmlkit.exceptions import DataError
 
 #: The most bytes one archive may expand to (the largest benchmark, SOP, is about 3 GB).
@@ -27,6 +36,18 @@ MAX_EXTRACTED_BYTES = 32 << 30
 #: The most members one archive may hold (SOP has about 120,000 files).
 MAX_MEMBERS = 1_000_000
 _CHUNK = 1 << 20
+_STAGING_SUFFIX = ".extracting"
+#: What reading a damaged archive raises (a bad gzip stream is an OSError without an errno; an encrypted or
+#: unsupported zip member a RuntimeError or NotImplementedError). Not ValueError: DataError is one.
+_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError)
+
+
+class _WriteFailed(Exception):
+    """Writing an extracted member into the staging folder failed (the disk, not the archive)."""
+
+    def __init__(self, err: OSError):
+        super().__init__(str(err))
+        self.err = err
 
 
 @dataclass(frozen=True)
@@ -91,30 +112,77 @@ def _write_members(members: list[Member], staging: Path, archive: Path, max_byte
     written = 0
     for member in members:
         out = staging / member.path
-        if member.is_dir:
-            out.mkdir(parents=True, exist_ok=True)
-            continue
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with member.open() as src, open(out, "wb") as dst:
+        try:
+            if member.is_dir:
+                out.mkdir(parents=True, exist_ok=True)
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+            dst = open(out, "wb")
+        except OSError as err:
+            raise _WriteFailed(err) from err
+        with dst, member.open() as src:
             while chunk := src.read(_CHUNK):
                 written += len(chunk)
                 if written > max_bytes:
                     raise DataError(f"Archive '{archive}' expands to more than the {max_bytes:,} bytes allowed "
                                     f"(member {str(member.path)!r} is larger than its header says); refused, "
                                     "nothing was extracted.")
-                dst.write(chunk)
+                try:
+                    dst.write(chunk)
+                except OSError as err:
+                    raise _WriteFailed(err) from err
+
+
+def _conflicts(src: Path, dst: Path) -> list[str]:
+    """The paths of ``dst`` that moving ``src`` into it would remove or replace, each with why."""
+    found = []
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if not os.path.lexists(target):
+            continue
+        if entry.is_dir():
+            if target.is_dir():
+                found += _conflicts(entry, target)
+            else:
+                found.append(f"'{target}' is a file where the archive has a folder")
+        elif target.is_dir():
+            found.append(f"'{target}' is a folder where the archive has a file")
+        elif not target.is_file() or not filecmp.cmp(entry, target, shallow=False):
+            found.append(f"'{target}' differs from the archive's file")
+    return found
 
 
 def _merge(src: Path, dst: Path) -> None:
-    """Move the tree ``src`` into ``dst`` (folders merged, files replaced one rename each)."""
+    """Move the tree ``src`` into ``dst``: new paths by one rename each, folders merged (checked by :func:`_conflicts`)."""
     for entry in src.iterdir():
         target = dst / entry.name
         if entry.is_dir() and target.is_dir():
             _merge(entry, target)
-        else:
-            if target.is_dir():
-                shutil.rmtree(target)
+        elif not os.path.lexists(target):  # an existing file has the same bytes: it stays as it is
             os.replace(entry, target)
+
+
+def _remove_stale_staging(archive: Path, target: Path) -> None:
+    """Remove staging folders of ``archive`` in ``target`` whose extracting process is gone (killed runs)."""
+    prefix = f".{archive.name}."
+    for entry in target.iterdir():
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(_STAGING_SUFFIX) and entry.is_dir()):
+            continue
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue  # another process is extracting the same archive right now
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
 
 
 def extract_archive(archive: str | os.PathLike, target: str | os.PathLike, *,
@@ -122,31 +190,55 @@ def extract_archive(archive: str | os.PathLike, target: str | os.PathLike, *,
     """Extract the tar (any compression) or zip file ``archive`` into ``target``; return the top-level names.
 
     The kind is read from the file's content, not its name. Refusals (see the module docstring) are
-    :class:`DataError` naming the archive and the member at fault; nothing is written for them.
+    :class:`DataError` naming the archive and the member or path at fault; nothing is written for them.
     """
     archive, target = Path(archive), Path(target)
+    try:
+        return _extract(archive, target, max_bytes, max_members)
+    except OSError as err:  # the target folder itself (created, listed, renamed into): never the archive's bytes
+        raise DataError(f"Archive '{archive}' could not be extracted: {write_failure(err, target)}; "
+                        "nothing was extracted.") from err
+
+
+def _extract(archive: Path, target: Path, max_bytes: int, max_members: int) -> list[str]:
     target.mkdir(parents=True, exist_ok=True)
-    if zipfile.is_zipfile(archive):
-        opened: tarfile.TarFile | zipfile.ZipFile = zipfile.ZipFile(archive)
-        read = _zip_members
-    else:
-        try:
+    try:
+        if zipfile.is_zipfile(archive):
+            opened: tarfile.TarFile | zipfile.ZipFile = zipfile.ZipFile(archive)
+            read = _zip_members
+        else:
             opened = tarfile.open(archive, "r:*")
-        except (tarfile.TarError, OSError) as err:
-            raise DataError(f"'{archive}' is neither a zip nor a tar archive, or it is damaged ({err}).") from err
-        read = _tar_members
+            read = _tar_members
+    except _READ_ERRORS as err:
+        raise DataError(f"'{archive}' is neither a zip nor a tar archive, or it is damaged ({err}).") from err
     with opened:
         try:
             members = [m for m in read(archive, opened) if str(m.path) != "."]  # type: ignore[arg-type]
-        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as err:
+        except _READ_ERRORS as err:
             raise DataError(f"Archive '{archive}' is damaged ({err}); nothing was extracted.") from err
         _check_totals(members, archive, max_bytes, max_members)
-        staging = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".extracting", dir=target))
+        _remove_stale_staging(archive, target)
+        declared = sum(m.size for m in members)
+        short = space_shortfall(target, declared)
+        if short is not None:  # a sparse or highly compressed member would otherwise write until the disk is full
+            raise DataError(f"Archive '{archive}' declares {declared:,} bytes of members: {short}. Free some space "
+                            "or extract elsewhere; nothing was extracted.")
+        staging = Path(tempfile.mkdtemp(prefix=f".{archive.name}.{os.getpid()}.", suffix=_STAGING_SUFFIX, dir=target))
         try:
             try:
                 _write_members(members, staging, archive, max_bytes)
-            except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as err:
+            except _WriteFailed as failed:
+                raise DataError(f"Archive '{archive}' could not be extracted: "
+                                f"{write_failure(failed.err, target, declared)}; nothing was extracted.") from None
+            except _READ_ERRORS as err:
                 raise DataError(f"Archive '{archive}' is damaged ({err}); nothing was extracted.") from err
+            conflicts = _conflicts(staging, target)
+            if conflicts:
+                raise DataError(
+                    f"Archive '{archive}' would replace what '{target}' already holds: " + "; ".join(conflicts[:5])
+                    + (f"; and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+                    + ". Nothing was extracted and nothing removed: move these away (or extract into another "
+                    "folder) and run again.")
             tops = sorted(p.name for p in staging.iterdir())
             _merge(staging, target)
         finally:

@@ -11,6 +11,12 @@
 3. extract it with :func:`dmlkit.data._archive.extract_archive` (links, paths leaving the folder
    and archives over the size cap refused before anything is written);
 4. check the image and class counts per split against the published ones (``dataset_info``).
+
+Every failure is one :class:`DataError` naming what is at fault: a root that is a file or not
+writable, a malformed mirror URL, too little free space for the announced size (checked before the
+transfer, with both numbers), a disk that fills up during it (the partial file is deleted to give
+its space back), a server that sends more than the cap (the partial file is deleted, the next URL
+tried). A redirect to another host is said (``echo``) and errors name the URL that answered.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 from urllib.error import HTTPError, URLError
-from urllib.request import Request, urlopen
+from urllib.parse import urlparse
+from urllib.request import Request
 
+from dmlkit._transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
 from dmlkit.data._archive import MAX_EXTRACTED_BYTES, MAX_MEMBERS, extract_archive
 from dmlkit.data.sources import DOWNLOADS, ArchiveSource, DatasetSource
-from dmlkit.exceptions import DataError
+from dmlkit.exceptions import DataError, DmlkitError
 
 #: The most bytes one downloaded file may have (the largest archive, SOP's zip, is about 3 GB).
 MAX_DOWNLOAD_BYTES = 16 << 30
@@ -37,6 +45,28 @@ _CHUNK = 1 << 20
 
 class _Interrupted(Exception):
     """A transfer ended before the length the server announced."""
+
+
+class _Refused(Exception):
+    """The server sent more than a download may have (its partial file is worth nothing)."""
+
+
+class _NoSpace(Exception):
+    """The announced size does not fit on the disk, or the disk filled up while writing."""
+
+
+def _host(url: str) -> str:
+    try:
+        return urlparse(url).netloc
+    except ValueError:
+        return url
+
+
+def _content_length(value: str | None) -> int | None:
+    """The announced body length, or None when the header is absent or not a non-negative integer."""
+    if value is None or not value.strip().isdigit():
+        return None  # http.client reads such a body to the end of the connection; the checksum decides
+    return int(value)
 
 
 def file_checksum(path: str | os.PathLike, algorithm: str) -> str:
@@ -53,20 +83,26 @@ def checksum_problem(path: str | os.PathLike, archive: ArchiveSource) -> str | N
     for algorithm in ("sha256", "md5"):
         expected = getattr(archive, algorithm)
         if expected:
-            got = file_checksum(path, algorithm)
+            try:
+                got = file_checksum(path, algorithm)
+            except OSError as err:
+                raise DataError(f"'{path}' cannot be read ({err.strerror or err}); check its permissions.") from err
             if got != expected.lower():
                 return f"{algorithm} {got}, but the published {algorithm} of {archive.filename} is {expected}"
     return None
 
 
-def _transfer(url: str, part: Path, *, progress: bool, max_bytes: int, timeout: float) -> None:
-    """Append the rest of ``url`` to ``part`` (a Range request when ``part`` has bytes); raise on a cut."""
+def _transfer(url: str, part: Path, *, progress: bool, max_bytes: int, timeout: float, chain: list[str]) -> None:
+    """Append the rest of ``url`` to ``part`` (a Range request when ``part`` has bytes); raise on a cut.
+
+    ``chain`` receives the URLs redirects led to.
+    """
     have = part.stat().st_size if part.exists() else 0
     headers = {"User-Agent": "dmlkit"}
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
-        response = urlopen(Request(url, headers=headers), timeout=timeout)
+        response = open_url(Request(url, headers=headers), chain, timeout)
     except HTTPError as err:
         if err.code == 416 and have:  # nothing left to send: the part file is already whole
             return
@@ -76,10 +112,13 @@ def _transfer(url: str, part: Path, *, progress: bool, max_bytes: int, timeout: 
         content_range = response.headers.get("Content-Range", "")
         if have and not (status == 206 and content_range.startswith(f"bytes {have}-")):
             have = 0  # the server sent the whole file: start over
-        length = response.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
+        length = _content_length(response.headers.get("Content-Length"))
+        total = have + length if length is not None else None
         if total is not None and total > max_bytes:
-            raise DataError(f"{url} is {total:,} bytes, more than the {max_bytes:,} a download may have; refused.")
+            raise _Refused(f"is {total:,} bytes, more than the {max_bytes:,} a download may have; refused")
+        short = space_shortfall(part.parent, total - have) if total is not None else None
+        if short is not None:
+            raise _NoSpace(f"{answered_by(url, chain)} announces {total:,} bytes: {short}")
         from tqdm.auto import tqdm
 
         with open(part, "ab" if have else "wb") as out, tqdm(
@@ -89,8 +128,11 @@ def _transfer(url: str, part: Path, *, progress: bool, max_bytes: int, timeout: 
             while chunk := response.read(_CHUNK):
                 have += len(chunk)
                 if have > max_bytes:
-                    raise DataError(f"{url} sent more than the {max_bytes:,} bytes a download may have; refused.")
-                out.write(chunk)
+                    raise _Refused(f"sent more than the {max_bytes:,} bytes a download may have; refused")
+                try:
+                    out.write(chunk)
+                except OSError as err:
+                    raise _NoSpace(f"writing '{part}' failed: {write_failure(err, part.parent, total)}") from err
                 bar.update(len(chunk))
         if total is not None and have < total:
             raise _Interrupted(f"connection closed after {have:,} of {total:,} bytes")
@@ -98,15 +140,20 @@ def _transfer(url: str, part: Path, *, progress: bool, max_bytes: int, timeout: 
 
 def fetch(archive: ArchiveSource, folder: str | os.PathLike, *, urls: tuple[str, ...] | None = None,
           progress: bool = True, retries: int = 5, max_bytes: int = MAX_DOWNLOAD_BYTES,
-          timeout: float = 60.0) -> Path:
+          timeout: float = 60.0, echo: Callable[[str], Any] | None = None) -> Path:
     """Download ``archive`` into ``folder``, verified; return the final path.
 
     Each URL is tried in turn; an interrupted transfer is resumed from its ``.part`` file (up to
-    ``retries`` times while it makes progress). A complete file whose checksum differs is deleted
-    and the next URL is tried; when none gives the file, a :class:`DataError` lists what each did.
+    ``retries`` times while it makes progress). A complete file whose checksum differs, or a body
+    over ``max_bytes``, is deleted and the next URL is tried; when none gives the file, a
+    :class:`DataError` lists what each did. Too little free space stops at once (no URL can help).
+    ``echo`` is told when a URL redirects to another host.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise DataError(f"Cannot download {archive.filename}: {problem}. Move what is in the way, or choose "
+                        "another root that is a folder you can write to.")
     final, part = folder / archive.filename, folder / f"{archive.filename}.part"
     if final.is_file() and checksum_problem(final, archive) is None:
         return final
@@ -115,25 +162,40 @@ def fetch(archive: ArchiveSource, folder: str | os.PathLike, *, urls: tuple[str,
         attempts = 0
         while True:
             before = part.stat().st_size if part.exists() else 0
+            chain: list[str] = []
             try:
-                _transfer(url, part, progress=progress, max_bytes=max_bytes, timeout=timeout)
+                _transfer(url, part, progress=progress, max_bytes=max_bytes, timeout=timeout, chain=chain)
             except (_Interrupted, http.client.HTTPException, TimeoutError, ConnectionError) as err:
                 attempts += 1
                 grew = part.exists() and part.stat().st_size > before
                 if grew and attempts <= retries:
                     continue  # resume from where it stopped
                 kept = f" (the partial file '{part}' is kept; run again to resume)" if part.exists() else ""
-                failures.append(f"{url}: {err}{kept}")
+                failures.append(f"{answered_by(url, chain)}: {err}{kept}")
                 break
-            except (HTTPError, URLError, OSError) as err:
-                failures.append(f"{url}: {getattr(err, 'reason', err)}")
+            except _Refused as err:
+                part.unlink(missing_ok=True)
+                failures.append(f"{answered_by(url, chain)} {err}; the partial file was deleted")
                 break
+            except _NoSpace as err:
+                if err.__cause__ is not None:  # writing failed mid-transfer (a full disk): give the space back
+                    part.unlink(missing_ok=True)
+                    raise DataError(f"Could not download {archive.filename}: {err}. The partial file was deleted; "
+                                    "free some space (or make the folder writable) and run again.") from None
+                kept = f" (the partial file '{part}' is kept to resume)" if part.exists() else ""
+                raise DataError(f"Could not download {archive.filename}: {err}. Free some space or choose another "
+                                f"root, and run again{kept}.") from None
+            except (HTTPError, URLError, OSError, ValueError) as err:  # ValueError: a URL urllib cannot open
+                failures.append(f"{answered_by(url, chain)}: {getattr(err, 'reason', err)}")
+                break
+            if chain and echo is not None and _host(chain[-1]) != _host(url):
+                echo(f"{url} redirected to another host: {chain[-1]}")
             problem = checksum_problem(part, archive)
             if problem is None:
                 os.replace(part, final)
                 return final
             part.unlink()
-            failures.append(f"{url}: the downloaded file has {problem}; it was deleted")
+            failures.append(f"{answered_by(url, chain)}: the downloaded file has {problem}; it was deleted")
             break
     raise DataError(f"Could not download {archive.filename} ({archive.origin}):\n  " + "\n  ".join(failures))
 
@@ -170,6 +232,19 @@ def _obtain(archive: ArchiveSource, root: Path, mirror: str | None, **fetch_args
     return fetch(archive, root / DOWNLOAD_DIR, urls=urls, **fetch_args)
 
 
+def _check_mirror(mirror: str) -> None:
+    """Refuse a mirror that is not a URL folder urllib can open (empty, malformed, no host, another scheme)."""
+    try:
+        parsed = urlparse(mirror.strip())
+        parsed.port  # noqa: B018  a port that is not a number raises here
+    except ValueError as err:
+        raise DataError(f"The mirror URL {mirror!r} is malformed ({err}); give a URL folder such as "
+                        "https://host/path (--mirror).") from None
+    if parsed.scheme not in ("http", "https", "ftp", "file") or (parsed.scheme != "file" and not parsed.hostname):
+        raise DataError(f"The mirror URL {mirror!r} is not an http(s), ftp or file URL with a host; give a URL folder "
+                        "such as https://host/path (--mirror).")
+
+
 def download_dataset(
     name: str,
     root: str | os.PathLike,
@@ -196,6 +271,8 @@ def download_dataset(
     """
     source = source or _source(name)
     root = Path(root)
+    if mirror is not None:
+        _check_mirror(mirror)
     if not source.archives:
         print_terms(source, echo)
         raise DataError(f"{name} cannot be downloaded by dmlkit.\n{source.manual}")
@@ -205,10 +282,29 @@ def download_dataset(
     print_terms(source, echo)
     if confirm is not None and not confirm():
         raise DataError(f"{name}: the terms of use were not accepted; nothing was downloaded.")
-    root.mkdir(parents=True, exist_ok=True)
+    problem = folder_problem(root)
+    if problem is not None:
+        raise DataError(f"{name}: cannot download into the data set root: {problem}. Choose a root (--root, "
+                        "data.root, or the data set class's root) that is a folder you can write to; nothing was "
+                        "downloaded.")
+    try:
+        return _download(name, root, source, mirror, progress, keep_archives, max_download_bytes,
+                         max_extracted_bytes, max_members, echo)
+    except OSError as err:
+        if isinstance(err, DmlkitError):
+            raise
+        # renames and clean-ups inside the root; the transfers and extraction say their own failures
+        raise DataError(f"{name}: {write_failure(err, err.filename or root)}; what '{root}' held before is kept.") \
+            from err
+
+
+def _download(name: str, root: Path, source: DatasetSource, mirror: str | None, progress: bool | None,
+              keep_archives: bool, max_download_bytes: int, max_extracted_bytes: int, max_members: int,
+              echo: Callable[[str], Any]) -> dict[str, Any]:
     show = sys.stderr.isatty() if progress is None else progress
     try:
-        paths = [_obtain(a, root, mirror, progress=show, max_bytes=max_download_bytes) for a in source.archives]
+        paths = [_obtain(a, root, mirror, progress=show, max_bytes=max_download_bytes, echo=echo)
+                 for a in source.archives]
     finally:
         _remove_if_empty(root / DOWNLOAD_DIR)
     for archive, path in zip(source.archives, paths):
@@ -228,8 +324,11 @@ def download_dataset(
 
 
 def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+    try:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    except OSError:
+        pass  # tidying only: an empty folder left behind harms nothing
 
 
 def _info(name: str, root: Path, source: DatasetSource) -> dict[str, Any]:

@@ -53,8 +53,11 @@ class BaseDataset(Dataset):
                 f"{{{', '.join(repr(s) for s in self.get_available_splits())}}}. Got {split!r} instead.")
         self.root = str(root)
         if download:
-            if not os.path.isdir(self.root) or not os.listdir(self.root):
+            if not os.path.isdir(self.root) or not _listing(self.root):
                 self.download_and_remove()
+        elif os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise DataError(f"{type(self).__name__}: root {self.root!r} is a file, not a folder; point root at the "
+                            "folder holding the data set in its official layout.")
         elif not os.path.isdir(self.root):
             raise DataError(f"{type(self).__name__}: root {self.root!r} does not exist; pass download=True to "
                             "fetch the data set there, or point root at a copy in its official layout.")
@@ -98,6 +101,29 @@ class BaseDataset(Dataset):
                 self.labels.append(label)
 
 
+def _listing(root: str) -> list[str]:
+    try:
+        return os.listdir(root)
+    except OSError as err:
+        raise DataError(f"root {root!r} cannot be listed ({err.strerror or err}); check its permissions.") from None
+
+
+def _read_text(path: Path, who: str) -> str:
+    """The UTF-8 text of annotation file ``path``; a DataError names it when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{who}: '{path}' cannot be read as UTF-8 text ({err}).") from None
+
+
+def _read_json(path: Path, who: str) -> Any:
+    try:
+        return json.loads(_read_text(path, who))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{who}: '{path}' is not valid JSON ({err}); is it damaged or cut short? Download it "
+                        "again.") from None
+
+
 def _int(value: str, path: Path, what: str) -> int:
     try:
         return int(value)
@@ -137,14 +163,14 @@ class Cars196(BaseDataset):
     @staticmethod
     def _read_csv_layout(root: Path) -> tuple[list[str], list[int]]:
         """PML's layout: ``anno_<split>.csv`` rows ``file,x1,y1,x2,y2,class``; images under the class name."""
-        names = [line.strip() for line in (root / "names.csv").read_text(encoding="utf-8").splitlines()]
+        names = [line.strip() for line in _read_text(root / "names.csv", "Cars196").splitlines()]
         paths, labels = [], []
         for half in ("train", "test"):
             csv = root / f"anno_{half}.csv"
             if not csv.is_file():
                 raise DataError(f"Cars196: '{csv}' is missing (PML's layout: names.csv, anno_train.csv, "
                                 "anno_test.csv, car_data/car_data/<train|test>/<class name>/*.jpg).")
-            for line in csv.read_text(encoding="utf-8").splitlines():
+            for line in _read_text(csv, "Cars196").splitlines():
                 if not line.strip():
                     continue
                 fields = line.split(",")
@@ -197,14 +223,12 @@ class INaturalist2018(BaseDataset):
             if not path.is_file():
                 raise DataError(f"INaturalist2018: '{path}' is missing (ROOT must hold train2018.json, val2018.json, "
                                 "train_val2018/ and Inat_dataset_splits/).")
-            data = json.loads(path.read_text(encoding="utf-8"))
-            label_of = {a["image_id"]: a["category_id"] for a in data["annotations"]}
-            annotations.update({img["file_name"]: label_of[img["id"]] for img in data["images"]})
+            annotations.update(_inat_labels(path))
         for half in ("train", "test") if self.split == "train+test" else (self.split,):
             listing = root / "Inat_dataset_splits" / f"Inaturalist_{half}_set1.txt"
             if not listing.is_file():
                 raise DataError(f"INaturalist2018: '{listing}' is missing (the Smooth-AP split files).")
-            for line in listing.read_text(encoding="utf-8").splitlines():
+            for line in _read_text(listing, "INaturalist2018").splitlines():
                 name = line.strip()
                 if not name:
                     continue
@@ -212,6 +236,19 @@ class INaturalist2018(BaseDataset):
                     raise DataError(f"INaturalist2018: '{listing}' lists {name!r}, which no annotation file has.")
                 self.paths.append(str(root / name))
                 self.labels.append(annotations[name])
+
+
+def _inat_labels(path: Path) -> dict[str, int]:
+    """``file_name -> category_id`` from an iNaturalist annotation file (COCO style: ``images``, ``annotations``)."""
+    data = _read_json(path, "INaturalist2018")
+    try:
+        label_of = {a["image_id"]: a["category_id"] for a in data["annotations"]}
+        return {img["file_name"]: label_of[img["id"]] for img in data["images"]}
+    except (KeyError, TypeError) as err:
+        fault = f"lacks the key {err}" if isinstance(err, KeyError) else f"has an entry of the wrong type ({err})"
+        raise DataError(f"INaturalist2018: '{path}' {fault}; an iNaturalist 2018 annotation file has "
+                        "'images' (id, file_name) and 'annotations' (image_id, category_id). Download it again."
+                        ) from None
 
 
 __all__ = ["CUB", "BaseDataset", "Cars196", "INaturalist2018", "StanfordOnlineProducts"]

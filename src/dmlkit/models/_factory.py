@@ -6,10 +6,11 @@ other name is looked up in timm, so ``create_model("resnet50")`` builds timm's R
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from torch import nn
 
@@ -95,8 +96,9 @@ def _load_hub_weights(trunk: nn.Module, name: str) -> None:
             f"state_dict (downloadable: {', '.join(sorted(URL_WEIGHTS))} and timm's models).")
     weights = fetch_url_weights(name, URL_WEIGHTS[name])
     target = trunk.weights_module() if hasattr(trunk, "weights_module") else trunk
-    trunk.offline_weights_report = load_state_dict_with_report(target, read_state_dict(weights.path),
-                                                               source=weights.source)
+    with _naming_the_cached_file(weights.path):
+        trunk.offline_weights_report = load_state_dict_with_report(target, read_state_dict(weights.path),
+                                                                   source=weights.source)
     trunk.pretrained_weights = weights
 
 
@@ -175,7 +177,8 @@ def create_model(
         from dmlkit.models.weights import load_embedder_weights
 
         given, weights = os.fspath(weights), _fetch_if_url(name, weights)
-        embedder.weights_report = load_embedder_weights(embedder, weights)
+        with _naming_the_cached_file(weights if os.fspath(weights) != given else None):
+            embedder.weights_report = load_embedder_weights(embedder, weights)
         embedder.pretrained_weights = _local_file_record(name, weights, given)
     return embedder
 
@@ -192,6 +195,20 @@ def _local_file_record(name: str, path: str | os.PathLike, given: str):
     from dmlkit.models.hub import PretrainedWeights, file_sha256
 
     return PretrainedWeights(name, "model.weights", f"model.weights={given}", os.path.abspath(path), file_sha256(path))
+
+
+@contextlib.contextmanager
+def _naming_the_cached_file(path: str | os.PathLike | None) -> Iterator[None]:
+    """Add to a refusal of a downloaded weights file where the cache keeps it and what to do (None: a user's file)."""
+    from dmlkit.exceptions import CheckpointError
+    from dmlkit.models.hub import cached_file_note
+
+    try:
+        yield
+    except CheckpointError as err:
+        if path is None:
+            raise
+        raise CheckpointError(f"{err} {cached_file_note(path)}") from err
 
 
 def _fetch_if_url(name: str, weights: str | os.PathLike) -> str | os.PathLike:

@@ -13,7 +13,10 @@ A file already in a cache is used without the network. A missing one is download
 network is allowed (``HF_HUB_OFFLINE`` unset) and the host resolves; otherwise
 :class:`WeightsUnavailableError` names the model, the cache folder looked in and ``model.weights=PATH``.
 Downloads are checked against the SHA-256 prefix in the file name (torch hub's convention) and
-written atomically (a temporary name in the cache folder, then a rename). The weights used are
+written atomically (a temporary name in the cache folder, then a rename) into a file named by the
+URL, never over the cache folder itself (a URL without a file name is refused); the announced size
+is checked against the free space first. Any failure is one :class:`WeightsUnavailableError` naming
+the URL (and where its redirects led) or the cached file to delete. The weights used are
 described by :class:`PretrainedWeights` (tag, source, file, SHA-256), which runs record. Which
 backbones have weights here without the network: :mod:`dmlkit.models.availability`.
 """
@@ -21,6 +24,7 @@ backbones have weights here without the network: :mod:`dmlkit.models.availabilit
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import socket
@@ -31,7 +35,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from dmlkit.exceptions import ConfigError
+from dmlkit._transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
+from dmlkit.exceptions import CheckpointError, ConfigError
 
 #: Environment variable that forbids downloads (huggingface_hub's own switch; dmlkit honours it for URLs too).
 OFFLINE_ENV = "HF_HUB_OFFLINE"
@@ -69,7 +74,16 @@ class UrlWeights:
 
     @property
     def filename(self) -> str:
-        return Path(urllib.parse.urlparse(self.url).path).name
+        """The file name the URL ends in (the cached copy's name); a URL without one is refused."""
+        try:
+            name = Path(urllib.parse.urlparse(self.url).path).name
+        except ValueError as err:
+            raise WeightsUnavailableError(f"The weights URL {self.url!r} is malformed ({err}).") from None
+        if name in ("", ".", ".."):
+            raise WeightsUnavailableError(
+                f"The weights URL {self.url!r} names no file (its path ends in {name or '/'!r}): give the URL of the "
+                ".pth file itself, or pass model.weights=PATH to a local copy.")
+        return name
 
     @property
     def sha256_prefix(self) -> str | None:
@@ -118,18 +132,24 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
 
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of a file (hex), cached per path, size and modification time."""
-    stat = os.stat(path)
-    return _sha256_of(os.fspath(path), stat.st_size, stat.st_mtime_ns)
+    try:
+        stat = os.stat(path)
+        return _sha256_of(os.fspath(path), stat.st_size, stat.st_mtime_ns)
+    except OSError as err:
+        raise CheckpointError(f"Weights file '{path}' cannot be read ({err.strerror or err}).") from None
 
 
 def _unreachable(url: str) -> str | None:
     """Why ``url``'s host cannot be reached (offline mode, name not resolved), or None when it may be."""
     if is_offline():
         return f"{OFFLINE_ENV}=1 forbids downloading"
-    host = urllib.parse.urlparse(url).hostname or ""
+    try:
+        host = urllib.parse.urlparse(url).hostname or ""
+    except ValueError as err:
+        return f"the URL {url!r} is malformed ({err})"
     try:
         socket.getaddrinfo(host, None)
-    except OSError as err:
+    except (OSError, UnicodeError) as err:
         return f"{host} cannot be reached from here ({err})"
     return None
 
@@ -142,16 +162,30 @@ def _unavailable(model: str, what: str, folder: Path, why: str) -> WeightsUnavai
 
 
 def download(url: str, dest: Path, *, sha256_prefix: str | None = None, timeout: float = 60.0) -> Path:
-    """Download ``url`` to ``dest`` atomically; the file's SHA-256 must start with ``sha256_prefix``.
+    """Download ``url`` to the file ``dest`` atomically; the file's SHA-256 must start with ``sha256_prefix``.
 
     Written to a temporary name beside ``dest`` and renamed once complete and checked, so ``dest``
-    is either absent or whole. A mismatch removes the download and raises :class:`WeightsUnavailableError`.
+    is either absent or whole; an existing folder at ``dest`` is refused, never replaced. A
+    mismatch, a body larger than the free space or any network or disk failure removes the
+    temporary file and raises :class:`WeightsUnavailableError`.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_dir():
+        raise WeightsUnavailableError(f"Cannot download {url} to '{dest}': it is a folder. Give the URL of a file "
+                                      "(its name is the cached copy's), or pass model.weights=PATH.")
+    problem = folder_problem(dest.parent)
+    if problem is not None:
+        raise WeightsUnavailableError(f"Cannot download {url}: {problem}. Set TORCH_HOME to a folder you can write "
+                                      "to, or pass model.weights=PATH to a local copy.")
     partial = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     digest = hashlib.sha256()
+    chain: list[str] = []  # where redirects led, so a failure names the server that answered
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+        with open_url(url, chain, timeout) as response, open(partial, "wb") as out:
+            length = response.headers.get("Content-Length")
+            short = space_shortfall(dest.parent, int(length)) if length and length.isdigit() else None
+            if short is not None:
+                raise WeightsUnavailableError(f"Downloading {answered_by(url, chain)} would not fit: {short}. Free some "
+                                              "space or set TORCH_HOME elsewhere.")
             for block in iter(lambda: response.read(1 << 20), b""):
                 digest.update(block)
                 out.write(block)
@@ -160,14 +194,28 @@ def download(url: str, dest: Path, *, sha256_prefix: str | None = None, timeout:
         found = digest.hexdigest()
         if sha256_prefix and not found.startswith(sha256_prefix):
             raise WeightsUnavailableError(
-                f"The file downloaded from {url} has SHA-256 {found}, but its published checksum starts with "
-                f"{sha256_prefix}: it was not kept. Try again later, or pass model.weights=PATH to a checked copy.")
+                f"The file downloaded from {answered_by(url, chain)} has SHA-256 {found}, but its published checksum "
+                f"starts with {sha256_prefix}: it was not kept. Try again later, or pass model.weights=PATH to a "
+                "checked copy.")
         os.replace(partial, dest)
-    except (urllib.error.URLError, OSError) as err:
-        raise WeightsUnavailableError(f"Downloading {url} failed ({err}); pass model.weights=PATH to a local copy.") from err
+    except (urllib.error.URLError, http.client.HTTPException, ValueError) as err:  # ValueError: a URL urllib refuses
+        if isinstance(err, WeightsUnavailableError):
+            raise
+        reason = getattr(err, "reason", None) or err
+        raise WeightsUnavailableError(f"Downloading {answered_by(url, chain)} failed ({reason}); nothing was kept. "
+                                      "Pass model.weights=PATH to a local copy.") from err
+    except OSError as err:
+        raise WeightsUnavailableError(f"Downloading {answered_by(url, chain)} failed: {write_failure(err, dest.parent)}; "
+                                      "nothing was kept. Pass model.weights=PATH to a local copy.") from err
     finally:
         partial.unlink(missing_ok=True)
     return dest
+
+
+def cached_file_note(path: str | os.PathLike) -> str:
+    """What to do with a cached weights file that was refused (it stays where it is until the user deletes it)."""
+    return (f"The file stays at '{path}' in the cache: delete it to download it again, or pass model.weights=PATH "
+            "to another copy.")
 
 
 def fetch_url_weights(model: str, weights: UrlWeights) -> PretrainedWeights:
@@ -218,7 +266,11 @@ def hf_cached_file(hub_id: str, filenames: tuple[str, ...], folder: Path) -> Pat
     from huggingface_hub import try_to_load_from_cache
 
     for filename in filenames:
-        found = try_to_load_from_cache(hub_id, filename, cache_dir=folder)
+        try:
+            found = try_to_load_from_cache(hub_id, filename, cache_dir=folder)
+        except (OSError, ValueError) as err:  # an unreadable cache (refs/main a folder, no permission): not cached
+            raise WeightsUnavailableError(f"The Hugging Face cache folder {folder} cannot be read for {hub_id} ({err}); "
+                                          "repair or remove it, or pass model.weights=PATH.") from None
         if isinstance(found, str) and os.path.isfile(found):
             return Path(found)
     return None

@@ -1,7 +1,10 @@
 """Backbones from timm by name, as trunks returning feature maps.
 
 Pretrained weights come from an installed offline package first, else through :mod:`dmlkit.models.hub`
-(the Hugging Face cache timm uses, downloading only when asked and allowed).
+(the Hugging Face cache timm uses, downloading only when asked and allowed). timm reads a cached file
+itself; a file it cannot read (pickled objects, wrong shapes, cut short) is a :class:`CheckpointError`
+naming it, and one from which fewer than :data:`MIN_LOADED_FRACTION` of the backbone's tensors
+arrived (timm loads without ``strict`` when the classifier is dropped) is refused with the numbers.
 """
 
 from __future__ import annotations
@@ -11,8 +14,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dmlkit.exceptions import InvalidParameterError
+from dmlkit.exceptions import CheckpointError, InvalidParameterError
 from dmlkit.models.preprocessing import adapt_cfg_channels, make_cfg
+
+#: The least share of a backbone's tensors a pretrained weights file must fill for the weights to count
+#: (a few may differ from the file on purpose: a first convolution adapted to ``in_chans``, resized position
+#: embeddings; a file of another architecture fills none).
+MIN_LOADED_FRACTION = 0.5
 
 
 def is_timm_model(name: str) -> bool:
@@ -63,8 +71,8 @@ class TimmTrunk(nn.Module):
         chans = 3 if in_chans is None else in_chans
         self.name = name
         if hub is not None:  # timm reads the cached file itself (its key filters, in_chans and classifier rules)
-            self.model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=hub.path),
-                                           num_classes=0, in_chans=chans, **arch_kwargs)
+            self.model = _timm_with_weights_file(name, hub, chans, arch_kwargs)
+            self.offline_weights_report = _check_loaded(self.model, name, hub)
         else:
             self.model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=chans, **arch_kwargs)
         self.output_fmt = str(getattr(self.model, "output_fmt", "NCHW"))
@@ -193,6 +201,63 @@ class TimmTrunk(nn.Module):
         if features.dim() == 4:
             return features.permute(0, 3, 1, 2) if self.output_fmt == "NHWC" else features
         return self.model.forward_head(features, pre_logits=True)
+
+
+def _timm_with_weights_file(name: str, hub: Any, chans: int, arch_kwargs: dict[str, Any]) -> nn.Module:
+    """timm's ``name`` filled by timm from the weights file ``hub.path``; timm's read errors as one CheckpointError."""
+    import pickle
+
+    import timm
+    from safetensors import SafetensorError
+
+    from dmlkit.models.hub import cached_file_note
+
+    try:
+        return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=hub.path),
+                                 num_classes=0, in_chans=chans, **arch_kwargs)
+    except (RuntimeError, ValueError, KeyError, EOFError, OSError, AssertionError, pickle.UnpicklingError,
+            SafetensorError) as err:  # not TypeError: model.args that do not fit are told by the caller
+        reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"The pretrained weights {hub.tag} for model {name!r} in '{hub.path}' cannot be loaded "
+                              f"({type(err).__name__}: {reason}). {cached_file_note(hub.path)}") from None
+
+
+def _check_loaded(model: nn.Module, name: str, hub: Any):  # type: ignore[no-untyped-def]
+    """The report of what timm loaded from ``hub.path``: a backbone tensor counts when it holds the file's values.
+
+    Compared by name, else (timm may rename keys on loading) with any file tensor of the same shape
+    unless the tensor is constant (an untouched norm layer's ones and zeros would match by chance).
+    Refuses a file that filled fewer than :data:`MIN_LOADED_FRACTION` of the tensors.
+    """
+    from dmlkit.models.hub import cached_file_note
+    from dmlkit.models.weights import WeightsReport, read_state_dict
+
+    if hub.path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        state = load_file(hub.path)  # timm just read it: it is whole
+    else:
+        state = read_state_dict(hub.path)
+    by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for tensor in state.values():
+        by_shape.setdefault(tuple(tensor.shape), []).append(tensor)
+    own = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    loaded, missing = [], []
+    for key, value in own.items():
+        same = state.get(key)
+        found = same is not None and same.shape == value.shape and torch.equal(same.to(value.dtype), value)
+        if not found and value.numel() > 1 and not bool((value == value.flatten()[0]).all()):
+            found = any(torch.equal(t.to(value.dtype), value) for t in by_shape.get(tuple(value.shape), ()))
+        (loaded if found else missing).append(key)
+    report = WeightsReport(source=repr(hub.path), target=type(model).__name__, loaded_keys=loaded,
+                           missing_keys=missing, unexpected_keys=[k for k in state if k not in own])
+    if len(loaded) < MIN_LOADED_FRACTION * len(own):
+        raise CheckpointError(
+            f"The pretrained weights {hub.tag} for model {name!r} in '{hub.path}' filled {len(loaded)} of its "
+            f"{len(own)} tensors, fewer than the {MIN_LOADED_FRACTION:.0%} required: the file holds weights of "
+            f"another model (its {len(state)} tensors have names like {', '.join(list(state)[:3])}). "
+            f"{cached_file_note(hub.path)}")
+    return report
 
 
 def _feature_chains() -> list[tuple[type, tuple[str, ...]]]:

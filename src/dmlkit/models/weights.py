@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -57,13 +56,19 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     :class:`CheckpointError` naming the file when it is missing or not a valid checkpoint.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"Weights file {path!r} is a folder, not a file; point model.weights at the "
+                              "state_dict file (.pth / .pt) itself.")
     if not os.path.isfile(path):
         raise CheckpointError(f"Weights file {path!r} does not exist.")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, OSError) as err:
+    except MemoryError:
+        raise
+    except Exception as err:  # an untrusted file: whatever torch.load meets in it (pickle, zip, storage errors)
+        reason = str(err)[:300] or type(err).__name__
         raise CheckpointError(
-            f"Weights file {path!r} is not a valid PyTorch checkpoint readable with weights_only=True: {err}"
+            f"Weights file {path!r} is not a valid PyTorch checkpoint readable with weights_only=True: {reason}"
         ) from err
     state = _unwrap(obj, path)
     if state and all(k.startswith("module.") for k in state):
