@@ -191,3 +191,138 @@ def test_every_pretrained_preset_names_where_its_imagenet_weights_come_from():
         else:
             assert model.name in hub.URL_WEIGHTS, (preset.name, model.name)
     assert checked >= 100
+
+
+# --- hostile servers, damaged caches: one message, nothing of the user's replaced, only weights that loaded count
+
+class _Payload:
+    """A pickle that would create ``marker`` when loaded (it must never be)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _hf_snapshot(tmp_path):
+    return next((tmp_path / "hf" / "hub" / f"models--timm--{TIMM_TAG}" / "snapshots").iterdir())
+
+
+def test_a_url_without_a_file_name_never_replaces_the_cache_folder(server, tmp_path):
+    folder = tmp_path / "torch" / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "mine.pth").write_bytes(b"kept")
+    for url in (server.url("/"), server.url("")):
+        with pytest.raises(WeightsUnavailableError, match="names no file .* give the URL of the .pth file itself"):
+            create_model("small_cnn", embedding_size=8, weights=url)
+    assert folder.is_dir() and [p.name for p in folder.iterdir()] == ["mine.pth"] and server.requests == []
+
+
+def test_a_malformed_weights_url_is_one_message(server):
+    with pytest.raises(WeightsUnavailableError, match="weights URL 'http://\\[::1/x.pth' is malformed"):
+        create_model("small_cnn", embedding_size=8, weights="http://[::1/x.pth")
+
+
+@pytest.mark.parametrize("content", ["other-model", "too-few"])
+def test_a_cached_file_that_fills_too_few_tensors_is_refused_with_the_numbers(content, hf_cache, tmp_path):
+    from safetensors.torch import save_file
+
+    from dmlkit.exceptions import CheckpointError
+
+    state, path = hf_cache(TIMM_NAME, TIMM_TAG)
+    if content == "other-model":
+        save_file({"encoder.w": torch.randn(3, 3), "encoder.b": torch.randn(3)}, str(path))
+    else:  # the stem only: the rest of the backbone would train from random weights
+        save_file({k: v.contiguous() for k, v in state.items() if k.startswith(("conv1", "bn1"))}, str(path))
+    with pytest.raises(CheckpointError, match="filled [0-9]+ of its [0-9]+ tensors, fewer than the 50% required") \
+            as caught:
+        create_model(TIMM_NAME, pretrained=True, embedding_size=None)
+    assert str(path) in str(caught.value) and "delete it to download it again" in str(caught.value)
+
+
+def test_the_weights_report_of_cached_timm_weights_says_what_loaded(hf_cache):
+    hf_cache(TIMM_NAME, TIMM_TAG)
+    model = create_model(TIMM_NAME, pretrained=True, embedding_size=None)
+    report = model.weights_report
+    assert report is not None and len(report.loaded_keys) == len(model.trunk.model.state_dict()) - len(
+        [k for k in model.trunk.model.state_dict() if k.endswith("num_batches_tracked")])
+    assert report.missing_keys == [] and "fc.weight" in report.unexpected_keys
+
+
+@pytest.mark.parametrize("damage", ["pickled-bin", "wrong-shape", "truncated"])
+def test_a_damaged_cached_file_is_one_message_naming_it_and_no_code_runs(damage, hf_cache, tmp_path):
+    from safetensors.torch import save_file
+
+    from dmlkit.exceptions import CheckpointError
+
+    state, path = hf_cache(TIMM_NAME, TIMM_TAG)
+    marker = tmp_path / "ran"
+    if damage == "pickled-bin":
+        path.unlink()
+        path = path.with_name("pytorch_model.bin")
+        torch.save({"conv1.weight": _Payload(marker)}, path)
+    elif damage == "wrong-shape":
+        last_conv = [k for k, v in state.items() if v.dim() == 4][-1]
+        save_file({**{k: v.contiguous() for k, v in state.items()}, last_conv: torch.zeros(2, 2)}, str(path))
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="cannot be loaded") as caught:
+        create_model(TIMM_NAME, pretrained=True, embedding_size=None)
+    assert f"'{path}'" in str(caught.value) and TIMM_TAG in str(caught.value) and not marker.exists()
+
+
+def test_a_pickled_file_from_the_hugging_face_endpoint_is_refused_the_same_way(hf_cache, monkeypatch, tmp_path):
+    """What huggingface_hub downloads lands in the cache and is read there: the endpoint is hf_hub_download's."""
+    from dmlkit.exceptions import CheckpointError
+
+    _, path = hf_cache(TIMM_NAME, TIMM_TAG)
+    snapshot = path.parent
+    path.unlink()
+    marker = tmp_path / "ran"
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hub, "_unreachable", lambda url: None)
+
+    def served(model, found, folder):
+        torch.save({"conv1.weight": _Payload(marker)}, snapshot / "pytorch_model.bin")
+        return snapshot / "pytorch_model.bin"
+
+    monkeypatch.setattr(hub, "_hf_download", served)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin' cannot be loaded"):
+        create_model(TIMM_NAME, pretrained=True, embedding_size=None)
+    assert not marker.exists()
+
+
+def test_weights_pointing_at_a_folder_say_it_is_a_folder(tmp_path):
+    from dmlkit.exceptions import CheckpointError
+
+    with pytest.raises(CheckpointError, match="is a folder, not a file"):
+        create_model("small_cnn", embedding_size=8, weights=str(tmp_path))
+
+
+def test_a_refused_download_names_the_cached_file_to_delete(server, tmp_path):
+    from dmlkit.exceptions import CheckpointError
+
+    marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"w": _Payload(marker)}, buffer)
+    server.files["/w/evil.pth"] = buffer.getvalue()
+    cached = tmp_path / "torch" / "hub" / "checkpoints" / "evil.pth"
+    with pytest.raises(CheckpointError, match="weights_only") as caught:
+        create_model("small_cnn", embedding_size=8, weights=server.url("/w/evil.pth"))
+    assert f"The file stays at '{cached}' in the cache: delete it" in str(caught.value) and not marker.exists()
+
+
+def test_weight_downloads_check_free_space_and_name_where_redirects_led(tiny_weights, server, monkeypatch, tmp_path):
+    import shutil
+
+    _, body, sha = tiny_weights
+    name = f"/w/small-{sha[:10]}.pth"
+    server.redirects["/w/moved.pth"] = server.url("/w/gone.pth")
+    with pytest.raises(WeightsUnavailableError, match="moved.pth -> .*/w/gone.pth failed \\(Not Found"):
+        create_model("small_cnn", embedding_size=8, weights=server.url("/w/moved.pth"))
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10))
+    with pytest.raises(WeightsUnavailableError, match=f"{len(body):,} bytes are needed but .* has only 10 bytes free"):
+        create_model("small_cnn", embedding_size=8, weights=server.url(name))
+    assert list((tmp_path / "torch" / "hub" / "checkpoints").iterdir()) == []
