@@ -88,7 +88,7 @@ def create_trunk(name: str, *, pretrained: bool = False, in_chans: int | None = 
 def _load_hub_weights(trunk: nn.Module, name: str) -> None:
     """Fill a dmlkit architecture with its published ImageNet weights (BN-Inception: the file the papers' code loads)."""
     from dmlkit.models.hub import URL_WEIGHTS, WeightsUnavailableError, fetch_url_weights
-    from dmlkit.models.weights import load_state_dict_with_report, read_state_dict
+    from dmlkit.models.weights import load_state_dict_with_report, read_state_dict, require_loaded
 
     if name not in URL_WEIGHTS:
         raise WeightsUnavailableError(
@@ -97,8 +97,8 @@ def _load_hub_weights(trunk: nn.Module, name: str) -> None:
     weights = fetch_url_weights(name, URL_WEIGHTS[name])
     target = trunk.weights_module() if hasattr(trunk, "weights_module") else trunk
     with _naming_the_cached_file(weights.path):
-        trunk.offline_weights_report = load_state_dict_with_report(target, read_state_dict(weights.path),
-                                                                   source=weights.source)
+        report = load_state_dict_with_report(target, read_state_dict(weights.path), source=weights.source)
+        trunk.offline_weights_report = require_loaded(report, f"The pretrained weights {weights.tag}")
     trunk.pretrained_weights = weights
 
 

@@ -3,7 +3,8 @@
 Pretrained weights come from an installed offline package first, else through :mod:`dmlkit.models.hub`
 (the Hugging Face cache timm uses, downloading only when asked and allowed). timm reads a cached file
 itself; a file it cannot read (pickled objects, wrong shapes, cut short) is a :class:`CheckpointError`
-naming it, and one from which fewer than :data:`MIN_LOADED_FRACTION` of the backbone's tensors
+naming it, and one from which fewer than
+:data:`~dmlkit.models.weights.MIN_LOADED_FRACTION` of the backbone's tensors
 arrived (timm loads without ``strict`` when the classifier is dropped) is refused with the numbers.
 """
 
@@ -16,11 +17,6 @@ from torch import nn
 
 from dmlkit.exceptions import CheckpointError, InvalidParameterError
 from dmlkit.models.preprocessing import adapt_cfg_channels, make_cfg
-
-#: The least share of a backbone's tensors a pretrained weights file must fill for the weights to count
-#: (a few may differ from the file on purpose: a first convolution adapted to ``in_chans``, resized position
-#: embeddings; a file of another architecture fills none).
-MIN_LOADED_FRACTION = 0.5
 
 
 def is_timm_model(name: str) -> bool:
@@ -227,10 +223,10 @@ def _check_loaded(model: nn.Module, name: str, hub: Any):  # type: ignore[no-unt
 
     Compared by name, else (timm may rename keys on loading) with any file tensor of the same shape
     unless the tensor is constant (an untouched norm layer's ones and zeros would match by chance).
-    Refuses a file that filled fewer than :data:`MIN_LOADED_FRACTION` of the tensors.
+    Refuses a file that filled too few of them (:func:`~dmlkit.models.weights.require_loaded`).
     """
     from dmlkit.models.hub import cached_file_note
-    from dmlkit.models.weights import WeightsReport, read_state_dict
+    from dmlkit.models.weights import WeightsReport, read_state_dict, require_loaded
 
     if hub.path.endswith(".safetensors"):
         from safetensors.torch import load_file
@@ -251,13 +247,7 @@ def _check_loaded(model: nn.Module, name: str, hub: Any):  # type: ignore[no-unt
         (loaded if found else missing).append(key)
     report = WeightsReport(source=repr(hub.path), target=type(model).__name__, loaded_keys=loaded,
                            missing_keys=missing, unexpected_keys=[k for k in state if k not in own])
-    if len(loaded) < MIN_LOADED_FRACTION * len(own):
-        raise CheckpointError(
-            f"The pretrained weights {hub.tag} for model {name!r} in '{hub.path}' filled {len(loaded)} of its "
-            f"{len(own)} tensors, fewer than the {MIN_LOADED_FRACTION:.0%} required: the file holds weights of "
-            f"another model (its {len(state)} tensors have names like {', '.join(list(state)[:3])}). "
-            f"{cached_file_note(hub.path)}")
-    return report
+    return require_loaded(report, f"The pretrained weights {hub.tag} for model {name!r}", cached_file_note(hub.path))
 
 
 def _feature_chains() -> list[tuple[type, tuple[str, ...]]]:

@@ -13,6 +13,10 @@ from torch import nn
 from dmlkit.exceptions import CheckpointError
 
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
+#: The least share of a backbone's tensors pretrained weights must fill to count (a few may differ from the
+#: file on purpose: a first convolution adapted to ``in_chans``, resized position embeddings; a file of
+#: another architecture fills none). ``model.weights=PATH`` is the user's choice and is not held to it.
+MIN_LOADED_FRACTION = 0.5
 EMBEDDER_PREFIXES = ("trunk.", "pool.", "head.")
 
 
@@ -128,6 +132,19 @@ def load_state_dict_with_report(
     if strict and (report.missing_keys or report.unexpected_keys):
         raise CheckpointError(str(report))
     module.load_state_dict({k: state_dict[k] for k in matched}, strict=False)
+    return report
+
+
+def require_loaded(report: WeightsReport, what: str, note: str = "") -> WeightsReport:
+    """``report`` when its file filled at least :data:`MIN_LOADED_FRACTION` of the target's tensors, else a
+    :class:`CheckpointError` with the numbers (``what``: the weights' name; ``note``: what to do, appended)."""
+    counted = [k for k in report.loaded_keys + report.missing_keys if not k.endswith("num_batches_tracked")]
+    loaded = [k for k in report.loaded_keys if not k.endswith("num_batches_tracked")]
+    if len(loaded) < MIN_LOADED_FRACTION * len(counted):
+        raise CheckpointError(
+            f"{what} in {report.source} filled {len(loaded)} of the {len(counted)} tensors of {report.target}, "
+            f"fewer than the {MIN_LOADED_FRACTION:.0%} required: the file holds another model's weights, or a "
+            f"part of these only (names like {_preview(report.unexpected_keys or report.loaded_keys, 3)}). {note}".rstrip())
     return report
 
 

@@ -235,7 +235,8 @@ def test_a_cached_file_that_fills_too_few_tensors_is_refused_with_the_numbers(co
         save_file({"encoder.w": torch.randn(3, 3), "encoder.b": torch.randn(3)}, str(path))
     else:  # the stem only: the rest of the backbone would train from random weights
         save_file({k: v.contiguous() for k, v in state.items() if k.startswith(("conv1", "bn1"))}, str(path))
-    with pytest.raises(CheckpointError, match="filled [0-9]+ of its [0-9]+ tensors, fewer than the 50% required") \
+    with pytest.raises(CheckpointError, match="filled [0-9]+ of the [0-9]+ tensors of ResNet, fewer than the 50% "
+                                              "required") \
             as caught:
         create_model(TIMM_NAME, pretrained=True, embedding_size=None)
     assert str(path) in str(caught.value) and "delete it to download it again" in str(caught.value)
@@ -326,3 +327,22 @@ def test_weight_downloads_check_free_space_and_name_where_redirects_led(tiny_wei
     with pytest.raises(WeightsUnavailableError, match=f"{len(body):,} bytes are needed but .* has only 10 bytes free"):
         create_model("small_cnn", embedding_size=8, weights=server.url(name))
     assert list((tmp_path / "torch" / "hub" / "checkpoints").iterdir()) == []
+
+
+def test_registered_url_weights_that_fill_too_few_tensors_are_refused(tiny_weights, server, monkeypatch, tmp_path):
+    from dmlkit.exceptions import CheckpointError
+
+    reference, _, _ = tiny_weights
+    state = reference.trunk.state_dict()
+    first = next(iter(state))
+    buffer = io.BytesIO()
+    torch.save({first: state[first]}, buffer)  # one tensor of the trunk: the rest would stay random
+    body = buffer.getvalue()
+    sha = hashlib.sha256(body).hexdigest()
+    server.files[f"/w/part-{sha[:10]}.pth"] = body
+    url = server.url(f"/w/part-{sha[:10]}.pth")
+    monkeypatch.setitem(hub.URL_WEIGHTS, "small_cnn", UrlWeights(url, "small_cnn.part", "the test's server"))
+    counted = len([k for k in state if not k.endswith("num_batches_tracked")])
+    with pytest.raises(CheckpointError, match=f"small_cnn.part in .* filled 1 of the {counted} tensors of .*, fewer "
+                                              "than the 50% required.*The file stays at"):
+        create_model("small_cnn", embedding_size=8, pretrained=True)
