@@ -17,8 +17,11 @@ Table 1 instead (``dmlkit.engine.crossval``): one model per fold, selected on it
 reported as the fold-model average and the concatenated-embedding ensemble.
 ``--core`` runs only the arms each verdict rests on (``all --quick --core`` is the short check).
 
-``reproduce.py photos [CLAIM...] [--seeds 0 1 2] [--quick] [--core] [--out DIR]`` runs the photo claims
-of the five papers instead (``scripts/photo_claims.py``: frozen pretrained backbone, stored features).
+These MNIST / digits claims are toy scale. The five papers' claims with networks that learn, seeded
+class-disjoint splits and paired statistics are ``reproduce.py claims``::
+
+    .venv/bin/python scripts/reproduce.py claims [CLAIM...] [--quick] [--seeds 0 1 2 3 4] [--out runs/claims]
+    .venv/bin/python scripts/reproduce.py claims --list
 """
 
 from __future__ import annotations
@@ -754,11 +757,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["photos"]:  # the photo claims (scripts/photo_claims.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import photo_claims
-
-        return photo_claims.main(argv[1:])
+    if argv[:1] == ["claims"]:
+        return claims_main(argv[1:])
     args = parse_args(argv)
     if args.pixels:
         for data_name in ("mnist", "digits"):
@@ -801,6 +801,48 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(claim, summary))
         for f in figures:
             print(f"figure: {f.relative_to(REPO) if f.is_relative_to(REPO) else f}")
+    return 0
+
+
+def claims_main(argv: list[str]) -> int:
+    """``reproduce.py claims``: the five papers' claims on Omniglot (:mod:`dmlkit.claims`)."""
+    from dmlkit.claims import CLAIMS, UNTESTED, run_claims
+    from dmlkit.exceptions import DmlkitError
+
+    parser = argparse.ArgumentParser(prog="reproduce.py claims", description=run_claims.__doc__.split("\n")[0])
+    parser.add_argument("claims", nargs="*", help=f"claims to run (default: all): {', '.join(CLAIMS)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="40 steps, one learning rate, seeds 0 1: every arm end to end, not a result")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0-4; quick: 0 1)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/claims or runs/claims-quick)")
+    parser.add_argument("--omniglot", default=str(REPO.parent / "shared" / "data" / "omniglot"),
+                        help="folder holding Omniglot (images_background*.zip or its folders)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="runs trained at once, each on --threads torch threads (results do not depend on it)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2, or 1 with workers)")
+    parser.add_argument("--list", action="store_true", help="list the claims, their arms and the untested claims")
+    args = parser.parse_args(argv)
+    if args.list:
+        for c in CLAIMS.values():
+            print(f"{c.name}: {c.paper} {c.source}: {c.statement} [{c.metric}; arms {', '.join(c.arms)}]")
+        print("untested:")
+        for k, v in UNTESTED.items():
+            print(f"  {k}: {v}")
+        return 0
+    out = Path(args.out or ("runs/claims-quick" if args.quick else "runs/claims"))
+    try:
+        import dataclasses
+
+        from dmlkit.claims.runner import FULL, QUICK
+
+        threads = args.threads or (1 if args.workers > 1 else 2)
+        budget = dataclasses.replace(QUICK if args.quick else FULL, threads=threads)
+        run_claims(args.claims or list(CLAIMS), out, args.omniglot, quick=args.quick, seeds=args.seeds, budget=budget,
+                   workers=args.workers)
+    except DmlkitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print((out / "claims.md").read_text())
     return 0
 
 

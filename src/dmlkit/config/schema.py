@@ -390,8 +390,10 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         )
     if p.fold is not None and p.val_fraction > 0:
         problems.append("protocol.fold and protocol.val_fraction are alternatives: set one of them.")
-    if cfg.asap.enabled and p.fold is None and p.val_fraction == 0:
-        problems.append("asap.enabled needs a validation split: set protocol.fold (or protocol.val_fraction).")
+    if cfg.asap.enabled and p.fold is None and p.val_fraction == 0 and p.val_class_fraction == 0:
+        # val_class_fraction None: the recipe holds out classes, or dmlkit.fit was given a validation split
+        problems.append("asap.enabled needs a validation split: set protocol.fold, protocol.val_fraction or "
+                        "protocol.val_class_fraction > 0.")
     if p.member_folds and (p.fold is not None or p.val_fraction > 0 or p.val_class_fraction == 0):
         problems.append("protocol.member_folds holds out each member's fold of the training classes: it needs "
                         "protocol.val_class_fraction > 0 (or left to the recipe), not protocol.fold or "

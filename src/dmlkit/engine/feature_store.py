@@ -1,7 +1,7 @@
 """A frozen backbone's pooled features, computed once per (backbone, weights, view, images) and kept on disk.
 
-Comparisons of losses on photographs through a frozen ImageNet-pretrained backbone (the photo claims of
-``scripts/reproduce.py photos``, linear probes, head-only sweeps) run the same backbone over the
+Comparisons of losses on photographs through a frozen ImageNet-pretrained backbone (linear probes,
+head-only sweeps) run the same backbone over the
 same images in every arm. :class:`FeatureStore` runs it once: :func:`pooled_features` embeds each
 image at one view (``image_size`` px, shorter side resized to ``image_size / CROP_FRACTION`` then
 centre-cropped, as the photo pipeline's evaluation view; ``views=2`` also its mirror image, the two

@@ -73,7 +73,8 @@ class AsapHooks(MethodHooks):
                 f"asap.enabled needs a proxy loss (proxy_pair, proxy_anchor, proxy_nca, ...). Got loss {trainer.cfg.loss.name!r}."
             )
         if trainer.splits.val is None:
-            raise ConfigError("asap.enabled needs a validation split: set protocol.fold.")
+            raise ConfigError("asap.enabled needs a validation split: set protocol.fold, protocol.val_fraction or "
+                              "protocol.val_class_fraction > 0 (or give dmlkit.fit a val_data).")
         self.bank = loss.bank
         if self.bank.is_fractional or int(self.bank.proxies_per_class) != cfg.proxies_per_class:
             raise ConfigError(

@@ -1,0 +1,225 @@
+"""Training the arms: one resumable run per (arm, seed, learning rate), learning rates chosen on validation.
+
+Every run trains the glyph CNN from the seed's initial weights (the same for every arm) with
+``dmlkit.fit`` (m-per-class batches, affine augmentation, Adam-W), validates every ``eval_every``
+steps on the seed's validation classes and keeps the best validation MAP@R (Musgrave et al.'s
+protocol); the starting point (the untrained network) is scored on the same splits first. A run's
+record is ``OUT/runs/<arm>/seed<S>/<tag>.json``; a finished record is never recomputed and an
+interrupted run resumes from its checkpoint in ``OUT/runs/<arm>/seed<S>/<tag>/``.
+
+Tuning: on the tuning seed (the first one) every arm trains once per grid point (learning rate x
+its tuned loss arguments) and keeps the point with the best selected validation MAP@R; the other
+seeds train that point only. Test classes never enter the choice.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, Arm
+from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Steps and validations of every run (equal for every arm)."""
+
+    steps: int = 400
+    eval_every: int = 25
+    batch_size: int = 64
+    m: int = 4
+    alphabet_batch: int = 60  # 5 alphabets x 12 drawings
+    threads: int = 2
+
+
+FULL = Budget(steps=300, eval_every=25)
+#: ``--quick``: every arm end to end on two seeds, one learning rate (a check that everything runs, not a result).
+QUICK = Budget(steps=40, eval_every=20)
+
+
+def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> list[dict]:
+    """Every ``{"lr": ..., <tuned arg>: ...}`` point of the arm's tuning grid (``narrow``: each tuned argument's middle value)."""
+    keys = sorted(arm.tuned)
+    values = [arm.tuned[k][len(arm.tuned[k]) // 2:][:1] if narrow else arm.tuned[k] for k in keys]
+    return [{"lr": lr, **dict(zip(keys, combo))} for lr in learning_rates for combo in itertools.product(*values)]
+
+
+def point_tag(point: dict) -> str:
+    """A file-name tag for a grid point: ``lr0.001`` or ``lr0.001-softmax_scale8``."""
+    return "-".join(f"{k}{point[k]:g}" for k in ["lr", *sorted(k for k in point if k != "lr")])
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def score_split(model: torch.nn.Module, dataset, labels: torch.Tensor | None = None, *, clustering: bool = False,
+                over_cluster: int = 1, seed: int = 0) -> dict:
+    """Retrieval (and clustering) metrics of ``model``'s eval-mode embedding of a split (``labels``: other labels)."""
+    emb = score_split_embeddings(model, dataset)
+    return embeddings_metrics(emb, dataset.labels if labels is None else labels, clustering=clustering,
+                              over_cluster=over_cluster, seed=seed)
+
+
+def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: bool = False, over_cluster: int = 1,
+                       seed: int = 0) -> dict:
+    """P@1, R@1/2/4/8, R-Precision, MAP@R (and NMI, with ``over_cluster`` NMI+) of embeddings under ``labels``."""
+    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+
+    out = dict(retrieval_metrics(emb, labels, ks=(1, 2, 4, 8)))
+    if clustering:
+        out["nmi"] = clustering_metrics(emb, labels, seed=seed)["nmi"]
+        if over_cluster > 1:
+            out["nmi_plus"] = clustering_metrics(emb, labels, over_cluster=over_cluster, seed=seed)["nmi_plus"]
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+
+
+def _test_scores(emb: torch.Tensor, splits: GlyphSplits, seed: int) -> dict:
+    """Test metrics: on characters; in the alphabets setting also on alphabets (``languages_*``, NMI+ at 30x)."""
+    scores = {f"letters_{k}" if splits.setting == "alphabets" else k: v
+              for k, v in embeddings_metrics(emb, splits.test.labels, clustering=True, seed=seed).items()}
+    if splits.setting == "alphabets":
+        scores.update({f"languages_{k}": v for k, v in embeddings_metrics(
+            emb, splits.test_alphabets, clustering=True, over_cluster=30, seed=seed).items()})
+    return scores
+
+
+def _log_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, omniglot: str, subset: int | None,
+              echo: Callable[[str], None]) -> dict:
+    """Train (or resume, or read back) one run; returns its record."""
+    import dmlkit
+
+    record_path = out / "runs" / arm.name / f"seed{seed}" / f"{point_tag(point)}.json"
+    if record_path.exists():
+        return json.loads(record_path.read_text())
+    run_dir = record_path.with_suffix("")
+    resume = (run_dir / "checkpoints" / "last.pt").exists()
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)
+    torch.set_num_threads(budget.threads)
+    splits = build_splits(load_pool(omniglot, subset), arm.setting, seed)
+    model = create_glyph_model(seed, EMBEDDING_SIZE, arm.normalization)
+    start = {"val": score_split(model, splits.val, seed=seed),
+             "test": _test_scores(score_split_embeddings(model, splits.test), splits, seed)}
+    batch = budget.alphabet_batch if arm.setting == "alphabets" else budget.batch_size
+    m = batch // len(splits.train.class_names) if arm.setting == "alphabets" else budget.m
+    loss = copy.deepcopy(arm.loss)
+    loss["args"] = {**loss.get("args", {}), **{k: v for k, v in point.items() if k != "lr"}}
+    echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed} {point_tag(point)}{' (resume)' if resume else ''}")
+    t0 = time.perf_counter()
+    result = dmlkit.fit(
+        model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir, resume=resume,
+        report=False, echo=lambda s: None,
+        config={
+            "seed": seed, "loss": loss, "asap": arm.asap,
+            "optimizer": {"name": "adamw", "lr": point["lr"]},
+            "sampler": {"batch_size": batch, "m": m},
+            "data": {"augment": "affine"},
+            "protocol": {"selection": "best"},
+            "train": {"max_steps": budget.steps, "eval_every": budget.eval_every, "checkpoint_every": budget.eval_every,
+                      "progress": False, "num_threads": budget.threads, "patience": None, "time_budget": None,
+                      "mixed_precision": "none"},
+            "eval": {"save_embeddings": True},
+        },
+    )
+    logs = _log_records(run_dir)
+    val_curve = [{"step": r["step"], "map_at_r": r["map_at_r"], "time": r["time"]}
+                 for r in logs if r.get("kind") == "eval" and r.get("split") == "val"]
+    projections = [r for r in logs if r.get("kind") == "projection"]
+    emb = torch.from_numpy(np.load(run_dir / "embeddings" / "test.npz")["embeddings"])
+    selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step), default=float("nan"))
+    record = {
+        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "best_step": result.best_step,
+        "start": start, "val_curve": val_curve, "selected_val_map_at_r": selected_val,
+        "learned": bool(selected_val > start["val"]["map_at_r"]),
+        "test": _test_scores(emb, splits, seed),
+        "projections": [{"projection": p["projection"], "step": p["step"], "complete": p["complete"],
+                         "best_map_at_r": p["best_map_at_r"]} for p in projections],
+        "wall_seconds": round(time.perf_counter() - t0, 2),
+        "test_classes": splits.test_classes,
+    }
+    _atomic_json(record_path, record)
+    echo(f"    val MAP@R {start['val']['map_at_r']:.3f} -> {selected_val:.3f} (step {result.best_step}), "
+         f"{record['wall_seconds']:.0f} s")
+    return record
+
+
+@torch.no_grad()
+def score_split_embeddings(model: torch.nn.Module, dataset) -> torch.Tensor:
+    """``model``'s eval-mode embeddings of a split ``[N, D]``."""
+    from dmlkit.evaluation.embed import embed_dataset
+
+    was = model.training
+    model.eval()
+    try:
+        return embed_dataset(model, dataset, batch_size=512)[0]
+    finally:
+        model.train(was)
+
+
+def _train_job(job: tuple) -> dict:
+    """``train_run`` of one ``(arm name, seed, point, budget, out, omniglot, subset)`` job (a worker process's entry)."""
+    name, seed, point, budget, out, omniglot, subset = job
+    return train_run(ARMS[name], seed, point, budget, out, omniglot, subset, print)
+
+
+def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> list[dict]:
+    """Train ``jobs`` in order, or on ``workers`` processes (each with ``budget.threads`` torch threads)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [train_run(ARMS[j[0]], *j[1:], echo) for j in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a forked child of a process whose torch already started its thread pools can hang
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_train_job, jobs))
+
+
+def choose_point(records: list[dict], out: Path) -> dict:
+    """The grid point whose run has the best selected validation MAP@R (written to ``runs/<arm>/tuning.json``)."""
+    best = max(records, key=lambda r: r["selected_val_map_at_r"])
+    _atomic_json(out / "runs" / best["arm"] / "tuning.json",
+                 {"seed": best["seed"], "chosen": best["point"],
+                  "grid": [{"point": r["point"], "selected_val_map_at_r": r["selected_val_map_at_r"]} for r in records]})
+    return best["point"]
+
+
+def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, omniglot: str, *,
+             learning_rates: tuple[float, ...] = LEARNING_RATES, narrow: bool = False, subset: int | None = None,
+             workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, list[dict]]:
+    """Tune every arm on ``seeds[0]``, then train the other seeds; the records of the chosen point, by arm.
+
+    An arm ``tuned_with`` another trains at that arm's chosen point. ``workers > 1`` trains that many runs at once
+    (results do not depend on it: each run is seeded by its own arguments)."""
+    tuned = [n for n in arm_names if not ARMS[n].tuned_with]
+    grids = {n: grid_points(ARMS[n], learning_rates, narrow) for n in tuned}
+    jobs = [(n, seeds[0], p, budget, out, omniglot, subset) for n in tuned for p in grids[n]]
+    done = iter(_train_all(jobs, workers, echo))
+    chosen = {n: choose_point([next(done) for _ in grids[n]], out) for n in tuned}
+    chosen.update({n: chosen[ARMS[n].tuned_with] for n in arm_names if ARMS[n].tuned_with})
+    # seed-major: every arm has seed s before any has seed s + 1
+    jobs = [(n, seed, chosen[n], budget, out, omniglot, subset) for seed in seeds for n in arm_names]
+    records: dict[str, list[dict]] = {name: [] for name in arm_names}
+    for job, record in zip(jobs, _train_all(jobs, workers, echo)):
+        records[job[0]].append(record)
+    return records
