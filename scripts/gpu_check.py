@@ -32,6 +32,7 @@ TARGETS = {
     "photo-run": "Lite0 224 px fine-tuning >= 2,500 img/s (run's own steps)",
     "photo-rates": "Lite0 224 px fine-tuning >= 2,500 img/s; embedding >= 8,000 img/s",
     "mnist-profile": "(diagnostic: cProfile of the MNIST default in mnist.prof)",
+    "claims": "Proxy-Anchor Table 2 arms on the card within 5 minutes (verdicts in claims.md)",
 }
 
 EXIT_NOTES = {124: "timed out", 137: "killed at the time limit"}

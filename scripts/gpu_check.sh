@@ -10,6 +10,7 @@
 #   bash scripts/gpu_check.sh --device cpu --quick          # dry run of every stage on a CPU (small sizes)
 #   bash scripts/gpu_check.sh --only bench,mnist            # some stages
 #   bash scripts/gpu_check.sh --limit pml-suite=200         # another time limit for a stage
+#   bash scripts/gpu_check.sh --only claims                 # one paper claim's arms on the card (5 seeds; named only)
 #
 # Python: $PY if set; else .venv/bin/python when it imports torch and sees the device; else the machine's
 # python3 with PYTHONPATH=src, after installing the wheels in .whl/ (if any) into a scratch folder without
@@ -46,11 +47,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$DEVICE" = cpu ] && echo 1 || ech
 # Stage limits in seconds (full run: 20 + 40 + 120 + 90 + 60 + 60 + 50 + 40 = 480 s;
 # with the Python setup before them, at most 10 s more: 8 minutes in all).
 if [ "$QUICK" = 1 ]; then
-  declare -A LIMIT=([env]=120 [device-tests]=240 [pml-suite]=240 [bench]=120 [mnist]=240 [photo-run]=240 [photo-rates]=240 [mnist-profile]=240)
+  declare -A LIMIT=([env]=120 [device-tests]=240 [pml-suite]=240 [bench]=120 [mnist]=240 [photo-run]=240 [photo-rates]=240 [mnist-profile]=240 [claims]=300)
 else
-  declare -A LIMIT=([env]=20 [device-tests]=40 [pml-suite]=120 [bench]=90 [mnist]=60 [photo-run]=60 [photo-rates]=50 [mnist-profile]=40)
+  declare -A LIMIT=([env]=20 [device-tests]=40 [pml-suite]=120 [bench]=90 [mnist]=60 [photo-run]=60 [photo-rates]=50 [mnist-profile]=40 [claims]=300)
 fi
-STAGES=(env device-tests pml-suite bench mnist photo-run photo-rates mnist-profile)
+STAGES=(env device-tests pml-suite bench mnist photo-run photo-rates mnist-profile claims)
+# stages run only when --only names them (they do not fit the 8-minute default)
+OPT_IN=(claims)
 for pair in "${LIMITS[@]}"; do
   [[ $pair =~ ^([a-z-]+)=([0-9]+)$ && -n ${LIMIT[${BASH_REMATCH[1]}]:-} ]] \
     || { echo "gpu_check.sh: --limit takes STAGE=SECONDS with a stage of: ${STAGES[*]} (got '$pair')" >&2; exit 2; }
@@ -59,7 +62,9 @@ done
 
 seconds_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
-wanted() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+wanted() {
+  if [ -z "$ONLY" ]; then [[ " ${OPT_IN[*]} " != *" $1 "* ]]; else [[ ",$ONLY," == *",$1,"* ]]; fi
+}
 
 # run_stage NAME CMD...: runs CMD under the stage's limit, logs to $WORK/logs/NAME.log, records the
 # exit status and wall seconds; never stops the script.
@@ -188,6 +193,14 @@ mnist_profile() {  # where the MNIST default's wall time goes on this machine (c
   "$PY" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$OUT_DIR/mnist.prof"
 }
 
+claims() {  # Proxy-Anchor's Table 2 claim: its arms, learning rates chosen on validation, 5 seeds (quick: 2)
+  "$PY" scripts/reproduce.py claims proxy-anchor-accuracy --device "$DEVICE" --out "$WORK/claims" \
+    $([ "$QUICK" = 1 ] && echo --quick) || return $?
+  "$PY" -c "import json, sys; c = json.load(open(sys.argv[1]))['claims']['proxy-anchor-accuracy']['comparisons']; \
+json.dump({'result': '; '.join(r['a'] + ' vs ' + r['b'] + ': ' + r['verdict'] for r in c), 'met': True}, open(sys.argv[2], 'w'))" \
+    "$WORK/claims/claims.json" "$WORK/results/claims.json" && cp "$WORK/claims/claims.md" "$OUT_DIR/claims.md"
+}
+
 echo "gpu_check: device $DEVICE, quick=$QUICK, output $OUT_DIR, scratch $WORK, PML suite $SUITE"
 setup_python > "$WORK/logs/setup.log" 2>&1 || echo "python setup failed (see logs.txt)"
 cat "$WORK/logs/setup.log"
@@ -204,6 +217,7 @@ for stage in "${STAGES[@]}"; do
     photo-run) export -f photo_args photo_run; run_stage photo-run bash -c photo_run ;;
     photo-rates) export -f photo_args photo_rates; run_stage photo-rates bash -c photo_rates ;;
     mnist-profile) export -f mnist_profile; run_stage mnist-profile bash -c mnist_profile ;;
+    claims) export -f claims; run_stage claims bash -c claims ;;
   esac
 done
 for f in "$WORK"/logs/*.log; do echo "===== $(basename "$f")"; tail -c 200000 "$f"; done > "$OUT_DIR/logs.txt"

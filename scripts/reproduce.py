@@ -807,16 +807,20 @@ def main(argv: list[str] | None = None) -> int:
 def claims_main(argv: list[str]) -> int:
     """``reproduce.py claims``: the five papers' claims on Omniglot (:mod:`dmlkit.claims`)."""
     from dmlkit.claims import CLAIMS, UNTESTED, run_claims
+    from dmlkit.claims.catalogue import default_claims
     from dmlkit.exceptions import DmlkitError
 
     parser = argparse.ArgumentParser(prog="reproduce.py claims", description=run_claims.__doc__.split("\n")[0])
-    parser.add_argument("claims", nargs="*", help=f"claims to run (default: all): {', '.join(CLAIMS)}")
+    parser.add_argument("claims", nargs="*", help=f"claims to run (default: all on a GPU; on a CPU all but the "
+                        f"photo claims, which take about 12 minutes a run there): {', '.join(CLAIMS)}")
     parser.add_argument("--quick", action="store_true",
                         help="40 steps, one learning rate, seeds 0 1: every arm end to end, not a result")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0-4; quick: 0 1)")
     parser.add_argument("--out", default=None, help="output folder (default runs/claims or runs/claims-quick)")
-    parser.add_argument("--omniglot", default=str(REPO.parent / "shared" / "data" / "omniglot"),
-                        help="folder holding Omniglot (images_background*.zip or its folders)")
+    parser.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"),
+                        help="folder holding omniglot/ (images_background*.zip or its folders) and "
+                             "miniimagenet64/images/<class>/*.jpg")
+    parser.add_argument("--device", default="cpu", help="where every run trains: cpu, cuda or cuda:N")
     parser.add_argument("--workers", type=int, default=1,
                         help="runs trained at once, each on --threads torch threads (results do not depend on it)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2, or 1 with workers)")
@@ -836,9 +840,9 @@ def claims_main(argv: list[str]) -> int:
         from dmlkit.claims.runner import FULL, QUICK
 
         threads = args.threads or (1 if args.workers > 1 else 2)
-        budget = dataclasses.replace(QUICK if args.quick else FULL, threads=threads)
-        run_claims(args.claims or list(CLAIMS), out, args.omniglot, quick=args.quick, seeds=args.seeds, budget=budget,
-                   workers=args.workers)
+        budget = dataclasses.replace(QUICK if args.quick else FULL, threads=threads, device=args.device)
+        run_claims(args.claims or default_claims(args.device), out, args.data_root, quick=args.quick, seeds=args.seeds,
+                   budget=budget, workers=args.workers)
     except DmlkitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

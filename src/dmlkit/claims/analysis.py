@@ -135,8 +135,8 @@ def _verdict(row: dict) -> str:
         prefix = f"(only {len(row['seeds'])} seeds, not a result) "
     else:
         prefix = ""
-    if row["kind"] == "equivalent":
-        return prefix + equivalence_verdict(row["p_holm"], row["margin"])
+    if row["kind"] == "equivalent":  # margins of metrics in [0, 1] are said in percentage points, as the tables are
+        return prefix + equivalence_verdict(row["p_holm"], round(100 * row["margin"], 6), unit=" points")
     return prefix + superiority_verdict(row["mean_diff"], row["p_holm"])
 
 
@@ -154,8 +154,13 @@ def _fmt(v: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{scale * v:.{digits}f}"
 
 
-def _point(point: dict) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in point.items())
+def _point(point: dict, setting: str) -> str:
+    """The chosen grid point; a learning rate at the grid's edge is marked (a wider grid might choose past it)."""
+    from dmlkit.claims.catalogue import learning_rates_for
+
+    grid = learning_rates_for(setting)
+    edge = " (grid edge)" if point["lr"] in (min(grid), max(grid)) else ""
+    return ", ".join(f"{k} {v:g}{edge if k == 'lr' else ''}" for k, v in point.items())
 
 
 def claim_markdown(summary: dict) -> str:
@@ -172,7 +177,7 @@ def claim_markdown(summary: dict) -> str:
         learned = "" if not a["not_learned_seeds"] else f" — did not learn in seeds {a['not_learned_seeds']}"
         proj = "" if not a["projections"] else f"; alternations {a['projections']}"
         lines.append(
-            f"| {a['arm']} | {_point(a['point'])} | {_fmt(a['start_val'])} | {_fmt(a['selected_val'])} | "
+            f"| {a['arm']} | {_point(a['point'], ARMS[a['arm']].setting)} | {_fmt(a['start_val'])} | {_fmt(a['selected_val'])} | "
             f"{a['selected_steps']}{proj} | {_fmt(a['mean'], scale, digits)} [{_fmt(a['ci_low'], scale, digits)}, "
             f"{_fmt(a['ci_high'], scale, digits)}]{extra}{learned} | {_fmt(a['start_mean'], scale, digits)} |")
     lines += ["", "| comparison | seeds | difference [95% CI] | t (df) | p | Holm p | verdict |", "|---|---|---|---|---|---|---|"]
@@ -186,7 +191,7 @@ def claim_markdown(summary: dict) -> str:
         kind = f" (equivalence, margin ±{_fmt(c['margin'])})" if c["kind"] == "equivalent" else ""
         lines.append(
             f"| {c['a']} vs {c['b']}{kind} | {len(c['seeds'])} | {_fmt(sign * c['mean_diff'], scale, digits)} "
-            f"[{_fmt(low, scale, digits)}, {_fmt(high, scale, digits)}]{ratio} | {c['t']:.2f} ({c['df']}) | "
+            f"[{_fmt(low, scale, digits)}, {_fmt(high, scale, digits)}]{ratio} | {sign * c['t']:.2f} ({c['df']}) | "
             f"{c['p']:.3g} | {_fmt(c.get('p_holm'), 1.0, 3) if 'p_holm' in c else '–'} | {c['verdict']} |")
     return "\n".join(lines) + "\n"
 

@@ -31,7 +31,7 @@ def arms_of(claim_names: Sequence[str]) -> list[str]:
     return [n for n in ARMS if n in wanted]
 
 
-def run_claims(claim_names: Sequence[str], out: Path, omniglot: str, *, quick: bool = False,
+def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: bool = False,
                seeds: Sequence[int] | None = None, budget: Budget | None = None, subset: int | None = None,
                workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, dict]:
     """Train what ``claim_names`` need (resuming), summarise each claim and write ``OUT/claims.{json,md}`` and figures."""
@@ -45,7 +45,7 @@ def run_claims(claim_names: Sequence[str], out: Path, omniglot: str, *, quick: b
     learning_rates = (1e-3,) if quick else LEARNING_RATES
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    records = run_arms(arms_of(claim_names), seeds, budget, out, omniglot, learning_rates=learning_rates,
+    records = run_arms(arms_of(claim_names), seeds, budget, out, data_root, learning_rates=learning_rates,
                        narrow=quick, subset=subset, workers=workers, echo=echo)
     summaries = {name: summarise_claim(CLAIMS[name], records) for name in claim_names}
     figures = {name: str(convergence_figure(s, records, out / "figures" / f"{name}.png"))

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, Arm
+from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
 from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
 
 
@@ -41,11 +41,16 @@ class Budget:
     m: int = 4
     alphabet_batch: int = 60  # 5 alphabets x 12 drawings
     threads: int = 2
+    #: Photo runs: steps and validations (the photo recipe's batches).
+    photo_steps: int = 500
+    photo_eval_every: int = 50
+    photo_cap: int | None = None  # photos a class (None: the set's own cap)
+    device: str = "cpu"
 
 
 FULL = Budget(steps=300, eval_every=25)
 #: ``--quick``: every arm end to end on two seeds, one learning rate (a check that everything runs, not a result).
-QUICK = Budget(steps=40, eval_every=20)
+QUICK = Budget(steps=40, eval_every=20, photo_steps=4, photo_eval_every=2, photo_cap=10)
 
 
 def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> list[dict]:
@@ -104,7 +109,7 @@ def _log_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, omniglot: str, subset: int | None,
+def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: str, subset: int | None,
               echo: Callable[[str], None]) -> dict:
     """Train (or resume, or read back) one run; returns its record."""
     import dmlkit
@@ -117,7 +122,9 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, omnig
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
     torch.set_num_threads(budget.threads)
-    splits = build_splits(load_pool(omniglot, subset), arm.setting, seed)
+    if arm.setting in PHOTO_SETTINGS:
+        return _photo_run(arm, seed, point, budget, out, Path(data_root), record_path, echo)
+    splits = build_splits(load_pool(str(Path(data_root) / "omniglot"), subset), arm.setting, seed)
     model = create_glyph_model(seed, EMBEDDING_SIZE, arm.normalization)
     start = {"val": score_split(model, splits.val, seed=seed),
              "test": _test_scores(score_split_embeddings(model, splits.test), splits, seed)}
@@ -138,7 +145,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, omnig
             "protocol": {"selection": "best"},
             "train": {"max_steps": budget.steps, "eval_every": budget.eval_every, "checkpoint_every": budget.eval_every,
                       "progress": False, "num_threads": budget.threads, "patience": None, "time_budget": None,
-                      "mixed_precision": "none"},
+                      "mixed_precision": "none", "device": budget.device},
             "eval": {"save_embeddings": True},
         },
     )
@@ -164,6 +171,36 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, omnig
     return record
 
 
+def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: Path, record_path: Path,
+               echo: Callable[[str], None]) -> dict:
+    """A photo arm's run (:mod:`dmlkit.claims.photos`) and its record; learning = a significant gain over step 0."""
+    from dmlkit.claims.photos import train_photo_run
+
+    run_dir = record_path.with_suffix("")
+    echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed} {point_tag(point)}")
+    t0 = time.perf_counter()
+    done = train_photo_run(arm.setting, copy.deepcopy(arm.loss), point, seed, run_dir, data_root, out,
+                           budget.photo_steps, budget.photo_eval_every, budget.threads, budget.device,
+                           budget.photo_cap)
+    result = done["result"]
+    logs = _log_records(run_dir)
+    val_curve = [{"step": r["step"], "map_at_r": r["map_at_r"], "time": r["time"]}
+                 for r in logs if r.get("kind") == "eval" and r.get("split") == "val" and r["step"] > 0]
+    selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
+                       default=done["start"]["val"]["map_at_r"])
+    record = {
+        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "best_step": result.best_step,
+        "start": done["start"], "val_curve": val_curve, "selected_val_map_at_r": selected_val,
+        "learned": bool(result.best_step > 0 and selected_val > done["start"]["val"]["map_at_r"]),
+        "test": done["test"], "projections": [], "wall_seconds": round(time.perf_counter() - t0, 2),
+        "test_classes": done["test_classes"],
+    }
+    _atomic_json(record_path, record)
+    echo(f"    val MAP@R {done['start']['val']['map_at_r']:.3f} -> {selected_val:.3f} (step {result.best_step}), "
+         f"{record['wall_seconds']:.0f} s")
+    return record
+
+
 @torch.no_grad()
 def score_split_embeddings(model: torch.nn.Module, dataset) -> torch.Tensor:
     """``model``'s eval-mode embeddings of a split ``[N, D]``."""
@@ -178,9 +215,9 @@ def score_split_embeddings(model: torch.nn.Module, dataset) -> torch.Tensor:
 
 
 def _train_job(job: tuple) -> dict:
-    """``train_run`` of one ``(arm name, seed, point, budget, out, omniglot, subset)`` job (a worker process's entry)."""
-    name, seed, point, budget, out, omniglot, subset = job
-    return train_run(ARMS[name], seed, point, budget, out, omniglot, subset, print)
+    """``train_run`` of one ``(arm name, seed, point, budget, out, data_root, subset)`` job (a worker process's entry)."""
+    name, seed, point, budget, out, data_root, subset = job
+    return train_run(ARMS[name], seed, point, budget, out, data_root, subset, print)
 
 
 def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> list[dict]:
@@ -204,7 +241,7 @@ def choose_point(records: list[dict], out: Path) -> dict:
     return best["point"]
 
 
-def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, omniglot: str, *,
+def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, data_root: str, *,
              learning_rates: tuple[float, ...] = LEARNING_RATES, narrow: bool = False, subset: int | None = None,
              workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, list[dict]]:
     """Tune every arm on ``seeds[0]``, then train the other seeds; the records of the chosen point, by arm.
@@ -212,13 +249,13 @@ def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, 
     An arm ``tuned_with`` another trains at that arm's chosen point. ``workers > 1`` trains that many runs at once
     (results do not depend on it: each run is seeded by its own arguments)."""
     tuned = [n for n in arm_names if not ARMS[n].tuned_with]
-    grids = {n: grid_points(ARMS[n], learning_rates, narrow) for n in tuned}
-    jobs = [(n, seeds[0], p, budget, out, omniglot, subset) for n in tuned for p in grids[n]]
+    grids = {n: grid_points(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
+    jobs = [(n, seeds[0], p, budget, out, data_root, subset) for n in tuned for p in grids[n]]
     done = iter(_train_all(jobs, workers, echo))
     chosen = {n: choose_point([next(done) for _ in grids[n]], out) for n in tuned}
     chosen.update({n: chosen[ARMS[n].tuned_with] for n in arm_names if ARMS[n].tuned_with})
     # seed-major: every arm has seed s before any has seed s + 1
-    jobs = [(n, seed, chosen[n], budget, out, omniglot, subset) for seed in seeds for n in arm_names]
+    jobs = [(n, seed, chosen[n], budget, out, data_root, subset) for seed in seeds for n in arm_names]
     records: dict[str, list[dict]] = {name: [] for name in arm_names}
     for job, record in zip(jobs, _train_all(jobs, workers, echo)):
         records[job[0]].append(record)

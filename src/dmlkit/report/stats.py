@@ -118,9 +118,11 @@ def superiority_verdict(diff: float, p_adjusted: float, alpha: float = ALPHA) ->
     return "not separable"
 
 
-def equivalence_verdict(p_adjusted: float, margin: float, alpha: float = ALPHA) -> str:
-    """``equivalent within +-margin`` when TOST rejects a difference of ``margin`` or more, else ``not shown``."""
-    return f"equivalent within ±{margin:g}" if p_adjusted < alpha else f"equivalence within ±{margin:g} not shown"
+def equivalence_verdict(p_adjusted: float, margin: float, alpha: float = ALPHA, unit: str = "") -> str:
+    """``equivalent within +-margin`` when TOST rejects a difference of ``margin`` or more, else ``not shown``
+    (``unit`` follows the margin, e.g. ``" points"`` for a margin given in percentage points)."""
+    within = f"within ±{margin:g}{unit}"
+    return f"equivalent {within}" if p_adjusted < alpha else f"equivalence {within} not shown"
 
 
 __all__ = [

@@ -117,6 +117,6 @@ def test_convergence_claims_count_fewer_steps_as_better_and_equivalence_uses_the
     assert rows[0]["verdict"] == "holds" and rows[0]["ratio"] > 1
     equal = {k: [_record(k, s, 0.5 + 0.001 * (s % 2)) for s in range(5)] for k in records}
     rows = compare(_claim(kind="equivalent", margin=0.02), equal)
-    assert rows[0]["verdict"] == "equivalent within ±0.02"
+    assert rows[0]["verdict"] == "equivalent within ±2 points"
     table = claim_markdown(summarise_claim(_claim(kind="equivalent", margin=0.02), equal))
     assert "equivalence, margin ±2.0" in table and "| proxy-anchor |" in table

@@ -74,3 +74,4 @@ def test_verdict_words_never_read_not_separable_as_no_worse():
     assert superiority_verdict(0.03, 0.2) == "not separable"
     assert equivalence_verdict(0.01, 0.02) == "equivalent within ±0.02"
     assert "not shown" in equivalence_verdict(0.3, 0.02)
+    assert equivalence_verdict(0.01, 2, unit=" points") == "equivalent within ±2 points"
