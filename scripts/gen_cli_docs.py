@@ -41,6 +41,10 @@ EXAMPLES = {
         "dmlkit index remove pets.index 0 1",
     ],
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
+    "push": [
+        "dmlkit push runs/ms me/ms-embedder              # after `hf auth login`; then dmlkit.load(\"hf://me/ms-embedder\")",
+        "dmlkit push runs/ms me/ms-embedder --local shared-ms   # the repository's files, to read before uploading",
+    ],
 }
 
 

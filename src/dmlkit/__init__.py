@@ -15,11 +15,13 @@ _LAZY = {
 }
 
 
-def load(run_dir, checkpoint: str = "best"):
-    """The trained embedding model of a run directory, with its preprocessing (see :mod:`dmlkit.engine.loading`)."""
-    from dmlkit.engine.loading import load as _load
+def load(source, checkpoint: str = "best"):
+    """The trained embedding model, with its preprocessing, of a run directory, of a folder written by
+    ``dmlkit push --local``, or of a pushed model repository ``"hf://user/name[@revision]"``
+    (see :mod:`dmlkit.engine.loading` and :mod:`dmlkit.sharing`)."""
+    from dmlkit.sharing import load_source
 
-    return _load(run_dir, checkpoint)
+    return load_source(source, checkpoint)
 
 
 def __getattr__(name: str):

@@ -1,11 +1,11 @@
 """CPU fast paths of the fused losses and the distances: ``exp`` for the large exponential passes,
 and the skinny ``[N, D] x [D, B]`` products (``N >> B``) through oneDNN.
 
-**exp.** One place for the exponential passes of the fused losses. With the PyTorch of session 3,
+**exp.** One place for the exponential passes of the fused losses. With an earlier PyTorch,
 ``torch.exp2`` of fp32 ran several times faster than ``torch.exp`` on CPU, so ``exp(x)`` was
 computed as ``2^(x log2 e)``. With PyTorch 2.14 (AVX512) ``torch.exp`` is vectorised and the
 faster of the two, without the extra multiply: 17 against 35 us for 256 x 256 fp32 logits in
-place, 0.74 against 1.14 ms for 128 x 11,318, one thread (docs/results.md, issue 30 speed), so
+place, 0.74 against 1.14 ms for 128 x 11,318, one thread (docs/results.md, speed of the losses), so
 ``exp`` is ``torch.exp`` again, on every device.
 
 **Products.** :func:`matmul_nt` computes ``a @ b.T`` with oneDNN's linear on CPU (fp32, bf16): for

@@ -10,8 +10,10 @@ The batch axis is dynamic in both formats. Next to the file, ``<file>.json`` rec
 contract, the preprocessing config, the embedding size and the source run; the TorchScript file
 also carries it inside (``torch.jit.load(path, _extra_files={"dmlkit.json": ""})``).
 
-ONNX uses the TorchScript-based exporter (``dynamo=False``): it needs no extra packages and works
-offline; the dynamo exporter would additionally need ``onnxscript``.
+ONNX goes through PyTorch's current exporter (``torch.onnx.export(..., dynamo=True)``, opset
+:data:`DYNAMO_OPSET`) when ``onnxscript`` is installed (the ``onnx`` extra); without it, or when that
+exporter fails on a model, through the deprecated TorchScript-based one (opset :data:`ONNX_OPSET`),
+with a warning that says why. The sidecar records which exporter wrote the file (``onnx_exporter``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from dmlkit.exceptions import DmlkitError, InvalidParameterError
 
 FORMATS = ("torchscript", "onnx")
 SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx"}
+#: Opset of the TorchScript-based exporter (the fallback).
 ONNX_OPSET = 17
+#: Opset of the dynamo exporter: the one its ONNX functions are written in, so no version conversion runs.
+DYNAMO_OPSET = 18
 INPUT_NAME = "images"
 OUTPUT_NAME = "embeddings"
 
@@ -71,6 +76,8 @@ class ExportResult:
     include_preprocessing: bool
     input_shape: tuple[int, ...]
     max_abs_difference: float | None
+    #: which ONNX exporter wrote the file ("dynamo" or the fallback "torchscript"); None for TorchScript files
+    onnx_exporter: str | None = None
 
 
 def metadata_path_for(path: str | Path) -> Path:
@@ -130,12 +137,13 @@ def export_model(
     example = probe_images(input_size, batch_size=2, seed=1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     metadata = export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretrained_cfg, model)
-    with _quiet_torch_deprecations():
-        if fmt == "torchscript":
+    if fmt == "torchscript":
+        with _quiet_torch_deprecations():
             write_torchscript(graph, example, out_path, metadata)
-        else:
-            write_onnx(graph, example, out_path)
-        probe = probe_images(input_size, batch_size=3, seed=2)
+    else:
+        metadata.update(write_onnx(graph, example, out_path))
+    probe = probe_images(input_size, batch_size=3, seed=2)
+    with _quiet_torch_deprecations():
         difference = max_difference(graph, probe, out_path, fmt)
     if difference is not None and not difference <= atol:
         raise ExportError(
@@ -145,20 +153,20 @@ def export_model(
     metadata["check"] = {"max_abs_difference": difference, "atol": atol, "probe_batch_size": 3}
     metadata_path = metadata_path_for(out_path)
     atomic_write_json(metadata_path, metadata)
-    return ExportResult(out_path, metadata_path, fmt, include_preprocessing, (-1, *input_size), difference)
+    return ExportResult(out_path, metadata_path, fmt, include_preprocessing, (-1, *input_size), difference,
+                        metadata.get("onnx_exporter"))
 
 
 @contextlib.contextmanager
 def _quiet_torch_deprecations():
-    """Silence torch's notices that TorchScript and the TorchScript-based ONNX exporter are deprecated.
+    """Silence torch's notices that TorchScript is deprecated, around the TorchScript format's own calls only.
 
-    Both still work in this torch and are what a standalone, offline export needs; the notices would
-    only repeat on every export.
+    ``--format torchscript`` asks for a TorchScript file, which ``torch.jit.trace`` / ``save`` / ``load``
+    still write and read in this torch; the notices would only repeat on every export. The ONNX fallback
+    is not silenced: its deprecation is the user's to see.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
-        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=r".*feature will be removed", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         yield
 
@@ -182,7 +190,7 @@ def export_metadata(run_dir, cfg, checkpoint, fmt, include_preprocessing, pretra
                    "dtype": "float32", "normalization": getattr(model, "normalization", None)},
         "include_preprocessing": include_preprocessing,
         "preprocessing": {k: list(v) if isinstance(v, tuple) else v for k, v in pretrained_cfg.items()},
-        "onnx_opset": ONNX_OPSET if fmt == "onnx" else None,
+        "onnx_opset": None,  # set with "onnx_exporter" by write_onnx
     }
 
 
@@ -206,7 +214,43 @@ def write_torchscript(graph: nn.Module, example: torch.Tensor, out_path: Path, m
         torch.jit.save(traced, str(tmp), _extra_files=extra)
 
 
-def write_onnx(graph: nn.Module, example: torch.Tensor, out_path: Path) -> None:
+def write_onnx(graph: nn.Module, example: torch.Tensor, out_path: Path) -> dict[str, Any]:
+    """Export ``graph`` to ONNX with a dynamic batch axis; returns what the sidecar records of the exporter.
+
+    The dynamo exporter when ``onnxscript`` is installed; else, or when it fails on this model, the
+    TorchScript-based one, with a warning naming the reason.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("onnxscript") is None:
+        reason = 'onnxscript is not installed (pip install "dmlkit[onnx]")'
+    else:
+        try:
+            write_onnx_dynamo(graph, example, out_path)
+            return {"onnx_exporter": "dynamo", "onnx_opset": DYNAMO_OPSET}
+        except Exception as exc:  # an operator or control flow torch.export cannot capture
+            reason = f"the dynamo exporter failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    warnings.warn(f"{out_path.name}: exported with the deprecated TorchScript-based ONNX exporter, because {reason}.",
+                  UserWarning, stacklevel=3)
+    with warnings.catch_warnings():
+        # shapes traced as constants: the probe check at another batch size is what tells (export_model)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        write_onnx_torchscript(graph, example, out_path)
+    return {"onnx_exporter": "torchscript", "onnx_opset": ONNX_OPSET, "onnx_exporter_reason": reason}
+
+
+def write_onnx_dynamo(graph: nn.Module, example: torch.Tensor, out_path: Path) -> None:
+    """``torch.onnx.export(..., dynamo=True)``: the graph captured by ``torch.export``, batch axis symbolic."""
+    batch = torch.export.Dim("batch")
+    with torch.no_grad(), _temporary_beside(out_path) as tmp:
+        program = torch.onnx.export(
+            graph, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch},), opset_version=DYNAMO_OPSET, verbose=False,
+        )
+        program.save(str(tmp))
+
+
+def write_onnx_torchscript(graph: nn.Module, example: torch.Tensor, out_path: Path) -> None:
     """Export ``graph`` to ONNX (opset 17, dynamic batch axis) with the TorchScript-based exporter."""
     with torch.no_grad(), _temporary_beside(out_path) as tmp:
         torch.onnx.export(

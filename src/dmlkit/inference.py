@@ -52,15 +52,24 @@ class RunEmbedder:
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str = "best", *, device: str = "auto",
                  progress: bool = False, batch_size: int | None = None, overrides: Sequence[str] = ()) -> "RunEmbedder":
-        """The run's model (``checkpoint`` = ``"best"`` or ``"last"``) and evaluation preprocessing."""
+        """The run's model (``checkpoint`` = ``"best"`` or ``"last"``) and evaluation preprocessing.
+
+        ``run_dir`` may also be a shared model: ``"hf://user/name"`` or a folder of ``dmlkit push --local``."""
         from dmlkit.engine.builders import resolve_device
         from dmlkit.engine.loading import load_run
+        from dmlkit.sharing import HF_PREFIX, download, is_shared_folder, load_shared, shared_identity
 
+        if isinstance(run_dir, str) and run_dir.startswith(HF_PREFIX):
+            run_dir = download(run_dir)
         run_dir = Path(run_dir)
-        cfg, model = load_run(run_dir, checkpoint, overrides)
+        if is_shared_folder(run_dir):
+            cfg, model = load_shared(run_dir, overrides)
+            eval_input, fingerprint = shared_identity(run_dir)
+        else:
+            cfg, model = load_run(run_dir, checkpoint, overrides)
+            eval_input, fingerprint = read_eval_input(run_dir), run_fingerprint(run_dir, checkpoint)
         model.to(resolve_device(device))
-        embedder = cls(model, cfg, read_eval_input(run_dir), fingerprint=run_fingerprint(run_dir, checkpoint),
-                       progress=progress, batch_size=batch_size)
+        embedder = cls(model, cfg, eval_input, fingerprint=fingerprint, progress=progress, batch_size=batch_size)
         embedder.run_dir = run_dir.resolve()
         return embedder
 

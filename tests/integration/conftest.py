@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,46 @@ def cli():
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+class LocalHub:
+    """``huggingface_hub`` as far as :mod:`dmlkit.sharing` uses it, with repositories as folders under ``root``:
+    ``HfApi.create_repo`` / ``upload_folder`` for a push, ``snapshot_download`` for a load; no network."""
+
+    def __init__(self, root: Path, fail: bool = False):
+        self.root, self.fail, self.created = root, fail, []
+
+    def module(self) -> types.SimpleNamespace:
+        hub = self
+
+        class HfApi:
+            def __init__(self, token=None):
+                self.token = token
+
+            def create_repo(self, repo_id, repo_type="model", private=False, exist_ok=False):
+                if hub.fail:
+                    raise ConnectionError("no route to host")
+                hub.created.append((repo_id, private))
+                (hub.root / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+
+            def upload_folder(self, folder_path, repo_id, repo_type="model", commit_message=""):
+                shutil.copytree(folder_path, hub.root / repo_id, dirs_exist_ok=True)
+                (hub.root / repo_id / ".commit").write_text(commit_message)
+
+        def snapshot_download(repo_id, revision=None, token=None, repo_type="model"):
+            path = hub.root / repo_id
+            if not path.is_dir():
+                raise FileNotFoundError(f"404 Repository Not Found for {repo_id}")
+            return str(path)
+
+        return types.SimpleNamespace(HfApi=HfApi, snapshot_download=snapshot_download)
+
+
+@pytest.fixture
+def local_hub(tmp_path, monkeypatch) -> LocalHub:
+    """A :class:`LocalHub` under ``tmp_path / "hub"`` standing in for the Hugging Face Hub in dmlkit."""
+    from dmlkit import sharing
+
+    hub = LocalHub(tmp_path / "hub")
+    monkeypatch.setattr(sharing, "_hub", hub.module)
+    return hub

@@ -1,5 +1,6 @@
 """`dmlkit export`: TorchScript and ONNX files reproduce the run's embeddings on its test images."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -75,6 +76,11 @@ def test_onnx_matches_loaded_model_on_test_images(tiny_run, test_images, tmp_pat
         assert got.shape == (len(batch), 64)
         assert np.abs(got - expected[: len(batch)]).max() <= TOLERANCE
     assert result.max_abs_difference is not None and result.max_abs_difference <= TOLERANCE
+    # the current exporter wherever onnxscript is installed (the `onnx` extra, so CI); else the fallback
+    sidecar = json.loads(result.metadata_path.read_text())
+    current = importlib.util.find_spec("onnxscript") is not None
+    assert (sidecar["onnx_exporter"], sidecar["onnx_opset"]) == (("dynamo", 18) if current else ("torchscript", 17)), \
+        sidecar.get("onnx_exporter_reason")
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
@@ -92,12 +98,45 @@ def test_included_preprocessing_takes_raw_images(tiny_run, test_images, tmp_path
     assert np.abs(model(raw).detach().numpy() - expected).max() > 1e-3
 
 
-def test_cli_writes_default_path_and_reports_check(tiny_run, capsys):
-    assert main(["export", str(tiny_run), "--format", "onnx"]) == 0
+def test_cli_writes_default_path_and_reports_check(tiny_run, capsys, monkeypatch):
+    _onnxscript_installed(monkeypatch, False)  # the fallback: seconds, where the current exporter takes ten
+    with pytest.warns(UserWarning, match="onnxscript is not installed"):
+        assert main(["export", str(tiny_run), "--format", "onnx"]) == 0
     out = capsys.readouterr().out
     path = tiny_run / "export" / "embedder.onnx"
     assert path.is_file() and metadata_path_for(path).is_file()
-    assert f"wrote onnx: {path}" in out and "largest embedding difference" in out
+    assert f"wrote onnx (the torchscript exporter): {path}" in out and "largest embedding difference" in out
+
+
+def _onnxscript_installed(monkeypatch, installed: bool) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (find_spec("json") if installed else None) if name == "onnxscript" else find_spec(name, *a))
+
+
+def test_without_onnxscript_the_fallback_exporter_says_why_and_is_recorded(tiny_run, test_images, tmp_path, monkeypatch):
+    _onnxscript_installed(monkeypatch, False)
+    with pytest.warns(UserWarning, match=r'TorchScript-based ONNX exporter, because onnxscript is not installed \(pip install "dmlkit\[onnx\]"\)'):
+        result = export_model(tiny_run, "onnx", tmp_path / "legacy.onnx")
+    sidecar = json.loads(result.metadata_path.read_text())
+    assert (sidecar["onnx_exporter"], sidecar["onnx_opset"], result.onnx_exporter) == ("torchscript", 17, "torchscript")
+    assert "onnxscript is not installed" in sidecar["onnx_exporter_reason"]
+    assert result.max_abs_difference <= TOLERANCE
+
+
+def test_a_failing_dynamo_export_falls_back_with_its_reason(tiny_run, tmp_path, monkeypatch):
+    _onnxscript_installed(monkeypatch, True)
+
+    def unsupported(*args):
+        raise RuntimeError("torch.export cannot capture this graph\nmore detail")
+
+    monkeypatch.setattr("dmlkit.export.write_onnx_dynamo", unsupported)
+    with pytest.warns(UserWarning, match="because the dynamo exporter failed: RuntimeError: torch.export cannot capture this graph[.]"):
+        result = export_model(tiny_run, "onnx", tmp_path / "fallback.onnx")
+    assert json.loads(result.metadata_path.read_text())["onnx_exporter"] == "torchscript"
+    assert result.max_abs_difference <= TOLERANCE
 
 
 def test_bad_arguments_and_failed_check(tiny_run, tmp_path, monkeypatch, capsys):

@@ -13,7 +13,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "--include-preprocessing the model's mean/std normalisation (and RGB->BGR order) is in the\n"
         "graph and the input is raw images in [0, 1]; either way at the size the run evaluated at\n"
         "(its manifest.json eval_input, not the model's nominal input size). FILE.json beside the\n"
-        "file records the input contract, the preprocessing config and the source run."
+        "file records the input contract, the preprocessing config and the source run.\n\n"
+        "ONNX is written by PyTorch's current exporter (dynamo, opset 18) when onnxscript is installed\n"
+        '(pip install "dmlkit[onnx]"), else by the deprecated TorchScript-based one (opset 17), with a\n'
+        "warning saying why; FILE.json records which (onnx_exporter)."
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
     p.add_argument("--format", dest="fmt", choices=["torchscript", "onnx"], default="torchscript",
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         include_preprocessing=args.include_preprocessing,
         atol=args.atol,
     )
-    print(f"wrote {result.format}: {result.path}")
+    exporter = f" (the {result.onnx_exporter} exporter)" if result.onnx_exporter else ""
+    print(f"wrote {result.format}{exporter}: {result.path}")
     kind = "raw images in [0, 1]" if result.include_preprocessing else "preprocessed images"
     print(f"input: {list(result.input_shape)} float32 ({kind}); metadata: {result.metadata_path}")
     if result.max_abs_difference is None:

@@ -27,6 +27,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "compare": ("dmlkit.cli.compare", "write a side-by-side comparison page and table of several runs"),
     "sweep": ("dmlkit.cli.sweep", "hyperparameter search with Optuna on validation MAP@R (resumable)"),
     "export": ("dmlkit.cli.export", "write a run's embedding model as standalone TorchScript or ONNX"),
+    "push": ("dmlkit.cli.push", "share a run as a Hugging Face model repository (weights, config, model card)"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Backbone by budget: the largest EfficientNet-Lite the time budget still trains (issue 34, item 5).
+"""Backbone by budget: the largest EfficientNet-Lite the time budget still trains.
 
 ``model.name=auto`` gives photos an ImageNet-pretrained EfficientNet-Lite. Lite1 and Lite2 embed
 better than Lite0 before any training, and cost more per image. The rule (:func:`choose_backbone`)
@@ -17,7 +17,7 @@ more per image than the run's batches of about 64, so the estimate errs towards 
 A user's ``model.name`` is never changed; Lite0 is the fallback when nothing larger fits.
 
 A shared machine's interruptions only ever add time, and one slow measurement used to flip the choice
-(issue 40: the same code measured an embedded Lite2 image at 17.0 ms in one run and 35.8 ms in the next, and
+(the same code measured an embedded Lite2 image at 17.0 ms in one run and 35.8 ms in the next, and
 the second run took Lite0). So a candidate that misses the budget by less than :data:`REMEASURE_WITHIN` times
 is measured again, and a third time when the second was faster than the first by more than
 :data:`DISAGREEMENT` and still missed; the rule reads the fastest of a candidate's measurements (each cost
@@ -49,7 +49,7 @@ CANDIDATES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 MIN_EPOCHS = 1
 
 #: Training images seen a larger backbone must afford however small the data (the recipe's
-#: fine-tuning budget before issue 34): tiny sets choose by this, never by one epoch of 100 photos.
+#: former fixed fine-tuning budget): tiny sets choose by this, never by one epoch of 100 photos.
 MIN_IMAGES_SEEN = 1000
 
 #: Share of the budget the measured model compute may take: the rest pays for what the measurement
@@ -115,7 +115,7 @@ def choose_backbone(
 
     Only the costs of candidates tried are read (largest first, the smallest never), so ``costs``
     may measure lazily. The smallest candidate is the fallback when none larger fits. ``spent()``
-    gives the seconds of the run gone when a candidate is judged (issue 40: the process start, the
+    gives the seconds of the run gone when a candidate is judged (the process start, the
     survey and the measurements of the larger candidates): only the rest of the budget is usable.
     ``measure_again(name)`` (:meth:`MeasuredCosts.measure_again`: a new measurement, the fastest of all so
     far returned) is called for a candidate that misses by less than :data:`REMEASURE_WITHIN` times, and

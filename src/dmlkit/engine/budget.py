@@ -1,4 +1,4 @@
-"""Planning a run to its time budget (``train.time_budget``, issue 34).
+"""Planning a run to its time budget (``train.time_budget``).
 
 The recipe gives a step ceiling (``train.max_steps``: enough epochs for the data) and the number
 of validation evaluations; this module fits them into the wall-clock budget of the whole run,
@@ -38,7 +38,7 @@ SAFETY_MARGIN = 0.03
 EVALUATION_SHARE = 0.15
 EVALUATIONS = (3, 12)
 
-#: Training steps a plan wants between two validations (issue 40): a plan that buys few steps validates
+#: Training steps a plan wants between two validations: a plan that buys few steps validates
 #: rarely (once at the end when it buys fewer than this), instead of after every step or two.
 MIN_STEPS_PER_EVALUATION = 25
 

@@ -1,4 +1,4 @@
-"""Steps, ensemble members and validations of a model trained from scratch, planned to the time budget (issue 40).
+"""Steps, ensemble members and validations of a model trained from scratch, planned to the time budget.
 
 The glyph recipe (small images held in memory, a small CNN from scratch: ``docs/recipes.md``) was
 shaped on a CPU with native bf16, where Omniglot's 1,249 steps of 3 ensemble members, 10
@@ -16,7 +16,7 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
 with ``evaluations`` the recipe's (10), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
-the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1 since session 38) (members go before
+the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
 steps); when no count does, one member with the steps it buys, but never fewer than :data:`FLOOR_SHARE` of
 the recipe's when the recipe chose the budget (which is then raised).
 The trainer's own plan (:mod:`dmlkit.engine.budget`) still re-times the steps once training runs.
@@ -40,7 +40,7 @@ from dmlkit.engine.optim import fused_capable
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
 #: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
-#: count set by hand; sessions 35-36): 5 members x 820 steps (66 %) 0.8390 and x 1,000 (80 %) 0.8456 lose to
+#: count set by hand): 5 members x 820 steps (66 %) 0.8390 and x 1,000 (80 %) 0.8456 lose to
 #: 4 x 1,243 (0.8482), 4 x 995 (80 %) 0.8440 ties 3 x 1,243 (0.8442), and 4 x 1,104 (89 %) 0.8483 beats it: a
 #: member is worth the last ~12 % of the steps (under the cosine schedule they add little: +0.0002 to +0.004
 #: validation MAP@R from step 939 to 1,249), not a fifth of them. Earlier, at equal compute far from the recipe's
@@ -49,11 +49,11 @@ MIN_STEP_SHARE = 0.85
 
 #: The member count is chosen as if every step ran this much slower than measured. The plan times one member's step
 #: in a fraction of a second; the trainer then times N members' steps with their batches' data and update, on a
-#: machine whose speed drifts. Session 37: timed as the best of 5, the trainer's steps ran 1.02-1.32x the plan's
+#: machine whose speed drifts. Timed as the best of 5, the trainer's steps ran 1.02-1.32x the plan's
 #: (planned 50, 46 and 52 ms a step; timed 51-58, 54-61 and 64-67 ms) and the runs were cut to 69-74 % of the
 #: recipe's steps, more members at fewer steps than the rule above allows; timed as the median of 9, the trainer's
 #: first steps ran 0.93-1.11x the plan's (then up to 1.25x as the machine slowed), while a margin of 1.2 turned down
-#: a fourth member that bought 99 % of the steps. Session 38, eleven runs timed as the median of 9: the trainer's
+#: a fourth member that bought 99 % of the steps. In eleven runs timed as the median of 9: the trainer's
 #: first steps ran 0.81-1.19x the plan's (median 1.04), and with a margin of 1.1 the plan kept three members that
 #: left 11-22 s of the 80-s budget unused where four bought 80-90 % of the steps (4-fold cross-validation above:
 #: 4 members x 89 % beat 3 x 100 %, 4 x 80 % tied it). So no margin: the measured speed decides, and the trainer
@@ -66,7 +66,7 @@ STEP_MARGIN = 1.0
 FLOOR_SHARE = 0.25
 
 #: Steps timed for a member's training step (their median is taken: the best of five read 10 ms where the run's
-#: steps then took 13, session 37), after WARM_UP_STEPS untimed ones (the first steps of a fresh model run slower).
+#: steps then took 13), after WARM_UP_STEPS untimed ones (the first steps of a fresh model run slower).
 TIMED_STEPS = 9
 WARM_UP_STEPS = 2
 

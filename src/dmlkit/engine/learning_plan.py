@@ -1,4 +1,4 @@
-"""Frozen stages and cached views that buy the most learning in the time budget (issue 40).
+"""Frozen stages and cached views that buy the most learning in the time budget.
 
 On a CPU without native bf16 a fine-tuning step of EfficientNet-Lite0 with its first 2 feature
 stages frozen cost 7.3 s for 64 photos at 224 px, and the 720-s budget of the 84-px development set

@@ -1,4 +1,4 @@
-"""Optimisers with parameter groups, learning-rate schedules and warm-up (issue 6).
+"""Optimisers with parameter groups, learning-rate schedules and warm-up.
 
 Groups: the trunk at ``lr``, the embedding head at ``lr * head_lr_multiplier`` (1 unless a
 pretrained backbone fine-tunes under a new head), and the loss's own parameters (proxies,
@@ -55,7 +55,7 @@ def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> 
     Adam and AdamW take PyTorch's fused kernels when every parameter is a floating-point tensor on a
     CUDA device or the CPU (one kernel per parameter instead of several passes over each list; the
     same update rule). On a CPU that is a third of the foreach step's time for the small models
-    trained from scratch (0.36 against 0.92 ms for three glyph ensemble members, issue 40:
+    trained from scratch (0.36 against 0.92 ms for three glyph ensemble members,
     ``benchmarks/bench_optimizer_step.py``); on a GPU it also skips a non-finite update by itself
     (``found_inf``), so the step needs no host read there (``training/step_checks.py``).
     """

@@ -1,6 +1,6 @@
-"""Pooling and the mirror average of a pretrained backbone, chosen on the validation classes (issue 40).
+"""Pooling and the mirror average of a pretrained backbone, chosen on the validation classes.
 
-Before issue 40 the photo recipe fixed GeM pooling (p = 3) and the mirror average. On the 84-px
+A fixed GeM pooling (p = 3) with the mirror average was measured first. On the 84-px
 development set that untrained embedding scored below the plain average-pooled backbone a user
 would try first (test MAP@R 0.354 against 0.373), and the mirror doubles every embedding's cost.
 So the untrained backbone's feature maps of the validation images and of their mirror images are

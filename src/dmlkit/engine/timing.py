@@ -46,7 +46,7 @@ def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats
 
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
     """The reading of ``clock`` at which this process started (Linux: ``/proc/self/stat``), so a time budget
-    counts the interpreter's start and the imports too (issue 40); elsewhere, the reading now."""
+    counts the interpreter's start and the imports too; elsewhere, the reading now."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, clock ticks after boot

@@ -95,7 +95,7 @@ def measures_view_size(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[
 
 
 def measures_pooling(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
-    """Whether pooling and the mirror average are measured (issue 40): photo files, a pretrained Embedder, and
+    """Whether pooling and the mirror average are measured: photo files, a pretrained Embedder, and
     at least one of ``model.pooling`` / ``model.flip_average`` left to the recipe."""
     return _photo_files(cfg, survey) and pooling_choice.is_embedder(model) \
         and ("model.pooling" in model_choices or "model.flip_average" in model_choices)
@@ -121,7 +121,7 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
                       device: torch.device) -> dict[str, tuple[Any, str]]:
     """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
-    (small photos), and ``model.pooling`` / ``model.flip_average`` (photos, issue 40), as
+    (small photos), and ``model.pooling`` / ``model.flip_average`` (photos), as
     ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
     recipe's rules stand.
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from dmlkit._extras import require
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.engine.resolve import resolve_run
@@ -54,9 +55,14 @@ class SweepResult:
     trials_done: int
 
 
+def _optuna():
+    """Optuna, which ``dmlkit sweep`` needs (the ``sweep`` extra)."""
+    return require("optuna", "sweep", "dmlkit sweep (hyperparameter search)")
+
+
 def make_sampler(name: str, seed: int, startup_trials: int):
     """Optuna sampler ``tpe`` (TPESampler), ``gp`` (GPSampler) or ``random`` (RandomSampler), seeded."""
-    import optuna
+    optuna = _optuna()
 
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
@@ -81,7 +87,7 @@ def _identity(base: dict, specs: Sequence[ParamSpec]) -> dict:
 
 def open_study(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], sampler, pruner):
     """Create the study in ``DIR/study.db`` or load it; refuse one made for another config or space."""
-    import optuna
+    optuna = _optuna()
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(
@@ -104,7 +110,7 @@ def open_study(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], sampler,
 
 def recover_interrupted(study) -> list[int]:
     """Mark trials left running by a dead process as failed and queue their parameters again."""
-    from optuna.trial import TrialState
+    TrialState = _optuna().trial.TrialState
 
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -122,7 +128,7 @@ def recover_interrupted(study) -> list[int]:
 
 def trials_done(study) -> int:
     """Trials that count towards ``--trials``: complete, pruned, or failed for a reason other than an interruption."""
-    from optuna.trial import TrialState
+    TrialState = _optuna().trial.TrialState
 
     done = 0
     for t in study.get_trials(deepcopy=False):
@@ -194,7 +200,7 @@ def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
 
 def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prune: bool, echo: Callable[[str], None]):
     """The Optuna objective: train one trial into ``DIR/trials/<number>``, return its best validation MAP@R."""
-    import optuna
+    optuna = _optuna()
 
     def objective(trial) -> float:
         params = {s.path: s.suggest(trial) for s in specs}
@@ -274,7 +280,7 @@ def run_sweep(
     so a resumed sweep does not replay the first run's draws. ``prune=True`` stops trials whose
     intermediate validation scores fall below the median of earlier trials (Optuna MedianPruner).
     """
-    import optuna
+    optuna = _optuna()
 
     if sampler not in SAMPLERS:
         raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}. Got {sampler!r}.")
@@ -332,7 +338,7 @@ def _jsonable(value: Any) -> Any:
 
 def sweep_summary(sweep_dir: Path, study, *, sampler: str, trials_requested: int) -> dict:
     """Best trial and every trial of ``study`` as a JSON-ready dict (the content of sweep.json)."""
-    from optuna.trial import TrialState
+    TrialState = _optuna().trial.TrialState
 
     identity = study.user_attrs.get("identity", {})
     records = []

@@ -1,4 +1,4 @@
-"""The finite checks of training steps, kept on the device and read with the log record (issue 39).
+"""The finite checks of training steps, kept on the device and read with the log record.
 
 A step's loss and gradient norm decide whether its update is applied; reading them on the host every
 step would make the host wait for the card every step. PyTorch's fused optimisers (Adam, AdamW, SGD
