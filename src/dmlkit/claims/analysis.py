@@ -55,6 +55,12 @@ def run_value(record: dict, claim: Claim) -> tuple[float, bool]:
     return float(record["test"][claim.metric]), True
 
 
+def selected_projection(record: dict) -> int:
+    """The ASAP projection (0-based) during which the selected checkpoint was taken."""
+    ends = sorted((p["step"], p["projection"]) for p in record["projections"])
+    return next((proj for end, proj in ends if record["best_step"] <= end), ends[-1][1] if ends else 0)
+
+
 def start_value(record: dict, claim: Claim) -> float | None:
     """The untrained network's value of the claim's metric (None for times)."""
     if claim.metric in LOWER_IS_BETTER:
@@ -91,6 +97,7 @@ def arm_summary(name: str, records: Sequence[dict], claim: Claim) -> dict:
         "censored": sum(not ok for _, ok in values),
         "not_learned_seeds": [r["seed"] for r in records if not r["learned"]],
         "projections": [sum(p["complete"] for p in r["projections"]) for r in records] if records[0]["projections"] else None,
+        "selected_projection": [selected_projection(r) for r in records] if records[0]["projections"] else None,
     }
 
 
@@ -175,7 +182,8 @@ def claim_markdown(summary: dict) -> str:
     for a in summary["arms"]:
         extra = f" ({a['censored']} never reached)" if a["censored"] else ""
         learned = "" if not a["not_learned_seeds"] else f" — did not learn in seeds {a['not_learned_seeds']}"
-        proj = "" if not a["projections"] else f"; alternations {a['projections']}"
+        proj = ("" if not a["projections"] else
+                f"; projections completed {a['projections']}, selected in projection {a['selected_projection']}")
         lines.append(
             f"| {a['arm']} | {_point(a['point'], ARMS[a['arm']].setting)} | {_fmt(a['start_val'])} | {_fmt(a['selected_val'])} | "
             f"{a['selected_steps']}{proj} | {_fmt(a['mean'], scale, digits)} [{_fmt(a['ci_low'], scale, digits)}, "

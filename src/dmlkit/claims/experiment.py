@@ -67,9 +67,13 @@ def _all_records(out: Path) -> list[list[dict]]:
 
 def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
     """Every claim's tables, under the protocol and cost of the run, then the claims this data cannot test."""
+    longer = sorted({f"{a['arm']} {meta['steps'] * ARMS[a['arm']].steps_scale}" for s in summaries.values()
+                     for a in s["arms"] if ARMS[a["arm"]].steps_scale != 1})
     head = [
         "## Claims tested on Omniglot glyphs" + (" (quick check: not a result)" if meta["quick"] else ""), "",
-        f"Seeds {meta['seeds']} (each re-draws the test characters); {meta['steps']} steps, validation every "
+        f"Seeds {meta['seeds']} (each re-draws the test characters); {meta['steps']} steps"
+        + (f" (longer for every arm of the claims they serve: {', '.join(longer)})" if longer else "")
+        + ", validation every "
         f"{meta['eval_every']}; learning rate chosen per arm from {meta['learning_rates']} on seed {meta['seeds'][0]}'s "
         f"validation classes; {meta['train_seconds_all_runs']:.0f} s of training over all runs.", "",
     ]

@@ -29,6 +29,7 @@ import torch
 
 from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
 from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.exceptions import ConfigError
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,13 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
     import dmlkit
 
     record_path = out / "runs" / arm.name / f"seed{seed}" / f"{point_tag(point)}.json"
+    steps = budget.photo_steps if arm.setting in PHOTO_SETTINGS else budget.steps * arm.steps_scale
     if record_path.exists():
-        return json.loads(record_path.read_text())
+        record = json.loads(record_path.read_text())
+        if record.get("budget_steps", steps) != steps:
+            raise ConfigError(f"claims: {record_path} was trained for {record['budget_steps']} steps, this call plans "
+                              f"{steps}; give another --out (or delete that run) to train the new budget.")
+        return record
     run_dir = record_path.with_suffix("")
     resume = (run_dir / "checkpoints" / "last.pt").exists()
     if run_dir.exists() and not resume:
@@ -143,7 +149,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
             "sampler": {"batch_size": batch, "m": m},
             "data": {"augment": "affine"},
             "protocol": {"selection": "best"},
-            "train": {"max_steps": budget.steps, "eval_every": budget.eval_every, "checkpoint_every": budget.eval_every,
+            "train": {"max_steps": steps, "eval_every": budget.eval_every, "checkpoint_every": budget.eval_every,
                       "progress": False, "num_threads": budget.threads, "patience": None, "time_budget": None,
                       "mixed_precision": "none", "device": budget.device},
             "eval": {"save_embeddings": True},
@@ -156,8 +162,8 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
     emb = torch.from_numpy(np.load(run_dir / "embeddings" / "test.npz")["embeddings"])
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step), default=float("nan"))
     record = {
-        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "best_step": result.best_step,
-        "start": start, "val_curve": val_curve, "selected_val_map_at_r": selected_val,
+        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "budget_steps": steps,
+        "best_step": result.best_step, "start": start, "val_curve": val_curve, "selected_val_map_at_r": selected_val,
         "learned": bool(selected_val > start["val"]["map_at_r"]),
         "test": _test_scores(emb, splits, seed),
         "projections": [{"projection": p["projection"], "step": p["step"], "complete": p["complete"],
@@ -189,8 +195,8 @@ def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
                        default=done["start"]["val"]["map_at_r"])
     record = {
-        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "best_step": result.best_step,
-        "start": done["start"], "val_curve": val_curve, "selected_val_map_at_r": selected_val,
+        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "budget_steps": budget.photo_steps,
+        "best_step": result.best_step, "start": done["start"], "val_curve": val_curve, "selected_val_map_at_r": selected_val,
         "learned": bool(result.best_step > 0 and selected_val > done["start"]["val"]["map_at_r"]),
         "test": done["test"], "projections": [], "wall_seconds": round(time.perf_counter() - t0, 2),
         "test_classes": done["test_classes"],

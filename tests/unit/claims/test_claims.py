@@ -120,3 +120,30 @@ def test_convergence_claims_count_fewer_steps_as_better_and_equivalence_uses_the
     assert rows[0]["verdict"] == "equivalent within ±2 points"
     table = claim_markdown(summarise_claim(_claim(kind="equivalent", margin=0.02), equal))
     assert "equivalence, margin ±2.0" in table and "| proxy-anchor |" in table
+
+
+def test_asap_selected_projection_and_the_claims_longer_budget():
+    from dmlkit.claims.analysis import selected_projection
+
+    record = {"best_step": 700, "projections": [{"projection": 0, "step": 450}, {"projection": 1, "step": 700},
+                                                {"projection": 2, "step": 1200}]}
+    assert selected_projection(record) == 1
+    assert selected_projection({**record, "best_step": 701}) == 2
+    # every arm of a claim trains the same steps: ASAP's claims scale all their arms alike
+    for name in ("asap-vs-pairs", "asap-vs-one-problem"):
+        assert {ARMS[a].steps_scale for a in CLAIMS[name].arms} == {4}
+
+
+def test_a_recorded_run_of_another_budget_is_refused(tmp_path):
+    import json
+
+    from dmlkit.claims.runner import Budget, train_run
+    from dmlkit.exceptions import ConfigError
+
+    path = tmp_path / "runs" / "proxy-anchor" / "seed0" / "lr0.001.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"budget_steps": 300}))
+    with pytest.raises(ConfigError, match="trained for 300 steps, this call plans 40"):
+        train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, Budget(steps=40), tmp_path, "unused", None, print)
+    assert train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, Budget(steps=300), tmp_path, "unused", None, print) == {
+        "budget_steps": 300}
