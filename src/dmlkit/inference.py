@@ -12,7 +12,6 @@ model. So a gallery image embedded here equals its row of ``embeddings/test.npz`
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from dmlkit.engine.loading import read_eval_input
 from dmlkit.exceptions import ConfigError, DataError
 
 ImageLike = Any  # a path, a PIL image, or a tensor [C, H, W]
@@ -147,17 +147,6 @@ def tensor_to_pil(image: torch.Tensor):
         image = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
     arr = image.cpu().permute(1, 2, 0).numpy()
     return Image.fromarray(arr[..., 0], mode="L") if arr.shape[2] == 1 else Image.fromarray(arr, mode="RGB")
-
-
-def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``; None for runs
-    of older dmlkit versions, which can still embed their own splits but not new images)."""
-    path = Path(run_dir) / "manifest.json"
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {str(path)!r} (written by `dmlkit train`): {exc}") from None
-    return info.get("eval_input")
 
 
 def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, str]:

@@ -65,8 +65,7 @@ def write_shared_folder(run_dir: str | Path, folder: str | Path, *, checkpoint: 
     from dmlkit import __version__
     from dmlkit.config.schema import config_to_dict
     from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text, config_fingerprint, load_checkpoint
-    from dmlkit.engine.loading import load_run_config
-    from dmlkit.inference import read_eval_input
+    from dmlkit.engine.loading import load_run_config, read_eval_input
 
     if checkpoint not in ("best", "last"):
         raise ConfigError(f"checkpoint must be 'best' or 'last'. Got {checkpoint!r}.")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -57,3 +60,14 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tup
         raise CheckpointError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model in config.yaml: {exc}") from None
     model.eval()
     return cfg, model
+
+
+def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``; None for runs
+    of older dmlkit versions, which can still embed their own splits but not new images)."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {str(path)!r} (written by `dmlkit train`): {exc}") from None
+    return info.get("eval_input")
