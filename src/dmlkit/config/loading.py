@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import yaml
 
 from dmlkit.config.components import drop_stale_args
-from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
+from dmlkit.config.schema import EXPONENT_FLOAT, RunConfig, config_from_dict, config_to_dict
 from dmlkit.exceptions import ConfigError
 
 PRESET_PACKAGE = "dmlkit.config.presets"
@@ -67,7 +67,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 class _PlainYamlLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without aliases: ``*name`` could expand a few hundred bytes into gigabytes
-    (a "billion laughs"), and a config never needs one."""
+    (a "billion laughs"), and a config never needs one. Floats are read as YAML 1.2 writes them."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -76,6 +76,11 @@ class _PlainYamlLoader(yaml.SafeLoader):
                 None, None, f"found the alias *{event.anchor[:40]}; aliases are not allowed in a dmlkit config "
                 "(write the value out)", event.start_mark)
         return super().compose_node(parent, index)
+
+
+# PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent (`lr: 1e-3` stays a string); this
+# adds YAML 1.2's exponent forms (3e-4, 1E-3, 1e3) on this loader only (PyYAML copies the table per class)
+_PlainYamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def parse_yaml(text: str) -> Any:

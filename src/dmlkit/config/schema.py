@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -415,6 +416,18 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
 
 # ----------------------------------------------------------------------------- building
 
+#: A float written with an exponent as people write them (``3e-4``, ``1E-3``, ``1e3``): YAML 1.2's syntax.
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")
+#: Any decimal float (``0.5``, ``.5``, ``5``, ``3e-4``); words (``inf``, ``nan``) are not numbers a config means.
+DECIMAL_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$")
+
+
+def as_float(text: str) -> float | None:
+    """``text`` as a float when it is written as a decimal number (``3e-4``, ``.5``, ``1_000``), else None."""
+    text = text.strip()
+    return float(text.replace("_", "")) if DECIMAL_FLOAT.match(text) else None
+
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -436,6 +449,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return _coerce(value, inner[0], path, problems)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and as_float(value) is not None:
+        return as_float(value)  # "3e-4" from a YAML 1.1 reader, a quoted value or a Python caller
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp is bool and isinstance(value, bool):
