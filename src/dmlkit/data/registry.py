@@ -38,7 +38,8 @@ class DatasetSpec:
     (``train`` and ``test``, or ``train``, ``query``, ``gallery``). ``label_kinds[0]`` is the
     default label; ``"class"`` is accepted as its alias. ``published`` maps split names to
     ``(images, classes)`` from the papers. ``group_kind(label, eval_label)`` names the label whose
-    classes must not cross the train/val/test boundary.
+    classes must not cross the train/val/test boundary. ``reads_files=False``: built in (no ``root``
+    read), so a ``data.root`` given with it means the user's own folder (:func:`dmlkit.config.loading.load_config`).
     """
 
     name: str
@@ -50,6 +51,7 @@ class DatasetSpec:
     published: dict[str, tuple[int, int]] = field(default_factory=dict)
     layout: str = ""
     group_kind: Callable[[str, str], str] | None = None
+    reads_files: bool = True
 
     def resolve_label(self, label: str | None, what: str = "label") -> str:
         """Return the canonical label kind for ``label`` (``"class"`` means the default kind)."""
