@@ -176,6 +176,9 @@ def load_config(
 ) -> RunConfig:
     """Defaults, then the preset, then a YAML file, then overrides; validated all at once.
 
+    With no preset this is the schema's bare defaults; ``dmlkit train`` with no ``--preset``/``--config``
+    runs ``load_config(preset="mnist-proxy-anchor", overrides=...)`` (:data:`dmlkit.cli.train.DEFAULT_PRESET`).
+
     Each of the three is a layer: a layer that names another loss, miner or model drops the ``args``
     the layers below gave the previous one (:func:`dmlkit.config.components.drop_stale_args`).
     """
