@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr
+from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr, suggest_value
 from dmlkit.exceptions import ConfigError
 
 
@@ -459,6 +459,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return value
     if tp is list and isinstance(value, (list, tuple)):
         return list(value)
+    if tp is list and isinstance(value, str) and value:
+        return [value]  # `--set train.loggers=mlflow`: one name is a one-element list
     if tp is dict and isinstance(value, dict):
         return dict(value)
     problems.append(f"{path} must be {_type_name(tp)}. Got {short_repr(value)} ({type(value).__name__}).")
@@ -491,7 +493,11 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
             continue
         constraints = CONSTRAINTS.get(path)
         if constraints is not None and not any(c.accepts(coerced) for c in constraints):
-            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}.")
+            wrong = next((v for v in coerced if not any(c.item.accepts(v) for c in constraints if isinstance(c, ListOf))),
+                         None) if isinstance(coerced, list) else coerced
+            items = [c.item for c in constraints if isinstance(c, ListOf)]
+            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}."
+                            + suggest_value(wrong, [*constraints, *items]))
             continue
         setattr(obj, key, coerced)
     return obj

@@ -14,7 +14,7 @@ from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
-from dmlkit.exceptions import ConfigError, DataError
+from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
 
 
@@ -83,6 +83,8 @@ def build_model(cfg: RunConfig) -> nn.Module:
                 **m.args,
             )
         except TypeError as exc:  # a timm model's keyword arguments are known only to timm
+            if isinstance(exc, InvalidParameterError) and str(exc).startswith("Unknown model"):
+                raise ConfigError(f"model.name: {exc}") from None  # the name is at fault, not the recipe's args
             if not m.args:
                 raise
             raise ConfigError(f"model.args {m.args} do not fit model {m.name!r} (passed on to timm): {exc}") from None
