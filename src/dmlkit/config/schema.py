@@ -41,6 +41,12 @@ class DataConfig:
     ``download=true`` fetches a benchmark (cub200, cars196, sop) into ``root`` before it is read when
     ``root`` does not hold it yet (:func:`dmlkit.data.download.download_dataset`: terms printed,
     checksums verified, counts checked).
+    ``class_split`` is how a ``folder`` (without ``train``/``test`` sub-folders) or a ``csv`` without
+    split columns divides its classes into train and test halves: ``random`` (a random half trains,
+    seeded by ``protocol.seed``, the seed of every data split, so runs of other ``seed`` values test on the
+    same classes) or ``sorted`` (the first half by class name trains); the benchmarks keep their
+    protocols' splits. The chosen classes are in the run's ``manifest.json``.
+    ``allow_outside_root=true`` lets a ``csv`` manifest name images outside its own folder (absolute paths).
     """
 
     name: str = "mnist"
@@ -55,6 +61,8 @@ class DataConfig:
     augment: str = "auto"
     max_shift: int = 2
     pipeline: str = "recipe"
+    class_split: str = "random"
+    allow_outside_root: bool = False
 
 
 @dataclass
@@ -306,6 +314,7 @@ CONSTRAINTS: dict[str, list] = {
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
     "data.pipeline": [OptionsFrom("dmlkit.data.transforms", "PIPELINES")],
+    "data.class_split": [OptionsFrom("dmlkit.data.folder", "CLASS_SPLITS")],
     "protocol.selection": [Options(("significant", "best"))],
     "eval.over_cluster": [Interval(int, 1, None)],
     "eval.val_shift_average": [NONE, Interval(int, 0, None)],

@@ -18,13 +18,16 @@ class SplitSource:
     ``names[kind]`` holds, for every sample, its class name under the label ``kind``
     (e.g. ``{"character": [...], "alphabet": [...]}``). ``paths`` (image files), ``images``
     (``[N, C, H, W]`` uint8 in memory) or both (files decoded into memory, the paths kept to name
-    them) are set; ``skipped`` lists unreadable files left out (``skip_bad_images``).
+    them) are set; ``skipped`` lists unreadable files left out (``skip_bad_images``); ``class_split`` says how
+    a reader chose the classes of its train split, where it chose them.
     """
 
     names: dict[str, list[str]]
     paths: list[str] | None = None
     images: torch.Tensor | None = None
     skipped: list[str] = field(default_factory=list)
+    #: how a reader divided the classes into train and test (``{"mode", "seed"}``), recorded in the run
+    class_split: dict | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.names.values())))

@@ -114,7 +114,18 @@ def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
         fold=cfg.protocol.fold, num_folds=cfg.protocol.num_folds, seed=cfg.protocol.seed,
         skip_bad_images=d.skip_bad_images, preprocessing=preprocessing, cache_in_memory=decode,
         center_crop=photos, crop_size=d.crop_size if photos else None, pipeline=d.pipeline,
+        **own_data_options(cfg),
     )
+
+
+def own_data_options(cfg: RunConfig) -> dict:
+    """The reader options of the users' own data sets (``folder``, ``csv``): the class split, seeded by
+    ``protocol.seed`` like every data split, and for a CSV whether its paths may leave its folder."""
+    d = cfg.data
+    if d.name not in ("folder", "csv"):
+        return {}
+    options = {"class_split": d.class_split, "split_seed": cfg.protocol.seed}
+    return {**options, "allow_outside_root": d.allow_outside_root} if d.name == "csv" else options
 
 
 def build_batch_augmentation(cfg: RunConfig, fill: list[float]):
