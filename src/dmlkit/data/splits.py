@@ -286,11 +286,6 @@ def build_splits(
         raise
 
     class_split = sources["train"].class_split  # kept before decoding, which makes new sources
-    train_classes = len(set(sources["train"].names[spec.group_of(label, eval_label)]))
-    if train_classes < 2:
-        raise DataError(f"The train split of {name!r} has {train_classes} class{'es' if train_classes != 1 else ''}; "
-                        "metric learning needs at least 2 classes to train on: add classes (images in more class "
-                        "folders, or more labels in the train rows).")
     # a reader may return query and gallery sources for any data set (a CSV with is_query/is_gallery)
     eval_mode = "query_gallery" if "query" in sources else spec.eval_mode
     decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory

@@ -457,6 +457,16 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
             + (f" x {world_size} processes" if world_size > 1 else "")
             + ": set a smaller sampler.batch_size or add images."
         )
+    classes = int(torch.as_tensor(labels).unique().numel())
+    needed = 2 if s.name != "m_per_class" else max(2, s.batch_size // s.m)
+    if classes < needed:  # said of the split and the settings, before the sampler's own check of its arguments
+        raise DataError(
+            f"The train split has {classes} class{'' if classes == 1 else 'es'}"
+            + (f"; sampler.batch_size={s.batch_size} with sampler.m={s.m} needs {needed} per batch: lower "
+               "sampler.batch_size, raise sampler.m or add classes." if classes >= 2 else
+               "; metric learning needs at least 2 classes to train on: add classes (more class folders, or more "
+               "labels in the train rows).")
+        )
     common = dict(batch_size=s.batch_size, seed=cfg.seed if seed is None else seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":
         # an epoch is one pass over the training split (PML's default length is 100000 images)

@@ -8,13 +8,14 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from dmlkit.cli.index import not_indexed
 from dmlkit.config import load_config
 from dmlkit.data.folder import read_csv_manifest, read_folder
 from dmlkit.data.splits import build_splits
-from dmlkit.engine.builders import survey_data
+from dmlkit.engine.builders import build_batch_sampler, survey_data
 from dmlkit.engine.run_dir import split_manifest
 from dmlkit.exceptions import DataError
 
@@ -94,9 +95,13 @@ def test_images_without_class_folders_are_asked_for_class_folders(tmp_path):
 
 
 def test_too_few_classes_names_the_split(tmp_path):
-    folder(tmp_path, classes=["cat", "dog"])
-    with pytest.raises(DataError, match="The train split of 'folder' has 1 class;"):
-        build_splits("folder", tmp_path)
+    folder(tmp_path, classes=["cat", "dog"], per_class=4)
+    labels = build_splits("folder", tmp_path).train.labels
+    cfg = load_config(overrides=["sampler.batch_size=4", "sampler.m=2"])
+    with pytest.raises(DataError, match="The train split has 1 class; metric learning needs at least 2 classes"):
+        build_batch_sampler(cfg, labels)
+    with pytest.raises(DataError, match=r"train split has 3 classes; sampler.batch_size=8 with sampler.m=2 needs 4"):
+        build_batch_sampler(load_config(overrides=["sampler.batch_size=8", "sampler.m=2"]), torch.arange(12) % 3)
 
 
 def test_an_unreadable_image_points_at_skip_bad_images(tmp_path):
