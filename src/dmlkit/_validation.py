@@ -7,6 +7,7 @@ Message template (scikit-learn style)::
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import reprlib
@@ -78,6 +79,10 @@ class Options:
     def describe(self) -> str:
         return "one of {" + ", ".join(repr(v) for v in self.values) + "}"
 
+    def names(self) -> list:
+        """The accepted values (for did-you-mean)."""
+        return list(self.values)
+
 
 @dataclass(frozen=True)
 class InstanceOf:
@@ -139,17 +144,33 @@ class OptionsFrom:
     attr: str
     extra: tuple = ()
 
-    def _names(self) -> list[str]:
+    def names(self) -> list[str]:
+        """The accepted values, read from where they are implemented (for did-you-mean)."""
         import importlib
 
         options = getattr(importlib.import_module(self.module), self.attr)
         return [*self.extra, *(options.names() if hasattr(options, "names") else options)]
 
     def accepts(self, value: Any) -> bool:
-        return isinstance(value, str) and value in self._names()
+        return isinstance(value, str) and value in self.names()
 
     def describe(self) -> str:
-        return "one of {" + ", ".join(repr(v) for v in self._names()) + "}"
+        return "one of {" + ", ".join(repr(v) for v in self.names()) + "}"
+
+
+def suggest_value(value: Any, constraints: list) -> str:
+    """`` Did you mean 'proxy_anchor'?`` for a string close to an option of ``constraints`` (case, ``-`` and ``_``
+    ignored), else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    options = [str(v) for c in constraints if hasattr(c, "names") for v in c.names() if isinstance(v, str)]
+
+    def plain(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    by_plain = {plain(o): o for o in options}
+    close = difflib.get_close_matches(plain(value), list(by_plain), n=1, cutoff=0.6)
+    return f" Did you mean {by_plain[close[0]]!r}?" if close else ""
 
 
 NONE = InstanceOf((type(None),))

@@ -9,15 +9,19 @@ the config path's (:class:`dmlkit.engine.trainer.Trainer`; docs/python-api.md).
 
 from __future__ import annotations
 
+import inspect
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
-from dmlkit.config.schema import RunConfig, config_from_dict
+from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.loggers import flat_params
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.run_dir import claim_directory, release_locks
 from dmlkit.engine.trainer import Trainer, TrainResult
@@ -78,6 +82,58 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
     return cfg
 
 
+#: What a ``fit`` call asked for, kept in its run directory: a later call resumes only the same request.
+REQUEST_FILE = "fit_request.json"
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def describe_object(component: object | None) -> dict[str, str]:
+    """``{"class": ..., "args.NAME": ..., "shapes": ...}``: a component's class, the constructor arguments it kept
+    as attributes of the same name (where a class keeps them) and, for a module, its parameters' shapes."""
+    if component is None:
+        return {"class": "None"}
+    out = {"class": f"{type(component).__module__}.{type(component).__qualname__}"}
+    try:
+        names = [n for n in inspect.signature(type(component).__init__).parameters if n != "self"]
+    except (TypeError, ValueError):  # a builtin or C extension's constructor
+        names = []
+    for name in names:
+        value = getattr(component, name, inspect.Parameter.empty)
+        if isinstance(value, _PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value)):
+            out[f"args.{name}"] = repr(value)
+    if isinstance(component, nn.Module):
+        out["shapes"] = repr([(k, tuple(v.shape)) for k, v in component.state_dict().items()])
+    if isinstance(component, torch.optim.Optimizer):
+        out.update({f"args.{k}": repr(v) for k, v in sorted(component.defaults.items()) if isinstance(v, _PLAIN + (tuple,))})
+    return out
+
+
+def fit_request(cfg: RunConfig, **objects: object | None) -> dict[str, str]:
+    """Every setting of a ``fit`` call as dotted strings: the config (every section) and each object's description."""
+    request = flat_params(config_to_dict(cfg))
+    for role, component in objects.items():
+        request.update({f"{role}.{key}": value for key, value in describe_object(component).items()})
+    return request
+
+
+def check_same_request(run_dir: Path, request: dict[str, str]) -> None:
+    """Resume ``run_dir`` only for the request that started it; else a ConfigError naming the differing settings."""
+    path = run_dir / REQUEST_FILE
+    if not path.is_file():  # a run of an older dmlkit: the checkpoint's own fingerprint check remains
+        return
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = {}
+    changed = sorted(k for k in before.keys() | request.keys() if before.get(k) != request.get(k))
+    if not changed:
+        return
+    shown = "; ".join(f"{k}: {before.get(k, '(not set)')} -> {request.get(k, '(not set)')}" for k in changed[:8])
+    more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+    raise ConfigError(f"out={str(run_dir)!r} holds a run started with other settings ({shown}{more}). To resume it, "
+                      "call fit with the same settings and objects as before; to start a new run, pass another out=.")
+
+
 def fit(
     model: nn.Module | str,
     loss: nn.Module | None,
@@ -86,7 +142,7 @@ def fit(
     val_data=None,
     test_data=None,
     miner: nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | dict | None = None,
     out: str | Path,
     callbacks: Iterable[Callback] = (),
     loggers: Iterable[Callback] = (),
@@ -105,7 +161,8 @@ def fit(
     ``train_data`` / ``val_data`` / ``test_data``: map-style datasets of ``(image tensor, label)``
     (``val_data=None``: the recipe holds out validation classes of ``train_data``; ``test_data=None``:
     no test evaluation). ``optimizer``: an optimiser over the model's and the loss's parameters
-    (default: the config's, with its parameter groups). ``callbacks`` and ``loggers`` run at the
+    (default: the config's, with its parameter groups), or a dict: the config's ``optimizer`` section
+    (``optimizer={"lr": 3e-4}``). ``callbacks`` and ``loggers`` run at the
     loop's events (:mod:`dmlkit.engine.callbacks`, :mod:`dmlkit.engine.loggers`), after the report
     is written. ``**sections``: config sections as dicts (``train={"max_steps": 100}``); ``config``:
     the same as one nested dict, for every section including ``model`` and ``loss``, whose names
@@ -114,10 +171,19 @@ def fit(
     settings as the interrupted call.
     """
     splits = user_splits(train_data, val_data, test_data)
-    cfg = config_for_objects(model, loss, splits, {**(config or {}), **sections}, miner=miner)
+    sections = {**(config or {}), **sections}
+    if isinstance(optimizer, dict):  # settings, not an optimiser: the config's section, merged over `config`'s
+        sections["optimizer"] = {**sections.get("optimizer", {}), **optimizer}
+        optimizer = None
+    elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a dict of the config's optimizer settings "
+                          f"(optimizer={{'lr': 3e-4}}). Got {type(optimizer).__name__}.")
+    cfg = config_for_objects(model, loss, splits, sections, miner=miner)
     run_dir = Path(out)
     if resume is None:
         resume = (run_dir / "checkpoints" / "last.pt").exists()
+    request = fit_request(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
+                          optimizer=optimizer)
     first = []
     if report:
         from dmlkit.report import WriteReport
@@ -127,15 +193,20 @@ def fit(
     claim = claim_directory(run_dir, "train", resume=resume, option="out")
     try:
         try:
+            if resume:
+                check_same_request(run_dir, request)
             resolved = resolve_run(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
                                    data=splits, optimizer=optimizer, echo=echo)
             trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks, *loggers])
         except BaseException:
             claim.release()  # nothing was written: the folder is as it was
             raise
+        if not resume:
+            atomic_write_json(run_dir / REQUEST_FILE, request)
         return trainer.fit()
     finally:
         release_locks()
 
 
-__all__ = ["config_for_objects", "embedding_size_of", "fit", "object_name"]
+__all__ = ["check_same_request", "config_for_objects", "describe_object", "embedding_size_of", "fit", "fit_request",
+           "object_name"]

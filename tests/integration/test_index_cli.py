@@ -96,20 +96,25 @@ def test_build_add_query_remove_with_threshold_and_text_output(runs, tmp_path, c
                  "--threshold-fmr", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "indexed 10 images (flat" in out and "threshold at FMR 0.1" in out
+    assert main(["index", "add", str(index), "--images", str(gallery)]) == 0  # the 10 indexed ones are skipped
+    out = capsys.readouterr().out
+    assert f"added {len(paths) - 10} images (ids 10-{len(paths) - 1}); 10 images already in the index were skipped" in out
     assert main(["index", "add", str(index), "--images", str(gallery)]) == 0
-    assert f"added {len(paths)} images (ids 10-{9 + len(paths)})" in capsys.readouterr().out
+    assert f"nothing added: all {len(paths)} images are already in the index" in capsys.readouterr().out
     assert main(["index", "remove", str(index), "0", "1"]) == 0
     assert "removed 2 items" in capsys.readouterr().out
-    assert main(["index", "query", str(index), paths[0], "-k", "2"]) == 0
+    assert main(["index", "query", str(index), paths[12], "-k", "2"]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert text[0] == paths[0]
-    assert text[1].startswith(f"  1. {paths[0]} id=10 ") and "match=yes" in text[1]
+    assert text[0] == paths[12]
+    assert text[1].startswith(f"  1. {paths[12]} id=12 ") and "match=yes" in text[1]
 
 
 def test_an_interrupted_add_leaves_the_previous_index_intact(runs, tmp_path, monkeypatch, capsys):
     run_dir, gallery, _ = runs["cnn28"]
     index = tmp_path / "g.index"
-    assert main(["index", "build", str(run_dir), "--images", str(gallery), "--out", str(index)]) == 0
+    first = tmp_path.parent / f"{tmp_path.name}-first.csv"  # outside tmp_path, whose listing is checked below
+    first.write_text("\n".join(gallery.read_text().splitlines()[:6]) + "\n")  # header + 5 images: the add has new ones
+    assert main(["index", "build", str(run_dir), "--images", str(first), "--out", str(index)]) == 0
     before = index.read_bytes()
 
     def fail(fd):  # the new index is written to a temp file; the failure comes before the rename

@@ -37,7 +37,7 @@ def test_skip_bad_images_skips_files_decoded_into_memory_and_records_them(tmp_pa
     out = tmp_path / "run"
     with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
         code = main(["train", "--out", str(out), *QUICK, "--set", "data.name=folder",
-                     "--set", f"data.root={data}", "--set", "data.skip_bad_images=true"])
+                     "--set", f"data.root={data}", "--set", "data.skip_bad_images=true", "--set", "data.class_split=sorted"])
     assert code == 0
     skipped = sorted([str(truncated), str(data / "c05" / "0.png")])
     manifest = json.loads((out / "manifest.json").read_text())
@@ -52,7 +52,7 @@ def test_skip_bad_images_counts_files_read_per_item_in_the_log_and_manifest(tmp_
     import io
 
     data = make_folder(tmp_path / "data", 8, 8, size=lambda c, k: 20 + k)  # mixed sizes: read per item
-    truncated = data / "c01" / "2.png"  # c00..c03 train, c04..c07 test
+    truncated = data / "c01" / "2.png"  # c00..c03 train, c04..c07 test (data.class_split=sorted)
     truncated.write_bytes(truncated.read_bytes()[:100])
     (data / "c01" / "7.png").unlink()
     text = data / "c01" / "7.jpg"
@@ -66,7 +66,7 @@ def test_skip_bad_images_counts_files_read_per_item_in_the_log_and_manifest(tmp_
     with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
         code = main(["train", "--out", str(out), *QUICK, "--set", "train.max_steps=1", "--set", "sampler.m=8",
                      "--set", "sampler.batch_size=32", "--set", "data.name=folder", "--set", f"data.root={data}",
-                     "--set", "data.skip_bad_images=true"])
+                     "--set", "data.skip_bad_images=true", "--set", "data.class_split=sorted"])
     assert code == 0
     skipped = sorted([str(truncated), str(text), str(cut)])
     manifest = json.loads((out / "manifest.json").read_text())

@@ -299,12 +299,12 @@ CASES: dict[str, Api | Cli] = {
     # --- issue 24: what a new user types or feeds in ---------------------------------------------
     "cli-truncated-image-in-a-folder-decoded-into-memory": Cli(
         lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
-            "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {'c1/2.png': 'truncated'})}")],
+            "data.name=folder", "data.class_split=sorted", f"data.root={folder_with(c.tmp / 'imgs', {'c1/2.png': 'truncated'})}")],
         r"Cannot read image '.*c1/2\.png' \(item \d+ of the train split\): image file is truncated",
         also=no_run_left(Path("run"))),
     "cli-text-file-named-png-in-a-folder": Cli(
         lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
-            "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {'c6/0.png': 'text'})}")],
+            "data.name=folder", "data.class_split=sorted", f"data.root={folder_with(c.tmp / 'imgs', {'c6/0.png': 'text'})}")],
         r"Cannot read image '.*c6/0\.png' \(item \d+ of the test split\): cannot identify image file",
         also=no_run_left(Path("run"))),
     "cli-validate-loss-args-typo": Cli(lambda c: ["validate", *_set("loss.args.marign=0.2")],
@@ -374,8 +374,9 @@ CASES: dict[str, Api | Cli] = {
         lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a"], header="file,class")),
         DataError, r"first line of '.*manifest\.csv' must be a header naming the columns 'path' and 'label'.*Got 'file,class'"),
     "data-manifest-bad-split": Api(
-        lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a,validation"])),
-        DataError, r"line 2 of '.*manifest\.csv', column 'split': expected 'train' or 'test'\. Got 'validation'"),
+        lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a,valid"])),
+        DataError, r"line 2 of '.*manifest\.csv', column 'split': expected 'train', 'test' or 'validation' "
+                   r"\(the same as test\)\. Got 'valid'"),
     "data-manifest-ragged-row": Api(
         lambda c: _build_splits("csv", root=csv_manifest(c.tmp / "d", ["a.png,a,train,extra"])),
         DataError, r"line 2 of '.*manifest\.csv' has 4 fields but the header has 3"),

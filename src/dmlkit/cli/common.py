@@ -12,9 +12,31 @@ from typing import Callable, Iterator
 from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
 
+#: The options every user touches, as flags: ``--flag`` -> the config field it sets (``--lr 3e-4`` is
+#: ``--set optimizer.lr=3e-4``); ``(dest, metavar, help)`` in the order they are listed.
+CONFIG_FLAGS: dict[str, tuple[str, str, str]] = {
+    "--data-root": ("data.root", "DIR", "your images: DIR/<class>/<image> (same as --set data.root=DIR; "
+                    "without data.name this is data.name=folder)"),
+    "--lr": ("optimizer.lr", "LR", "learning rate of the backbone (same as --set optimizer.lr=LR)"),
+    "--batch-size": ("sampler.batch_size", "N", "images per batch (same as --set sampler.batch_size=N)"),
+    "--max-steps": ("train.max_steps", "N", "training steps (same as --set train.max_steps=N)"),
+    "--device": ("train.device", "DEVICE", "auto, cpu, cuda or cuda:N (same as --set train.device=DEVICE)"),
+}
+
+
+def flag_dest(flag: str) -> str:
+    """The argparse attribute of a :data:`CONFIG_FLAGS` flag (``--max-steps`` -> ``max_steps``)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``KEY=VALUE`` overrides the :data:`CONFIG_FLAGS` given on the command line stand for."""
+    return [f"{key}={getattr(args, flag_dest(flag))}" for flag, (key, _, _) in CONFIG_FLAGS.items()
+            if getattr(args, flag_dest(flag), None) is not None]
+
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
-    """``--preset``, ``--config``, ``--set``, ``--seed``."""
+    """``--preset``, ``--config``, ``--set``, ``--seed`` and the :data:`CONFIG_FLAGS`."""
     p.add_argument("--preset", metavar="NAME", help="start from a packaged preset (see `dmlkit presets`)")
     p.add_argument("--config", metavar="FILE", help="YAML config file, applied after the preset")
     p.add_argument(
@@ -27,11 +49,13 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         "--set loss.args.margin=0.2 (repeatable; values are read as YAML)",
     )
     p.add_argument("--seed", type=int, help="random seed (same as --set seed=N)")
+    for flag, (_, metavar, help_text) in CONFIG_FLAGS.items():
+        p.add_argument(flag, metavar=metavar, help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Preset, then file, then ``--set`` overrides, then ``--seed``; validated at once."""
-    overrides = list(args.overrides)
+    """Preset, then file, then ``--set`` overrides, then the flags and ``--seed``; validated at once."""
+    overrides = [*args.overrides, *flag_overrides(args)]
     if getattr(args, "seed", None) is not None:
         overrides.append(f"seed={args.seed}")
     return load_config(preset=args.preset, path=args.config, overrides=overrides)

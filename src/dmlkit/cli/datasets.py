@@ -9,16 +9,23 @@ import sys
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", choices=["list", "info", "download"], default="list",
-                   help="list (default), info (check a copy's counts) or download (fetch, verify, extract, check)")
-    p.add_argument("name", nargs="?", help="data set name (for info and download: cub200, cars196, sop, inshop)")
-    p.add_argument("--root", help="folder holding the data set in its official layout (for info and download)")
-    p.add_argument("--yes", "-y", action="store_true",
-                   help="download: accept the printed terms of use without asking (without a terminal the "
-                        "terms are printed and the download proceeds, as pytorch-metric-learning does)")
-    p.add_argument("--mirror", metavar="URL",
-                   help="download: a URL folder tried first for every file (the published checksums still apply)")
-    p.add_argument("--keep-archives", action="store_true", help="download: keep the archives after extraction")
+    actions = p.add_subparsers(dest="action", metavar="ACTION",
+                               help="list (default), info (check a copy's counts) or download (fetch, verify, extract, check)")
+    p.set_defaults(action="list")
+    actions.add_parser("list", help="list the data sets dmlkit reads", description="List the data sets dmlkit reads.")
+    for action, text in (("info", "check a copy of a data set in its official layout against the published counts"),
+                         ("download", "fetch a data set into --root: terms printed, checksums verified, counts checked")):
+        sub = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        sub.add_argument("name", nargs="?", help="data set name (cub200, cars196, sop, inshop)")
+        sub.add_argument("--root", help="folder holding the data set in its official layout" if action == "info"
+                         else "folder to put the data set in")
+    download = actions.choices["download"]
+    download.add_argument("--yes", "-y", action="store_true",
+                          help="accept the printed terms of use without asking (without a terminal the terms are "
+                               "printed and the download proceeds, as pytorch-metric-learning does)")
+    download.add_argument("--mirror", metavar="URL",
+                          help="a URL folder tried first for every file (the published checksums still apply)")
+    download.add_argument("--keep-archives", action="store_true", help="keep the archives after extraction")
 
 
 def _ask() -> bool:
@@ -39,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.data.info import dataset_info
     from dmlkit.exceptions import ConfigError
 
-    if args.action in ("info", "download") and not args.name:
+    if args.action in ("info", "download") and not getattr(args, "name", None):
         raise ConfigError(f"`dmlkit datasets {args.action}` needs a data set NAME; `dmlkit datasets list` lists them.")
     if args.action == "download":
         from dmlkit.data.download import download_dataset

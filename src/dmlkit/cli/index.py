@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+
+
+def not_indexed(index, paths: list, labels: list | None) -> tuple[list, list | None, int]:
+    """``paths`` (and their ``labels``) that ``index`` does not hold yet, compared as real paths, and how
+    many it holds already: adding an image twice would give it two ids and count it twice in every query."""
+    known = {os.path.realpath(p) for p in index.paths if p}
+    keep = [os.path.realpath(p) not in known for p in paths]
+    kept_labels = None if labels is None else [label for label, k in zip(labels, keep) if k]
+    return [p for p, k in zip(paths, keep) if k], kept_labels, keep.count(False)
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -117,9 +127,14 @@ def run(args: argparse.Namespace) -> int:
     index = Index.load(args.index)
     if args.action == "add":
         paths, labels = gallery_images(args.images)
+        paths, labels, already = not_indexed(index, paths, labels)
+        note = f"; {already} images already in the index were skipped" if already else ""
+        if not paths:
+            print(f"nothing added: all {already} images are already in the index; it holds {len(index)}")
+            return 0
         ids = index.add(_embedder(index, args.run), paths, labels=labels)
         index.save(args.index)
-        print(f"added {len(ids)} images (ids {ids[0]}-{ids[-1]}); the index holds {len(index)}")
+        print(f"added {len(ids)} images (ids {ids[0]}-{ids[-1]}){note}; the index holds {len(index)}")
         return 0
     if args.action == "remove":
         removed = index.remove(args.ids)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 import time
 
@@ -39,12 +41,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dmlkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    parser.verb_parsers = {}  # verb -> its parser, so an unknown option is reported with the verb's usage
     for verb, (module_name, help_text) in VERBS.items():
         module = importlib.import_module(module_name)
         p = sub.add_parser(verb, help=help_text, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_parser(p)
         p.set_defaults(_run=module.run)
+        parser.verb_parsers[verb] = p
     return parser
+
+
+def unknown_option_message(unknown: list[str], verb_parser: argparse.ArgumentParser) -> str:
+    """``unrecognized arguments: ...`` and, for a verb that reads a config, the ``--set KEY=VALUE`` that was
+    probably meant (``--max-steps 3`` -> ``--set train.max_steps=3`` when no flag exists for it)."""
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    if not any("--set" in action.option_strings for action in verb_parser._actions):
+        return message
+    from dmlkit.config.schema import field_paths
+
+    paths = field_paths()
+    option = next((u for u in unknown if u.startswith("--")), None)
+    if option is None:
+        return message + ". Config fields are set with --set KEY=VALUE (e.g. --set train.max_steps=100)."
+    name, _, value = option[2:].partition("=")
+    name = name.replace("-", "_")
+    if not value:
+        position = unknown.index(option)
+        value = unknown[position + 1] if position + 1 < len(unknown) and not unknown[position + 1].startswith("-") else "VALUE"
+    exact = [p for p in paths if p == name or p.endswith(f".{name}")]
+    close = exact or [p for p in paths if p.rsplit(".", 1)[-1] in difflib.get_close_matches(
+        name, [q.rsplit(".", 1)[-1] for q in paths], n=1, cutoff=0.75)]
+    hint = f" Did you mean --set {close[0]}={value}?" if close else ""
+    return message + f". Config fields are set with --set KEY=VALUE.{hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     # running Python process (main([...])) from this call
     started = process_started() if argv is None else time.perf_counter()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        verb_parser = parser.verb_parsers.get(getattr(args, "verb", None) or "")
+        (verb_parser or parser).error(unknown_option_message(unknown, verb_parser) if verb_parser
+                                      else f"unrecognized arguments: {' '.join(unknown)}")
     args._started = started
     if not getattr(args, "verb", None):
         parser.print_help()
@@ -70,6 +102,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     """Run the verb; a DmlkitError (or a full disk) is a message and exit code 2, Ctrl-C exit code 130."""
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:  # `dmlkit presets | head`: the reader has what it wanted; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: let that write go nowhere
+        return 0
     except DmlkitError as exc:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
+from dmlkit.cli.common import add_config_options, config_from_args, flag_overrides, new_output_dir
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
@@ -17,8 +17,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "Train an embedding model and evaluate it on the test split.\n\n"
         "With no --preset/--config: the mnist-proxy-anchor preset: MNIST-5k (embedded), zero-shot\n"
         "split (digits 0-4 train, 5-9 test), a small CNN, Proxy-Anchor loss, m-per-class batches\n"
-        "(timings in docs/results.md). --set overrides apply on top; --set data.name=... with\n"
-        "data.root=... trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
+        "(timings in docs/results.md). --set overrides apply on top; --set data.root=DIR alone trains\n"
+        "on your own images (DIR/<class>/<image>, data.name=folder); data.name=... with data.root=...\n"
+        "trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
         "evaluation schedule, proxy learning rate, augmentation, validation classes, shift-averaged\n"
         "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split,\n"
         "prints, and saves in config.yaml (docs/recipes.md).\n"
@@ -56,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
+        args.overrides = [*args.overrides, *flag_overrides(args)]
         device_only = all(o.split("=", 1)[0].strip() == "train.device" for o in args.overrides)
         if args.preset or args.config or not device_only or args.from_sweep:
             raise ConfigError(
                 "--resume takes the run's saved config.yaml; --preset/--config/--set/--from-sweep cannot be combined "
-                "with it (except --set train.device=...)."
+                "with it (except --device or --set train.device=...)."
             )
         if args.seed is not None or args.out is not None:
             option = "--seed" if args.seed is not None else "--out"

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
     else:
-        print(f"config OK: {cfg.name}")
+        where = f" at {cfg.data.root}" if cfg.data.root else ""
+        print(f"config OK: {cfg.name} (data {cfg.data.name}{where}, model {cfg.model.name}, loss {cfg.loss.name})")
     return 0
 
 

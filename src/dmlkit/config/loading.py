@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import yaml
 
 from dmlkit.config.components import drop_stale_args
-from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
+from dmlkit.config.schema import EXPONENT_FLOAT, DataConfig, RunConfig, config_from_dict, config_to_dict
 from dmlkit.exceptions import ConfigError
 
 PRESET_PACKAGE = "dmlkit.config.presets"
@@ -67,7 +67,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 class _PlainYamlLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without aliases: ``*name`` could expand a few hundred bytes into gigabytes
-    (a "billion laughs"), and a config never needs one."""
+    (a "billion laughs"), and a config never needs one. Floats are read as YAML 1.2 writes them."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -76,6 +76,11 @@ class _PlainYamlLoader(yaml.SafeLoader):
                 None, None, f"found the alias *{event.anchor[:40]}; aliases are not allowed in a dmlkit config "
                 "(write the value out)", event.start_mark)
         return super().compose_node(parent, index)
+
+
+# PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent (`lr: 1e-3` stays a string); this
+# adds YAML 1.2's exponent forms (3e-4, 1E-3, 1e3) on this loader only (PyYAML copies the table per class)
+_PlainYamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def parse_yaml(text: str) -> Any:
@@ -171,18 +176,43 @@ def load_config(
 ) -> RunConfig:
     """Defaults, then the preset, then a YAML file, then overrides; validated all at once.
 
+    With no preset this is the schema's bare defaults; ``dmlkit train`` with no ``--preset``/``--config``
+    runs ``load_config(preset="mnist-proxy-anchor", overrides=...)`` (:data:`dmlkit.cli.train.DEFAULT_PRESET`).
+
     Each of the three is a layer: a layer that names another loss, miner or model drops the ``args``
     the layers below gave the previous one (:func:`dmlkit.config.components.drop_stale_args`).
     """
     data: dict = {}
+    user_layers = []  # what the user wrote, above the preset: a data.root there without data.name is their folder
     if preset is not None:
         info = preset_info(preset)
         data = merge_layer(data, parse_yaml(info.text) or {})
     if path is not None:
-        data = merge_layer(data, read_yaml(path))
+        user_layers.append(read_yaml(path))
+        data = merge_layer(data, user_layers[-1])
     overrides = list(overrides)
-    data = drop_stale_args(apply_overrides(data, overrides), data, apply_overrides({}, overrides))
-    return config_from_dict(data)
+    user_layers.append(apply_overrides({}, overrides))
+    data = drop_stale_args(apply_overrides(data, overrides), data, user_layers[-1])
+    return config_from_dict(own_data_for_root(data, user_layers))
+
+
+def own_data_for_root(data: dict, user_layers: list[dict]) -> dict:
+    """``data`` with ``data.name=folder`` when the user gave a ``data.root`` but no ``data.name`` and the name
+    below (a preset's, the default ``mnist``) is a built-in data set that reads no files: training MNIST while
+    the user pointed at their images would be a silent substitution. Both named is a ConfigError."""
+    section = data.get("data")
+    if not isinstance(section, dict) or not section.get("root") or not isinstance(section.get("root"), str):
+        return data
+    from dmlkit.data import DATASETS  # deferred: the config loads without the data package
+
+    name = section.get("name", DataConfig.name)
+    if name not in DATASETS or DATASETS.get(name).reads_files:
+        return data  # a benchmark reads its files from root; an unknown name is reported by the schema
+    if any(isinstance(layer.get("data"), dict) and "name" in layer["data"] for layer in user_layers):
+        raise ConfigError(f"data.name={name} is built into dmlkit and reads no files, so data.root={section['root']!r} "
+                          "would be ignored: set data.name=folder (a folder of class sub-folders) or data.name=csv "
+                          "for your own images, or drop data.root.")
+    return {**data, "data": {**section, "name": "folder"}}
 
 
 def merge_layer(base: dict, layer: dict) -> dict:

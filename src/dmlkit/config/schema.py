@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr
+from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr, suggest_value
 from dmlkit.exceptions import ConfigError
 
 
@@ -40,6 +41,12 @@ class DataConfig:
     ``download=true`` fetches a benchmark (cub200, cars196, sop) into ``root`` before it is read when
     ``root`` does not hold it yet (:func:`dmlkit.data.download.download_dataset`: terms printed,
     checksums verified, counts checked).
+    ``class_split`` is how a ``folder`` (without ``train``/``test`` sub-folders) or a ``csv`` without
+    split columns divides its classes into train and test halves: ``random`` (a random half trains,
+    seeded by ``protocol.seed``, the seed of every data split, so runs of other ``seed`` values test on the
+    same classes) or ``sorted`` (the first half by class name trains); the benchmarks keep their
+    protocols' splits. The chosen classes are in the run's ``manifest.json``.
+    ``allow_outside_root=true`` lets a ``csv`` manifest name images outside its own folder (absolute paths).
     """
 
     name: str = "mnist"
@@ -54,6 +61,8 @@ class DataConfig:
     augment: str = "auto"
     max_shift: int = 2
     pipeline: str = "recipe"
+    class_split: str = "random"
+    allow_outside_root: bool = False
 
 
 @dataclass
@@ -305,6 +314,7 @@ CONSTRAINTS: dict[str, list] = {
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
     "data.pipeline": [OptionsFrom("dmlkit.data.transforms", "PIPELINES")],
+    "data.class_split": [OptionsFrom("dmlkit.data.folder", "CLASS_SPLITS")],
     "protocol.selection": [Options(("significant", "best"))],
     "eval.over_cluster": [Interval(int, 1, None)],
     "eval.val_shift_average": [NONE, Interval(int, 0, None)],
@@ -417,6 +427,18 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
 
 # ----------------------------------------------------------------------------- building
 
+#: A float written with an exponent as people write them (``3e-4``, ``1E-3``, ``1e3``): YAML 1.2's syntax.
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")
+#: Any decimal float (``0.5``, ``.5``, ``5``, ``3e-4``); words (``inf``, ``nan``) are not numbers a config means.
+DECIMAL_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$")
+
+
+def as_float(text: str) -> float | None:
+    """``text`` as a float when it is written as a decimal number (``3e-4``, ``.5``, ``1_000``), else None."""
+    text = text.strip()
+    return float(text.replace("_", "")) if DECIMAL_FLOAT.match(text) else None
+
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -438,6 +460,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return _coerce(value, inner[0], path, problems)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and as_float(value) is not None:
+        return as_float(value)  # "3e-4" from a YAML 1.1 reader, a quoted value or a Python caller
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp is bool and isinstance(value, bool):
@@ -446,6 +470,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return value
     if tp is list and isinstance(value, (list, tuple)):
         return list(value)
+    if tp is list and isinstance(value, str) and value:
+        return [value]  # `--set train.loggers=mlflow`: one name is a one-element list
     if tp is dict and isinstance(value, dict):
         return dict(value)
     problems.append(f"{path} must be {_type_name(tp)}. Got {short_repr(value)} ({type(value).__name__}).")
@@ -478,7 +504,11 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
             continue
         constraints = CONSTRAINTS.get(path)
         if constraints is not None and not any(c.accepts(coerced) for c in constraints):
-            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}.")
+            wrong = next((v for v in coerced if not any(c.item.accepts(v) for c in constraints if isinstance(c, ListOf))),
+                         None) if isinstance(coerced, list) else coerced
+            items = [c.item for c in constraints if isinstance(c, ListOf)]
+            problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}."
+                            + suggest_value(wrong, [*constraints, *items]))
             continue
         setattr(obj, key, coerced)
     return obj

@@ -88,6 +88,12 @@ def decode_image(path: str, mode: str | None, where: str) -> Any:
         raise DataError(f"Cannot read image {path!r} ({where}): {err}") from err
 
 
+def unreadable_image_error(err: DataError) -> DataError:
+    """``err`` (a file :func:`decode_image` could not read) with the setting that skips such files."""
+    return DataError(f"{err} To leave unreadable images out (they are listed in the run), set "
+                     "data.skip_bad_images=true (skip_bad_images=True in Python).")
+
+
 def item_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (:func:`dmlkit.seeds.derive_seed`)."""
     return derive_seed(seed, epoch, index)
@@ -178,7 +184,7 @@ class ImageFileDataset(SeededAugmentation, Dataset):
             img = self._decode(index)
         except DataError as err:
             if not self.skip_bad_images:
-                raise
+                raise unreadable_image_error(err) from err.__cause__
             img = self._replacement(index, err)
         return self._apply_transform(img, index), label
 

@@ -4,7 +4,9 @@ optional ``is_query,is_gallery,category`` columns)."""
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import random
 from pathlib import Path
 
 from dmlkit.data._files import missing_file_error
@@ -13,14 +15,18 @@ from dmlkit.exceptions import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 FOLDER_LAYOUT = (
-    "<root>/<class>/<image> (class-disjoint halves by sorted class name) "
-    "or <root>/train/<class>/... + <root>/test/<class>/..."
+    "<root>/<class>/<image> (class-disjoint halves: a seeded random half of the classes trains, "
+    "data.class_split=sorted for the first half by name) or <root>/train/<class>/... + <root>/test/<class>/..."
 )
 CSV_LAYOUT = (
-    "a CSV file with a header naming 'path', 'label' and optionally 'split' (train or test), 'is_query' and "
-    "'is_gallery' (0/1: query/gallery evaluation of the test rows) and 'category' (per-category metrics); "
+    "a CSV file with a header naming 'path', 'label' and optionally 'split' (train, or test / validation for "
+    "the evaluated rows), 'is_query' and 'is_gallery' (0/1: query/gallery evaluation of the test rows) and "
+    "'category' (per-category metrics), other columns ignored (open-metric-learning's format reads as it is); "
     "paths relative to the CSV's folder"
 )
+#: How the classes of one pool of images are divided into train and test halves (``data.class_split``).
+CLASS_SPLITS = ("random", "sorted")
+logger = logging.getLogger("dmlkit.data")
 
 
 def _scan_classes(base: Path) -> SplitSource:
@@ -31,16 +37,26 @@ def _scan_classes(base: Path) -> SplitSource:
                 paths.append(str(base / cls / file))
                 names.append(cls)
     if not paths:
+        loose = sum(1 for e in os.scandir(base) if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
+        if loose:
+            raise DataError(f"folder: '{base}' holds {loose} images directly, and no class sub-folders: put each "
+                            f"class's images in a sub-folder named after the class ({base}/<class>/<image>).")
         raise DataError(f"folder: no images found under '{base}'. Expected layout: {FOLDER_LAYOUT}")
     return SplitSource(names={"class": names}, paths=paths)
 
 
-def half_split(source: SplitSource, kind: str = "class") -> dict[str, SplitSource]:
-    """Class-disjoint split: sorted class names, first half (rounded down) train, the rest test."""
+def half_split(source: SplitSource, kind: str = "class", mode: str = "sorted", seed: int = 0) -> dict[str, SplitSource]:
+    """Class-disjoint split into train and test halves (half the classes, rounded down, train).
+
+    ``mode="sorted"``: the first half by sorted class name (the benchmarks' protocols); ``"random"``: a
+    half drawn with ``random.Random(seed)`` from the sorted names, so one seed gives one split anywhere."""
+    if mode not in CLASS_SPLITS:
+        raise DataError(f"data.class_split must be one of {CLASS_SPLITS}. Got {mode!r}.")
     classes = sorted(set(source.names[kind]))
     if len(classes) < 2:
         raise DataError(f"A class-disjoint train/test split needs at least 2 classes; found {len(classes)}.")
-    train = set(classes[: len(classes) // 2])
+    chosen = classes if mode == "sorted" else random.Random(seed).sample(classes, len(classes))
+    train = set(chosen[: len(classes) // 2])
     out = {}
     for split, want in (("train", True), ("test", False)):
         keep = [(n in train) == want for n in source.names[kind]]
@@ -48,26 +64,32 @@ def half_split(source: SplitSource, kind: str = "class") -> dict[str, SplitSourc
             names={k: [v for v, ok in zip(vals, keep) if ok] for k, vals in source.names.items()},
             paths=[p for p, ok in zip(source.paths, keep) if ok],
         )
+    out["train"].class_split = {"mode": mode, "seed": seed} if mode == "random" else {"mode": mode}
     return out
 
 
-def read_folder(root, label="class", eval_label="class") -> dict[str, SplitSource]:
-    """``root/train`` + ``root/test`` when both exist, else class-disjoint halves of ``root/<class>``."""
+def read_folder(root, label="class", eval_label="class", *, class_split: str = "random",
+                split_seed: int = 0) -> dict[str, SplitSource]:
+    """``root/train`` + ``root/test`` when both exist, else class-disjoint halves of ``root/<class>``
+    (:func:`half_split` with ``class_split`` and ``split_seed``)."""
     base = Path(root)
     if not base.is_dir():
         raise DataError(f"folder: '{base}' is not a directory. Expected layout: {FOLDER_LAYOUT}")
     if (base / "train").is_dir() and (base / "test").is_dir():
         return {"train": _scan_classes(base / "train"), "test": _scan_classes(base / "test")}
-    return half_split(_scan_classes(base))
+    return half_split(_scan_classes(base), mode=class_split, seed=split_seed)
 
 
 def _inside(path: Path, root: Path) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) == os.path.realpath(root)
 
 
-#: Columns a CSV manifest may have (in any order); the first two are required.
+#: Columns a CSV manifest may have (in any order); the first two are required. Others (open-metric-learning's
+#: bounding boxes x_1, y_1, x_2, y_2, ...) are ignored with a note.
 CSV_COLUMNS = ("path", "label", "split", "is_query", "is_gallery", "category")
-_TRUE, _FALSE = ("1", "true"), ("0", "false")
+_TRUE, _FALSE = ("1", "true", "1.0"), ("0", "false", "0.0")
+#: ``split`` values: dmlkit's, and open-metric-learning's ``validation`` for the evaluated rows.
+CSV_SPLITS = {"train": "train", "test": "test", "validation": "test"}
 
 
 class _Manifest:
@@ -76,13 +98,16 @@ class _Manifest:
     def __init__(self, csv_path: Path, rows: list[list[str]]):
         self.csv_path = csv_path
         header = [c.strip() for c in rows[0]] if rows else []
-        unknown = [c for c in header if c not in CSV_COLUMNS]
         missing = [c for c in ("path", "label") if c not in header]
-        if not rows or unknown or missing or len(set(header)) != len(header):
+        if not rows or missing or len(set(header)) != len(header):
             raise DataError(
                 f"csv: the first line of '{csv_path}' must be a header naming the columns 'path' and 'label', "
                 f"optionally 'split', 'is_query', 'is_gallery' and 'category' (any order, each once). "
                 f"Got {','.join(header)!r}.")
+        ignored = [c for c in header if c not in CSV_COLUMNS]
+        if ignored:
+            logger.warning("csv: '%s': columns %s are not read (dmlkit reads %s).", csv_path, ", ".join(ignored),
+                           ", ".join(CSV_COLUMNS))
         if ("is_query" in header) != ("is_gallery" in header):
             raise DataError(f"csv: '{csv_path}' has only one of the columns 'is_query' and 'is_gallery'; "
                             "give both (1/true marks a test row as a query, a gallery item, or both).")
@@ -115,19 +140,21 @@ def _split_of(manifest: _Manifest, number: int, row: list[str]) -> str:
     """The row's split: its ``split`` column, else test when it is a query or gallery item, else train."""
     if manifest.has("split"):
         split = manifest.value(row, "split")
-        if split not in ("train", "test"):
-            raise DataError(f"csv: line {number} of '{manifest.csv_path}', column 'split': expected 'train' or "
-                            f"'test'. Got {split!r}.")
-        return split
+        if split not in CSV_SPLITS:
+            raise DataError(f"csv: line {number} of '{manifest.csv_path}', column 'split': expected 'train', "
+                            f"'test' or 'validation' (the same as test). Got {split!r}.")
+        return CSV_SPLITS[split]
     flagged = any(manifest.flag(number, row, c, empty_allowed=True) for c in ("is_query", "is_gallery"))
     return "test" if flagged else "train"
 
 
-def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_root: bool = False) -> dict[str, SplitSource]:
+def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_root: bool = False,
+                      class_split: str = "random", split_seed: int = 0) -> dict[str, SplitSource]:
     """Rows ``path,label[,split][,is_query,is_gallery][,category]`` (any column order, by header); paths
     resolve against the CSV's folder and may not leave it.
 
-    Without a ``split`` column the classes are split class-disjointly in sorted halves, or, with
+    Without a ``split`` column the classes are split class-disjointly in halves (:func:`half_split` with
+    ``class_split`` and ``split_seed``), or, with
     ``is_query``/``is_gallery``, rows flagged as either are the test split and the others train. With
     those flags the test split becomes ``query`` and ``gallery`` sources (a row flagged both is in both);
     ``category`` is kept as the label kind ``"category"`` for per-category metrics.
@@ -151,7 +178,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
         if not allow_outside_root and not _inside(full, base):
             raise DataError(
                 f"csv: line {number} of '{csv_path}' points outside the manifest's folder ('{raw}' is not under "
-                f"'{base}'); pass allow_outside_root=True to allow it."
+                f"'{base}'); set data.allow_outside_root=true (allow_outside_root=True in Python) to allow it."
             )
         split = _split_of(manifest, number, row) if manifest.has("split") or query_gallery else "train"
         targets = [split]
@@ -168,7 +195,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
     if not manifest.has("split") and not query_gallery:
         if not out["train"].paths:
             raise DataError(f"csv: '{csv_path}' has no rows.")
-        return half_split(out["train"])
+        return half_split(out["train"], mode=class_split, seed=split_seed)
     empty = [part for part in parts if not out[part].paths]
     if empty:
         what = f"split {empty[0]!r}" if empty[0] in ("train", "test") else f"{empty[0]} rows (is_{empty[0]} = 1)"

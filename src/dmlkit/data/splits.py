@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from dmlkit._validation import BOOL, NONE, InstanceOf, Interval, validate_params
-from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels
+from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels, unreadable_image_error
 from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
 from dmlkit.exceptions import DataError, InvalidParameterError
 
@@ -143,7 +143,7 @@ def _decode_into_memory(
             img = decode_image(path, mode, f"item {index} of the {split} split")
         except DataError as err:
             if not skip_bad_images:
-                raise
+                raise unreadable_image_error(err) from err.__cause__
             warnings.warn(f"Skipping unreadable image: {err}", RuntimeWarning, stacklevel=3)
             skipped.append(path)
             continue
@@ -285,6 +285,7 @@ def build_splits(
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
+    class_split = sources["train"].class_split  # kept before decoding, which makes new sources
     # a reader may return query and gallery sources for any data set (a CSV with is_query/is_gallery)
     eval_mode = "query_gallery" if "query" in sources else spec.eval_mode
     decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
@@ -324,6 +325,8 @@ def build_splits(
     groups = train_source.names[group]
     train_rows = val_rows = None
     info: dict[str, Any] = {"label": label, "eval_label": eval_label, "group": group, "seed": seed}
+    if class_split is not None:
+        info["class_split"] = class_split
     skipped = [path for src in sources.values() for path in src.skipped]
     if skipped:
         info["skipped_images"] = skipped

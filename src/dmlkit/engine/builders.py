@@ -14,7 +14,7 @@ from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
-from dmlkit.exceptions import ConfigError, DataError
+from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
 
 
@@ -83,6 +83,8 @@ def build_model(cfg: RunConfig) -> nn.Module:
                 **m.args,
             )
         except TypeError as exc:  # a timm model's keyword arguments are known only to timm
+            if isinstance(exc, InvalidParameterError) and str(exc).startswith("Unknown model"):
+                raise ConfigError(f"model.name: {exc}") from None  # the name is at fault, not the recipe's args
             if not m.args:
                 raise
             raise ConfigError(f"model.args {m.args} do not fit model {m.name!r} (passed on to timm): {exc}") from None
@@ -112,7 +114,18 @@ def _read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):
         fold=cfg.protocol.fold, num_folds=cfg.protocol.num_folds, seed=cfg.protocol.seed,
         skip_bad_images=d.skip_bad_images, preprocessing=preprocessing, cache_in_memory=decode,
         center_crop=photos, crop_size=d.crop_size if photos else None, pipeline=d.pipeline,
+        **own_data_options(cfg),
     )
+
+
+def own_data_options(cfg: RunConfig) -> dict:
+    """The reader options of the users' own data sets (``folder``, ``csv``): the class split, seeded by
+    ``protocol.seed`` like every data split, and for a CSV whether its paths may leave its folder."""
+    d = cfg.data
+    if d.name not in ("folder", "csv"):
+        return {}
+    options = {"class_split": d.class_split, "split_seed": cfg.protocol.seed}
+    return {**options, "allow_outside_root": d.allow_outside_root} if d.name == "csv" else options
 
 
 def build_batch_augmentation(cfg: RunConfig, fill: list[float]):
@@ -443,6 +456,16 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
             f"The training split has {len(labels)} images, fewer than one batch of sampler.batch_size={s.batch_size}"
             + (f" x {world_size} processes" if world_size > 1 else "")
             + ": set a smaller sampler.batch_size or add images."
+        )
+    classes = int(torch.as_tensor(labels).unique().numel())
+    needed = 2 if s.name != "m_per_class" else max(2, s.batch_size // s.m)
+    if classes < needed:  # said of the split and the settings, before the sampler's own check of its arguments
+        raise DataError(
+            f"The train split has {classes} class{'' if classes == 1 else 'es'}"
+            + (f"; sampler.batch_size={s.batch_size} with sampler.m={s.m} needs {needed} per batch: lower "
+               "sampler.batch_size, raise sampler.m or add classes." if classes >= 2 else
+               "; metric learning needs at least 2 classes to train on: add classes (more class folders, or more "
+               "labels in the train rows).")
         )
     common = dict(batch_size=s.batch_size, seed=cfg.seed if seed is None else seed, rank=rank, world_size=world_size)
     if s.name == "m_per_class":

@@ -326,6 +326,8 @@ def split_manifest(splits) -> dict:
         out["skipped_images"] = {"count": len(skipped), "paths": [str(p) for p in skipped]}
     if "eval_input" in info:
         out["eval_input"] = info["eval_input"]
+    if "class_split" in info:  # how a folder's classes were divided (the classes are each split's class_names)
+        out["class_split"] = info["class_split"]
     return out
 
 

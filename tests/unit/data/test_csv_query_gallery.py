@@ -93,7 +93,7 @@ def test_run_scores_the_hand_computed_example_with_categories(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("path,label,is_query\na.png,x,1\n", "only one of the columns 'is_query' and 'is_gallery'"),
-    ("path,label,colour\na.png,x,red\n", "must be a header naming the columns 'path' and 'label'.*Got 'path,label,colour'"),
+    ("path,colour\na.png,red\n", "must be a header naming the columns 'path' and 'label'.*Got 'path,colour'"),
     ("path,label,split,is_query,is_gallery\na.png,x,train,,\na.png,x,test,yes,0\n",
      r"line 3 of '.*m\.csv', column 'is_query': expected 0, 1, true or false\. Got 'yes'"),
     ("path,label,split,is_query,is_gallery\na.png,x,train,,\na.png,x,test,0,0\n",

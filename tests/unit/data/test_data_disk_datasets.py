@@ -115,7 +115,7 @@ def test_folder_halves_and_train_test_subfolders(tmp_path, image_writer):
         for k in range(2):
             image_writer(tmp_path / "flat" / cls / f"{k}.png", k)
             image_writer(tmp_path / "nested" / ("train" if cls < "c" else "test") / cls / f"{k}.jpg", k)
-    flat = build_splits("folder", tmp_path / "flat")
+    flat = build_splits("folder", tmp_path / "flat", class_split="sorted")
     assert flat.train.class_names == ["ant", "bee"] and flat.test.class_names == ["cat", "dog"]
     nested = build_splits("folder", tmp_path / "nested")
     assert nested.test.class_names == ["cat", "dog"] and len(nested.train) == 4
@@ -132,7 +132,7 @@ def test_csv_manifest_with_split_and_root_escape(tmp_path, image_writer):
     (tmp_path / "bad.csv").write_text("path,label\n../outside.png,1\nimgs/a1.png,2\n")
     with pytest.raises(DataError, match="line 2 of .*bad.csv' points outside"):
         build_splits("csv", tmp_path / "bad.csv")
-    ok = build_splits("csv", tmp_path / "bad.csv", allow_outside_root=True)
+    ok = build_splits("csv", tmp_path / "bad.csv", allow_outside_root=True, class_split="sorted")
     assert ok.train.paths[0].endswith("outside.png")
     with pytest.raises(InvalidParameterError, match="does not take the options"):
         build_splits("sop", tmp_path, allow_outside_root=True)
