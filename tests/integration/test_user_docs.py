@@ -14,13 +14,11 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 HISTORY = re.compile(r"\bsessions? [0-9]", re.I)
 SOURCE_HISTORY = re.compile(r"\b(?:sessions? [0-9]|issue [0-9])", re.I)
 
-#: Mentions left in sections rewritten separately (docs/results.md's photo claims); lower to 0 with them.
-PENDING = {"docs/results.md": 2}
+#: Pages allowed a few such mentions (none: the history is in the commits and closing notes).
+PENDING: dict[str, int] = {}
 
-#: Files of the package outside this change's reach (the config schema and recipe constants are edited
-#: on another branch); their few issue numbers go with that branch.
-SOURCE_PENDING = {"src/dmlkit/config/recipe.py": 2, "src/dmlkit/config/schema.py": 2,
-                  "src/dmlkit/config/presets/mnist-proxy-anchor.yaml": 1}
+#: Package files allowed a few 'session N' / 'issue N' references (none).
+SOURCE_PENDING: dict[str, int] = {}
 
 
 def _relative(path: Path) -> str:

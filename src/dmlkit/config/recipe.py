@@ -234,13 +234,13 @@ PHOTO_BACKBONE = "efficientnet_lite0"
 GLYPH_MODEL = "small_cnn"
 GLYPH_MODEL_ARGS = {"width": 32}
 
-#: The small CNN's width when the recipe trains an ensemble (issue 40): three members of width 16 cost about what
+#: The small CNN's width when the recipe trains an ensemble: three members of width 16 cost about what
 #: one of width 32 costs on a CPU without bf16 (44 against 27 ms a step of 64 28x28 glyphs, 4.6 against 3.1 ms an
 #: embedded image with 25 shifts), and on the Omniglot validation characters three of them beat one of width 32
 #: (seed 0, fp32, 1,249 steps: 0.882 against 0.872; two members of width 24: 0.874).
 ENSEMBLE_MEMBER_WIDTH = 16
 
-#: Validations of a small CNN trained from scratch on small images (issue 40): under the cosine schedule the best
+#: Validations of a small CNN trained from scratch on small images: under the cosine schedule the best
 #: validation came late (steps 744-1,089 of 1,249 in five Omniglot runs, fp32) and each validation embeds the
 #: validation split 25 times (its shifts) per member, so four of them, at every quarter.
 SCRATCH_EVALUATIONS = 4

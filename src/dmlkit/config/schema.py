@@ -22,7 +22,7 @@ from dmlkit.exceptions import ConfigError
 
 @dataclass
 class DataConfig:
-    """Which data set to read and how (issue 5 fields).
+    """Which data set to read and how.
 
     ``augment="translate"`` shifts every training batch by up to ``max_shift`` pixels,
     ``"affine"`` warps it (rotation, scale, shear, shift; background fill), batched for data held
@@ -160,7 +160,7 @@ class LossConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Optimiser, parameter groups, schedule and clipping (issue 6).
+    """Optimiser, parameter groups, schedule and clipping.
 
     ``lr`` is the backbone's learning rate; the head learns at ``lr * head_lr_multiplier`` and the
     loss's own parameters (proxies) at ``lr * head_lr_multiplier * loss_lr_multiplier``. ``None``
