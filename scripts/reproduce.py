@@ -807,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
 def claims_main(argv: list[str]) -> int:
     """``reproduce.py claims``: the five papers' claims on Omniglot (:mod:`dmlkit.claims`)."""
     from dmlkit.claims import CLAIMS, UNTESTED, run_claims
-    from dmlkit.claims.catalogue import default_claims
+    from dmlkit.claims.catalogue import default_claims, is_photo_claim
     from dmlkit.exceptions import DmlkitError
 
     parser = argparse.ArgumentParser(prog="reproduce.py claims", description=run_claims.__doc__.split("\n")[0])
@@ -828,7 +828,8 @@ def claims_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for c in CLAIMS.values():
-            print(f"{c.name}: {c.paper} {c.source}: {c.statement} [{c.metric}; arms {', '.join(c.arms)}]")
+            gpu = " (photos: run by default only with --device cuda)" if is_photo_claim(c.name) else ""
+            print(f"{c.name}: {c.paper} {c.source}: {c.statement} [{c.metric}; arms {', '.join(c.arms)}]{gpu}")
         print("untested:")
         for k, v in UNTESTED.items():
             print(f"  {k}: {v}")
