@@ -13,7 +13,7 @@ from typing import Sequence
 
 from scipy import stats as _scipy_stats
 
-from dmlkit.claims.catalogue import ARMS, Claim
+from dmlkit.claims.catalogue import ARMS, Claim, learning_rates_for
 from dmlkit.report.stats import (
     equivalence_p,
     equivalence_verdict,
@@ -163,8 +163,6 @@ def _fmt(v: float | None, scale: float = 100.0, digits: int = 1) -> str:
 
 def _point(point: dict, setting: str) -> str:
     """The chosen grid point; a learning rate at the grid's edge is marked (a wider grid might choose past it)."""
-    from dmlkit.claims.catalogue import learning_rates_for
-
     grid = learning_rates_for(setting)
     edge = " (grid edge)" if point["lr"] in (min(grid), max(grid)) else ""
     return ", ".join(f"{k} {v:g}{edge if k == 'lr' else ''}" for k, v in point.items())

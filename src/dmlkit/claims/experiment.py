@@ -17,6 +17,7 @@ from dmlkit.claims.analysis import LOWER_IS_BETTER, claim_markdown, summarise_cl
 from dmlkit.claims.catalogue import ARMS, CLAIMS, LEARNING_RATES, UNTESTED
 from dmlkit.claims.figures import convergence_figure
 from dmlkit.claims.runner import FULL, QUICK, Budget, run_arms
+from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.exceptions import ConfigError
 
 #: Seeds of the full run (each re-draws the test classes) and of ``--quick``.
@@ -56,8 +57,8 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
         "quick": quick, "subset": subset, "wall_seconds_this_call": round(time.perf_counter() - t0, 1),
         "train_seconds_all_runs": round(train_seconds, 1), "figures": figures,
     }
-    (out / "claims.json").write_text(json.dumps({"meta": meta, "claims": summaries}, indent=1))
-    (out / "claims.md").write_text(render_markdown(summaries, meta))
+    atomic_write_json(out / "claims.json", {"meta": meta, "claims": summaries})
+    atomic_write_text(out / "claims.md", render_markdown(summaries, meta))
     return summaries
 
 

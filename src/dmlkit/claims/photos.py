@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.exceptions import DataError
 
 #: Photo sets: folder under the data root and photos kept per class (None: all). The Oxford-IIIT Pet sample is not
@@ -62,7 +63,7 @@ def seed_folder(data_root: Path, setting: str, seed: int, out: Path, cap: int | 
             link = folder / name
             if not link.exists():
                 link.symlink_to((source / cls / name).resolve())
-    (target / "done").write_text(json.dumps({"test_classes": sorted(test)}))
+    atomic_write_json(target / "done", {"test_classes": sorted(test)})
     return target
 
 
@@ -76,7 +77,7 @@ class StartingPoint(Callback):
         if step != 0 or self.path.exists():
             return
         test = trainer.evaluate_split(trainer.splits.test, clustering=True)
-        self.path.write_text(json.dumps({"val": dict(metrics), "test": test}))
+        atomic_write_json(self.path, {"val": dict(metrics), "test": test})
 
 
 def photo_overrides(setting_root: Path, loss: dict, point: dict, seed: int, steps: int, eval_every: int,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ import torch
 
 from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
 from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import ConfigError
 
 
@@ -57,29 +58,13 @@ QUICK = Budget(steps=40, eval_every=20, photo_steps=4, photo_eval_every=2, photo
 def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> list[dict]:
     """Every ``{"lr": ..., <tuned arg>: ...}`` point of the arm's tuning grid (``narrow``: each tuned argument's middle value)."""
     keys = sorted(arm.tuned)
-    values = [arm.tuned[k][len(arm.tuned[k]) // 2:][:1] if narrow else arm.tuned[k] for k in keys]
+    values = [(arm.tuned[k][len(arm.tuned[k]) // 2],) if narrow else arm.tuned[k] for k in keys]
     return [{"lr": lr, **dict(zip(keys, combo))} for lr in learning_rates for combo in itertools.product(*values)]
 
 
 def point_tag(point: dict) -> str:
     """A file-name tag for a grid point: ``lr0.001`` or ``lr0.001-softmax_scale8``."""
     return "-".join(f"{k}{point[k]:g}" for k in ["lr", *sorted(k for k in point if k != "lr")])
-
-
-def _atomic_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-@torch.no_grad()
-def score_split(model: torch.nn.Module, dataset, labels: torch.Tensor | None = None, *, clustering: bool = False,
-                over_cluster: int = 1, seed: int = 0) -> dict:
-    """Retrieval (and clustering) metrics of ``model``'s eval-mode embedding of a split (``labels``: other labels)."""
-    emb = score_split_embeddings(model, dataset)
-    return embeddings_metrics(emb, dataset.labels if labels is None else labels, clustering=clustering,
-                              over_cluster=over_cluster, seed=seed)
 
 
 def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: bool = False, over_cluster: int = 1,
@@ -110,6 +95,20 @@ def _log_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _val_curve(logs: list[dict]) -> list[dict]:
+    """The validations after step 0 (step 0 is the record's ``start``): step, MAP@R and training seconds."""
+    return [{"step": r["step"], "map_at_r": r["map_at_r"], "time": r["time"]}
+            for r in logs if r.get("kind") == "eval" and r.get("split") == "val" and r["step"] > 0]
+
+
+def _save_record(record: dict, path: Path, echo: Callable[[str], None]) -> dict:
+    """Write a run's record atomically and say what it learned."""
+    atomic_write_json(path, record)
+    echo(f"    val MAP@R {record['start']['val']['map_at_r']:.3f} -> {record['selected_val_map_at_r']:.3f} "
+         f"(step {record['best_step']}), {record['wall_seconds']:.0f} s")
+    return record
+
+
 def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: str, subset: int | None,
               echo: Callable[[str], None]) -> dict:
     """Train (or resume, or read back) one run; returns its record."""
@@ -132,8 +131,8 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
         return _photo_run(arm, seed, point, budget, out, Path(data_root), record_path, echo)
     splits = build_splits(load_pool(str(Path(data_root) / "omniglot"), subset), arm.setting, seed)
     model = create_glyph_model(seed, EMBEDDING_SIZE, arm.normalization)
-    start = {"val": score_split(model, splits.val, seed=seed),
-             "test": _test_scores(score_split_embeddings(model, splits.test), splits, seed)}
+    start = {"val": embeddings_metrics(*embed_dataset(model, splits.val), seed=seed),
+             "test": _test_scores(embed_dataset(model, splits.test)[0], splits, seed)}
     batch = budget.alphabet_batch if arm.setting == "alphabets" else budget.batch_size
     m = batch // len(splits.train.class_names) if arm.setting == "alphabets" else budget.m
     loss = copy.deepcopy(arm.loss)
@@ -156,8 +155,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
         },
     )
     logs = _log_records(run_dir)
-    val_curve = [{"step": r["step"], "map_at_r": r["map_at_r"], "time": r["time"]}
-                 for r in logs if r.get("kind") == "eval" and r.get("split") == "val"]
+    val_curve = _val_curve(logs)
     projections = [r for r in logs if r.get("kind") == "projection"]
     emb = torch.from_numpy(np.load(run_dir / "embeddings" / "test.npz")["embeddings"])
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step), default=float("nan"))
@@ -171,10 +169,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
         "wall_seconds": round(time.perf_counter() - t0, 2),
         "test_classes": splits.test_classes,
     }
-    _atomic_json(record_path, record)
-    echo(f"    val MAP@R {start['val']['map_at_r']:.3f} -> {selected_val:.3f} (step {result.best_step}), "
-         f"{record['wall_seconds']:.0f} s")
-    return record
+    return _save_record(record, record_path, echo)
 
 
 def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: Path, record_path: Path,
@@ -189,9 +184,7 @@ def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data
                            budget.photo_steps, budget.photo_eval_every, budget.threads, budget.device,
                            budget.photo_cap)
     result = done["result"]
-    logs = _log_records(run_dir)
-    val_curve = [{"step": r["step"], "map_at_r": r["map_at_r"], "time": r["time"]}
-                 for r in logs if r.get("kind") == "eval" and r.get("split") == "val" and r["step"] > 0]
+    val_curve = _val_curve(_log_records(run_dir))
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
                        default=done["start"]["val"]["map_at_r"])
     record = {
@@ -201,23 +194,7 @@ def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data
         "test": done["test"], "projections": [], "wall_seconds": round(time.perf_counter() - t0, 2),
         "test_classes": done["test_classes"],
     }
-    _atomic_json(record_path, record)
-    echo(f"    val MAP@R {done['start']['val']['map_at_r']:.3f} -> {selected_val:.3f} (step {result.best_step}), "
-         f"{record['wall_seconds']:.0f} s")
-    return record
-
-
-@torch.no_grad()
-def score_split_embeddings(model: torch.nn.Module, dataset) -> torch.Tensor:
-    """``model``'s eval-mode embeddings of a split ``[N, D]``."""
-    from dmlkit.evaluation.embed import embed_dataset
-
-    was = model.training
-    model.eval()
-    try:
-        return embed_dataset(model, dataset, batch_size=512)[0]
-    finally:
-        model.train(was)
+    return _save_record(record, record_path, echo)
 
 
 def _train_job(job: tuple) -> dict:
@@ -241,7 +218,7 @@ def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> 
 def choose_point(records: list[dict], out: Path) -> dict:
     """The grid point whose run has the best selected validation MAP@R (written to ``runs/<arm>/tuning.json``)."""
     best = max(records, key=lambda r: r["selected_val_map_at_r"])
-    _atomic_json(out / "runs" / best["arm"] / "tuning.json",
+    atomic_write_json(out / "runs" / best["arm"] / "tuning.json",
                  {"seed": best["seed"], "chosen": best["point"],
                   "grid": [{"point": r["point"], "selected_val_map_at_r": r["selected_val_map_at_r"]} for r in records]})
     return best["point"]

@@ -54,6 +54,14 @@ def _paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [x - y for x, y in zip(a, b)]
 
 
+def _mean_se(d: list[float]) -> tuple[float, float, float]:
+    """Mean, sample standard deviation and standard error of the mean of the differences."""
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    return mean, sd, sd / math.sqrt(n)
+
+
 def paired_t_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedTest:
     """Paired t-test of ``a`` against ``b`` (index ``s`` of both is seed ``s``); ``p`` is two-sided.
 
@@ -62,9 +70,7 @@ def paired_t_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.
     """
     d = _paired_differences(a, b)
     n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    se = sd / math.sqrt(n)
+    mean, sd, se = _mean_se(d)
     df = n - 1
     half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
     if se == 0:
@@ -86,8 +92,7 @@ def equivalence_p(a: Sequence[float], b: Sequence[float], margin: float) -> floa
         raise InvalidParameterError(f"The equivalence margin must be > 0; got {margin}.")
     d = _paired_differences(a, b)
     n = len(d)
-    mean = sum(d) / n
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    mean, _, se = _mean_se(d)
     if se == 0:
         return 0.0 if abs(mean) < margin else 1.0
     lower = float(_scipy_stats.t.sf((mean + margin) / se, n - 1))  # H0: mean <= -margin
