@@ -812,7 +812,7 @@ def claims_main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="reproduce.py claims", description=run_claims.__doc__.split("\n")[0])
     parser.add_argument("claims", nargs="*", help=f"claims to run (default: all on a GPU; on a CPU all but the "
-                        f"photo claims, which take about 12 minutes a run there): {', '.join(CLAIMS)}")
+                        f"photo claims, whose 500-step runs are long there): {', '.join(CLAIMS)}")
     parser.add_argument("--quick", action="store_true",
                         help="40 steps, one learning rate, seeds 0 1: every arm end to end, not a result")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0-4; quick: 0 1)")

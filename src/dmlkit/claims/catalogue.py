@@ -248,8 +248,8 @@ UNTESTED: dict[str, str] = {
     "set can contrast; both are implemented (proxies_per_class > 1, ProxyTripletLoss)",
     "DRO Fig. 1 (robustness to pair imbalance over batch sizes 80-640)": "batches of 320-640 need SOP-scale "
     "class counts; 54 characters hold at most 1,080 images",
-    "DRO KL and binomial variants on photos": "not run: the photo claims fine-tune for about 12 minutes a run on "
-    "2 CPU cores, so only Proxy-Anchor's Table 2 has a photo arm set (run with --device cuda)",
+    "DRO KL and binomial variants on photos": "not run: a photo run is long on a CPU (30 steps took 462 s on 2 "
+    "shared cores), so only Proxy-Anchor's Table 2 has a photo arm set (run with --device cuda)",
     "EPS Fig. 3(b) (positives per batch), Fig. 6 (trimmed loss)": "not run in this budget",
     "ASAP Fig. 2 (lambda), Fig. 3 (K and b), comparison with Proxy-Anchor and SoftTriple": "not run in this budget",
 }
