@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, config_from_args, flag_overrides, new_output_dir
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine.measurements import Measurements
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
@@ -36,6 +38,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
+    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder or RUN/resolved.json): its "
+                   "config as asked and the machine's measurements it planned from, so the same steps, backbone and "
+                   "choices, on any machine (only --device, --out and the output options may be added)")
+    p.add_argument("--replan", action="store_true", help="measure this machine again instead of replaying what an "
+                   "earlier run of the same config kept here, and keep the new measurements")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
@@ -53,7 +60,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list_backbones:
         return list_backbones()
-    if args.resume:
+    measurements = None
+    if args.plan:
+        cfg, measurements = _replayed(args)
+        run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
+        if args.dry_run:
+            print(resolve_run(cfg, echo=lambda _line: None, measurements=measurements).format())
+            return 0
+    elif args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
@@ -69,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
         cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        measurements = Measurements.live().forgo("a resumed run")  # it plans from its own speeds
         if args.dry_run:
             raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
     else:
@@ -81,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
-        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained or written
-            print(resolve_run(cfg, echo=lambda _line: None).format())
+        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
+            resolved = resolve_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
+            print(resolved.format())
+            print(resolved.measurements.keep())
             return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
     claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
@@ -98,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
             pass
     try:
         # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
-        trainer = Trainer(resolve_run(cfg, started=getattr(args, "_started", None)), run_dir, resume=bool(args.resume),
-                          callbacks=callbacks)
+        trainer = Trainer(resolve_run(cfg, started=getattr(args, "_started", None), measurements=measurements,
+                                      replan=args.replan), run_dir, resume=bool(args.resume), callbacks=callbacks)
     except BaseException:
         claim.release()  # nothing was written: the folder is as it was
         raise
@@ -113,6 +130,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {callbacks[0].path}")
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
+    """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
+    from dmlkit.config.schema import config_from_dict
+
+    extra = [*args.overrides, *flag_overrides(args)]
+    if args.resume or args.preset or args.config or args.from_sweep or args.replan or args.seed is not None \
+            or any(o.split("=", 1)[0].strip() != "train.device" for o in extra):
+        raise ConfigError("--plan replays an earlier run's config and measurements as they were; only --device (or "
+                          "--set train.device=...), --out and the output options may be added to it. To change the "
+                          "run, start from its config: --config RUN/config.yaml.")
+    request, measurements = Measurements.from_run(args.plan)
+    for override in extra:
+        request = {**request, "train": {**request.get("train", {}), "device": override.split("=", 1)[1].strip()}}
+    return config_from_dict(request), measurements
 
 
 def list_backbones() -> int:

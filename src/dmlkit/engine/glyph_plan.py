@@ -36,7 +36,9 @@ from torch import nn
 
 from dmlkit.config.recipe import evaluation_interval, evaluations_over
 from dmlkit.engine import budget
+from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
+from dmlkit.engine.timing import timings
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
 #: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
@@ -167,35 +169,19 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     return GlyphPlan(n, planned, evals, every, seconds, True, reason)
 
 
-def _timed(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> list[float]:
-    """Seconds of ``repeats`` calls of ``fn``, sorted."""
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return sorted(times)
-
-
-def _median_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
-    times = _timed(fn, repeats, clock)
-    return times[len(times) // 2]
-
-
-def _best_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
-    return _timed(fn, repeats, clock)[0]
-
-
 def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int], *, views: int,
                         device: torch.device, dtype: torch.dtype | None,
                         clock: Callable[[], float] = time.perf_counter, objective: nn.Module | None = None,
-                        labels: torch.Tensor | None = None, augment: Callable | None = None) -> GlyphCosts:
+                        labels: torch.Tensor | None = None, augment: Callable | None = None,
+                        passes: list[list[float]] | None = None) -> GlyphCosts:
     """:class:`GlyphCosts` of one member (``model``, a single embedder) on random images of ``shape`` ``[C, H, W]``:
     a training step at ``batch`` (forward, ``objective(embeddings, labels)``, backward and the update of a copy of
     the model and the objective by the AdamW the run gets, at learning rate 0; the median of :data:`TIMED_STEPS` after
     :data:`WARM_UP_STEPS`; without ``objective`` a sum of squares stands in), ``augment(images, generator)`` on the
     batch (``shared``, once per step for all members) and an eval-mode embedding per image times ``views`` (its
-    shifts). ``model``, ``objective`` and the global random state are left as they were."""
+    shifts); every timed pass's seconds are appended to ``passes``. ``model``, ``objective`` and the global random
+    state are left as they were."""
+    passes = [] if passes is None else passes
     member = copy.deepcopy(model).to(device)
     if device.type == "cpu":
         member = member.to(memory_format=torch.channels_last)
@@ -208,10 +194,6 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
     y = (labels if labels is not None else torch.zeros(batch, dtype=torch.int64)).to(device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def step() -> None:
         with autocast:
             out = member(x)
@@ -219,20 +201,19 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        synchronize()
 
     member.train()
     for _ in range(WARM_UP_STEPS):  # oneDNN primitives, allocations, the optimiser's state
         step()
-    step_seconds = _median_of(step, TIMED_STEPS, clock)
+    steps = timings(step, device, TIMED_STEPS, clock)
+    passes.append(steps)
+    step_seconds = steps[len(steps) // 2]
     shared = 0.0
     if augment is not None:
-        def augmentation() -> None:
-            augment(x, g)
-            synchronize()
-
-        augmentation()
-        shared = _best_of(augmentation, TIMED_STEPS, clock)
+        augment(x, g)
+        augmented = timings(lambda: augment(x, g), device, TIMED_STEPS, clock)
+        passes.append(augmented)
+        shared = augmented[0]
     images = torch.randn(TIMED_IMAGES, *shape, generator=g).to(device)
     shift = getattr(member, "shift_average", 0)
     member.shift_average = 0  # one pass per image; the shifts are ``views`` such passes
@@ -241,10 +222,9 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
     def embed() -> None:
         with torch.no_grad(), autocast:
             member(images)
-        synchronize()
 
     embed()
-    per_image = _best_of(embed, 2, clock) / TIMED_IMAGES
+    per_image = timings(embed, device, 2, clock)[0] / TIMED_IMAGES
     member.shift_average = shift
     return GlyphCosts(step_seconds, per_image * views, views, shared)
 
@@ -260,8 +240,8 @@ def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
 
 
 def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, device: torch.device, spent: float,
-                 objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None
-                 ) -> tuple[dict[str, tuple[Any, str]], float | None]:
+                 objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None,
+                 measurements: Measurements | None = None) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
     :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
@@ -271,7 +251,8 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far; ``objective``:
     builds one member's objective for a number of classes (timed with the member's step, on labels of the sampler's
     ``m`` images per class; built on a forked random state, so the run's own draws are unchanged); ``augment``: the
-    run's batch augmentation (timed once per step)."""
+    run's batch augmentation (timed once per step); ``measurements``: the run's (the costs and ``spent`` kept and
+    replayed through them)."""
     from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
 
@@ -288,9 +269,16 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     labels = (torch.arange(batch) // max(1, int(cfg.sampler.m or 1))) % classes
     with torch.random.fork_rng(devices=[]):
         timed_objective = objective(classes) if objective is not None else None
-    costs = measure_glyph_costs(member, batch, shape, views=views, device=device,
-                                dtype=autocast_dtype(cfg.train.mixed_precision), objective=timed_objective,
-                                labels=labels, augment=augment)
+    tape, passes = measurements if measurements is not None else Measurements.live(), []
+    dtype = autocast_dtype(cfg.train.mixed_precision)
+    costs = tape.measure(f"glyph step and embedding costs of {type(member).__name__}, batch {batch}, {shape}, "
+                         f"{views} view(s), {dtype}, {device}",
+                         lambda: measure_glyph_costs(member, batch, shape, views=views, device=device, dtype=dtype,
+                                                     objective=timed_objective, labels=labels, augment=augment,
+                                                     passes=passes),
+                         encode=dataclasses.asdict, decode=lambda kept: GlyphCosts(**kept),
+                         timings=lambda _costs: passes)
+    spent = tape.seconds("seconds spent before the glyph plan", spent)
     # a validation image at its own shifts; with member folds each member its own batch, augmented once per member
     costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True),
                                 own_batches=bool(cfg.protocol.member_folds))

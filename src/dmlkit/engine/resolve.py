@@ -33,6 +33,7 @@ from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
 from dmlkit.engine.glyph_plan import plan_for_run as plan_glyphs_for_run
 from dmlkit.engine.learning_plan import plan_for_run
 from dmlkit.engine.loggers import build_loggers
+from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.seeding import seed_everything
@@ -79,6 +80,8 @@ class ResolvedRun:
     method: type[MethodHooks]
     member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
+    request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
+    measurements: Measurements | None = None  # the machine's numbers the plans read (engine/measurements.py)
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -151,6 +154,8 @@ class ResolvedRun:
             "training_split": self.recipe.profile.describe(),
             "choices": {path: {"value": _plain(value), "reason": reason}
                         for path, (value, reason) in self.choices.items()},
+            "request": self.request,
+            "measurements": self.measurements.record() if self.measurements is not None else None,
         }
 
 
@@ -175,6 +180,8 @@ def resolve_run(
     optimizer: torch.optim.Optimizer | None = None,
     echo: Callable[[str], None] = print,
     started: float | None = None,
+    measurements: Measurements | None = None,
+    replan: bool = False,
 ) -> ResolvedRun:
     """Resolve ``cfg`` into a :class:`ResolvedRun`; objects given replace what the config would build.
 
@@ -183,7 +190,12 @@ def resolve_run(
     (:func:`dmlkit.data.user.user_splits` of the user's datasets) and ``optimizer`` replace the
     config's; the recipe fills the fields nobody set (``cfg`` is completed in place) and ``echo``
     prints its lines. ``started`` (``time.perf_counter``; default: now) is when the run began.
+
+    ``measurements``: the numbers the plans read, replayed (``dmlkit train --plan``); default: what this machine
+    kept for this config, else measured now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured
+    again). A run given objects measures and keeps nothing.
     """
+    request = config_to_dict(cfg)  # before the recipe fills it in
     wall_clock = time.perf_counter
     started = wall_clock() if started is None else started
     # the device first (a ConfigError for a missing GPU comes before anything heavy); under
@@ -195,16 +207,25 @@ def resolve_run(
         torch.set_num_threads(cfg.train.num_threads)
     # the config's loggers first: a missing package fails here, before anything heavy
     loggers = build_loggers(cfg) if dist.is_main else []
+    if measurements is None:
+        given = (model, loss, miner, data, optimizer)
+        measurements = Measurements.live() if any(obj is not None for obj in given) else \
+            Measurements.for_request(request, device, replan=replan)
+    measurements.start()
+    if measurements.source:
+        echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
     survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
     model_choices = {} if model is not None else builders.apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
     backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
-                                   spent=lambda: wall_clock() - started)
+                                   spent=lambda: measurements.seconds("seconds spent before the backbone choice",
+                                                                      wall_clock() - started),
+                                   measurements=measurements)
     built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
     model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=device))  # photos
-    model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=device,
-                                      spent=wall_clock() - started))  # frozen stages, cached views
+    model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=device,  # frozen stages, cached views
+                                      spent=wall_clock() - started, measurements=measurements))
     # transforms follow the model's preprocessing
     splits = data if data is not None else builders.build_splits(cfg, built, survey)
     resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
@@ -221,7 +242,7 @@ def resolve_run(
                             lambda classes: builders.build_member_objective(cfg, classes))
         planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe, device=device,
                                                      spent=wall_clock() - started, objective=member_objective,
-                                                     augment=augment)
+                                                     augment=augment, measurements=measurements)
         resolved_recipe.choices.update(planned)
         if planned:
             echo(recipes.format_planned(planned))
@@ -276,6 +297,7 @@ def resolve_run(
         autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
         cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
         method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds, member_folds=member_folds,
+        request=request, measurements=measurements,
     )
 
 

@@ -17,6 +17,7 @@ The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.Resolve
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -307,8 +308,12 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
         cfg = self.cfg
+        tape = getattr(self.resolved, "measurements", None)
         if self.resume:
             self.restore_last()  # engine/training/checkpointing.py
+            if tape is not None:  # a resumed run plans from its own speeds and keeps nothing
+                tape.stop_replaying("a resumed run", quietly=True)
+                tape.forgo("a resumed run")
         elif self.dist.is_main:
             weights = getattr(self.model, "pretrained_weights", None)
             if weights is not None:
@@ -321,11 +326,25 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         try:
             result = self._train()
             finished = True
+            if tape is not None and self.dist.is_main:  # kept for the next run of this config here; recorded
+                self.echo(tape.keep())
+                self._record_measurements(tape)
             return result
         finally:
             if not finished:  # trackers mark their run failed; a resume continues it
                 for callback in self.callbacks:
                     getattr(callback, "close", lambda: None)()
+
+    def _record_measurements(self, tape) -> None:
+        """``resolved.json`` with every number the plans read, the time budget's while training included (the rest
+        of it stays as resolved: a replay starts from the run's request and these numbers)."""
+        path = self.run.path / SUMMARY_FILE
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a resumed run of an older dmlkit: nothing to add to
+            return
+        summary["measurements"] = tape.record()
+        atomic_write_json(path, summary)
 
     def _train(self) -> TrainResult:
         """The loop of :meth:`fit`, then :meth:`finish` on rank 0."""

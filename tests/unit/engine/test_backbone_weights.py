@@ -25,7 +25,7 @@ def measured(monkeypatch, tmp_path):
 
     def measure(name, *_):
         names.append(name)
-        return FAST
+        return FAST, [[1.0]]
 
     monkeypatch.setattr(backbone_choice, "_measure", measure)
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})  # nothing measured before in this process

@@ -97,7 +97,7 @@ def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_
     root = photo_folders.write_photos(tmp_path / "photos", 96, classes=8, per_class=5)
     measured: list[list[int]] = []
 
-    def slow_costs(model, counts, crop, *, device, dtype):
+    def slow_costs(model, counts, crop, *, device, dtype, passes=None):
         measured.append(list(counts))
         return [c for c in SLOW if c.frozen_stages in counts]
 
