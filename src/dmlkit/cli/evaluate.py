@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
+    from dmlkit.engine.run_layout import EVALUATIONS_DIR
     from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows, per_category_metrics
     from dmlkit.evaluation import evaluate
     from dmlkit.exceptions import ConfigError
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                        metrics=groups, ks=ks, backend=backend, over_cluster=over_cluster, ami=True, seed=cfg.seed)
     metrics = _floats(metrics)
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
-    out = new_output_file(Path(args.run_dir) / "evaluations", args.split, ".json")
+    out = new_output_file(Path(args.run_dir) / EVALUATIONS_DIR, args.split, ".json")
     record = {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics}
     if args.split == "test" and splits.categories is not None:  # a CSV 'category' column, as the run scored it
         reference = None if gallery is None else (gallery, gallery_labels)

@@ -18,6 +18,7 @@ from dmlkit.config.recipe import selects_by_significance
 from dmlkit.engine import device_data, distributed
 from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from dmlkit.engine.member_folds import score_member_folds
+from dmlkit.engine.run_layout import METRICS_FILE
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.evaluation.evaluate import evaluate
 from dmlkit.evaluation.metrics import SELECTION_METRIC
@@ -181,7 +182,7 @@ class SelectionMixin:
         skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
         if skipped:
             self.echo(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
-        atomic_write_json(self.run.path / "metrics.json", result)
+        atomic_write_json(self.run.path / METRICS_FILE, result)
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():
                 self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
