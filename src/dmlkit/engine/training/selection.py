@@ -89,14 +89,16 @@ class SelectionMixin:
         return self.score(*self.embed(dataset), clustering=clustering)
 
     def _timed_validation(self) -> bool:
+        """:meth:`validate_and_should_stop`, its seconds added to ``eval_seconds``; returns whether to stop."""
         start = self.clock()
         try:
-            return self.validate()
+            return self.validate_and_should_stop()
         finally:
             self.eval_seconds.append(self.clock() - start)
 
-    def validate(self) -> float:
-        """Score the validation fold; track the best weights; returns MAP@R."""
+    def validate_and_should_stop(self) -> bool:
+        """Score the validation fold and track the best weights; returns whether training should stop (the method's
+        hooks, or a callback such as early stopping, asked for it)."""
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
         compare = selects_by_significance(self.cfg)
         result = None
