@@ -25,6 +25,7 @@ import torch
 
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.run_layout import LAST_CHECKPOINT
 from dmlkit.exceptions import DataError
 
 #: Photo sets: folder under the data root and photos kept per class (None: all). The Oxford-IIIT Pet sample is not
@@ -112,7 +113,7 @@ def train_photo_run(setting: str, loss: dict, point: dict, seed: int, run_dir: P
     overrides = photo_overrides(root, loss, point, seed, steps, eval_every, threads, device)
     cfg = load_config(preset=DEFAULT_PRESET, overrides=overrides)
     start_path = run_dir.parent / f"{run_dir.name}.start.json"
-    resume = (run_dir / "checkpoints" / "last.pt").exists()
+    resume = (run_dir / LAST_CHECKPOINT).exists()
     trainer = Trainer(resolve_run(cfg, echo=lambda s: None), run_dir, resume=resume, echo=lambda s: None,
                       callbacks=[StartingPoint(start_path)])
     result = trainer.fit()

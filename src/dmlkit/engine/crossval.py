@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
@@ -61,22 +62,22 @@ def run_crossval(
             fold_cfg.protocol.seed = seed
             fold_cfg.eval.save_embeddings = True
             fold_cfg.name = f"{cfg.name}-s{seed}-f{fold}"
-            metrics_path = run_dir / "metrics.json"
+            metrics_path = run_dir / layout.METRICS_FILE
             if not metrics_path.exists():
-                resume = (run_dir / "checkpoints" / "last.pt").exists()
+                resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
                 Trainer(resolve_run(fold_cfg), run_dir, resume=resume).fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:
                 per_model[k].append(float(metrics[k]))
-            with np.load(run_dir / "embeddings" / "test.npz") as z:
+            with np.load(run_dir / layout.TEST_EMBEDDINGS_FILE) as z:
                 parts.append(torch.from_numpy(z["embeddings"]))
                 these = torch.from_numpy(z["labels"])
             if labels is not None and not torch.equal(labels, these):
                 raise RuntimeError(f"fold models of seed {seed} embedded different test sets")
             labels = these
-            gallery_file = run_dir / "embeddings" / "gallery.npz"
+            gallery_file = run_dir / layout.embeddings_file("gallery")
             if gallery_file.exists():  # query -> gallery data sets (In-Shop)
                 with np.load(gallery_file) as z:
                     gallery_parts.append(torch.from_numpy(z["embeddings"]))
@@ -99,7 +100,7 @@ def run_crossval(
         "ensemble": {k: _mean_std(v) for k, v in per_ensemble.items()},
         "runs": runs,
     }
-    atomic_write_json(out_dir / "crossval.json", summary)
+    atomic_write_json(out_dir / layout.CROSSVAL_SUMMARY_FILE, summary)
     return summary
 
 

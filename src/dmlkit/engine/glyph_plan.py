@@ -1,9 +1,9 @@
 """Steps, ensemble members and validations of a model trained from scratch, planned to the time budget.
 
 The glyph recipe (small images held in memory, a small CNN from scratch: ``docs/recipes.md``) was
-shaped on a CPU with native bf16, where Omniglot's 1,249 steps of 3 ensemble members, 10
-validations and the test split took 55 s; on a CPU without it the same plan took 154 s. So once the
-recipe has read the training split, and before the model is built again as an ensemble,
+shaped on a CPU with native bf16; on a CPU without it the same plan takes about three times as long
+(measurements: ``docs/recipes.md``, *Glyphs planned to the machine*). So once the recipe has read
+the training split, and before the model is built again as an ensemble,
 :func:`measure_glyph_costs` times on this machine one member's training step at the run's batch
 (forward, the run's loss, backward and the optimiser's update of the member and its loss), the
 batch augmentation the members share, and one member's embedding of an image (its shifts included),
@@ -13,7 +13,7 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
     left(N)      = budget x (1 - SAFETY_MARGIN) - spent - embedding(N)
     steps(N)     = left(N) / (shared + N x step)
 
-with ``evaluations`` the recipe's (10), fewer when the budget binds
+with ``evaluations`` the recipe's (:data:`dmlkit.config.recipe.SCRATCH_EVALUATIONS`), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
 the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
@@ -40,26 +40,14 @@ from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
 from dmlkit.engine.timing import timings
 
-#: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
-#: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
-#: count set by hand): 5 members x 820 steps (66 %) 0.8390 and x 1,000 (80 %) 0.8456 lose to
-#: 4 x 1,243 (0.8482), 4 x 995 (80 %) 0.8440 ties 3 x 1,243 (0.8442), and 4 x 1,104 (89 %) 0.8483 beats it: a
-#: member is worth the last ~12 % of the steps (under the cosine schedule they add little: +0.0002 to +0.004
-#: validation MAP@R from step 939 to 1,249), not a fifth of them. Earlier, at equal compute far from the recipe's
-#: steps (1,800 member-steps), one member x 1,800 steps 0.881 beat 3 x 600 0.867.
+#: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's: on
+#: Omniglot's training characters one more member was worth the last ~12 % of the steps (the cosine schedule's last
+#: steps add little), not a fifth of them (measurements: docs/recipes.md, *Glyphs planned to the machine*).
 MIN_STEP_SHARE = 0.85
 
-#: The member count is chosen as if every step ran this much slower than measured. The plan times one member's step
-#: in a fraction of a second; the trainer then times N members' steps with their batches' data and update, on a
-#: machine whose speed drifts. Timed as the best of 5, the trainer's steps ran 1.02-1.32x the plan's
-#: (planned 50, 46 and 52 ms a step; timed 51-58, 54-61 and 64-67 ms) and the runs were cut to 69-74 % of the
-#: recipe's steps, more members at fewer steps than the rule above allows; timed as the median of 9, the trainer's
-#: first steps ran 0.93-1.11x the plan's (then up to 1.25x as the machine slowed), while a margin of 1.2 turned down
-#: a fourth member that bought 99 % of the steps. In eleven runs timed as the median of 9: the trainer's
-#: first steps ran 0.81-1.19x the plan's (median 1.04), and with a margin of 1.1 the plan kept three members that
-#: left 11-22 s of the 80-s budget unused where four bought 80-90 % of the steps (4-fold cross-validation above:
-#: 4 members x 89 % beat 3 x 100 %, 4 x 80 % tied it). So no margin: the measured speed decides, and the trainer
-#: cuts the steps when they run slower. Steps are planned at the measured speed either way.
+#: The member count is chosen as if every step ran this much slower than measured. 1: the median of 9 timed steps
+#: already matches the trainer's steps (median 1.04x), and any margin turned down members that would have fit; the
+#: trainer cuts the steps when they run slower (measurements: docs/recipes.md, *Glyphs planned to the machine*).
 STEP_MARGIN = 1.0
 
 #: A budget the recipe chose (not one set by hand) is raised rather than cut a model trained from scratch below this

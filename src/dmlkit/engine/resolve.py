@@ -36,6 +36,7 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
+from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.engine.seeding import seed_everything
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
@@ -44,7 +45,7 @@ from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
 
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
-SUMMARY_FILE = "resolved.json"
+SUMMARY_FILE = RESOLVED_FILE
 
 
 @dataclass

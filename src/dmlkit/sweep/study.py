@@ -30,6 +30,7 @@ from dmlkit._extras import require
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.engine.resolve import resolve_run
+from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
@@ -75,7 +76,7 @@ def make_sampler(name: str, seed: int, startup_trials: int):
 
 def storage_url(sweep_dir: Path) -> str:
     """``sqlite:///<absolute DIR>/study.db``."""
-    return f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+    return f"sqlite:///{(sweep_dir / SWEEP_STUDY_FILE).resolve()}"
 
 
 def _identity(base: dict, specs: Sequence[ParamSpec]) -> dict:
@@ -241,9 +242,9 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) ->
     source = trial.user_attrs.get("resume_from")
     if source is not None:
         old = sweep_dir / "trials" / str(source)
-        if (old / "checkpoints" / "last.pt").is_file() and not run_dir.exists():
+        if (old / LAST_CHECKPOINT).is_file() and not run_dir.exists():
             old.rename(run_dir)
-    resumable = (run_dir / "checkpoints" / "last.pt").is_file() and source is not None
+    resumable = (run_dir / LAST_CHECKPOINT).is_file() and source is not None
     trainer = TrialTrainer(resolve_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
     if resumable:
         try:
