@@ -13,7 +13,7 @@ from dmlkit.cli.main import main
 from dmlkit.config import load_config
 from dmlkit.engine.builders import build_splits, fetch_batch
 from dmlkit.engine.loading import load_run
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.exceptions import ConfigError, InvalidParameterError
 from dmlkit.export import ExportError, export_model, metadata_path_for
 

@@ -7,7 +7,7 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.exceptions import CheckpointError
 from dmlkit.methods.hooks import MethodHooks
 

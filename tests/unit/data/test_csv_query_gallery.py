@@ -9,7 +9,7 @@ from PIL import Image
 
 from dmlkit.config import load_config
 from dmlkit.data.splits import build_splits
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.exceptions import DataError
 from dmlkit.losses import ContrastiveLoss
 from dmlkit.report import write_report

@@ -11,7 +11,7 @@ import torch
 import dmlkit._validation as validation
 from dmlkit.engine import optim
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.exceptions import NonFiniteError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "losses"))

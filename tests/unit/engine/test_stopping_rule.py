@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from dmlkit.engine import trainer as trainer_module
-from dmlkit.engine.trainer import SIGNIFICANT_ERRORS, Trainer, paired_gain
+from dmlkit.engine.trainer import SIGNIFICANT_ERRORS, paired_gain
+from dmlkit.recipe import Trainer
 from dmlkit.engine.training import selection as selection_module
 
 QUERIES = 400

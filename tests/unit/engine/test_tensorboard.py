@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.exceptions import ConfigError
 
 

@@ -8,7 +8,7 @@ import torch
 
 from dmlkit.cli import evaluate as evaluate_cli
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.evaluation import clustering_metrics
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 from dmlkit.evaluation.embed import embed_dataset
 
 ASAP = ["asap.enabled=true", "asap.proxies_per_class=2", "asap.pool_size=5", "protocol.val_fraction=0.2",
