@@ -200,8 +200,7 @@ def test_member_folds_are_refused_without_validation_classes_or_with_too_many_me
 def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_path, capsys):
     """The recipe turns member folds on for the glyph ensemble; every validation scores each member on its fold."""
     from dmlkit import load
-    from dmlkit.recipe import prepare_run
-    from dmlkit.recipe import Trainer
+    from dmlkit.recipe import Trainer, prepare_run
 
     cfg = load_config(overrides=[
         "data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character", "data.image_size=28",
@@ -229,8 +228,7 @@ def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_
 
 
 def test_a_plan_cut_to_one_member_turns_the_recipes_member_folds_off_and_says_so(monkeypatch):
-    from dmlkit.recipe import prepare_run
-    from dmlkit.recipe import glyph_plan
+    from dmlkit.recipe import glyph_plan, prepare_run
 
     class TickClock:  # every timed pass takes 0.2 s: no second member fits the budget
         now = 0.0

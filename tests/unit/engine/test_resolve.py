@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dmlkit.engine import trainer as trainer_module
-from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun, resolve_run
-from dmlkit.recipe import Trainer
+from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
+from dmlkit.recipe import Trainer, prepare_run
 
 QUIET = dict(echo=lambda _: None)
 DIGITS = ("data.name=digits", "protocol.val_fraction=0.2", "train.eval_every=2", "train.max_steps=4")
@@ -72,7 +72,7 @@ def test_a_resolved_run_trains_as_the_config_does_and_its_summary_is_saved(tmp_p
 
 def test_objects_go_to_resolve_run_not_to_a_trainer_of_a_resolved_run(tmp_path, tiny_config):
     resolved = prepare_run(tiny_config(*DIGITS), **QUIET)
-    with pytest.raises(TypeError, match="Trainer got a resolved run and model, loss: objects are given to resolve_run"):
+    with pytest.raises(TypeError, match="Trainer got a resolved run and model, loss: objects are given to prepare_run"):
         Trainer(resolved, tmp_path, model=torch.nn.Identity(), loss=torch.nn.Identity(), **QUIET)
 
 
@@ -81,4 +81,4 @@ def test_the_trainer_module_builds_nothing():
     called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
               for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)}
     assert sorted(name for name in called if name.startswith("build_")) == []
-    assert "resolve_run" in called  # a config given to Trainer is resolved by the one function
+    assert not {"resolve_run", "prepare_run", "plan"} & called  # it receives a built run; dmlkit.Trainer plans and builds

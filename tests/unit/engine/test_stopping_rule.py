@@ -12,8 +12,8 @@ import torch
 
 from dmlkit.engine import trainer as trainer_module
 from dmlkit.engine.trainer import SIGNIFICANT_ERRORS, paired_gain
-from dmlkit.recipe import Trainer
 from dmlkit.engine.training import selection as selection_module
+from dmlkit.recipe import Trainer
 
 QUERIES = 400
 

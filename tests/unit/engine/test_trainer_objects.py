@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from dmlkit.engine import builders
-from dmlkit.recipe import planner as recipe_plan
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.seeding import seed_everything
-from dmlkit.recipe import Trainer
 from dmlkit.exceptions import InvalidParameterError
+from dmlkit.recipe import Trainer
+from dmlkit.recipe import planner as recipe_plan
 
 QUIET = dict(echo=lambda _: None)
 DIGITS = ("data.name=digits", "protocol.val_fraction=0.2", "train.eval_every=2", "train.max_steps=4")

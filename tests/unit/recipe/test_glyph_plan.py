@@ -12,10 +12,8 @@ import pytest
 import torch
 
 from dmlkit.engine.budget import SAFETY_MARGIN
-from dmlkit.recipe import prepare_run
-from dmlkit.recipe import Trainer
 from dmlkit.models import EmbedderEnsemble, create_model
-from dmlkit.recipe import glyph_plan
+from dmlkit.recipe import Trainer, glyph_plan, prepare_run
 from dmlkit.recipe import rules as recipe
 from dmlkit.recipe.glyph_plan import (
     MIN_STEP_SHARE,

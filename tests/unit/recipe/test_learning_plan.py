@@ -88,8 +88,7 @@ def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_
     """The trainer's one call (``plan_for_run``) on a folder of photos whose costs are the slow machine's: the
     recipe's 2 frozen stages would buy under 100 steps; the run freezes more, caches, and prints what it measured."""
     from dmlkit.config import load_config
-    from dmlkit.recipe import Trainer
-    from dmlkit.recipe import learning_plan
+    from dmlkit.recipe import Trainer, learning_plan
 
     spec = importlib.util.spec_from_file_location("photo_folders", Path(__file__).with_name("test_view_size.py"))
     photo_folders = importlib.util.module_from_spec(spec)

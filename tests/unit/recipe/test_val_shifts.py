@@ -9,10 +9,9 @@ import torch
 
 from dmlkit.cli.main import main
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.recipe import Trainer
 from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.models import Embedder, EmbedderEnsemble, create_model, shift_radius
-from dmlkit.recipe import glyph_plan
+from dmlkit.recipe import Trainer, glyph_plan
 from dmlkit.recipe.glyph_plan import GlyphCosts, plan_glyphs
 
 

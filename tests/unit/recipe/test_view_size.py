@@ -14,9 +14,9 @@ from torch import nn
 from dmlkit.config import load_config
 from dmlkit.data.base import decode_image
 from dmlkit.engine import builders
-from dmlkit.recipe import planner as recipe_plan
-from dmlkit.recipe import Trainer
 from dmlkit.evaluation.retrieval import paired_gain
+from dmlkit.recipe import Trainer
+from dmlkit.recipe import planner as recipe_plan
 from dmlkit.recipe.view_size import (
     TOLERATED_ERRORS,
     candidate_sizes,
