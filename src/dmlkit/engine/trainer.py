@@ -27,14 +27,13 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from dmlkit.config.recipe import selects_by_significance
-from dmlkit.config.schema import RunConfig
+from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget, builders, device_data, distributed
 from dmlkit.engine.budget import Plan, Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.engine.feature_cache import FrozenFeatureCache
-from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun, resolve_run
+from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.checkpointing import CheckpointingMixin
@@ -59,9 +58,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
 
     ``run``: a :class:`~dmlkit.engine.resolve.ResolvedRun` (:func:`~dmlkit.engine.resolve.resolve_run`
-    made every part: data, model, objective, optimiser, ...). A :class:`RunConfig` is resolved first,
-    with ``model``, ``loss``, ``miner``, ``data`` and ``optimizer`` as objects replacing the config's
-    (``Trainer(cfg, run_dir, **objects)`` is ``Trainer(resolve_run(cfg, **objects), run_dir)``).
+    made every part: data, model, objective, optimiser, ...); :class:`dmlkit.recipe.Trainer` also takes a
+    :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
     config's own (``train.patience``, ``train.loggers``).
     """
@@ -81,15 +79,14 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         optimizer: torch.optim.Optimizer | None = None,
         callbacks: Iterable[Callback] = (),
     ):
-        if isinstance(run, ResolvedRun):
-            given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
-                                              ("optimizer", optimizer)) if value is not None]
-            if given:
-                raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
-                                "resolve_run(cfg, ...), whose run already holds every part.")
-        else:
-            run = resolve_run(run, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo,
-                              started=time.perf_counter())
+        if not isinstance(run, ResolvedRun):
+            raise TypeError("The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)); "
+                            "dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, planned and built first.")
+        given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
+                                          ("optimizer", optimizer)) if value is not None]
+        if given:
+            raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
+                            "prepare_run(cfg, ...), whose run already holds every part.")
         self.resolved = run
         self.cfg = run.cfg
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)

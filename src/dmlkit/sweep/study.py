@@ -15,6 +15,7 @@ parameters are queued again, continuing from the interrupted run's last checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -29,12 +30,12 @@ import yaml
 from dmlkit._extras import require
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
-from dmlkit.engine.resolve import resolve_run
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import prepare_run
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
 SAMPLERS = ("tpe", "gp", "random")
@@ -194,9 +195,8 @@ class TrialTrainer(Trainer):
 def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
     """The validated config of one trial: ``base`` with the trial's parameters, progress bar off."""
     cfg = config_from_dict(apply_params(base, params))
-    cfg.train.progress = False
-    cfg.name = f"{cfg.name}-trial{number}"
-    return cfg
+    return dataclasses.replace(cfg, name=f"{cfg.name}-trial{number}",
+                               train=dataclasses.replace(cfg.train, progress=False))
 
 
 def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prune: bool, echo: Callable[[str], None]):
@@ -245,7 +245,7 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) ->
         if (old / LAST_CHECKPOINT).is_file() and not run_dir.exists():
             old.rename(run_dir)
     resumable = (run_dir / LAST_CHECKPOINT).is_file() and source is not None
-    trainer = TrialTrainer(resolve_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
+    trainer = TrialTrainer(prepare_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
     if resumable:
         try:
             state = load_checkpoint(trainer.run.last_checkpoint)

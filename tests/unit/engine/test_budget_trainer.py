@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dmlkit.engine.budget import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 
 class StepClock:

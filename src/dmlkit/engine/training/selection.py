@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmlkit.config.recipe import selects_by_significance
+from dmlkit.config.schema import selects_by_significance
 from dmlkit.engine import device_data, distributed
 from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from dmlkit.engine.member_folds import score_member_folds

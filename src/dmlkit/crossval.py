@@ -9,9 +9,9 @@ ensemble"), then mean and std over seeds.
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,9 +43,9 @@ def run_crossval(
     echo: Callable[[str], None] = print,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
-    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
+    from dmlkit.recipe import prepare_run
 
     out_dir = Path(out_dir)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
@@ -56,17 +56,14 @@ def run_crossval(
         parts, labels, gallery_parts, gallery_labels = [], None, [], None
         for fold in folds:
             run_dir = out_dir / f"seed{seed}" / f"fold{fold}"
-            fold_cfg = copy.deepcopy(cfg)
-            fold_cfg.seed = seed
-            fold_cfg.protocol.fold = fold
-            fold_cfg.protocol.seed = seed
-            fold_cfg.eval.save_embeddings = True
-            fold_cfg.name = f"{cfg.name}-s{seed}-f{fold}"
+            fold_cfg = replace(cfg, seed=seed, name=f"{cfg.name}-s{seed}-f{fold}",
+                               protocol=replace(cfg.protocol, fold=fold, seed=seed),
+                               eval=replace(cfg.eval, save_embeddings=True))
             metrics_path = run_dir / layout.METRICS_FILE
             if not metrics_path.exists():
                 resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                Trainer(resolve_run(fold_cfg), run_dir, resume=resume).fit()
+                Trainer(prepare_run(fold_cfg), run_dir, resume=resume).fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:
