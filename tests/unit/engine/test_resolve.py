@@ -26,7 +26,9 @@ CHECKPOINT_KEYS = {
 def test_every_choice_has_a_reason_and_is_what_the_config_now_holds(tiny_config):
     cfg = tiny_config(*DIGITS, "sampler.batch_size=null", "sampler.m=null")  # left to the recipe
     resolved = prepare_run(cfg, **QUIET)
-    assert isinstance(resolved, ResolvedRun) and resolved.cfg is cfg
+    assert isinstance(resolved, ResolvedRun) and resolved.cfg is not cfg  # a finished copy; the given one unchanged
+    assert cfg.sampler.batch_size is None and cfg.sampler.m is None
+    cfg = resolved.cfg
     chosen = resolved.choices
     assert {"sampler.m", "sampler.batch_size", "train.feature_cache"} <= set(chosen)
     for path, (value, reason) in chosen.items():
