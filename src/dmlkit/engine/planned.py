@@ -3,8 +3,9 @@
 :func:`dmlkit.recipe.planner` makes a :class:`PlannedRun`; :func:`~dmlkit.engine.resolve.resolve_run` builds the
 run's objects from it and never writes to its config. The engine reads the record only to report it
 (``choices``, the training split's ``profile``), to fill the batch augmentation's background
-(``profile.background``) and to start its time budget (``started``, ``measurements``, ``embed_seconds``,
-the feature cache's ``cache_plan``).
+(``profile.background``), to start its time budget (``started``, ``measurements``, ``embed_seconds``,
+the feature cache's ``cache_plan``) and to take over the splits the plan read (``splits``) rather than read them
+again.
 """
 
 from __future__ import annotations
