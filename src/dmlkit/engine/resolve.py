@@ -16,6 +16,7 @@ reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -197,7 +198,10 @@ def resolve_run(
         if cfg.protocol.val_class_fraction and splits.val is None:
             builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
     elif planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
-        splits = planned.splits  # what the plan read is what this config reads: each image is decoded once
+        # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
+        # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
+        splits = copy.copy(planned.splits)
+        splits.info = dict(splits.info)
     else:  # transforms follow the model's preprocessing
         splits = builders.build_splits(cfg, built)
     planned = replace(planned, splits=None)  # the run keeps its own splits, never a second set beside them

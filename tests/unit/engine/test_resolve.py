@@ -56,7 +56,8 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
     read = builders._read_splits
     monkeypatch.setattr(builders, "_read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
     resolved = resolve_run(planned, **QUIET)
-    assert resolved.splits is planned.splits and reads == []  # read once, by the plan
+    assert reads == [] and resolved.splits is not planned.splits  # read once, by the plan; the run's own holder
+    assert all(dataset is getattr(planned.splits, name) for name, dataset in resolved.splits.items())
     assert resolved.recipe.splits is None  # the run's record keeps no second reference to them
     # read with anything else (here another preprocessing), the run reads its own
     other = dataclasses.replace(planned, splits_read_as={**planned.splits_read_as, "preprocessing": {"mean": (0.5,)}})
