@@ -171,6 +171,19 @@ def build_splits(cfg: RunConfig, model: nn.Module, survey=None):
     return splits
 
 
+def split_reading(cfg: RunConfig, model: nn.Module) -> dict:
+    """Everything :func:`build_splits` reads (without a survey): the data options it passes on, the protocol's
+    split fields and the model's preprocessing. Splits read where two of these are equal are the same splits."""
+    d, p = cfg.data, cfg.protocol
+    return {
+        "data": (d.name, d.root, d.label, d.eval_label, d.image_size, d.crop_size, d.skip_bad_images, d.pipeline,
+                 tuple(sorted(own_data_options(cfg).items()))),
+        "protocol": (p.fold, p.num_folds, p.seed, p.val_fraction),
+        "val_class_fraction": p.val_class_fraction,
+        "preprocessing": getattr(model, "pretrained_cfg", None),
+    }
+
+
 def hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
     """Hold ``fraction`` of the training classes out of ``splits`` as its validation split (seeded by ``seed``);
     the training split before it is kept as ``splits.before_holdout``."""

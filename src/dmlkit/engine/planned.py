@@ -3,8 +3,9 @@
 :func:`dmlkit.recipe.planner` makes a :class:`PlannedRun`; :func:`~dmlkit.engine.resolve.resolve_run` builds the
 run's objects from it and never writes to its config. The engine reads the record only to report it
 (``choices``, the training split's ``profile``), to fill the batch augmentation's background
-(``profile.background``) and to start its time budget (``started``, ``measurements``, ``embed_seconds``,
-the feature cache's ``cache_plan``).
+(``profile.background``), to start its time budget (``started``, ``measurements``, ``embed_seconds``,
+the feature cache's ``cache_plan``) and to take over the splits the plan read (``splits``) rather than read them
+again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class PlannedRun:
     began, which ``train.time_budget`` counts from; ``measurements``: the machine's numbers the plan read
     (kept and replayed); ``embed_seconds``: an embedded image as the glyph plan measured it, if it did;
     ``cache_plan`` / ``cache_deferred``: the feature cache's resolution, and whether it waits for the time budget's
-    first plan.
+    first plan; ``splits`` / ``splits_read_as``: the splits the plan read from the config's data (none for a user's
+    data) and what they were read with: the run builds on them when it would read them the same way, so the images
+    are decoded once.
     """
 
     cfg: RunConfig
@@ -40,6 +43,8 @@ class PlannedRun:
     measurements: Measurements | None = None
     embed_seconds: float | None = None
     field_order: tuple[str, ...] = ()  # the order the recipe prints its fields in (others after them)
+    splits: Any = None  # the splits the plan read from the config's data (not a user's), validation held out
+    splits_read_as: dict | None = None  # what they were read with (engine.builders.split_reading)
 
 
 __all__ = ["PlannedRun"]

@@ -16,7 +16,8 @@ reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -179,7 +180,9 @@ def resolve_run(
     ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
     ``miner`` (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
     user's datasets) and ``optimizer`` replace the config's: the same objects the plan was made with. The
-    finished config ``planned.cfg`` is read, never written; each object is built once.
+    finished config ``planned.cfg`` is read, never written; each object is built once. The splits the plan read
+    (``planned.splits``) are the run's when this config and model read them the same way
+    (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
     """
     cfg = planned.cfg
     device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
@@ -194,8 +197,14 @@ def resolve_run(
         splits = data
         if cfg.protocol.val_class_fraction and splits.val is None:
             builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
+    elif planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
+        # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
+        # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
+        splits = copy.copy(planned.splits)
+        splits.info = dict(splits.info)
     else:  # transforms follow the model's preprocessing
         splits = builders.build_splits(cfg, built)
+    planned = replace(planned, splits=None)  # the run keeps its own splits, never a second set beside them
     # the warp fills with the background as the model sees it: after the split's normalisation
     augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
     built = built.to(device)

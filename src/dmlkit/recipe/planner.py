@@ -5,9 +5,11 @@ kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recip
 backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
 batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
 It works on its own copy of the config and returns it finished (:class:`~dmlkit.engine.planned.PlannedRun`);
-the config it was given is left as it was. It may build throw-away probes (a model to time and to embed
-validation classes with, splits to read the training split from); the run's own objects are built once, from
-the finished config, by :func:`~dmlkit.engine.resolve.resolve_run`.
+the config it was given is left as it was. It may build a throw-away probe model (to time, and to embed validation
+classes with); the run's own objects are built once, from the finished config, by
+:func:`~dmlkit.engine.resolve.resolve_run`. The splits it reads the training split from go with the plan
+(``PlannedRun.splits``, with what they were read with): the run builds on them where it would read its data the
+same way, so image files are decoded once.
 
 The steps run in the order they depend on each other:
 survey of the data -> model rules -> backbone by budget -> probe model -> view size and pooling -> learning plan
@@ -167,8 +169,14 @@ def plan(
                                                spent=wall_clock() - started, measurements=measurements))
     # transforms follow the model's preprocessing; given splits are read through a copy (the run holds them out)
     splits = copy.copy(data) if data is not None else builders.build_splits(cfg, probe, survey)
+    read_before = builders.split_reading(cfg, probe)
     resolved = apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device), model=probe,
                             model_choices=model_choices, accelerator=device.type == "cuda")
+    # the validation classes the recipe chose are held out of them now, as build_splits holds out a given fraction:
+    # they are what the finished config reads, unless the recipe changed anything else they were read with
+    read_as = builders.split_reading(cfg, probe)
+    if data is not None or {**read_as, "val_class_fraction": None} != {**read_before, "val_class_fraction": None}:
+        read_as = None
     augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
@@ -196,7 +204,8 @@ def plan(
     resolved.choices["train.feature_cache"] = (cfg.train.feature_cache, cache_plan.reason)
     return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
-                      measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS)
+                      measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
+                      splits=splits if read_as is not None else None, splits_read_as=read_as)
 
 
 def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> dict[str, tuple[Any, str]]:

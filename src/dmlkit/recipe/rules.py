@@ -226,7 +226,7 @@ SMALL_SIDE = 64
 MIN_SIDE_TO_SHIFT = 16
 
 #: Members of the recipe's ensemble for small images with few images per class, when the time budget lets each
-#: of them train the recipe's steps (``engine.glyph_plan`` keeps fewer on a slower machine). Chosen on Omniglot's
+#: of them train the recipe's steps (``recipe.glyph_plan`` keeps fewer on a slower machine). Chosen on Omniglot's
 #: validation characters by class-disjoint 4-fold cross-validation of the 68 training characters (seed 0, fp32,
 #: every member the recipe's steps): mean validation MAP@R 0.8386 with 3 members, 0.8405 with 4, 0.8443 with 5.
 ENSEMBLE_MEMBERS = 5

@@ -12,7 +12,7 @@ import torch
 from dmlkit.config import config_from_dict
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.data.transforms import RandomResizedCropFlip
-from dmlkit.engine.feature_cache import BUILD_BATCH, FrozenFeatureCache, plan_feature_cache
+from dmlkit.engine.feature_cache import BUILD_BATCH, FrozenFeatureCache, cache_choices, plan_feature_cache
 from dmlkit.exceptions import ConfigError
 from dmlkit.losses import ProxyAnchorLoss
 from dmlkit.models import EmbedderEnsemble, create_model
@@ -133,7 +133,9 @@ def test_auto_caches_about_one_view_per_planned_epoch_and_fewer_under_the_memory
     per_image = 24 * (CROP // 4) ** 2 * 2 * len(data)  # one bf16 view of every image
     cfg = config()  # 9 steps x 4 images / 12 images: 3 epochs
     plan = plan_feature_cache(cfg, model, data, RandomResizedCropFlip(CROP), echo=lines.append)
-    assert plan.enabled and plan.views == 3 and (cfg.train.feature_cache, cfg.train.cache_views) == ("on", 3)
+    chosen = {field: value for field, (value, _) in cache_choices(cfg, plan).items()}
+    assert plan.enabled and plan.views == 3 and chosen == {"train.feature_cache": "on", "train.cache_views": 3}
+    assert (cfg.train.feature_cache, cfg.train.cache_views) == ("auto", None)  # read, never written
     assert lines[0].startswith("recipe:   train.feature_cache = on  (the stem and 2 frozen stages run once, on 3")
     plan = plan_feature_cache(config(max_steps=900), model, data, RandomResizedCropFlip(CROP), cap=per_image * 5,
                               echo=lines.append)
@@ -167,7 +169,8 @@ def test_auto_turns_off_with_the_reason_and_on_raises_a_config_error_naming_it(m
                 run()
             continue
         plan = run()
-        assert not plan.enabled and reason in plan.reason and cfg.train.feature_cache == "off"
+        assert not plan.enabled and reason in plan.reason and cfg.train.feature_cache == "auto"  # never written
+        assert cache_choices(cfg, plan) == {"train.feature_cache": ("off", plan.reason)}
         assert lines == [f"recipe:   train.feature_cache = off  ({plan.reason})"]
 
 

@@ -33,7 +33,7 @@ def toy_splits(classes: int = 20, per_class: int = 4, fraction: float = 0.2, see
     images = torch.rand(len(labels), 1, 8, 8)
     train = TensorImageDataset(images, labels, [f"c{i:02d}" for i in range(classes)], transform=None)
     splits = DataSplits(name="toy", train=train)
-    builders._hold_out_validation_classes(splits, fraction, seed)
+    builders.hold_out_validation_classes(splits, fraction, seed)
     return splits
 
 

@@ -26,7 +26,9 @@ CHECKPOINT_KEYS = {
 def test_every_choice_has_a_reason_and_is_what_the_config_now_holds(tiny_config):
     cfg = tiny_config(*DIGITS, "sampler.batch_size=null", "sampler.m=null")  # left to the recipe
     resolved = prepare_run(cfg, **QUIET)
-    assert isinstance(resolved, ResolvedRun) and resolved.cfg is cfg
+    assert isinstance(resolved, ResolvedRun) and resolved.cfg is not cfg  # a finished copy; the given one unchanged
+    assert cfg.sampler.batch_size is None and cfg.sampler.m is None
+    cfg = resolved.cfg
     chosen = resolved.choices
     assert {"sampler.m", "sampler.batch_size", "train.feature_cache"} <= set(chosen)
     for path, (value, reason) in chosen.items():
@@ -37,6 +39,31 @@ def test_every_choice_has_a_reason_and_is_what_the_config_now_holds(tiny_config)
         assert getattr(holder, name.split(".")[-1]) == value, path
         assert isinstance(reason, str) and reason.strip(), path
     assert cfg.sampler.batch_size == resolved.sampler.batch_size  # the object is built from the chosen value
+
+
+def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_the_same_way(tiny_config,
+                                                                                             monkeypatch):
+    import dataclasses
+
+    from dmlkit.engine import builders
+    from dmlkit.engine.measurements import Measurements
+    from dmlkit.engine.resolve import resolve_run
+    from dmlkit.recipe import plan
+
+    planned = plan(tiny_config(*DIGITS), measurements=Measurements.live(), **QUIET)
+    assert planned.splits is not None and planned.splits.val is not None  # validation held out by the plan
+    reads = []
+    read = builders._read_splits
+    monkeypatch.setattr(builders, "_read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
+    resolved = resolve_run(planned, **QUIET)
+    assert reads == [] and resolved.splits is not planned.splits  # read once, by the plan; the run's own holder
+    assert all(dataset is getattr(planned.splits, name) for name, dataset in resolved.splits.items())
+    assert resolved.recipe.splits is None  # the run's record keeps no second reference to them
+    # read with anything else (here another preprocessing), the run reads its own
+    other = dataclasses.replace(planned, splits_read_as={**planned.splits_read_as, "preprocessing": {"mean": (0.5,)}})
+    rebuilt = resolve_run(other, **QUIET)
+    assert rebuilt.splits is not planned.splits and len(reads) == 1
+    assert len(rebuilt.splits.train) == len(planned.splits.train) and len(rebuilt.splits.val) == len(planned.splits.val)
 
 
 def test_the_summary_is_json_and_the_text_names_every_part_and_choice(tiny_config):

@@ -50,7 +50,7 @@ def test_a_smaller_radius_embeds_as_the_shifts_written_out():
 
 
 def test_the_recipe_validates_over_one_pixel_where_the_model_averages_over_two():
-    from tests.unit.config.test_recipe import choices_for, glyphs
+    from tests.unit.recipe.test_rules import choices_for, glyphs
 
     got = choices_for(glyphs(200, 20))
     assert got["model.shift_average"] == 2 and got["eval.val_shift_average"] == 1

@@ -149,6 +149,8 @@ def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     printed: list[str] = []
     cfg = photo_config(small_photos)
     trainer = Trainer(cfg, tmp_path / "run", echo=printed.append)
+    assert cfg.data.image_size is None  # the given config is left as it was; the trainer's is finished
+    cfg = trainer.cfg
     size = cfg.data.image_size
     assert size in (96, 128, 160) and cfg.data.crop_size == size  # below 224: not upsampled to the backbone's input
     assert tuple(trainer.splits.val.images.shape[-2:]) == (size, size)  # decoded once, at the chosen view
@@ -177,7 +179,7 @@ def test_photos_of_224_px_and_more_keep_the_recipes_rule_unmeasured(tmp_path):
     root = write_photos(tmp_path / "photos", 300, classes=8, per_class=3)
     printed: list[str] = []
     cfg = photo_config(root)
-    Trainer(cfg, tmp_path / "run", echo=printed.append)
+    cfg = Trainer(cfg, tmp_path / "run", echo=printed.append).cfg
     assert cfg.data.image_size == 256 and cfg.data.crop_size == 224  # photo_eval_size: 300 px holds a 256 view
     assert "view sizes measured" not in "\n".join(printed)
     assert "model.pooling = avg  (measured at 256 px" in "\n".join(printed)  # pooling is measured at the recipe's view
