@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args, flag_overrides, new_output_dir
+from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
@@ -36,7 +36,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_verbosity_options(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
                    "measurements made) and print every part and what the recipe chose and why, then exit without "
@@ -46,10 +46,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dmlkit._messages import SILENT
     from dmlkit.config import load_config
     from dmlkit.engine.resolve import resolve_run
-    from dmlkit.engine.run_dir import claim_directory
-    from dmlkit.engine.trainer import Trainer, format_metrics_table
+    from dmlkit.engine.trainer import format_metrics_table
+    from dmlkit.launch import launch
 
     if args.list_backbones:
         return list_backbones()
@@ -82,35 +83,20 @@ def run(args: argparse.Namespace) -> int:
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained or written
-            print(resolve_run(cfg, echo=lambda _line: None).format())
+            print(resolve_run(cfg, echo=SILENT).format())
             return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
-    claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
-    if args.quiet:
+    if args.no_progress:
         cfg.train.progress = False
-    callbacks = []
-    if not args.no_report:  # before the config's trackers, which store the report as an artifact
-        try:
-            from dmlkit.report import WriteReport
-
-            callbacks.append(WriteReport())
-        except ImportError:
-            pass
-    try:
-        # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
-        trainer = Trainer(resolve_run(cfg, started=getattr(args, "_started", None)), run_dir, resume=bool(args.resume),
-                          callbacks=callbacks)
-    except BaseException:
-        claim.release()  # nothing was written: the folder is as it was
-        raise
-    result = trainer.fit()
+    # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
+    with launch(cfg, run_dir, resume=bool(args.resume), option="--resume" if args.resume else "--out",
+                report=not args.no_report, started=getattr(args, "_started", None)) as trainer:
+        result = trainer.fit()
     if not trainer.dist.is_main:
         return 0
     print()
     print(f"test metrics ({cfg.name}; weights selected on: {result.selected_on}, step {result.best_step} of {result.steps})")
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))
-    if callbacks and callbacks[0].path is not None:
-        print(f"report: {callbacks[0].path}")
     print(f"run directory: {run_dir}")
     return 0
 

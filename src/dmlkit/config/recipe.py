@@ -641,11 +641,6 @@ def apply(cfg: Any, choices: dict[str, tuple[Any, str]]) -> None:
         setattr(getattr(cfg, section), key, value)
 
 
-def format_choices(profile: DataProfile, choices: dict[str, tuple[Any, str]]) -> str:
-    """The lines printed at start-up."""
-    return "\n".join([f"recipe: training split: {profile.describe()}", format_planned(choices)])
-
-
 def format_planned(choices: dict[str, tuple[Any, str]]) -> str:
     """One line per chosen field, in :data:`RECIPE_FIELDS` order (the recipe's, and a plan's changes to them)."""
     return "\n".join(f"recipe:   {path} = {choices[path][0]}  ({choices[path][1]})"

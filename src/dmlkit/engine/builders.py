@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -11,11 +12,14 @@ import torch
 from torch import nn
 
 from dmlkit._cpu_ops import cpu_bf16_native
+from dmlkit._messages import messages
 from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
@@ -189,7 +193,7 @@ def _evaluate_like_test(splits) -> None:
     splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
-def apply_model_recipe(cfg: RunConfig, survey, echo=print, *, accelerator: bool = False) -> dict:
+def apply_model_recipe(cfg: RunConfig, survey, echo=None, *, accelerator: bool = False) -> dict:
     """Fill the model and image-size fields left to the recipe from a first look at the training split.
 
     Returns the choices (``{field: (value, reason)}``), printed later with the rest of the recipe.
@@ -217,7 +221,7 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False, model: nn.Module | None = None,
+def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False, model: nn.Module | None = None,
                  model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
     """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
 
@@ -251,8 +255,10 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
     choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
     recipe.apply(cfg, choices)
     chosen.update(choices)
-    if chosen:
-        echo(recipe.format_choices(profile, chosen))
+    if chosen:  # the split in one line; each choice and its reason in detail (dmlkit train -v)
+        say = messages(echo, log)
+        say(f"recipe: training split: {profile.describe()}")
+        say.detail(recipe.format_planned(chosen))
     _warn_without_positive_pairs(cfg)
     return ResolvedRecipe(profile, chosen)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import statistics
 from pathlib import Path
 from typing import Callable
@@ -18,11 +19,14 @@ from typing import Callable
 import numpy as np
 import torch
 
+from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
 REPORTED = RETRIEVAL_SUMMARY_KEYS
+
+log = logging.getLogger(__name__)
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -39,14 +43,14 @@ def run_crossval(
     *,
     seeds: list[int],
     folds: list[int] | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
 
-    out_dir = Path(out_dir)
+    out_dir, echo = Path(out_dir), messages(echo, log)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
     per_model: dict[str, list[float]] = {k: [] for k in REPORTED}
     per_ensemble: dict[str, list[float]] = {k: [] for k in REPORTED}

@@ -17,6 +17,7 @@ reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dmlkit._messages import SILENT, messages
 from dmlkit.config import recipe as recipes
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import backbone_choice, builders, device_data, distributed
@@ -41,6 +43,8 @@ from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.exceptions import ConfigError
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
+
+log = logging.getLogger(__name__)
 
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
 SUMMARY_FILE = "resolved.json"
@@ -173,7 +177,7 @@ def resolve_run(
     miner: nn.Module | None = None,
     data=None,
     optimizer: torch.optim.Optimizer | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
     started: float | None = None,
 ) -> ResolvedRun:
     """Resolve ``cfg`` into a :class:`ResolvedRun`; objects given replace what the config would build.
@@ -181,8 +185,9 @@ def resolve_run(
     ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
     ``miner`` (dmlkit's or pytorch-metric-learning's), ``data``
     (:func:`dmlkit.data.user.user_splits` of the user's datasets) and ``optimizer`` replace the
-    config's; the recipe fills the fields nobody set (``cfg`` is completed in place) and ``echo``
-    prints its lines. ``started`` (``time.perf_counter``; default: now) is when the run began.
+    config's; the recipe fills the fields nobody set (``cfg`` is completed in place) and says its
+    choices through this module's logger (each choice with its reason at DEBUG), or to ``echo`` when given
+    (``dmlkit._messages``). ``started`` (``time.perf_counter``; default: now) is when the run began.
     """
     wall_clock = time.perf_counter
     started = wall_clock() if started is None else started
@@ -190,7 +195,7 @@ def resolve_run(
     # torchrun it is this rank's GPU, cuda:LOCAL_RANK, and it picks the backend: nccl for CUDA, else gloo
     device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
     dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
-    echo = echo if dist.is_main else (lambda _message: None)
+    echo = messages(echo, log) if dist.is_main else SILENT
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     # the config's loggers first: a missing package fails here, before anything heavy
@@ -224,7 +229,7 @@ def resolve_run(
                                                      augment=augment)
         resolved_recipe.choices.update(planned)
         if planned:
-            echo(recipes.format_planned(planned))
+            echo.detail(recipes.format_planned(planned))
     chose = {key: value for key, (value, _) in resolved_recipe.choices.items()}
     if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
         seed_everything(cfg.seed)  # the recipe asked for more
@@ -243,7 +248,7 @@ def resolve_run(
         unfolded = {"protocol.member_folds": (False, "one model, or no validation classes held out of the training "
                                                      "split: no folds to give")}
         resolved_recipe.choices.update(unfolded)
-        echo(recipes.format_planned(unfolded))
+        echo.detail(recipes.format_planned(unfolded))
     if cfg.protocol.member_folds:
         label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
         member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
@@ -269,6 +274,10 @@ def resolve_run(
         and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
     cache_plan = plan_feature_cache(cfg, built, splits.train, augment, distributed=dist.enabled, echo=echo,
                                     deferred=cache_deferred)
+    precision = "fp32" if cfg.train.mixed_precision == "none" else cfg.train.mixed_precision
+    processes = f", {dist.world_size} processes" if dist.enabled else ""
+    echo(f"run: {cfg.model.name} ({cfg.model.embedding_size}-D embedding), loss {cfg.loss.name}, on {device} "
+         f"({precision}{processes})")
     return ResolvedRun(
         cfg=cfg, started=started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=resolved_recipe,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,

@@ -17,6 +17,7 @@ The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.Resolve
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from dmlkit._messages import SILENT, messages
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import budget, builders, device_data, distributed
@@ -53,6 +55,8 @@ from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
 from dmlkit.seeds import derive_generator
 
+log = logging.getLogger(__name__)
+
 
 class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
@@ -62,7 +66,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     with ``model``, ``loss``, ``miner``, ``data`` and ``optimizer`` as objects replacing the config's
     (``Trainer(cfg, run_dir, **objects)`` is ``Trainer(resolve_run(cfg, **objects), run_dir)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
-    config's own (``train.patience``, ``train.loggers``).
+    config's own (``train.patience``, ``train.loggers``). Messages go to this module's logger
+    (``dmlkit._messages``), or every one to ``echo`` when given.
     """
 
     def __init__(
@@ -72,7 +77,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         *,
         resume: bool = False,
         hooks: MethodHooks | None = None,
-        echo: Callable[[str], None] = print,
+        echo: Callable[[str], None] | None = None,
         model: nn.Module | None = None,
         loss: nn.Module | None = None,
         miner: nn.Module | None = None,
@@ -94,7 +99,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
         self.started = run.started  # ... counting from the start of the run's resolution
         self.device, self.dist = run.device, run.dist
-        self.echo = echo if self.dist.is_main else (lambda _message: None)
+        self.echo = messages(echo, log) if self.dist.is_main else SILENT  # dmlkit._messages
         self.run = RunDirectory(run_dir)
         if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
             self.run.log = lambda record: None
@@ -251,7 +256,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
             )
         if skipped:
-            self.echo(f"warning: steps up to {self.step}: {skipped} non-finite step(s) skipped since the last log record")
+            self.echo.warning(f"warning: steps up to {self.step}: {skipped} non-finite step(s) skipped since the last log record")
         return value
 
     def _settle_step_checks(self, loss: torch.Tensor) -> None:
@@ -293,7 +298,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def _non_finite(self, what: str, value: float) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.train.on_nonfinite == "skip":
-            self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
+            self.echo.warning(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
             return self._skip_step(float("nan"))
         raise NonFiniteError(
             f"Non-finite {what} ({value}) at step {self.step + 1}; training stopped, weights were not updated; "
