@@ -86,7 +86,7 @@ def test_rerun_resumes_and_runs_only_missing_trials(sweep_dir, capsys):
     assert [t["number"] for t in after] == [0, 1, 2, 3]
     assert [t["value"] for t in after[:3]] == [t["value"] for t in before]
     assert main(cli_args(sweep_dir, 4)) == 0  # already complete: nothing runs
-    assert "4 trial(s) done, running 0 more" in capsys.readouterr().out
+    assert "4 trial(s) done, running 0 more" in capsys.readouterr().err
     assert len(read_summary(sweep_dir)["trials"]) == 4
 
 

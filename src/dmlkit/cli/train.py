@@ -21,10 +21,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "on your own images (DIR/<class>/<image>, data.name=folder); data.name=... with data.root=...\n"
         "trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
         "evaluation schedule, proxy learning rate, augmentation, validation classes, shift-averaged\n"
-        "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split,\n"
-        "prints, and saves in config.yaml (docs/recipes.md).\n"
-        "The run directory gets config.yaml, metrics.json, log.jsonl, checkpoints/, embeddings/\n"
-        "and report.html."
+        "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split\n"
+        "and saves in config.yaml, each choice with its reason in resolved.json and train.log (shown\n"
+        "with -v; docs/recipes.md).\n"
+        "The run directory gets config.yaml, resolved.json, metrics.json, log.jsonl (the metrics),\n"
+        "train.log (every message of the run), checkpoints/, embeddings/ and report.html."
     )
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory: a new or empty folder, never one holding other "

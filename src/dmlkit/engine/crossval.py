@@ -47,6 +47,7 @@ def run_crossval(
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
     from dmlkit.engine.resolve import resolve_run
+    from dmlkit.engine.run_log import LOG_FILE, run_log
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
 
@@ -69,7 +70,11 @@ def run_crossval(
             if not metrics_path.exists():
                 resume = (run_dir / "checkpoints" / "last.pt").exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                Trainer(resolve_run(fold_cfg), run_dir, resume=resume).fit()
+                with run_log() as kept:  # each fold's messages in its train.log
+                    trainer = Trainer(resolve_run(fold_cfg), run_dir, resume=resume)
+                    if trainer.dist.is_main:
+                        kept.open(run_dir / LOG_FILE)
+                    trainer.fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:
