@@ -3,7 +3,8 @@
 Every field below is ``None`` (or ``"auto"``) in the schema until the recipe fills it from a
 :class:`DataProfile` of the training split; a value the user sets (preset, config file or
 ``--set``) is never touched. The rules and the measurements behind them are in
-``docs/recipes.md``; every resolved value is printed at start-up and written to ``config.yaml``.
+``docs/recipes.md``; every resolved value is logged at start-up with its reason (``dmlkit train -v``,
+``RUN/train.log``) and written to ``config.yaml``.
 
 =================================  ============================================================
 field                              rule
@@ -49,7 +50,7 @@ from typing import Any
 
 import torch
 
-#: Fields the recipe may fill, in the order they are printed.
+#: Fields the recipe may fill, in the order they are said.
 RECIPE_FIELDS = (
     "model.name",
     "model.args",

@@ -196,7 +196,7 @@ def _evaluate_like_test(splits) -> None:
 def apply_model_recipe(cfg: RunConfig, survey, echo=None, *, accelerator: bool = False) -> dict:
     """Fill the model and image-size fields left to the recipe from a first look at the training split.
 
-    Returns the choices (``{field: (value, reason)}``), printed later with the rest of the recipe.
+    Returns the choices (``{field: (value, reason)}``), said later with the rest of the recipe.
     """
     choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train), accelerator=accelerator)
     recipe.apply(cfg, choices)
@@ -223,13 +223,13 @@ def native_bf16(device: torch.device) -> bool:
 
 def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False, model: nn.Module | None = None,
                  model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
-    """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
+    """Fill the config fields left to the recipe from the training split (docs/recipes.md), say them.
 
     First the validation classes (``protocol.val_class_fraction``), then the rest from the split
     the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
     device computes bf16 natively) resolves ``train.mixed_precision=auto``. ``model`` (the built
     model) gives the embedding size of a pretrained backbone that keeps its features;
-    ``model_choices`` (:func:`apply_model_recipe`) are printed with the rest.
+    ``model_choices`` (:func:`apply_model_recipe`) are said with the rest.
     """
     full = recipe.profile_split(splits.train)
     p = cfg.protocol

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from dmlkit._messages import SILENT, messages
+from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.recipe import selects_by_significance
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import budget, builders, device_data, distributed
@@ -99,7 +99,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
         self.started = run.started  # ... counting from the start of the run's resolution
         self.device, self.dist = run.device, run.dist
-        self.echo = messages(echo, log) if self.dist.is_main else SILENT  # dmlkit._messages
+        self.echo = echo if self.dist.is_main else SILENT
         self.run = RunDirectory(run_dir)
         if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
             self.run.log = lambda record: None
@@ -308,6 +308,15 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def _last_good_checkpoint(self) -> str:
         last = self.run.last_checkpoint
         return f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
+
+    @property
+    def echo(self) -> Messages:
+        """Where the run's messages go (:class:`dmlkit._messages.Messages`); a callable assigned takes every one."""
+        return self._echo
+
+    @echo.setter
+    def echo(self, echo: Callable[[str], None] | Messages | None) -> None:
+        self._echo = messages(echo, log)
 
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
