@@ -76,8 +76,9 @@ SHOWN = [
     "",
     "Messages go to stderr through Python's `logging` (the `dmlkit` loggers); the result (the test metrics "
     "table, the run directory) is printed to stdout. By default: the training split and the run in a line each "
-    "(model, embedding size, loss, device, precision), the time budget's plan, the progress bar, warnings and "
-    "the results. `-v` adds every choice of the recipe with its reason (`recipe:   sampler.m = 16  (...)`). "
+    "(model, embedding size, loss, device, precision), the time budget's plan, the progress bar, warnings, "
+    "the report's path, then the results. `-v` adds every choice of the recipe with its reason "
+    "(`recipe:   sampler.m = 16  (...)`). "
     "`--quiet` shows only the progress bar, warnings and the results; `--no-progress` drops the bar (for "
     "scripts and CI logs; the same as `--set train.progress=false`).",
     "",
