@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     from dmlkit.config import load_config
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         plain = Trainer(load_config(overrides=COMMON), f"{tmp}/plain")

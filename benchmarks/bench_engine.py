@@ -37,9 +37,9 @@ from dmlkit.data.samplers import create_sampler
 from dmlkit.data.transforms import RandomTranslate
 from dmlkit.engine import builders
 from dmlkit.engine.seeding import seed_everything
-from dmlkit.engine.trainer import Trainer
 from dmlkit.losses import create_loss
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import Trainer
 
 PRESET = "mnist-proxy-anchor"
 

@@ -26,8 +26,8 @@ import torch
 
 from dmlkit.data.transforms import batch_augmentation
 from dmlkit.engine import feature_cache
-from dmlkit.engine.learning_plan import measure_stage_costs
 from dmlkit.models import create_model
+from dmlkit.recipe.learning_plan import measure_stage_costs
 
 
 class InMemory:

@@ -57,7 +57,7 @@ import json, sys, torch
 from pathlib import Path
 from dmlkit.config import load_config
 from dmlkit.methods.hooks import MethodHooks
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 def rss():
     for line in Path("/proc/self/status").read_text().splitlines():

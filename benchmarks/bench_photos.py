@@ -303,7 +303,7 @@ def dmlkit_trainer(root: Path, size: int, threads: int, run_dir: Path, extra: li
     pretrained EfficientNet-Lite0 at ``size`` px. Returns ``(trainer, note)``."""
     from dmlkit.cli import train as train_cli
     from dmlkit.config import load_config
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     preset = getattr(train_cli, "DEFAULT_PRESET", None)  # what `dmlkit train` starts from without --preset
     overrides = ["data.name=folder", f"data.root={root}", f"data.image_size={size}", f"model.name={BACKBONE}",

@@ -53,7 +53,7 @@ def measure_row(fused: bool, overrides: list[str], warmup: int, steps: int, coun
     from dmlkit.config import load_config
     from dmlkit.engine import optim
     from dmlkit.engine.callbacks import Callback
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     sys.path.insert(0, str(ROOT / "tests" / "unit" / "losses"))
     from _host_syncs import OperatorCounter, count_host_syncs

@@ -14,6 +14,7 @@ EXAMPLES = {
         "dmlkit train --preset cpu-asap-mnist-2d-c2     # a packaged preset",
         "dmlkit train --set loss.name=multi_similarity --set loss.miner.name=multi_similarity --out runs/ms",
         "dmlkit train --resume runs/ms                  # continue an interrupted run exactly",
+        "dmlkit train --plan runs/ms --dry-run          # what replaying runs/ms's plan trains (docs/recipes.md)",
         "dmlkit train --list-backbones                  # which backbones have weights here, and why not",
     ],
     "validate": ["dmlkit validate --preset cpu-asap-mnist-2d-c2 --set train.max_steps=300 --print"],

@@ -143,8 +143,8 @@ def cmd_photo_rates(args) -> int:
     from dmlkit.config import load_config
     from dmlkit.engine import device_data
     from dmlkit.engine.builders import fetch_batch
-    from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation.embed import embed_dataset
+    from dmlkit.recipe import Trainer
 
     device = torch.device(args.device)
     result: dict = {"device": str(device)}

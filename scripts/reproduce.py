@@ -13,7 +13,7 @@ Per claim the script writes ``OUT/CLAIM/summary.json`` (mean and std over seeds 
 wall time, steps), ``OUT/CLAIM/summary.md`` (the table) and PNG figures into ``docs/figures/``.
 Runs are sequential on ``--threads`` torch threads (default 1; the first quick-mode tables of
 docs/results.md used 2). Claims with ``folds=k`` use the class-disjoint k-fold protocol of ASAP
-Table 1 instead (``dmlkit.engine.crossval``): one model per fold, selected on its held-out fold,
+Table 1 instead (``dmlkit.crossval``): one model per fold, selected on its held-out fold,
 reported as the fold-model average and the concatenated-embedding ensemble.
 ``--core`` runs only the arms each verdict rests on (``all --quick --core`` is the short check).
 
@@ -380,7 +380,7 @@ def _finish(metrics_path: Path, t0: float, echo: Callable[[str], None]) -> dict:
 
 def train_one(claim: Claim, method: Method, seed: int, steps: int, out: Path, echo: Callable[[str], None]) -> dict:
     """Train one run (or resume it, or skip it when finished); returns its metrics.json."""
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     run_dir = out / claim.name / method.name / f"seed{seed}"
     metrics_path = run_dir / "metrics.json"
@@ -402,7 +402,7 @@ def train_folds(claim: Claim, method: Method, seed: int, steps: int, out: Path, 
     Fold ``f`` goes to ``OUT/CLAIM/METHOD/seed<N>/fold<f>``: trained on the other folds of the
     training classes, validated on fold ``f``, then embeds the whole test split.
     """
-    from dmlkit.engine.crossval import run_crossval
+    from dmlkit.crossval import run_crossval
 
     cfg = run_config(claim, method, seed, steps)
     for fold in range(claim.folds):
@@ -545,7 +545,7 @@ def summarise(claim: Claim, methods: list[Method], seeds: list[int], steps: int,
 
 def fold_ensembles(claim: Claim, method: Method, seeds: list[int], steps: int, out: Path) -> dict:
     """``ensemble_<metric>``: mean/std over seeds of the concatenated fold models' test metrics (ASAP Table 1)."""
-    from dmlkit.engine.crossval import REPORTED, run_crossval
+    from dmlkit.crossval import REPORTED, run_crossval
 
     done = [s for s in seeds if all((out / claim.name / method.name / f"seed{s}" / f"fold{f}" / "metrics.json").exists()
                                     for f in range(claim.folds))]

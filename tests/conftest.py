@@ -26,6 +26,7 @@ import threading
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test reaches the internet for weights
+os.environ["DMLKIT_PLAN_STORE"] = "off"  # no test replays another's kept measurements (tests of keeping set their own)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

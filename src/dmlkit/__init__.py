@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 #: Public names imported on first use (``import dmlkit`` stays light): name -> module.
 _LAZY = {
     "fit": "dmlkit.api",
-    "Trainer": "dmlkit.engine.trainer",
+    "Trainer": "dmlkit.recipe",
     "TrainResult": "dmlkit.engine.trainer",
     "Callback": "dmlkit.engine.callbacks",
     "EarlyStopping": "dmlkit.engine.callbacks",

@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -72,16 +73,19 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
     if isinstance(splits.train, UserDataset):
         data["data"].setdefault("augment", "none")
     cfg = config_from_dict(data)
+    named = {}  # the objects' names where the sections name none (object:module.Class)
     if not isinstance(model, str):
-        cfg.model.name = object_name(model)
+        named["model"] = replace(cfg.model, name=object_name(model))
     if isinstance(splits.train, UserDataset):
-        cfg.data.name = splits.name
-    if loss is not None:
-        cfg.loss.name, cfg.loss.args = object_name(loss), {}
-    if miner is not None:
-        cfg.loss.miner.name, cfg.loss.miner.args = object_name(miner), {}
+        named["data"] = replace(cfg.data, name=splits.name)
+    if loss is not None or miner is not None:
+        miner_section = replace(cfg.loss.miner, name=object_name(miner), args={}) if miner is not None else cfg.loss.miner
+        named["loss"] = replace(cfg.loss, miner=miner_section,
+                                **(dict(name=object_name(loss), args={}) if loss is not None else {}))
+    cfg = replace(cfg, **named)
     if "name" not in sections:
-        cfg.name = f"{type(model).__name__ if not isinstance(model, str) else model}-{cfg.loss.name.rsplit('.', 1)[-1]}"
+        cfg = replace(cfg, name=f"{type(model).__name__ if not isinstance(model, str) else model}-"
+                                f"{cfg.loss.name.rsplit('.', 1)[-1]}")
     return cfg
 
 

@@ -154,7 +154,8 @@ def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dic
     from dmlkit.config.schema import config_to_dict
     from dmlkit.engine.checkpoint import config_fingerprint
     from dmlkit.engine.loading import load_run_config
+    from dmlkit.engine.run_layout import checkpoint_file
 
     run_dir = Path(run_dir)
-    digest = hashlib.sha256((run_dir / "checkpoints" / f"{checkpoint}.pt").read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256((run_dir / checkpoint_file(checkpoint)).read_bytes()).hexdigest()[:16]
     return {"config": config_fingerprint(config_to_dict(load_run_config(run_dir))), "weights": digest}

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from dmlkit.engine import run_layout as layout
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
 
 #: Tag of the folder layout below; a folder with another tag is refused, not half-read.
@@ -31,7 +32,7 @@ WEIGHTS = "model.safetensors"
 INFO = "dmlkit.json"
 PREPROCESSING = "preprocessing.json"
 #: Files copied from the run directory as they are (the first one is required).
-CARRIED = ("config.yaml", "metrics.json", "resolved.json")
+CARRIED = (layout.CONFIG_FILE, layout.METRICS_FILE, layout.RESOLVED_FILE)
 HF_PREFIX = "hf://"
 #: The metrics the model card's table shows, in this order, when the run has them.
 CARD_METRICS = ("precision_at_1", "recall_at_1", "recall_at_4", "r_precision", "map_at_r", "nmi")
@@ -71,11 +72,12 @@ def write_shared_folder(run_dir: str | Path, folder: str | Path, *, checkpoint: 
         raise ConfigError(f"checkpoint must be 'best' or 'last'. Got {checkpoint!r}.")
     run_dir, folder = Path(run_dir), Path(folder)
     cfg = load_run_config(run_dir)  # refuses a folder that is not a run directory, naming it
-    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt")
+    checkpoint_path = run_dir / layout.checkpoint_file(checkpoint)
+    state = load_checkpoint(checkpoint_path)
     fingerprint = config_fingerprint(config_to_dict(cfg))
     if state.get("fingerprint") != fingerprint:
         raise CheckpointError(
-            f"{run_dir}/checkpoints/{checkpoint}.pt was written by a different configuration than {run_dir}/config.yaml."
+            f"{checkpoint_path} was written by a different configuration than {run_dir / layout.CONFIG_FILE}."
         )
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError(f"{str(folder)!r} is not empty: give a new folder for the shared files.")
@@ -110,9 +112,9 @@ def model_card(run_dir: str | Path, folder: str | Path, *, repo_id: str | None =
 
     run_dir, folder = Path(run_dir), Path(folder)
     cfg = load_run_config(run_dir)
-    metrics = _read_json(run_dir / "metrics.json")
-    resolved = _read_json(run_dir / "resolved.json")
-    command = _read_json(run_dir / "env.json").get("command") or []
+    metrics = _read_json(run_dir / layout.METRICS_FILE)
+    resolved = _read_json(run_dir / layout.RESOLVED_FILE)
+    command = _read_json(run_dir / layout.ENV_FILE).get("command") or []
     eval_input = _read_json(folder / PREPROCESSING).get("eval_input") or {}
     name = repo_id or cfg.name
     data = resolved.get("parts", {}).get("data") or cfg.data.name
@@ -226,11 +228,11 @@ def load_shared(folder: str | Path, overrides=()):
     info = _read_json(folder / INFO)
     if info.get("format") != SHARED_FORMAT:
         raise CheckpointError(f"{folder / INFO} is not a dmlkit shared model ({SHARED_FORMAT}); got {info.get('format')!r}.")
-    if not (folder / "config.yaml").is_file() or not (folder / WEIGHTS).is_file():
-        raise CheckpointError(f"{folder} lacks config.yaml or {WEIGHTS}: push the run again (`dmlkit push`).")
-    saved = load_config(path=folder / "config.yaml")
+    if not (folder / layout.CONFIG_FILE).is_file() or not (folder / WEIGHTS).is_file():
+        raise CheckpointError(f"{folder} lacks {layout.CONFIG_FILE} or {WEIGHTS}: push the run again (`dmlkit push`).")
+    saved = load_config(path=folder / layout.CONFIG_FILE)
     if config_fingerprint(config_to_dict(saved)) != info.get("fingerprint"):
-        raise CheckpointError(f"{folder}/config.yaml is not the configuration the weights were trained with.")
+        raise CheckpointError(f"{folder / layout.CONFIG_FILE} is not the configuration the weights were trained with.")
     if _digest(folder / WEIGHTS) != info.get("weights_sha256"):
         raise CheckpointError(f"{folder / WEIGHTS} is not the file that was pushed (its SHA-256 differs): download it again.")
     try:
@@ -244,9 +246,9 @@ def load_shared(folder: str | Path, overrides=()):
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise CheckpointError(f"{folder / WEIGHTS} does not fit the model in config.yaml: {exc}") from None
+        raise CheckpointError(f"{folder / WEIGHTS} does not fit the model in {layout.CONFIG_FILE}: {exc}") from None
     model.eval()
-    cfg = load_config(path=folder / "config.yaml", overrides=overrides) if overrides else saved
+    cfg = load_config(path=folder / layout.CONFIG_FILE, overrides=overrides) if overrides else saved
     return cfg, model
 
 

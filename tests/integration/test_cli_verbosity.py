@@ -53,6 +53,6 @@ def test_verbose_shows_every_choice_of_the_recipe_with_its_reason(shown):
 @pytest.mark.parametrize("mode", ["quiet", "default", "verbose"])
 def test_train_log_keeps_every_message_whatever_the_console_showed(shown, mode):
     _, _, log = shown[mode]
-    assert "INFO dmlkit.engine.resolve: recipe: training split: 2500 images" in log
-    assert "DEBUG dmlkit.engine.resolve: recipe:   sampler.m = 16  (a fifth of 500 images per class" in log
+    assert "INFO dmlkit.recipe.planner: recipe: training split: 2500 images" in log
+    assert "DEBUG dmlkit.recipe.planner: recipe:   sampler.m = 16  (a fifth of 500 images per class" in log
     assert "run: small_cnn (64-D embedding)" in log

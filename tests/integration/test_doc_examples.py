@@ -167,7 +167,7 @@ def shorten(argv: list[str]) -> list[str]:
         out[out.index("--trials") + 1] = "2"
     if out[0] == "crossval" and "--folds" not in out:
         out += ["--folds", "0"]
-    if out[0] in ("train", "crossval", "sweep") and "--resume" not in out:
+    if out[0] in ("train", "crossval", "sweep") and "--resume" not in out and "--plan" not in out:
         own_data = any(a.startswith(("data.name=", "data.root=")) for a in out)
         out += CAP + ([] if own_data else SMALL_DATA) + (["--quiet"] if out[0] in ("train", "crossval") else [])
     return out
@@ -326,6 +326,7 @@ def test_dependency_order_and_shortening():
     assert [ex.page for ex in in_dependency_order(items)] == ["a", "b"]
     assert shorten(["crossval", "--seeds", "0", "1", "2", "--out", "d"])[:5] == ["crossval", "--seeds", "0", "--out", "d"]
     assert shorten(["train", "--resume", "runs/x"]) == ["train", "--resume", "runs/x"]
+    assert shorten(["train", "--plan", "runs/x", "--dry-run"]) == ["train", "--plan", "runs/x", "--dry-run"]
     assert "train.max_steps=2" in shorten(["train"])
 
 

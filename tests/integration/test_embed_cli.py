@@ -8,8 +8,8 @@ import pytest
 from dmlkit.cli.embed import output_format, write_embeddings
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import ConfigError
+from dmlkit.recipe import Trainer
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from dmlkit.cli.main import main
 from dmlkit.config import load_config
 from dmlkit.engine.builders import build_splits, fetch_batch
 from dmlkit.engine.loading import load_run
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import ConfigError, InvalidParameterError
 from dmlkit.export import ExportError, export_model, metadata_path_for
+from dmlkit.recipe import Trainer
 
 TOLERANCE = 1e-5
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")

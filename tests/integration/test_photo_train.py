@@ -54,7 +54,7 @@ def photo_run(tmp_path_factory):
 def test_photos_train_a_pretrained_backbone_on_rgb_with_its_preprocessing(photo_run):
     out, printed = photo_run
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    # the time budget picks Lite0, Lite1 or Lite2 (engine/backbone_choice.py), printed with its reason
+    # the time budget picks Lite0, Lite1 or Lite2 (recipe/backbone_choice.py), printed with its reason
     assert cfg["model"]["name"] in ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
     assert f"recipe:   model.name = {cfg['model']['name']}" in printed and "model.pretrained = True" in printed
     assert cfg["name"] == "folder-proxy-anchor"  # named after the data, not after the MNIST job

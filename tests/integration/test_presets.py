@@ -137,7 +137,7 @@ QUICK = ["train.max_steps=3", "train.eval_every=3", "train.checkpoint_every=3", 
 
 @pytest.mark.parametrize("name", CPU_PRESETS)
 def test_cpu_preset_trains_three_steps(name, tmp_path, omniglot_root):
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     overrides = list(QUICK)
     cfg = load_config(preset=name)

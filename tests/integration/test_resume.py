@@ -7,9 +7,9 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import CheckpointError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import Trainer
 
 OVERRIDES = [
     "train.max_steps=24",

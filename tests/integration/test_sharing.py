@@ -21,9 +21,9 @@ from dmlkit._extras import MissingExtraError
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import CheckpointError, ConfigError
 from dmlkit.inference import RunEmbedder
+from dmlkit.recipe import Trainer
 
 
 @pytest.fixture(scope="module")

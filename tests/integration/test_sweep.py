@@ -124,7 +124,7 @@ def test_best_trial_overrides_round_trip(sweep_dir):
     for cfg in (rebuilt, saved):
         cfg.pop("name")
         cfg["train"].pop("progress")
-    from dmlkit.config.recipe import RECIPE_FIELDS
+    from dmlkit.recipe.rules import RECIPE_FIELDS
 
     for path in RECIPE_FIELDS:  # left to the recipe: resolved from the same data when the rerun starts
         section, key = path.split(".")

@@ -55,7 +55,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 def tiny_run(tmp_path_factory) -> Path:
     """A finished run directory (config.yaml, checkpoints/last.pt and best.pt, log.jsonl, metrics.json)."""
     from dmlkit.config import load_config
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     Trainer(load_config(overrides=TINY_RUN_OVERRIDES), run_dir, echo=lambda _: None).fit()

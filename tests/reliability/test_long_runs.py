@@ -16,10 +16,10 @@ from torch import nn
 
 from dmlkit.config import load_config
 from dmlkit.data import ImageFileDataset
-from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import DataError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import Trainer
 
 MiB = 2**20
 

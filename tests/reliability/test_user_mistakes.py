@@ -71,7 +71,7 @@ def write_png(path: Path, seed: int = 0, size: tuple[int, int] = (12, 12), mode:
 def photo_run(tmp_path_factory) -> Path:
     """A finished run on noise photos read as their centre-crop view (shorter side 329 px, crop 288)."""
     from dmlkit.config import load_config
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     root = tmp_path_factory.mktemp("photos")
     for c in range(8):
@@ -485,8 +485,8 @@ def test_embed_refuses_paths_with_a_line_break_in_the_text_sidecar(tmp_path):
 def test_the_recipe_reads_a_true_median_and_warns_without_positive_pairs():
     """Item 12: classes of 1, 1, 5, 5 images have median 3 (torch.median said 1, so m was 1)."""
     from dmlkit.config import load_config
-    from dmlkit.config.recipe import median_count
-    from dmlkit.engine.builders import _warn_without_positive_pairs
+    from dmlkit.recipe.planner import _warn_without_positive_pairs
+    from dmlkit.recipe.rules import median_count
 
     assert median_count(torch.tensor([1, 1, 5, 5])) == 3
     assert median_count(torch.tensor([1, 1, 2, 2])) == 2

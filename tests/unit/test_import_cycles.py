@@ -180,3 +180,11 @@ def test_the_engine_and_methods_do_not_import_each_other_in_a_circle():
     assert "dmlkit.methods" in graph["dmlkit.engine.builders"]  # the engine asks the method registry
     assert not any(t.startswith("dmlkit.engine") for name, targets in graph.items()
                    if name.startswith("dmlkit.methods") for t in targets)  # the hook contract is methods/hooks.py
+
+
+def test_the_engine_never_imports_the_recipe():
+    """The recipe plans and the engine builds: ``dmlkit.recipe`` may use the engine's mechanics, never the reverse."""
+    graph = import_graph()
+    reaching = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith("dmlkit.engine")
+                      for target in targets if target == "dmlkit.recipe" or target.startswith("dmlkit.recipe."))
+    assert not reaching, "engine modules importing the recipe:\n" + "\n".join(reaching)

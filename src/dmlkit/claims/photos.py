@@ -25,6 +25,7 @@ import torch
 
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.run_layout import LAST_CHECKPOINT
 from dmlkit.exceptions import DataError
 
 #: Photo sets: folder under the data root and photos kept per class (None: all). The Oxford-IIIT Pet sample is not
@@ -105,15 +106,15 @@ def train_photo_run(setting: str, loss: dict, point: dict, seed: int, run_dir: P
     """Train one photo run (or resume it) from ``dmlkit train``'s default preset; returns the pieces of its record."""
     from dmlkit.cli.train import DEFAULT_PRESET
     from dmlkit.config import load_config
-    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import prepare_run
 
     root = seed_folder(data_root, setting, seed, out, cap)
     overrides = photo_overrides(root, loss, point, seed, steps, eval_every, threads, device)
     cfg = load_config(preset=DEFAULT_PRESET, overrides=overrides)
     start_path = run_dir.parent / f"{run_dir.name}.start.json"
-    resume = (run_dir / "checkpoints" / "last.pt").exists()
-    trainer = Trainer(resolve_run(cfg, echo=lambda s: None), run_dir, resume=resume, echo=lambda s: None,
+    resume = (run_dir / LAST_CHECKPOINT).exists()
+    trainer = Trainer(prepare_run(cfg, echo=lambda s: None), run_dir, resume=resume, echo=lambda s: None,
                       callbacks=[StartingPoint(start_path)])
     result = trainer.fit()
     start = json.loads(start_path.read_text())

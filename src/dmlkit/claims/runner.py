@@ -29,6 +29,7 @@ import torch
 from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
 from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
 from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.run_layout import LAST_CHECKPOINT, LOG_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import ConfigError
 
@@ -91,7 +92,7 @@ def _test_scores(emb: torch.Tensor, splits: GlyphSplits, seed: int) -> dict:
 
 
 def _log_records(run_dir: Path) -> list[dict]:
-    path = run_dir / "log.jsonl"
+    path = run_dir / LOG_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
@@ -123,7 +124,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
                               f"{steps}; give another --out (or delete that run) to train the new budget.")
         return record
     run_dir = record_path.with_suffix("")
-    resume = (run_dir / "checkpoints" / "last.pt").exists()
+    resume = (run_dir / LAST_CHECKPOINT).exists()
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
     torch.set_num_threads(budget.threads)
@@ -157,7 +158,7 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
     logs = _log_records(run_dir)
     val_curve = _val_curve(logs)
     projections = [r for r in logs if r.get("kind") == "projection"]
-    emb = torch.from_numpy(np.load(run_dir / "embeddings" / "test.npz")["embeddings"])
+    emb = torch.from_numpy(np.load(run_dir / TEST_EMBEDDINGS_FILE)["embeddings"])
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step), default=float("nan"))
     record = {
         "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "budget_steps": steps,

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dmlkit.engine.run_layout import METRICS_FILE
 from dmlkit.evaluation.metrics import SUMMARY_KEYS
 
 KEYS = SUMMARY_KEYS
@@ -22,9 +23,9 @@ def comparison_table(run_dirs: list[str]) -> str:
 
     rows = []
     for d in run_dirs:
-        path = Path(d) / "metrics.json"
+        path = Path(d) / METRICS_FILE
         if not path.is_file():
-            raise DataError(f"{d}: no metrics.json (has the run finished?)")
+            raise DataError(f"{d}: no {METRICS_FILE} (has the run finished?)")
         rows.append((Path(d).name, json.loads(path.read_text())))
     width = max(len(n) for n, _ in rows)
     head = "run".ljust(width) + "  " + "  ".join(k.rjust(14) for k in KEYS)

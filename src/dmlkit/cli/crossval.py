@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, new_output_dir
@@ -25,13 +26,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmlkit.engine.crossval import format_crossval, run_crossval
+    from dmlkit.crossval import format_crossval, run_crossval
     from dmlkit.engine.run_dir import claim_directory
     from dmlkit.exceptions import DmlkitError
 
     cfg = config_from_args(args)
     if args.no_progress:
-        cfg.train.progress = False
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
     out = Path(args.out) if args.out else new_output_dir("runs", f"{cfg.name}-crossval")
     claim = claim_directory(out, "crossval", resume=True)  # rerunning the same command resumes its own folds
     try:

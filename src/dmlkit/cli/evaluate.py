@@ -28,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
 
     from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint import atomic_write_json
+    from dmlkit.engine.run_layout import EVALUATIONS_DIR
     from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows, per_category_metrics
-    from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
+    from dmlkit.evaluation import evaluate
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
     from dmlkit.models.embedder import shift_radius
@@ -44,13 +45,14 @@ def run(args: argparse.Namespace) -> int:
     ks = tuple(cfg.eval.ks)
     embed = embedder.embed_dataset  # under the run's training autocast, as the run embedded its own splits
 
+    over_cluster = cfg.eval.over_cluster if args.over_cluster is None else args.over_cluster
+    if cfg.eval.clustering and over_cluster < 1:
+        raise ConfigError(f"--over-cluster must be an int >= 1. Got {over_cluster}.")
+    gallery = gallery_labels = own = None
     if args.split == "test" and splits.eval_mode == "query_gallery":
-        q, ql = embed(splits.query)
-        g, gl = embed(splits.gallery)
+        emb, labels = embed(splits.query)
+        gallery, gallery_labels = embed(splits.gallery)
         own = own_rows(splits)  # a query's own image is not in its gallery (CSV rows both query and gallery)
-        metrics = retrieval_metrics(q, ql, reference=g, reference_labels=gl, ks=ks, backend=backend, own_reference=own)
-        metrics.update(verification_metrics(*query_gallery_union(q, ql, g, gl, own), seed=cfg.seed))
-        scored = (q, ql, splits.categories, (g, gl), own)
     else:
         if args.split == "val" and cfg.protocol.member_folds and (cfg.model.ensemble or 1) > 1:
             raise ConfigError(
@@ -61,20 +63,17 @@ def run(args: argparse.Namespace) -> int:
             )
         with shift_radius(embedder.model, cfg.eval.val_shift_average if args.split == "val" else None):
             emb, labels = embed(require_split(splits, args.split, cfg))  # the validation's shifts, as the run's own
-        metrics = retrieval_metrics(emb, labels, ks=ks, backend=backend)
-        scored = (emb, labels, splits.categories, None, None)
-        metrics.update(verification_metrics(emb, labels, seed=cfg.seed))
-        if cfg.eval.clustering:
-            over_cluster = cfg.eval.over_cluster if args.over_cluster is None else args.over_cluster
-            if over_cluster < 1:
-                raise ConfigError(f"--over-cluster must be an int >= 1. Got {over_cluster}.")
-            metrics.update(clustering_metrics(emb, labels, over_cluster=over_cluster, seed=cfg.seed))
+    # the run's own scoring (Trainer.score): clustering over queries and gallery together when eval.clustering
+    groups = ("retrieval", "verification", "clustering") if cfg.eval.clustering else ("retrieval", "verification")
+    metrics = evaluate(emb, labels, reference=gallery, reference_labels=gallery_labels, own_reference=own,
+                       metrics=groups, ks=ks, backend=backend, over_cluster=over_cluster, ami=True, seed=cfg.seed)
     metrics = _floats(metrics)
     print(format_metrics_table(metrics, [k for k in TABLE_KEYS if k in metrics]))
-    out = new_output_file(Path(args.run_dir) / "evaluations", args.split, ".json")
+    out = new_output_file(Path(args.run_dir) / EVALUATIONS_DIR, args.split, ".json")
     record = {"split": args.split, "checkpoint": args.checkpoint, "overrides": args.overrides, **metrics}
     if args.split == "test" and splits.categories is not None:  # a CSV 'category' column, as the run scored it
-        record["per_category"] = per_category_metrics(*scored, ks, backend)
+        reference = None if gallery is None else (gallery, gallery_labels)
+        record["per_category"] = per_category_metrics(emb, labels, splits.categories, reference, own, ks, backend)
     # data.skip_bad_images: files left out when decoding into memory, and files found unreadable while reading per item
     skipped = sorted({str(p) for p in splits.info.get("skipped_images", [])} | set(splits.skipped_per_item()))
     if skipped:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine.measurements import Measurements
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
 
@@ -37,6 +40,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
+    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder or RUN/resolved.json): its "
+                   "config as asked and the machine's measurements it planned from, so the same steps, backbone and "
+                   "choices, on any machine (only --device, --out and the output options may be added)")
+    p.add_argument("--replan", action="store_true", help="measure this machine again instead of replaying what an "
+                   "earlier run of the same config kept here, and keep the new measurements")
     add_verbosity_options(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
@@ -47,15 +55,21 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmlkit._messages import SILENT
     from dmlkit.config import load_config
-    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.trainer import format_metrics_table
     from dmlkit.launch import launch
+    from dmlkit.recipe import prepare_run
 
     if args.list_backbones:
         return list_backbones()
-    if args.resume:
+    measurements = None
+    if args.plan:
+        cfg, measurements = _replayed(args)
+        run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
+        if args.dry_run:
+            print(prepare_run(cfg, echo=lambda _line: None, measurements=measurements).format())
+            return 0
+    elif args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
@@ -71,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
         cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        measurements = Measurements.live().forgo("a resumed run")  # it plans from its own speeds
         if args.dry_run:
             raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
     else:
@@ -83,15 +98,18 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
-        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained or written
-            print(resolve_run(cfg, echo=SILENT).format())
+        if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
+            resolved = prepare_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
+            print(resolved.format())
+            print(resolved.measurements.keep())
             return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
     if args.no_progress:
-        cfg.train.progress = False
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
     # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
     with launch(cfg, run_dir, resume=bool(args.resume), option="--resume" if args.resume else "--out",
-                report=not args.no_report, started=getattr(args, "_started", None)) as trainer:
+                report=not args.no_report, started=getattr(args, "_started", None), measurements=measurements,
+                replan=args.replan) as trainer:
         result = trainer.fit()
     if not trainer.dist.is_main:
         return 0
@@ -100,6 +118,22 @@ def run(args: argparse.Namespace) -> int:
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
+    """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
+    from dmlkit.config.schema import config_from_dict
+
+    extra = [*args.overrides, *flag_overrides(args)]
+    if args.resume or args.preset or args.config or args.from_sweep or args.replan or args.seed is not None \
+            or any(o.split("=", 1)[0].strip() != "train.device" for o in extra):
+        raise ConfigError("--plan replays an earlier run's config and measurements as they were; only --device (or "
+                          "--set train.device=...), --out and the output options may be added to it. To change the "
+                          "run, start from its config: --config RUN/config.yaml.")
+    request, measurements = Measurements.from_run(args.plan)
+    for override in extra:
+        request = {**request, "train": {**request.get("train", {}), "device": override.split("=", 1)[1].strip()}}
+    return config_from_dict(request), measurements
 
 
 def list_backbones() -> int:

@@ -23,6 +23,10 @@ from typing import Any, Callable
 COMPONENT_SECTIONS: dict[tuple[str, ...], Any] = {("model",): "small_cnn", ("loss",): "proxy_anchor",
                                                   ("loss", "miner"): None}
 
+#: The model the recipe trains from scratch for glyphs and digits (``model.name=auto``; its ``model.args`` are checked
+#: against it).
+GLYPH_MODEL = "small_cnn"
+
 #: ``*.args`` values that are specifications the engine turns into objects (a distance name, a nested loss).
 RESOLVED_BY_ENGINE = frozenset({"distance", "pair_loss"})
 
@@ -109,7 +113,6 @@ def args_problems(cfg, skip: tuple[str, ...] = ()) -> list[str]:
         else:
             problems += _registry_problems("loss.miner.args", "miner", MINERS, cfg.loss.miner.name, cfg.loss.miner.args)
     if cfg.model.args and "model" not in skip:
-        from dmlkit.config.recipe import GLYPH_MODEL
         from dmlkit.models import MODELS
 
         # model.name=auto: args can only be for the model the recipe trains from scratch (glyphs); the

@@ -29,7 +29,7 @@ class DataConfig:
     in memory (image files get their own per-item augmentation), ``"crop"`` takes a random resized
     crop of ``crop_size`` pixels (area 16-100 %, aspect 3/4-4/3) and flips half of them (photos held
     in memory, which are stored as their ``image_size`` evaluation view); ``"auto"`` lets the recipe
-    (:mod:`dmlkit.config.recipe`) choose from the kind of images. For photos ``image_size`` is the
+    (:mod:`dmlkit.recipe.rules`) choose from the kind of images. For photos ``image_size`` is the
     evaluation size (shorter side resized to ``image_size * 256 / 224``, centre crop) and
     ``crop_size`` the training crop; ``None`` lets the recipe choose both from the images' size.
     ``num_workers=None`` lets the recipe choose DataLoader workers (on a GPU, for images read from disk).
@@ -217,7 +217,7 @@ class TrainConfig:
     (``[tensorboard, mlflow, wandb]``, :mod:`dmlkit.engine.loggers`): the config as parameters,
     every record as metrics, report and best checkpoint as artifacts; ``tracking_uri`` is MLflow's
     (``None``: MLflow's file store in ``RUN_DIR/mlruns``). ``model.name=auto`` chooses the photo
-    backbone by ``time_budget`` too (:mod:`dmlkit.engine.backbone_choice`).
+    backbone by ``time_budget`` too (:mod:`dmlkit.recipe.backbone_choice`).
     ``feature_cache`` computes the frozen stages' output once, for ``cache_views`` augmented views
     of each training image, and trains the rest of the model from it
     (:mod:`dmlkit.engine.feature_cache`): ``auto`` (where possible and within the memory cap),
@@ -546,3 +546,14 @@ def field_paths(cls: type = RunConfig, prefix: str = "") -> list[str]:
         else:
             out.append(path)
     return out
+
+
+def uses_pretrained_weights(cfg: Any) -> bool:
+    """Whether the model starts from trained weights (offline ImageNet weights or ``model.weights``)."""
+    return bool(cfg.model.pretrained) or cfg.model.weights is not None
+
+
+def selects_by_significance(cfg: Any) -> bool:
+    """Whether validation keeps a checkpoint only when it beats the pretrained embedding of step 0
+    significantly (``protocol.selection=significant`` with trained starting weights), rather than the best MAP@R."""
+    return cfg.protocol.selection == "significant" and uses_pretrained_weights(cfg)

@@ -250,6 +250,76 @@ def build_splits(
     data (``image_size`` then resizes the tensors once). The training split's random augmentation
     is seeded per item from ``(seed, epoch, index)``; call ``splits.train.set_epoch(e)`` each epoch.
     """
+    _check_split_arguments(name, label, eval_label, image_size, fold, num_folds, train_fraction, seed, skip_bad_images)
+    spec = get_dataset_spec(name)
+    label = spec.resolve_label(label, "label")
+    eval_label = spec.resolve_label(eval_label if eval_label is not None else label, "eval_label")
+    sources = _read_sources(spec, name, root, label, eval_label, dataset_options)
+
+    class_split = sources["train"].class_split  # kept before decoding, which makes new sources
+    # a reader may return query and gallery sources for any data set (a CSV with is_query/is_gallery)
+    eval_mode = "query_gallery" if "query" in sources else spec.eval_mode
+    decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
+    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
+    photos = None
+    if center_crop:
+        from dmlkit.data.transforms import photo_pipeline
+
+        photos = photo_pipeline(pipeline, image_size, crop_size, interpolation)
+    if cache_in_memory and (train_transform is None or eval_transform is None) and eval_mode != "query_gallery":
+        sources, decoded_here = _decoded_sources(sources, spec.image_mode, image_size, skip_bad_images, center_crop,
+                                                 interpolation, photos)
+    in_memory = all(src.images is not None for src in sources.values())
+    record_eval_input = eval_transform is None  # new images can be prepared as the default evaluation is
+    if train_transform is None or eval_transform is None:
+        default_train, default_eval = _default_transforms(spec, photos, in_memory, decoded_here, image_size,
+                                                          preprocessing)
+        train_transform = default_train if train_transform is None else train_transform
+        eval_transform = default_eval if eval_transform is None else eval_transform
+    stored = photos.view if photos is not None and decoded_here else image_size  # photos: their stored view
+    tensor_size = stored if in_memory else None
+
+    train_source = sources["train"]
+    group = spec.group_of(label, eval_label)
+    info: dict[str, Any] = {"label": label, "eval_label": eval_label, "group": group, "seed": seed}
+    if class_split is not None:
+        info["class_split"] = class_split
+    skipped = [path for src in sources.values() for path in src.skipped]
+    if skipped:
+        info["skipped_images"] = skipped
+    train_rows, val_rows, held_out = _validation_rows(train_source.names[group], fold, num_folds, train_fraction, seed)
+    info.update(held_out)
+
+    def make(source, rows, lab, tf, split_name, augmentation_seed=None):
+        return _make_split(spec, source, rows, lab, tf, tensor_size, skip_bad_images, split_name, augmentation_seed)
+
+    splits = DataSplits(
+        name=name,
+        train=make(train_source, train_rows, label, train_transform, "train", augmentation_seed=seed),
+        val=None if val_rows is None else make(train_source, val_rows, eval_label, eval_transform, "val"),
+        eval_mode=eval_mode,
+        info=info,
+    )
+    if splits.val is not None and int(splits.val.labels.unique().numel()) < 2:
+        _warn_single_validation_class(name, eval_label, fold, num_folds, train_fraction)
+    if eval_mode == "query_gallery":
+        splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, skip_bad_images)
+    else:
+        splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
+    evaluated_source = sources["query" if eval_mode == "query_gallery" else "test"]
+    if "category" in evaluated_source.names:
+        splits.categories = list(evaluated_source.names["category"])
+    if record_eval_input:
+        splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
+        if center_crop:  # photos: the centre-crop view, with the backbone's interpolation
+            splits.info["eval_input"].update(view="photo", crop_size=crop_size or image_size,
+                                             interpolation=interpolation, pipeline=pipeline)
+    return splits
+
+
+def _check_split_arguments(name, label, eval_label, image_size, fold, num_folds, train_fraction, seed,
+                           skip_bad_images) -> None:
+    """:func:`build_splits`' parameters checked against their constraints, and ``fold`` against ``num_folds``."""
     validate_params(
         "build_splits",
         dict(name=name, label=label, eval_label=eval_label, image_size=image_size, fold=fold,
@@ -273,105 +343,76 @@ def build_splits(
         )
     if fold is not None and train_fraction is not None:
         raise InvalidParameterError("build_splits takes either 'fold' or 'train_fraction', not both.")
-    spec = get_dataset_spec(name)
-    label = spec.resolve_label(label, "label")
-    eval_label = spec.resolve_label(eval_label if eval_label is not None else label, "eval_label")
+
+
+def _read_sources(spec: DatasetSpec, name: str, root, label: str, eval_label: str,
+                  dataset_options: Mapping[str, Any]) -> dict[str, SplitSource]:
+    """The reader's sources of each split (``train``, ``test`` or ``query`` / ``gallery``) of data set ``name``."""
     if not spec.in_memory and root is None:
         raise InvalidParameterError(f"Dataset {name!r} is read from disk: pass root=<directory>. Layout: {spec.layout}")
     try:
-        sources = spec(root=None if root is None else str(root), label=label, eval_label=eval_label, **dataset_options)
+        return spec(root=None if root is None else str(root), label=label, eval_label=eval_label, **dataset_options)
     except TypeError as err:
         if dataset_options and "unexpected keyword" in str(err):
             raise InvalidParameterError(f"Dataset {name!r} does not take the options {sorted(dataset_options)}.") from err
         raise
 
-    class_split = sources["train"].class_split  # kept before decoding, which makes new sources
-    # a reader may return query and gallery sources for any data set (a CSV with is_query/is_gallery)
-    eval_mode = "query_gallery" if "query" in sources else spec.eval_mode
-    decoded_here = False  # image files decoded (and resized) with PIL by _decode_into_memory
-    interpolation = str((preprocessing or {}).get("interpolation", "bilinear"))
-    photos = None
-    if center_crop:
-        from dmlkit.data.transforms import photo_pipeline
 
-        photos = photo_pipeline(pipeline, image_size, crop_size, interpolation)
-    if cache_in_memory and (train_transform is None or eval_transform is None) and eval_mode != "query_gallery":
-        cached = {k: _decode_into_memory(v, spec.image_mode, image_size, split=k, skip_bad_images=skip_bad_images,
-                                         center_crop=center_crop, interpolation=interpolation,
-                                         view=photos.view_transform() if photos is not None else None)
-                  for k, v in sources.items()}
-        if all(c is not None for c in cached.values()):
-            sources, decoded_here = cached, True
-    in_memory = all(src.images is not None for src in sources.values())
-    record_eval_input = eval_transform is None  # new images can be prepared as the default evaluation is
-    if train_transform is None or eval_transform is None:
-        from dmlkit.data.transforms import default_transforms, tensor_transform
+def _decoded_sources(sources: dict[str, SplitSource], mode: str, image_size: int | None, skip_bad_images: bool,
+                     center_crop: bool, interpolation: str, photos) -> tuple[dict[str, SplitSource], bool]:
+    """Every split's images decoded once into memory (:func:`_decode_into_memory`) and True; the sources as they
+    were and False when one split is too large for it."""
+    cached = {k: _decode_into_memory(v, mode, image_size, split=k, skip_bad_images=skip_bad_images,
+                                     center_crop=center_crop, interpolation=interpolation,
+                                     view=photos.view_transform() if photos is not None else None)
+              for k, v in sources.items()}
+    if all(c is not None for c in cached.values()):
+        return cached, True
+    return sources, False
 
-        if in_memory and photos is not None and decoded_here:
-            default_train, default_eval = photos.tensor_transforms(preprocessing)
-        elif in_memory:
-            default_train = default_eval = tensor_transform(preprocessing)
-        elif photos is not None:
-            default_train, default_eval = photos.item_transforms(preprocessing)
-        else:
-            default_train, default_eval = default_transforms(spec, image_size, preprocessing)
-        train_transform = default_train if train_transform is None else train_transform
-        eval_transform = default_eval if eval_transform is None else eval_transform
-    stored = photos.view if photos is not None and decoded_here else image_size  # photos: their stored view
-    tensor_size = stored if in_memory else None
 
-    train_source = sources["train"]
-    group = spec.group_of(label, eval_label)
-    groups = train_source.names[group]
-    train_rows = val_rows = None
-    info: dict[str, Any] = {"label": label, "eval_label": eval_label, "group": group, "seed": seed}
-    if class_split is not None:
-        info["class_split"] = class_split
-    skipped = [path for src in sources.values() for path in src.skipped]
-    if skipped:
-        info["skipped_images"] = skipped
+def _default_transforms(spec: DatasetSpec, photos, in_memory: bool, decoded_here: bool, image_size: int | None,
+                        preprocessing: Mapping[str, Any] | None):
+    """The default ``(training, evaluation)`` transforms for where the images are: photos decoded into memory or
+    read per item (their pipeline's), other data in memory (normalisation only) or image files."""
+    from dmlkit.data.transforms import default_transforms, tensor_transform
+
+    if in_memory and photos is not None and decoded_here:
+        return photos.tensor_transforms(preprocessing)
+    if in_memory:
+        normalise = tensor_transform(preprocessing)
+        return normalise, normalise
+    if photos is not None:
+        return photos.item_transforms(preprocessing)
+    return default_transforms(spec, image_size, preprocessing)
+
+
+def _validation_rows(groups: Sequence[str], fold: int | None, num_folds: int, train_fraction: float | None,
+                     seed: int) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, Any]]:
+    """``(train rows, val rows, what the splits' info records)`` of the training source: fold ``fold`` of the
+    class-disjoint folds, or a seeded ``train_fraction`` cut of the classes; no validation rows without either."""
     if fold is not None:
         folds = class_disjoint_folds(groups, num_folds, seed)
         held_out = set(folds[fold])
-        val_rows = _rows_in(groups, held_out)
-        train_rows = _rows_in(groups, set().union(*folds) - held_out)
-        info.update(fold=fold, num_folds=num_folds, val_classes=folds[fold])
-    elif train_fraction is not None:
+        return (_rows_in(groups, set().union(*folds) - held_out), _rows_in(groups, held_out),
+                dict(fold=fold, num_folds=num_folds, val_classes=folds[fold]))
+    if train_fraction is not None:
         kept, held = split_classes(groups, train_fraction, seed)
-        train_rows, val_rows = _rows_in(groups, set(kept)), _rows_in(groups, set(held))
-        info.update(train_fraction=train_fraction, val_classes=held)
+        return (_rows_in(groups, set(kept)), _rows_in(groups, set(held)),
+                dict(train_fraction=train_fraction, val_classes=held))
+    return None, None, {}
 
-    def make(source, rows, lab, tf, split_name, augmentation_seed=None):
-        return _make_split(spec, source, rows, lab, tf, tensor_size, skip_bad_images, split_name, augmentation_seed)
 
-    splits = DataSplits(
-        name=name,
-        train=make(train_source, train_rows, label, train_transform, "train", augmentation_seed=seed),
-        val=None if val_rows is None else make(train_source, val_rows, eval_label, eval_transform, "val"),
-        eval_mode=eval_mode,
-        info=info,
+def _warn_single_validation_class(name: str, eval_label: str, fold: int | None, num_folds: int,
+                                  train_fraction: float | None) -> None:
+    """Warn (at :func:`build_splits`' caller) that a validation split of one class cannot select or stop."""
+    where = f"fold={fold} of num_folds={num_folds}" if fold is not None else f"train_fraction={train_fraction}"
+    warnings.warn(
+        f"The validation split ({where}) of {name!r} holds a single {eval_label!r} class: its MAP@R is "
+        "always 1, so validation cannot select a checkpoint or stop early. Use fewer folds or a data set "
+        "with more training classes.",
+        stacklevel=3,
     )
-    if splits.val is not None and int(splits.val.labels.unique().numel()) < 2:
-        where = f"fold={fold} of num_folds={num_folds}" if fold is not None else f"train_fraction={train_fraction}"
-        warnings.warn(
-            f"The validation split ({where}) of {name!r} holds a single {eval_label!r} class: its MAP@R is "
-            "always 1, so validation cannot select a checkpoint or stop early. Use fewer folds or a data set "
-            "with more training classes.",
-            stacklevel=2,
-        )
-    if eval_mode == "query_gallery":
-        splits.query, splits.gallery = _query_gallery(spec, sources, eval_label, eval_transform, skip_bad_images)
-    else:
-        splits.test = make(sources["test"], None, eval_label, eval_transform, "test")
-    evaluated_source = sources["query" if eval_mode == "query_gallery" else "test"]
-    if "category" in evaluated_source.names:
-        splits.categories = list(evaluated_source.names["category"])
-    if record_eval_input:
-        splits.info["eval_input"] = _eval_input(splits, spec, in_memory, decoded_here, image_size, tensor_size)
-        if center_crop:  # photos: the centre-crop view, with the backbone's interpolation
-            splits.info["eval_input"].update(view="photo", crop_size=crop_size or image_size,
-                                             interpolation=interpolation, pipeline=pipeline)
-    return splits
 
 
 def _eval_input(splits: DataSplits, spec: DatasetSpec, in_memory: bool, decoded_here: bool,

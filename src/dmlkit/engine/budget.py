@@ -22,10 +22,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dmlkit.config.recipe import (
-    DEFAULT_TIME_BUDGET,  # noqa: F401  (the recipe's default, planned to here)
-    evaluations_over,
-)
+#: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
+#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget plans to it).
+DEFAULT_TIME_BUDGET = 720.0
+
+
+def evaluations_over(steps: int, every: int) -> int:
+    """Validations an interval of ``every`` steps gives over ``steps`` steps, the final step's included."""
+    return -(-steps // max(every, 1))
+
 
 #: Steps timed for the first plan, after one warm-up step (oneDNN primitives, allocator pools).
 CALIBRATION_STEPS = 3

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
-import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -12,14 +10,10 @@ import torch
 from torch import nn
 
 from dmlkit._cpu_ops import cpu_bf16_native
-from dmlkit._messages import messages
-from dmlkit.config import recipe
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
-
-log = logging.getLogger(__name__)
 
 
 def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
@@ -173,15 +167,25 @@ def build_splits(cfg: RunConfig, model: nn.Module, survey=None):
         splits.train, splits.val = hold_out_samples(splits.train, p.val_fraction, p.seed)
         _evaluate_like_test(splits)
     if p.val_class_fraction and splits.val is None:  # set by the user, or by the recipe in a saved config.yaml
-        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
+        hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     return splits
 
 
-def _hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
+def hold_out_validation_classes(splits, fraction: float, seed: int) -> None:
+    """Hold ``fraction`` of the training classes out of ``splits`` as its validation split (seeded by ``seed``);
+    the training split before it is kept as ``splits.before_holdout``."""
     splits.before_holdout = splits.train
     splits.train, splits.val = hold_out_classes(splits.train, fraction, seed)
     _evaluate_like_test(splits)
     splits.info["val_classes"] = list(splits.val.class_names)
+
+
+def background_fill(splits, background) -> list[float]:
+    """The batch augmentation's fill: ``background`` (per channel, as the data holds it) after the training split's
+    normalisation, as the model sees it."""
+    background = torch.tensor(background).view(1, -1, 1, 1)
+    transform = splits.train.transform
+    return (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
 
 
 def _evaluate_like_test(splits) -> None:
@@ -193,24 +197,6 @@ def _evaluate_like_test(splits) -> None:
     splits.val.transform, splits.val.augmentation_seed = evaluation.transform, None
 
 
-def apply_model_recipe(cfg: RunConfig, survey, echo=None, *, accelerator: bool = False) -> dict:
-    """Fill the model and image-size fields left to the recipe from a first look at the training split.
-
-    Returns the choices (``{field: (value, reason)}``), said later with the rest of the recipe.
-    """
-    choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train), accelerator=accelerator)
-    recipe.apply(cfg, choices)
-    return choices
-
-
-@dataclass
-class ResolvedRecipe:
-    """The training split's profile and the values the recipe chose (``{field: (value, reason)}``)."""
-
-    profile: recipe.DataProfile
-    choices: dict
-
-
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 natively (a GPU with bf16; a CPU with AVX512-BF16 or AMX via oneDNN)."""
     if device.type == "cuda":  # Ampere or newer; older cards only emulate bf16 (slower than fp32)
@@ -219,61 +205,6 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cpu":
         return cpu_bf16_native()
     return False
-
-
-def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False, model: nn.Module | None = None,
-                 model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
-    """Fill the config fields left to the recipe from the training split (docs/recipes.md), say them.
-
-    First the validation classes (``protocol.val_class_fraction``), then the rest from the split
-    the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
-    device computes bf16 natively) resolves ``train.mixed_precision=auto``. ``model`` (the built
-    model) gives the embedding size of a pretrained backbone that keeps its features;
-    ``model_choices`` (:func:`apply_model_recipe`) are said with the rest.
-    """
-    full = recipe.profile_split(splits.train)
-    p = cfg.protocol
-    chosen: dict = dict(model_choices or {})
-    if cfg.model.embedding_size is None and model is not None:
-        size = int(model.embedding_size)
-        cfg.model.embedding_size = size
-        chosen["model.embedding_size"] = (size, "the backbone's own feature size")
-    if p.val_class_fraction is None:
-        warm = recipe.uses_pretrained_weights(cfg)
-        fraction = recipe.val_class_fraction_for(full, warm) if (p.fold is None and p.val_fraction == 0) else 0.0
-        held = full.num_classes - int(round((1.0 - fraction) * full.num_classes))
-        reason = f"{full.num_classes} training classes" + (
-            f": hold out {held} for checkpoint choice" if fraction == 0.2
-            else f": hold out {held}, so held-out classes tell whether training beats the pretrained embedding"
-            if fraction else ": too few for class-disjoint validation")
-        fraction = round(fraction, 4)
-        chosen["protocol.val_class_fraction"] = (fraction, reason)
-        p.val_class_fraction = fraction
-    if p.val_class_fraction and splits.val is None:
-        _hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
-    profile = recipe.profile_split(splits.train)
-    choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
-    recipe.apply(cfg, choices)
-    chosen.update(choices)
-    if chosen:  # the split in one line; each choice and its reason in detail (dmlkit train -v)
-        say = messages(echo, log)
-        say(f"recipe: training split: {profile.describe()}")
-        say.detail(recipe.format_planned(chosen))
-    _warn_without_positive_pairs(cfg)
-    return ResolvedRecipe(profile, chosen)
-
-
-def _warn_without_positive_pairs(cfg: RunConfig) -> None:
-    """Warn when batches of distinct classes (``sampler.m=1``) meet a loss that learns only from positive pairs."""
-    from dmlkit.losses import LOSSES
-
-    if cfg.sampler.name != "m_per_class" or cfg.sampler.m != 1:
-        return
-    if "num_classes" in inspect.signature(LOSSES.get(cfg.loss.name)).parameters:
-        return  # a proxy loss pulls each sample to its class's proxy: no pair of samples needed
-    warnings.warn(f"sampler.m=1 gives batches of distinct classes: loss {cfg.loss.name!r} sees no positive pair and "
-                  "learns nothing from them. Use a proxy loss or more images per class (sampler.m >= 2).",
-                  UserWarning, stacklevel=2)
 
 
 def hold_out_classes(dataset, fraction: float, seed: int):

@@ -22,7 +22,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -81,8 +81,8 @@ def plan_feature_cache(cfg, model: nn.Module, dataset, augment: Callable | None,
     off (:meth:`~dmlkit.models.Embedder.prefix_problem`), the training split is held in memory, its
     batch augmentation is ``crop`` or ``none``, the run is one process, and the cache fits ``cap``
     (:func:`memory_cap`); otherwise off, with the reason. ``on`` where any of this fails is a
-    ConfigError naming why. The resolved values are written into ``cfg`` (so ``config.yaml`` and a
-    resume use them).
+    ConfigError naming why. ``cfg`` is read, never written: :func:`cache_choices` gives the resolved values,
+    which the recipe writes into the config it finishes (so ``config.yaml`` and a resume use them).
     """
     t = cfg.train
     if t.feature_cache == "off":
@@ -126,11 +126,19 @@ def views_for_epochs(epochs: float, most: int) -> int:
 
 
 def _resolved(cfg, plan: CachePlan, echo: Callable[[str], None] | None) -> CachePlan:
-    cfg.train.feature_cache = "on" if plan.enabled else "off"
-    if plan.enabled:
-        cfg.train.cache_views = plan.views
-    messages(echo, log).detail(f"recipe:   train.feature_cache = {cfg.train.feature_cache}  ({plan.reason})")
+    messages(echo, log).detail(f"recipe:   train.feature_cache = {'on' if plan.enabled else 'off'}  ({plan.reason})")
     return plan
+
+
+def cache_choices(cfg, plan: CachePlan) -> dict[str, tuple[Any, str]]:
+    """The config values ``plan`` resolves (``{field: (value, reason)}``; none for ``train.feature_cache=off``):
+    ``train.feature_cache`` on or off and, when on, ``train.cache_views``."""
+    if cfg.train.feature_cache == "off":
+        return {}
+    chosen: dict[str, tuple[Any, str]] = {"train.feature_cache": ("on" if plan.enabled else "off", plan.reason)}
+    if plan.enabled:
+        chosen["train.cache_views"] = (plan.views, plan.reason)
+    return chosen
 
 
 def _impossible(cfg, model: nn.Module, dataset, distributed: bool) -> str | None:

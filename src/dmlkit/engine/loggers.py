@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from dmlkit._validation import require_module
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, MLFLOW_DIR, REPORT_FILE, TENSORBOARD_DIR
 
 if TYPE_CHECKING:
     from dmlkit.engine.trainer import Trainer, TrainResult
@@ -46,8 +47,8 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
 def run_artifacts(trainer: "Trainer") -> list[tuple[Path, str]]:
     """``(file, folder in the tracker)`` of a finished run: report, metrics, config, best checkpoint."""
     run = trainer.run
-    files = [(run.path / "report.html", ""), (run.path / "metrics.json", ""), (run.path / "config.yaml", ""),
-             (run.best_checkpoint, "checkpoints")]
+    files = [(run.path / REPORT_FILE, ""), (run.path / METRICS_FILE, ""), (run.path / CONFIG_FILE, ""),
+             (run.best_checkpoint, CHECKPOINTS_DIR)]
     return [(path, folder) for path, folder in files if path.exists()]
 
 
@@ -64,7 +65,7 @@ class TensorBoardLogger(Callback):
         require_tensorboard()  # a missing package fails when the logger is made, before anything heavy
 
     def on_train_start(self, trainer: "Trainer") -> None:
-        log_dir = self.log_dir or trainer.run.path / "tensorboard"
+        log_dir = self.log_dir or trainer.run.path / TENSORBOARD_DIR
         purge = trainer.step + 1 if trainer.step > 0 else None
         self.writer = require_tensorboard()(log_dir=str(log_dir), purge_step=purge)
 
@@ -159,7 +160,7 @@ class MLflowLogger(Callback):
 
 def local_store_uri(run_dir: Path) -> str:
     """The URI of the MLflow file store a run keeps in ``RUN_DIR/mlruns``."""
-    return (Path(run_dir) / "mlruns").resolve().as_uri()
+    return (Path(run_dir) / MLFLOW_DIR).resolve().as_uri()
 
 
 def wandb_logged_in() -> bool:

@@ -1,14 +1,13 @@
-"""A run resolved: a config (plus any objects the caller brings) turned into everything the run trains with.
+"""A planned run built: a finished config (plus any objects the caller brings) turned into everything it trains with.
 
-:func:`resolve_run` is the one way into the engine: ``dmlkit train``, ``dmlkit.fit``, ``sweep`` and
-``crossval`` call it, and :class:`~dmlkit.engine.trainer.Trainer` receives its :class:`ResolvedRun`
-and builds nothing. The order of the steps is the order the parts depend on each other (and the
+:func:`resolve_run` is the one way into the engine: ``dmlkit train``, ``dmlkit.fit``, ``sweep``, ``crossval`` and
+the claims runner plan a run with :func:`dmlkit.recipe.planner` (which decides every field left to the recipe), then
+call it; :class:`~dmlkit.engine.trainer.Trainer` receives its :class:`ResolvedRun` and builds nothing. It reads the
+config and never writes to it, and builds each object once, in the order the parts depend on each other (and the
 order the global RNG is drawn in, so the same seed gives the same numbers):
 
-device -> process group -> loggers -> seed -> survey of the data -> model recipe -> backbone by budget
--> model -> view size and pooling -> learning plan -> splits -> data recipe -> glyph plan (steps, members and
-validations from measured costs) -> model again (ensemble / shift averaging) -> label map -> objective -> optimiser
-and schedule -> sampler -> batch augmentation -> autocast -> DDP / compile -> feature-cache plan -> fingerprint.
+device -> process group -> loggers -> seed -> model -> splits -> batch augmentation -> label map -> objective
+-> optimiser and schedule -> sampler -> autocast -> DDP / compile -> fingerprint.
 
 ``ResolvedRun.choices`` holds every value the recipe (and the measurements behind it) chose, with the
 reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train --dry-run``) and
@@ -17,45 +16,38 @@ reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train 
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from dmlkit._messages import SILENT, messages
-from dmlkit.config import recipe as recipes
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import backbone_choice, builders, device_data, distributed
+from dmlkit.engine import builders, device_data, distributed
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint import config_fingerprint
-from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
-from dmlkit.engine.glyph_plan import plan_for_run as plan_glyphs_for_run
-from dmlkit.engine.learning_plan import plan_for_run
+from dmlkit.engine.feature_cache import CachePlan
 from dmlkit.engine.loggers import build_loggers
+from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
+from dmlkit.engine.planned import PlannedRun
+from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.engine.seeding import seed_everything
-from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
-from dmlkit.exceptions import ConfigError
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
 
-log = logging.getLogger(__name__)
-
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
-SUMMARY_FILE = "resolved.json"
+SUMMARY_FILE = RESOLVED_FILE
 
 
 @dataclass
 class ResolvedRun:
     """Every object a run trains with and every choice made for it (``choices``: ``{field: (value, reason)}``).
 
-    ``cfg`` is the config with the recipe's values filled in (what ``config.yaml`` saves); ``started``
-    the wall clock (``time.perf_counter``) when resolution began: ``train.time_budget`` counts from it.
+    ``cfg`` is the finished config (what ``config.yaml`` saves); ``recipe`` what the recipe recorded choosing it;
+    ``started`` the wall clock (``time.perf_counter``) when planning began: ``train.time_budget`` counts from it.
     """
 
     cfg: RunConfig
@@ -64,7 +56,7 @@ class ResolvedRun:
     dist: distributed.DistInfo
     loggers: list[Callback]
     splits: Any
-    recipe: builders.ResolvedRecipe
+    recipe: PlannedRun
     model: nn.Module
     channels_last: bool
     label_map: builders.LabelMap
@@ -83,6 +75,8 @@ class ResolvedRun:
     method: type[MethodHooks]
     member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
+    request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
+    measurements: Measurements | None = None  # the machine's numbers the plans read (engine/measurements.py)
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -91,9 +85,7 @@ class ResolvedRun:
     @property
     def choices(self) -> dict[str, tuple[Any, str]]:
         """What the recipe chose (model, data, batches, budget, ...) and the feature cache's resolution, with reasons."""
-        chosen = dict(self.recipe.choices)
-        chosen["train.feature_cache"] = (self.cfg.train.feature_cache, self.cache_plan.reason)
-        return chosen
+        return dict(self.recipe.choices)
 
     def parts(self) -> dict[str, str]:
         """One line per object of the run: what it is and its main settings."""
@@ -142,7 +134,7 @@ class ResolvedRun:
         lines += [f"  {name.ljust(width)}  {text}" for name, text in parts.items()]
         lines.append(f"what the recipe chose and why (training split: {self.recipe.profile.describe()}):")
         chosen = self.choices
-        ordered = [path for path in recipes.RECIPE_FIELDS if path in chosen]
+        ordered = [path for path in self.recipe.field_order if path in chosen]
         ordered += [path for path in chosen if path not in ordered]
         lines += [f"  {path} = {chosen[path][0]}  ({chosen[path][1]})" for path in ordered]
         return "\n".join(lines)
@@ -155,6 +147,8 @@ class ResolvedRun:
             "training_split": self.recipe.profile.describe(),
             "choices": {path: {"value": _plain(value), "reason": reason}
                         for path, (value, reason) in self.choices.items()},
+            "request": self.request,
+            "measurements": self.measurements.record() if self.measurements is not None else None,
         }
 
 
@@ -170,7 +164,7 @@ def _plain(value: Any) -> Any:
 
 
 def resolve_run(
-    cfg: RunConfig,
+    planned: PlannedRun,
     *,
     model: nn.Module | None = None,
     loss: nn.Module | None = None,
@@ -178,77 +172,36 @@ def resolve_run(
     data=None,
     optimizer: torch.optim.Optimizer | None = None,
     echo: Callable[[str], None] | None = None,
-    started: float | None = None,
 ) -> ResolvedRun:
-    """Resolve ``cfg`` into a :class:`ResolvedRun`; objects given replace what the config would build.
+    """Build the run ``planned`` describes (:func:`dmlkit.recipe.planner`); objects given replace what the config
+    would build.
 
     ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
-    ``miner`` (dmlkit's or pytorch-metric-learning's), ``data``
-    (:func:`dmlkit.data.user.user_splits` of the user's datasets) and ``optimizer`` replace the
-    config's; the recipe fills the fields nobody set (``cfg`` is completed in place) and says its
-    choices through this module's logger (each choice with its reason at DEBUG), or to ``echo`` when given
-    (``dmlkit._messages``). ``started`` (``time.perf_counter``; default: now) is when the run began.
+    ``miner`` (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
+    user's datasets) and ``optimizer`` replace the config's: the same objects the plan was made with. The
+    finished config ``planned.cfg`` is read, never written; each object is built once.
     """
-    wall_clock = time.perf_counter
-    started = wall_clock() if started is None else started
-    # the device first (a ConfigError for a missing GPU comes before anything heavy); under
-    # torchrun it is this rank's GPU, cuda:LOCAL_RANK, and it picks the backend: nccl for CUDA, else gloo
+    cfg = planned.cfg
     device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
     dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
-    echo = messages(echo, log) if dist.is_main else SILENT
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    # the config's loggers first: a missing package fails here, before anything heavy
     loggers = build_loggers(cfg) if dist.is_main else []
     seed_everything(cfg.seed)
-    survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
-    model_choices = {} if model is not None else builders.apply_model_recipe(
-        cfg, survey, echo, accelerator=device.type == "cuda")
-    backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
-                                   spent=lambda: wall_clock() - started)
     built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
-    model_choices.update(measure_view_size(cfg, survey, built, model_choices, device=device))  # photos
-    model_choices.update(plan_for_run(cfg, survey, built, model_choices, device=device,
-                                      spent=wall_clock() - started))  # frozen stages, cached views
-    # transforms follow the model's preprocessing
-    splits = data if data is not None else builders.build_splits(cfg, built, survey)
-    resolved_recipe = builders.apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device),
-                                            model=built, model_choices=model_choices,
-                                            accelerator=device.type == "cuda")
+    if data is not None:  # the user's splits: the validation classes the recipe chose are held out here
+        splits = data
+        if cfg.protocol.val_class_fraction and splits.val is None:
+            builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
+    else:  # transforms follow the model's preprocessing
+        splits = builders.build_splits(cfg, built)
     # the warp fills with the background as the model sees it: after the split's normalisation
-    background = torch.tensor(resolved_recipe.profile.background).view(1, -1, 1, 1)
-    transform = splits.train.transform
-    fill = (transform(background) if getattr(transform, "batched", False) else background).flatten().tolist()
-    augment = builders.build_batch_augmentation(cfg, fill)
-    embed_seconds = None
-    if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
-        member_objective = (None if loss is not None or miner is not None else  # a member's step is timed with it
-                            lambda classes: builders.build_member_objective(cfg, classes))
-        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, built, resolved_recipe, device=device,
-                                                     spent=wall_clock() - started, objective=member_objective,
-                                                     augment=augment)
-        resolved_recipe.choices.update(planned)
-        if planned:
-            echo.detail(recipes.format_planned(planned))
-    chose = {key: value for key, (value, _) in resolved_recipe.choices.items()}
-    if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
-        seed_everything(cfg.seed)  # the recipe asked for more
-        built = builders.build_model(cfg)
+    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
     built = built.to(device)
     channels_last = device_data.uses_channels_last(built, device)  # conv models on a GPU
     if channels_last:
         built.to(memory_format=torch.channels_last)
     member_folds = None
-    if cfg.protocol.member_folds and not uses_member_folds(cfg, built, splits):
-        if "protocol.member_folds" not in resolved_recipe.choices and (cfg.model.ensemble or 1) > 1:
-            raise ConfigError("protocol.member_folds=true needs an ensemble built from the config "
-                              "(model.ensemble > 1) in one process, with validation classes held out of the "
-                              "training split (protocol.val_class_fraction > 0; not a validation split given).")
-        cfg.protocol.member_folds = False  # the recipe's choice, on a run with nothing to fold (one member)
-        unfolded = {"protocol.member_folds": (False, "one model, or no validation classes held out of the training "
-                                                     "split: no folds to give")}
-        resolved_recipe.choices.update(unfolded)
-        echo.detail(recipes.format_planned(unfolded))
     if cfg.protocol.member_folds:
         label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
         member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
@@ -269,33 +222,16 @@ def resolve_run(
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
     ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
     forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
-    # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
-    cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
-        and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
-    cache_plan = plan_feature_cache(cfg, built, splits.train, augment, distributed=dist.enabled, echo=echo,
-                                    deferred=cache_deferred)
-    precision = "fp32" if cfg.train.mixed_precision == "none" else cfg.train.mixed_precision
-    processes = f", {dist.world_size} processes" if dist.enabled else ""
-    echo(f"run: {cfg.model.name} ({cfg.model.embedding_size}-D embedding), loss {cfg.loss.name}, on {device} "
-         f"({precision}{processes})")
     return ResolvedRun(
-        cfg=cfg, started=started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=resolved_recipe,
+        cfg=cfg, started=planned.started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=planned,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,
         scheduler=scheduler, sampler=sampler, early_stopping=patience, augment=augment,
         autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
-        cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
-        method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds, member_folds=member_folds,
+        cache_deferred=planned.cache_deferred, cache_plan=planned.cache_plan,
+        fingerprint=config_fingerprint(config_to_dict(cfg)), method=methods[0] if methods else MethodHooks,
+        embed_seconds=planned.embed_seconds, member_folds=member_folds, request=planned.request,
+        measurements=planned.measurements,
     )
-
-
-def uses_member_folds(cfg: RunConfig, model: nn.Module, splits) -> bool:
-    """Whether the run trains its ensemble's members on their own folds (``protocol.member_folds``): asked for,
-    an ensemble built from the config, and validation classes held out of the training split."""
-    from dmlkit.models.ensemble import EmbedderEnsemble
-
-    return bool(cfg.protocol.member_folds) and isinstance(model, EmbedderEnsemble) \
-        and splits.val is not None and splits.before_holdout is not None \
-        and distributed.torchrun_local_rank() is None  # an all-gathered batch would mix the members' blocks
 
 
 __all__ = ["SUMMARY_FILE", "ResolvedRun", "resolve_run"]

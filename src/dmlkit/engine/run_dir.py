@@ -1,20 +1,5 @@
-"""The run directory: resolved config, environment record, split manifest, logs, results.
-
-Layout::
-
-    RUN_DIR/config.yaml            resolved config
-    RUN_DIR/env.json               versions, git commit, seed, command line
-    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
-                                   skipped, eval_input (how evaluation reads an image: inference does the same),
-                                   pretrained_weights (tag, source, file and SHA-256 of the starting weights)
-    RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
-    RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
-    RUN_DIR/mlruns/, RUN_DIR/wandb/  experiment trackers' local stores (train.loggers=[mlflow, wandb])
-    RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
-    RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails
-    RUN_DIR/checkpoints/last.pt    full training state (resume)
-    RUN_DIR/checkpoints/best.pt    selected weights
-"""
+"""The run directory: claiming its folder, and writing the resolved config, environment record, split
+manifest, log and embeddings (the file names: :mod:`dmlkit.engine.run_layout`)."""
 
 from __future__ import annotations
 
@@ -31,16 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text, raise_if_out_of_space
+from dmlkit.engine.run_layout import CLAIM_FILE
 from dmlkit.exceptions import ConfigError
 
-#: The file that marks a folder as claimed by one dmlkit command (``{"kind": "train" | "sweep" | "crossval"}``).
-CLAIM_FILE = ".dmlkit-claim.json"
 #: What a folder written before claims existed holds when it is a run of each kind (so it may be resumed):
 #: any one of the groups, each group's files all present.
-_LEGACY_MARKS = {"train": (("config.yaml", "env.json", "manifest.json"), ("config.yaml", "checkpoints/last.pt")),
-                 "sweep": (("study.db",),),
-                 "crossval": (("crossval.json",), ("seed0",))}
+_LEGACY_MARKS = {"train": ((layout.CONFIG_FILE, layout.ENV_FILE, layout.MANIFEST_FILE),
+                           (layout.CONFIG_FILE, layout.LAST_CHECKPOINT)),
+                 "sweep": ((layout.SWEEP_STUDY_FILE,),),
+                 "crossval": ((layout.CROSSVAL_SUMMARY_FILE,), ("seed0",))}
 _held_locks: dict[str, int] = {}  # folder -> open descriptor holding its lock until the command ends
 
 PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "numpy", "scikit-learn", "dmlkit")
@@ -178,15 +164,15 @@ class RunDirectory:
 
     @property
     def last_checkpoint(self) -> Path:
-        return self.path / "checkpoints" / "last.pt"
+        return self.path / layout.LAST_CHECKPOINT
 
     @property
     def best_checkpoint(self) -> Path:
-        return self.path / "checkpoints" / "best.pt"
+        return self.path / layout.BEST_CHECKPOINT
 
     @property
     def log_path(self) -> Path:
-        return self.path / "log.jsonl"
+        return self.path / layout.LOG_FILE
 
     def prepare(self, cfg, splits, device: str | None = None, weights: dict | None = None) -> None:
         """Create the directory and write config, environment (with the ``device`` trained on) and split manifest.
@@ -196,16 +182,16 @@ class RunDirectory:
         """
         from dmlkit.config.loading import dump_config
 
-        (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path / "config.yaml", dump_config(cfg))
+        (self.path / layout.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path / layout.CONFIG_FILE, dump_config(cfg))
         environment = environment_record(cfg.seed)
         if device is not None:
             environment["device"] = device
-        atomic_write_json(self.path / "env.json", environment)
+        atomic_write_json(self.path / layout.ENV_FILE, environment)
         manifest = split_manifest(splits)
         if weights is not None:
             manifest["pretrained_weights"] = weights
-        atomic_write_json(self.path / "manifest.json", manifest)
+        atomic_write_json(self.path / layout.MANIFEST_FILE, manifest)
         atomic_write_text(self.log_path, "")
         skipped = getattr(splits, "info", {}).get("skipped_images", [])
         if skipped:  # data.skip_bad_images left these files out
@@ -219,7 +205,7 @@ class RunDirectory:
         ``log.jsonl`` and join ``skipped_images`` in ``manifest.json`` (rewritten atomically).
         Returns those new paths.
         """
-        manifest_path = self.path / "manifest.json"
+        manifest_path = self.path / layout.MANIFEST_FILE
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
         known = list(manifest.get("skipped_images", {}).get("paths", []))
         new = sorted({str(p) for p in paths} - set(known))
@@ -283,7 +269,7 @@ class RunDirectory:
             arrays["class_names"] = np.asarray(display_class_names(class_names, cfg))
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
-        out = self.path / "embeddings" / f"{split}.npz"
+        out = self.path / layout.embeddings_file(split)
         atomic_write_bytes(out, buf.getvalue())
         return out
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dmlkit._messages import LOGGER_NAME
+from dmlkit.engine.run_layout import MESSAGES_FILE
 
 #: The run's messages, beside ``log.jsonl`` (the metrics) in the run directory.
-LOG_FILE = "train.log"
+LOG_FILE = MESSAGES_FILE
 
 
 class RunLog(logging.Handler):

@@ -32,16 +32,21 @@ def device_clock(device: torch.device | str | None, clock: Callable[[], float] =
     return read
 
 
-def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2) -> float:
-    """Seconds of the fastest of ``repeats`` calls of ``fn``, each timed from an idle to an idle ``device``
-    (a shared machine's interruptions only ever add time)."""
-    clock = device_clock(device)
-    best = float("inf")
+def timings(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2,
+            clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, sorted, each timed from an idle to an idle ``device``."""
+    read = device_clock(device, clock)
+    out = []
     for _ in range(repeats):
-        start = clock()
+        start = read()
         fn()
-        best = min(best, clock() - start)
-    return best
+        out.append(read() - start)
+    return sorted(out)
+
+
+def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn`` (a shared machine's interruptions only ever add time)."""
+    return timings(fn, device, repeats)[0]
 
 
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:

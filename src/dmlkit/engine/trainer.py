@@ -17,6 +17,7 @@ The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.Resolve
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -28,14 +29,13 @@ import torch
 from torch import nn
 
 from dmlkit._messages import SILENT, Messages, messages
-from dmlkit.config.recipe import selects_by_significance
-from dmlkit.config.schema import RunConfig
+from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget, builders, device_data, distributed
 from dmlkit.engine.budget import Plan, Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.engine.feature_cache import FrozenFeatureCache
-from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun, resolve_run
+from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.checkpointing import CheckpointingMixin
@@ -62,9 +62,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
 
     ``run``: a :class:`~dmlkit.engine.resolve.ResolvedRun` (:func:`~dmlkit.engine.resolve.resolve_run`
-    made every part: data, model, objective, optimiser, ...). A :class:`RunConfig` is resolved first,
-    with ``model``, ``loss``, ``miner``, ``data`` and ``optimizer`` as objects replacing the config's
-    (``Trainer(cfg, run_dir, **objects)`` is ``Trainer(resolve_run(cfg, **objects), run_dir)``).
+    made every part: data, model, objective, optimiser, ...); :class:`dmlkit.recipe.Trainer` also takes a
+    :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
     config's own (``train.patience``, ``train.loggers``). Messages go to this module's logger
     (``dmlkit._messages``), or every one to ``echo`` when given.
@@ -85,15 +84,14 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         optimizer: torch.optim.Optimizer | None = None,
         callbacks: Iterable[Callback] = (),
     ):
-        if isinstance(run, ResolvedRun):
-            given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
-                                              ("optimizer", optimizer)) if value is not None]
-            if given:
-                raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
-                                "resolve_run(cfg, ...), whose run already holds every part.")
-        else:
-            run = resolve_run(run, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo,
-                              started=time.perf_counter())
+        if not isinstance(run, ResolvedRun):
+            raise TypeError("The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)); "
+                            "dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, planned and built first.")
+        given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
+                                          ("optimizer", optimizer)) if value is not None]
+        if given:
+            raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
+                            "prepare_run(cfg, ...), whose run already holds every part.")
         self.resolved = run
         self.cfg = run.cfg
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
@@ -321,8 +319,12 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
         cfg = self.cfg
+        tape = getattr(self.resolved, "measurements", None)
         if self.resume:
             self.restore_last()  # engine/training/checkpointing.py
+            if tape is not None:  # a resumed run plans from its own speeds and keeps nothing
+                tape.stop_replaying("a resumed run", quietly=True)
+                tape.forgo("a resumed run")
         elif self.dist.is_main:
             weights = getattr(self.model, "pretrained_weights", None)
             if weights is not None:
@@ -335,11 +337,25 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         try:
             result = self._train()
             finished = True
+            if tape is not None and self.dist.is_main:  # kept for the next run of this config here; recorded
+                self.echo(tape.keep())
+                self._record_measurements(tape)
             return result
         finally:
             if not finished:  # trackers mark their run failed; a resume continues it
                 for callback in self.callbacks:
                     getattr(callback, "close", lambda: None)()
+
+    def _record_measurements(self, tape) -> None:
+        """``resolved.json`` with every number the plans read, the time budget's while training included (the rest
+        of it stays as resolved: a replay starts from the run's request and these numbers)."""
+        path = self.run.path / SUMMARY_FILE
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a resumed run of an older dmlkit: nothing to add to
+            return
+        summary["measurements"] = tape.record()
+        atomic_write_json(path, summary)
 
     def _train(self) -> TrainResult:
         """The loop of :meth:`fit`, then :meth:`finish` on rank 0."""

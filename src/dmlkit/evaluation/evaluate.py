@@ -1,4 +1,8 @@
-"""One call for the training engine: retrieval, verification, clustering and geometry metrics merged into one dict."""
+"""The one scoring of a split: retrieval, verification, clustering and geometry metrics merged into one dict.
+
+Validation, the final test and ``dmlkit evaluate`` all score through :func:`evaluate`, so a run's
+``metrics.json`` and a later ``dmlkit evaluate`` of the same weights compute the same numbers the same way.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 
 from dmlkit.evaluation.clustering import clustering_metrics
 from dmlkit.evaluation.geometry import geometry_metrics
-from dmlkit.evaluation.retrieval import retrieval_metrics
+from dmlkit.evaluation.retrieval import query_gallery_union, retrieval_metrics
 from dmlkit.evaluation.verification import verification_metrics
 from dmlkit.exceptions import InvalidParameterError
 
@@ -21,6 +25,7 @@ def evaluate(
     *,
     reference: torch.Tensor | None = None,
     reference_labels: torch.Tensor | None = None,
+    own_reference: torch.Tensor | None = None,
     metrics: Sequence[str] = ("retrieval", "verification", "clustering"),
     ks: Sequence[int] = (1, 2, 4, 8),
     metric: str = "euclidean",
@@ -28,12 +33,20 @@ def evaluate(
     over_cluster: int = 1,
     ami: bool = False,
     seed: int = 1234,
+    search_device: torch.device | str | None = None,
 ) -> dict[str, float | int]:
-    """Merged metrics dict: ``precision_at_1, recall_at_<k>, r_precision, map_at_r, num_queries_excluded``
-    (retrieval), ``roc_auc, eer, fnmr_at_fmr_<f>, threshold_at_fmr_<f>, num_*_pairs`` (verification, over
-    every pair of the query and reference embeddings together), ``nmi`` (+ ``nmi_plus`` when
-    ``over_cluster > 1``, ``ami`` when ``ami=True``) (clustering, on the query embeddings) and
-    ``covering_radius, interclass_distance, class_collapse`` (geometry).
+    """Merged metrics of ``embeddings [N, D]`` (the queries) against ``reference [M, D]`` (a separate
+    gallery; None: leave-one-out over the queries).
+
+    Keys: ``precision_at_1, recall_at_<k>, r_precision, map_at_r, num_queries_excluded`` (retrieval),
+    ``roc_auc, eer, fnmr_at_fmr_<f>, threshold_at_fmr_<f>, num_*_pairs`` (verification), ``nmi`` (+
+    ``nmi_plus`` when ``over_cluster > 1``, ``ami`` when ``ami=True``) (clustering) and
+    ``covering_radius, interclass_distance, class_collapse`` (geometry, on the queries).
+
+    Verification and clustering see every embedding of the split once: the queries and the gallery rows
+    that are not a query's own row (``own_reference [N]``: the gallery row that is each query itself, -1:
+    none). ``search_device``: where the k-NN of the retrieval metrics runs (a GPU: ``knn_device``, same
+    neighbours as the CPU); the other groups are computed where the embeddings are.
     """
     unknown = [m for m in metrics if m not in METRIC_GROUPS]
     if unknown:
@@ -42,18 +55,23 @@ def evaluate(
         )
     out: dict[str, float | int] = {}
     if "retrieval" in metrics:
+        def searched(x):
+            return x if x is None or search_device is None else x.to(search_device)
+
         out.update(
             retrieval_metrics(
-                embeddings, labels, reference=reference, reference_labels=reference_labels,
-                ks=ks, metric=metric, backend=backend,
+                searched(embeddings), labels, reference=searched(reference), reference_labels=reference_labels,
+                ks=tuple(ks), metric=metric, backend=backend, own_reference=own_reference,
             )
         )
+    everything, everything_labels = embeddings, labels
+    if reference is not None and ("verification" in metrics or "clustering" in metrics):
+        everything, everything_labels = query_gallery_union(embeddings, labels, reference, reference_labels,
+                                                            own_reference)
     if "verification" in metrics:
-        both = embeddings if reference is None else torch.cat([embeddings, reference])
-        both_labels = labels if reference_labels is None else torch.cat([labels, reference_labels])
-        out.update(verification_metrics(both, both_labels, seed=seed))
+        out.update(verification_metrics(everything, everything_labels, seed=seed))
     if "clustering" in metrics:
-        clus = clustering_metrics(embeddings, labels, over_cluster=over_cluster, seed=seed)
+        clus = clustering_metrics(everything, everything_labels, over_cluster=over_cluster, seed=seed)
         if not ami:
             clus.pop("ami")
         out.update(clus)

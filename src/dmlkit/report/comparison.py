@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dmlkit._validation import Interval, validate_params
+from dmlkit.engine.run_layout import REPORT_FILE
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import html
 from dmlkit.report.figures import comparison_curves_figure, figure_html
@@ -16,7 +17,6 @@ from dmlkit.report.paths import relative_paths, shown_environment
 from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
 from dmlkit.report.run_report import (
     METRIC_NAMES,
-    REPORT_FILE,
     describe_run,
     metric_label,
     ordered_metric_keys,

@@ -1,13 +1,8 @@
 """Read a finished run directory (config, metrics, log, test embeddings, environment).
 
-Layout written by the training engine::
-
-    RUN_DIR/config.yaml            resolved configuration (required)
-    RUN_DIR/metrics.json           final test metrics + ``selected_on`` (required)
-    RUN_DIR/log.jsonl              one JSON record per line, field ``kind`` (required)
-    RUN_DIR/embeddings/test.npz    test embeddings, labels, optional proxies/thumbnails/paths
-    RUN_DIR/env.json               environment record (optional)
-    RUN_DIR/manifest.json          split manifest: classes and images per split (optional)
+The files are those the training engine writes (:mod:`dmlkit.engine.run_layout`); a report needs
+``config.yaml``, ``metrics.json`` and ``log.jsonl`` (:data:`REQUIRED_FILES`) and uses ``env.json``,
+``manifest.json`` and ``embeddings/test.npz`` when they are there.
 """
 
 from __future__ import annotations
@@ -19,14 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from dmlkit.engine.run_layout import CONFIG_FILE, ENV_FILE, LOG_FILE, MANIFEST_FILE, METRICS_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.exceptions import DataError
-
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.json"
-LOG_FILE = "log.jsonl"
-EMBEDDINGS_FILE = "embeddings/test.npz"
-ENV_FILE = "env.json"
-MANIFEST_FILE = "manifest.json"
 
 REQUIRED_FILES = (CONFIG_FILE, METRICS_FILE, LOG_FILE)
 
@@ -237,12 +226,12 @@ def load_run(run_dir: str | Path) -> RunData:
             run.split_sizes = split_sizes(read_json_object(manifest_path))
         except DataError as exc:
             run.problems[MANIFEST_FILE] = str(exc)
-    embeddings_path = run_dir / EMBEDDINGS_FILE
+    embeddings_path = run_dir / TEST_EMBEDDINGS_FILE
     if embeddings_path.is_file():
         try:
             run.embeddings = read_embeddings(embeddings_path)
         except DataError as exc:
-            run.problems[EMBEDDINGS_FILE] = str(exc)
+            run.problems[TEST_EMBEDDINGS_FILE] = str(exc)
     return run
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import yaml
 
 from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.engine.run_layout import ENV_FILE, REPORT_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.evaluation.metrics import LABELS
 from dmlkit.report import html
 from dmlkit.report.embedding_map import EMBEDDING_METHODS, embedding_map_figure
@@ -25,17 +26,9 @@ from dmlkit.report.retrieval_grid import (
     retrieval_grid_html,
     worst_queries,
 )
-from dmlkit.report.run_dir import (
-    EMBEDDINGS_FILE,
-    ENV_FILE,
-    RunData,
-    flatten_mapping,
-    load_run,
-)
+from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
 from dmlkit.report.summary import answer_html, evaluations_table, metric_label, metrics_tables, ordered_metric_keys
 from dmlkit.report.verification import failures_html, verification_figure_html
-
-REPORT_FILE = "report.html"
 
 METRIC_NAMES = LABELS
 __all__ = ["REPORT_FILE", "build_report_html", "metric_label", "ordered_metric_keys", "write_report"]
@@ -101,7 +94,7 @@ def curves_section(run: RunData, dpi: int) -> str:
 def embedding_section(run: RunData, method: str, max_points: int, seed: int, dpi: int, proxies: bool = True) -> str:
     """2-D picture of the test embeddings, or a note why there is none."""
     if run.embeddings is None:
-        reason = run.problems.get(EMBEDDINGS_FILE, f"{EMBEDDINGS_FILE} is missing")
+        reason = run.problems.get(TEST_EMBEDDINGS_FILE, f"{TEST_EMBEDDINGS_FILE} is missing")
         return html.note(relative_paths(f"No embedding map: {reason}.", run.run_dir))
     fig, caption, data = embedding_map_figure(run.embeddings, method=method, max_points=max_points, seed=seed,
                                               proxies=proxies)
@@ -113,7 +106,7 @@ def retrieval_section(run: RunData, num_queries: int, k: int, distance: str, see
     under each worst query, the true matches it missed; a label table when no images were saved."""
     data = run.embeddings
     if data is None:
-        reason = run.problems.get(EMBEDDINGS_FILE, f"{EMBEDDINGS_FILE} is missing")
+        reason = run.problems.get(TEST_EMBEDDINGS_FILE, f"{TEST_EMBEDDINGS_FILE} is missing")
         return html.note(relative_paths(f"No retrieval grid: {reason}.", run.run_dir))
     k = min(k, data.labels.shape[0] - 1)
     queries = choose_queries(data.labels, num_queries, seed)

@@ -15,6 +15,7 @@ parameters are queued again, continuing from the interrupted run's last checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,11 +31,12 @@ from dmlkit._extras import require
 from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
-from dmlkit.engine.resolve import resolve_run
+from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
 from dmlkit.engine.trainer import Trainer, TrainResult
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import prepare_run
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ def make_sampler(name: str, seed: int, startup_trials: int):
 
 def storage_url(sweep_dir: Path) -> str:
     """``sqlite:///<absolute DIR>/study.db``."""
-    return f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+    return f"sqlite:///{(sweep_dir / SWEEP_STUDY_FILE).resolve()}"
 
 
 def _identity(base: dict, specs: Sequence[ParamSpec]) -> dict:
@@ -196,9 +198,8 @@ class TrialTrainer(Trainer):
 def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
     """The validated config of one trial: ``base`` with the trial's parameters, progress bar off."""
     cfg = config_from_dict(apply_params(base, params))
-    cfg.train.progress = False
-    cfg.name = f"{cfg.name}-trial{number}"
-    return cfg
+    return dataclasses.replace(cfg, name=f"{cfg.name}-trial{number}",
+                               train=dataclasses.replace(cfg.train, progress=False))
 
 
 def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prune: bool, echo: Callable[[str], None]):
@@ -244,10 +245,10 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) ->
     source = trial.user_attrs.get("resume_from")
     if source is not None:
         old = sweep_dir / "trials" / str(source)
-        if (old / "checkpoints" / "last.pt").is_file() and not run_dir.exists():
+        if (old / LAST_CHECKPOINT).is_file() and not run_dir.exists():
             old.rename(run_dir)
-    resumable = (run_dir / "checkpoints" / "last.pt").is_file() and source is not None
-    trainer = TrialTrainer(resolve_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
+    resumable = (run_dir / LAST_CHECKPOINT).is_file() and source is not None
+    trainer = TrialTrainer(prepare_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
     if resumable:
         try:
             state = load_checkpoint(trainer.run.last_checkpoint)

@@ -28,7 +28,7 @@ def test_the_same_name_again_keeps_the_args():
 
 
 def test_model_args_of_the_default_job_are_checked_against_the_small_cnn_and_refused_for_photos():
-    from dmlkit.config.recipe import DataProfile, resolve_model
+    from dmlkit.recipe.rules import DataProfile, resolve_model
 
     with pytest.raises(ConfigError, match=r"'model\.args\.widht' is not an argument of model 'small_cnn'"):
         load_config(preset="mnist-proxy-anchor", overrides=["model.args.widht=8"])

@@ -9,8 +9,8 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.config.loading import list_presets
-from dmlkit.config.recipe import selects_by_significance
 from dmlkit.engine.builders import build_objective
+from dmlkit.recipe.rules import selects_by_significance
 
 PROXY_NCA = ["proxy-nca-cars", "proxy-nca-cub", "proxy-nca-sop", "proxy-nca-cars-fractional"]
 EPS_TRIPLET = ["eps-triplet-cub", "eps-triplet-cars", "eps-triplet-omniglot", "cpu-eps-mnist-parity-triplet-eps",

@@ -9,9 +9,9 @@ from PIL import Image
 
 from dmlkit.config import load_config
 from dmlkit.data.splits import build_splits
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import DataError
 from dmlkit.losses import ContrastiveLoss
+from dmlkit.recipe import Trainer
 from dmlkit.report import write_report
 
 # the rows of tests/unit/evaluation/test_query_gallery_overlap.py (hand-computed there), as image files

@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 
 def test_query_gallery_run_scores_queries_against_the_gallery_and_saves_both(inshop_root, tmp_path):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dmlkit.engine.budget import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 
 class StepClock:
@@ -83,13 +83,13 @@ def test_a_slow_machine_validates_rarely_and_its_plan_says_why(tmp_path, tiny_co
                      "sampler.batch_size=24")
     trainer = Trainer(cfg, tmp_path, echo=printed.append)
     clock = StepClock(trainer, seconds=7.3)
-    validate = trainer.validate
+    validate = trainer.validate_and_should_stop
 
     def slow_validation():
         clock.now += 63.0
         return validate()
 
-    trainer.validate = slow_validation
+    trainer.validate_and_should_stop = slow_validation
     result = trainer.fit()
     plan, last = plans(tmp_path)[0], plans(tmp_path)[-1]  # re-planned after the validation
     validations = [r for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())

@@ -26,7 +26,7 @@ from dmlkit.data.transforms import (
     RandomTranslate,
 )
 from dmlkit.engine import builders, device_data, timing
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 trainer_module = importlib.import_module("dmlkit.engine.trainer")
 META = torch.device("meta")

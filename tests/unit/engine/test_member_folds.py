@@ -200,8 +200,7 @@ def test_member_folds_are_refused_without_validation_classes_or_with_too_many_me
 def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_path, capsys):
     """The recipe turns member folds on for the glyph ensemble; every validation scores each member on its fold."""
     from dmlkit import load
-    from dmlkit.engine.resolve import resolve_run
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer, prepare_run
 
     cfg = load_config(overrides=[
         "data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character", "data.image_size=28",
@@ -209,7 +208,7 @@ def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_
         "train.max_steps=6", "train.eval_every=3", "train.progress=false", "sampler.batch_size=16",
     ])
     lines = []
-    run = resolve_run(cfg, echo=lines.append)
+    run = prepare_run(cfg, echo=lines.append)
     assert "protocol.member_folds = True" in "\n".join(lines)
     assert run.member_folds is not None and run.model.member_batches
     result = Trainer(run, tmp_path / "run", echo=lambda _line: None).fit()
@@ -229,8 +228,7 @@ def test_an_omniglot_ensemble_trains_each_member_on_its_own_fold_end_to_end(tmp_
 
 
 def test_a_plan_cut_to_one_member_turns_the_recipes_member_folds_off_and_says_so(monkeypatch):
-    from dmlkit.engine import glyph_plan
-    from dmlkit.engine.resolve import resolve_run
+    from dmlkit.recipe import glyph_plan, prepare_run
 
     class TickClock:  # every timed pass takes 0.2 s: no second member fits the budget
         now = 0.0
@@ -245,7 +243,7 @@ def test_a_plan_cut_to_one_member_turns_the_recipes_member_folds_off_and_says_so
     cfg = load_config(overrides=["data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character",
                                  "data.image_size=28", "train.progress=false"])
     lines = []
-    run = resolve_run(cfg, echo=lines.append)
+    run = prepare_run(cfg, echo=lines.append)
     printed = "\n".join(lines)
     assert "protocol.member_folds = True" in printed  # the recipe's ensemble of 5 ...
     assert run.cfg.model.ensemble == 1 and run.member_folds is None  # ... which the plan cut to one member
@@ -253,18 +251,18 @@ def test_a_plan_cut_to_one_member_turns_the_recipes_member_folds_off_and_says_so
 
 
 def test_member_folds_set_by_hand_for_a_users_own_model_are_refused():
-    from dmlkit.engine.resolve import resolve_run
+    from dmlkit.recipe import prepare_run
 
     cfg = load_config(overrides=["data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character",
                                  "data.image_size=28", "protocol.member_folds=true", "model.ensemble=2"])
     model = create_model("small_cnn", embedding_size=8, width=4, in_chans=1)  # one model: nothing to fold
     with pytest.raises(ConfigError, match="protocol.member_folds=true needs an ensemble built from the config"):
-        resolve_run(cfg, model=model, echo=lambda _line: None)
+        prepare_run(cfg, model=model, echo=lambda _line: None)
 
 
 def test_a_resumed_member_fold_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, crash_in_step):
     from dmlkit.engine.checkpoint import load_checkpoint
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     overrides = ["data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character", "data.image_size=28",
                  "model.ensemble=2", "model.name=small_cnn", "model.args={width: 4, in_chans: 1}",

@@ -11,8 +11,8 @@ import torch
 import dmlkit._validation as validation
 from dmlkit.engine import optim
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import NonFiniteError
+from dmlkit.recipe import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "losses"))
 from _host_syncs import count_host_syncs  # noqa: E402 - the loss tests' counter

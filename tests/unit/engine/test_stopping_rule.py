@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from dmlkit.engine import trainer as trainer_module
-from dmlkit.engine.trainer import SIGNIFICANT_ERRORS, Trainer, paired_gain
+from dmlkit.engine.trainer import SIGNIFICANT_ERRORS, paired_gain
 from dmlkit.engine.training import selection as selection_module
+from dmlkit.recipe import Trainer
 
 QUERIES = 400
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import ConfigError
+from dmlkit.recipe import Trainer
 
 
 def read_scalars(log_dir) -> dict:

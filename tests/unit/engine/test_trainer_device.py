@@ -13,9 +13,9 @@ import torch
 
 from dmlkit.engine import builders
 from dmlkit.engine.builders import fetch_batch, resolve_device
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import ConfigError, NonFiniteError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import Trainer
 
 
 def fake_gpus(monkeypatch, count):

@@ -12,7 +12,7 @@ from PIL import Image
 
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 
 def write_photo_folder(root, classes: int = 8, per_class: int = 6, side: int = 80):

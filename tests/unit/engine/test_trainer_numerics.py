@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.trainer import Trainer
+from dmlkit.recipe import Trainer
 
 
 def fit_tiny(tmp_path, tiny_config, *overrides):

@@ -8,8 +8,9 @@ import torch
 from dmlkit.engine import builders
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.seeding import seed_everything
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import InvalidParameterError
+from dmlkit.recipe import Trainer
+from dmlkit.recipe import planner as recipe_plan
 
 QUIET = dict(echo=lambda _: None)
 DIGITS = ("data.name=digits", "protocol.val_fraction=0.2", "train.eval_every=2", "train.max_steps=4")
@@ -26,7 +27,7 @@ def test_config_and_objects_give_the_same_run(tmp_path, tiny_config):
     cfg = tiny_config(*DIGITS)  # the same choices, built by the caller as objects
     seed_everything(cfg.seed)
     survey = builders.survey_data(cfg)
-    builders.apply_model_recipe(cfg, survey)  # the preset leaves the model to the recipe
+    recipe_plan.apply_model_recipe(cfg, survey)  # the preset leaves the model to the recipe
     model = builders.build_model(cfg)
     splits = builders.build_splits(cfg, model, survey)
     num_classes = len(builders.LabelMap(splits.train.labels))

@@ -8,8 +8,8 @@ import torch
 
 from dmlkit.cli import evaluate as evaluate_cli
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation import clustering_metrics
+from dmlkit.recipe import Trainer
 
 
 def test_the_trainer_scores_nmi_plus_with_eval_over_cluster(tmp_path):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from dmlkit.engine.builders import fetch_batch
-from dmlkit.engine.trainer import Trainer
 from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks
+from dmlkit.recipe import Trainer
 
 
 class PoisonGradient(MethodHooks):

@@ -1,7 +1,8 @@
 """One metrics table: every place that lists metrics reads it."""
 
+from dmlkit import crossval
 from dmlkit.cli import compare, train
-from dmlkit.engine import crossval, trainer
+from dmlkit.engine import trainer
 from dmlkit.evaluation import clustering_metrics, retrieval_metrics, verification_metrics
 from dmlkit.evaluation.metrics import CURVES, LABELS, METRICS, SELECTION_METRIC, SUMMARY_KEYS, TABLE_KEYS
 from dmlkit.report import figures, run_report

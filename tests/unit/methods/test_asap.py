@@ -7,8 +7,8 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.trainer import Trainer
 from dmlkit.methods.asap import AsapHooks, proximal_gradient_, proxy_spread
+from dmlkit.recipe import Trainer
 
 ASAP = [
     "asap.enabled=true",

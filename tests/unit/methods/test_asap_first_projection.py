@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.embed import embed_dataset
+from dmlkit.recipe import Trainer
 
 ASAP = ["asap.enabled=true", "asap.proxies_per_class=2", "asap.pool_size=5", "protocol.val_fraction=0.2",
         "train.progress=false", "eval.clustering=false", "sampler.batch_size=32", "sampler.m=8",

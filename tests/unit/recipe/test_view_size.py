@@ -14,8 +14,10 @@ from torch import nn
 from dmlkit.config import load_config
 from dmlkit.data.base import decode_image
 from dmlkit.engine import builders
-from dmlkit.engine.trainer import Trainer
-from dmlkit.engine.view_size import (
+from dmlkit.evaluation.retrieval import paired_gain
+from dmlkit.recipe import Trainer
+from dmlkit.recipe import planner as recipe_plan
+from dmlkit.recipe.view_size import (
     TOLERATED_ERRORS,
     candidate_sizes,
     choose_view_size,
@@ -23,7 +25,6 @@ from dmlkit.engine.view_size import (
     validation_split,
     view_split,
 )
-from dmlkit.evaluation.retrieval import paired_gain
 
 # ----------------------------------------------------------------------------- the pure rule
 
@@ -122,20 +123,20 @@ def small_photos(tmp_path_factory) -> Path:
 def test_the_measured_validation_classes_are_those_apply_recipe_holds_out(small_photos):
     cfg = photo_config(small_photos, "protocol.seed=3")
     survey = builders.survey_data(cfg)
-    builders.apply_model_recipe(cfg, survey, echo=lambda _: None)
-    from dmlkit.config.recipe import profile_split
+    recipe_plan.apply_model_recipe(cfg, survey, echo=lambda _: None)
+    from dmlkit.recipe.rules import profile_split
 
     measured = validation_split(cfg, survey, profile_split(survey.train))
     assert cfg.protocol.val_class_fraction is None  # the measurement leaves the recipe's choice to apply_recipe
     splits = builders.build_splits(cfg, nn.Identity(), survey)
-    builders.apply_recipe(cfg, splits, echo=lambda _: None)
+    recipe_plan.apply_recipe(cfg, splits, echo=lambda _: None)
     assert sorted(measured.class_names) == sorted(splits.val.class_names) and len(measured.class_names) == 2
     assert sorted(measured.paths) == sorted(splits.val.paths)
 
 
 
 def test_no_validation_classes_to_measure_on_when_images_of_the_training_classes_are_held_out(small_photos):
-    from dmlkit.config.recipe import profile_split
+    from dmlkit.recipe.rules import profile_split
 
     cfg = photo_config(small_photos, "protocol.val_fraction=0.2")
     survey = builders.survey_data(cfg)
@@ -158,8 +159,8 @@ def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
         assert f"{candidate}: " in line  # the measured table: size: MAP@R (seconds)
     assert trainer.recipe.choices["data.image_size"][0] == size
     # the measurement saw the validation photos as the run's validation sees them: the same per-query AP@R
-    from dmlkit.config.recipe import profile_split
     from dmlkit.evaluation.retrieval import map_at_r_per_query
+    from dmlkit.recipe.rules import profile_split
 
     survey = builders.survey_data(cfg)
     measured = measure_sizes(cfg, trainer.model, validation_split(cfg, survey, profile_split(survey.train)), [size],

@@ -1,6 +1,6 @@
 """The view size of small photos, measured on the validation classes before the splits are decoded.
 
-The recipe's photo rule (:func:`dmlkit.config.recipe.photo_eval_size`) views every photo at 224 px
+The recipe's photo rule (:func:`dmlkit.recipe.rules.photo_eval_size`) views every photo at 224 px
 at least, so an 84-px photo is upsampled to 224 px: most of such a run's time goes to embedding and
 training at a size the image cannot fill. For photos whose median shorter side is below
 :data:`MEASURED_BELOW`, the untrained pretrained model embeds the validation classes (held out as
@@ -21,11 +21,12 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from dmlkit.config import recipe
-from dmlkit.engine import builders, distributed, pooling_choice
+from dmlkit.engine import builders, distributed
 from dmlkit.engine.seeding import rng_state, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
+from dmlkit.recipe import pooling_choice
+from dmlkit.recipe import rules as recipe
 
 #: Photos whose median shorter side is below this are measured; larger ones keep the recipe's rule.
 MEASURED_BELOW = recipe.PHOTO_TRAIN_SIZE
@@ -197,7 +198,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     exactly as the decoded evaluation splits) and embedded on ``device`` under the run's autocast, through
     the inference copy. ``configurations`` (poolings, mirror settings; an Embedder ``model`` only): every
     pairing is scored from one trunk pass over the image and its mirror
-    (:class:`~dmlkit.engine.pooling_choice.PooledViews`); None: ``model`` as it is, under the key None.
+    (:class:`~dmlkit.recipe.pooling_choice.PooledViews`); None: ``model`` as it is, under the key None.
     """
     mode = getattr(val, "mode", None) or "RGB"
     images, labels = _decode(val, mode, MEASURED_IMAGES, cfg.data.skip_bad_images)

@@ -1,9 +1,9 @@
 """Steps, ensemble members and validations of a model trained from scratch, planned to the time budget.
 
 The glyph recipe (small images held in memory, a small CNN from scratch: ``docs/recipes.md``) was
-shaped on a CPU with native bf16, where Omniglot's 1,249 steps of 3 ensemble members, 10
-validations and the test split took 55 s; on a CPU without it the same plan took 154 s. So once the
-recipe has read the training split, and before the model is built again as an ensemble,
+shaped on a CPU with native bf16; on a CPU without it the same plan takes about three times as long
+(measurements: ``docs/recipes.md``, *Glyphs planned to the machine*). So once the recipe has read
+the training split, and before the model is built again as an ensemble,
 :func:`measure_glyph_costs` times on this machine one member's training step at the run's batch
 (forward, the run's loss, backward and the optimiser's update of the member and its loss), the
 batch augmentation the members share, and one member's embedding of an image (its shifts included),
@@ -13,7 +13,7 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
     left(N)      = budget x (1 - SAFETY_MARGIN) - spent - embedding(N)
     steps(N)     = left(N) / (shared + N x step)
 
-with ``evaluations`` the recipe's (10), fewer when the budget binds
+with ``evaluations`` the recipe's (:data:`dmlkit.recipe.rules.SCRATCH_EVALUATIONS`), fewer when the budget binds
 (:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
 the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
@@ -34,30 +34,20 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from dmlkit.config.recipe import evaluation_interval, evaluations_over
 from dmlkit.engine import budget
+from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
+from dmlkit.engine.timing import timings
+from dmlkit.recipe.rules import evaluation_interval, evaluations_over
 
-#: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's. Measured on
-#: 4-fold cross-validation of Omniglot's 68 training characters (mean validation MAP@R, seed 0, lr 5e-3, the step
-#: count set by hand): 5 members x 820 steps (66 %) 0.8390 and x 1,000 (80 %) 0.8456 lose to
-#: 4 x 1,243 (0.8482), 4 x 995 (80 %) 0.8440 ties 3 x 1,243 (0.8442), and 4 x 1,104 (89 %) 0.8483 beats it: a
-#: member is worth the last ~12 % of the steps (under the cosine schedule they add little: +0.0002 to +0.004
-#: validation MAP@R from step 939 to 1,249), not a fifth of them. Earlier, at equal compute far from the recipe's
-#: steps (1,800 member-steps), one member x 1,800 steps 0.881 beat 3 x 600 0.867.
+#: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's: on
+#: Omniglot's training characters one more member was worth the last ~12 % of the steps (the cosine schedule's last
+#: steps add little), not a fifth of them (measurements: docs/recipes.md, *Glyphs planned to the machine*).
 MIN_STEP_SHARE = 0.85
 
-#: The member count is chosen as if every step ran this much slower than measured. The plan times one member's step
-#: in a fraction of a second; the trainer then times N members' steps with their batches' data and update, on a
-#: machine whose speed drifts. Timed as the best of 5, the trainer's steps ran 1.02-1.32x the plan's
-#: (planned 50, 46 and 52 ms a step; timed 51-58, 54-61 and 64-67 ms) and the runs were cut to 69-74 % of the
-#: recipe's steps, more members at fewer steps than the rule above allows; timed as the median of 9, the trainer's
-#: first steps ran 0.93-1.11x the plan's (then up to 1.25x as the machine slowed), while a margin of 1.2 turned down
-#: a fourth member that bought 99 % of the steps. In eleven runs timed as the median of 9: the trainer's
-#: first steps ran 0.81-1.19x the plan's (median 1.04), and with a margin of 1.1 the plan kept three members that
-#: left 11-22 s of the 80-s budget unused where four bought 80-90 % of the steps (4-fold cross-validation above:
-#: 4 members x 89 % beat 3 x 100 %, 4 x 80 % tied it). So no margin: the measured speed decides, and the trainer
-#: cuts the steps when they run slower. Steps are planned at the measured speed either way.
+#: The member count is chosen as if every step ran this much slower than measured. 1: the median of 9 timed steps
+#: already matches the trainer's steps (median 1.04x), and any margin turned down members that would have fit; the
+#: trainer cuts the steps when they run slower (measurements: docs/recipes.md, *Glyphs planned to the machine*).
 STEP_MARGIN = 1.0
 
 #: A budget the recipe chose (not one set by hand) is raised rather than cut a model trained from scratch below this
@@ -167,35 +157,19 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
     return GlyphPlan(n, planned, evals, every, seconds, True, reason)
 
 
-def _timed(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> list[float]:
-    """Seconds of ``repeats`` calls of ``fn``, sorted."""
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return sorted(times)
-
-
-def _median_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
-    times = _timed(fn, repeats, clock)
-    return times[len(times) // 2]
-
-
-def _best_of(fn: Callable[[], Any], repeats: int, clock: Callable[[], float]) -> float:
-    return _timed(fn, repeats, clock)[0]
-
-
 def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int], *, views: int,
                         device: torch.device, dtype: torch.dtype | None,
                         clock: Callable[[], float] = time.perf_counter, objective: nn.Module | None = None,
-                        labels: torch.Tensor | None = None, augment: Callable | None = None) -> GlyphCosts:
+                        labels: torch.Tensor | None = None, augment: Callable | None = None,
+                        passes: list[list[float]] | None = None) -> GlyphCosts:
     """:class:`GlyphCosts` of one member (``model``, a single embedder) on random images of ``shape`` ``[C, H, W]``:
     a training step at ``batch`` (forward, ``objective(embeddings, labels)``, backward and the update of a copy of
     the model and the objective by the AdamW the run gets, at learning rate 0; the median of :data:`TIMED_STEPS` after
     :data:`WARM_UP_STEPS`; without ``objective`` a sum of squares stands in), ``augment(images, generator)`` on the
     batch (``shared``, once per step for all members) and an eval-mode embedding per image times ``views`` (its
-    shifts). ``model``, ``objective`` and the global random state are left as they were."""
+    shifts); every timed pass's seconds are appended to ``passes``. ``model``, ``objective`` and the global random
+    state are left as they were."""
+    passes = [] if passes is None else passes
     member = copy.deepcopy(model).to(device)
     if device.type == "cpu":
         member = member.to(memory_format=torch.channels_last)
@@ -208,10 +182,6 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
     y = (labels if labels is not None else torch.zeros(batch, dtype=torch.int64)).to(device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def step() -> None:
         with autocast:
             out = member(x)
@@ -219,20 +189,19 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        synchronize()
 
     member.train()
     for _ in range(WARM_UP_STEPS):  # oneDNN primitives, allocations, the optimiser's state
         step()
-    step_seconds = _median_of(step, TIMED_STEPS, clock)
+    steps = timings(step, device, TIMED_STEPS, clock)
+    passes.append(steps)
+    step_seconds = steps[len(steps) // 2]
     shared = 0.0
     if augment is not None:
-        def augmentation() -> None:
-            augment(x, g)
-            synchronize()
-
-        augmentation()
-        shared = _best_of(augmentation, TIMED_STEPS, clock)
+        augment(x, g)
+        augmented = timings(lambda: augment(x, g), device, TIMED_STEPS, clock)
+        passes.append(augmented)
+        shared = augmented[0]
     images = torch.randn(TIMED_IMAGES, *shape, generator=g).to(device)
     shift = getattr(member, "shift_average", 0)
     member.shift_average = 0  # one pass per image; the shifts are ``views`` such passes
@@ -241,10 +210,9 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
     def embed() -> None:
         with torch.no_grad(), autocast:
             member(images)
-        synchronize()
 
     embed()
-    per_image = _best_of(embed, 2, clock) / TIMED_IMAGES
+    per_image = timings(embed, device, 2, clock)[0] / TIMED_IMAGES
     member.shift_average = shift
     return GlyphCosts(step_seconds, per_image * views, views, shared)
 
@@ -252,16 +220,16 @@ def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int
 def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
     """Whether the recipe's steps are planned here: a model trained from scratch (not a pretrained backbone), the
     steps left to the recipe, a time budget, one process, not ASAP (its outer loop owns the schedule)."""
-    from dmlkit.config.recipe import uses_pretrained_weights
     from dmlkit.engine import distributed
+    from dmlkit.recipe.rules import uses_pretrained_weights
 
     return ("train.max_steps" in choices and cfg.train.time_budget is not None and not uses_pretrained_weights(cfg)
             and not cfg.asap.enabled and distributed.torchrun_local_rank() is None)
 
 
 def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, device: torch.device, spent: float,
-                 objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None
-                 ) -> tuple[dict[str, tuple[Any, str]], float | None]:
+                 objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None,
+                 measurements: Measurements | None = None) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
     :func:`plan_glyphs` fits them into ``train.time_budget`` from costs measured now, written into ``cfg``,
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
@@ -271,9 +239,10 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far; ``objective``:
     builds one member's objective for a number of classes (timed with the member's step, on labels of the sampler's
     ``m`` images per class; built on a forked random state, so the run's own draws are unchanged); ``augment``: the
-    run's batch augmentation (timed once per step)."""
-    from dmlkit.config import recipe
+    run's batch augmentation (timed once per step); ``measurements``: the run's (the costs and ``spent`` kept and
+    replayed through them)."""
     from dmlkit.evaluation.embed import autocast_dtype
+    from dmlkit.recipe import rules as recipe
 
     profile, choices = recipe_run.profile, recipe_run.choices
 
@@ -288,9 +257,16 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
     labels = (torch.arange(batch) // max(1, int(cfg.sampler.m or 1))) % classes
     with torch.random.fork_rng(devices=[]):
         timed_objective = objective(classes) if objective is not None else None
-    costs = measure_glyph_costs(member, batch, shape, views=views, device=device,
-                                dtype=autocast_dtype(cfg.train.mixed_precision), objective=timed_objective,
-                                labels=labels, augment=augment)
+    tape, passes = measurements if measurements is not None else Measurements.live(), []
+    dtype = autocast_dtype(cfg.train.mixed_precision)
+    costs = tape.measure(f"glyph step and embedding costs of {type(member).__name__}, batch {batch}, {shape}, "
+                         f"{views} view(s), {dtype}, {device}",
+                         lambda: measure_glyph_costs(member, batch, shape, views=views, device=device, dtype=dtype,
+                                                     objective=timed_objective, labels=labels, augment=augment,
+                                                     passes=passes),
+                         encode=dataclasses.asdict, decode=lambda kept: GlyphCosts(**kept),
+                         timings=lambda _costs: passes)
+    spent = tape.seconds("seconds spent before the glyph plan", spent)
     # a validation image at its own shifts; with member folds each member its own batch, augmented once per member
     costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True),
                                 own_batches=bool(cfg.protocol.member_folds))

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmlkit.engine.pooling_choice import (
+from dmlkit.evaluation.retrieval import paired_gain
+from dmlkit.models import create_model
+from dmlkit.recipe.pooling_choice import (
     PLAIN,
     PooledViews,
     apply_to_model,
@@ -15,8 +17,6 @@ from dmlkit.engine.pooling_choice import (
     class_paired_gain,
     embeddings_by_configuration,
 )
-from dmlkit.evaluation.retrieval import paired_gain
-from dmlkit.models import create_model
 
 # ----------------------------------------------------------------------------- the class-level error
 

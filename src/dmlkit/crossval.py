@@ -9,10 +9,10 @@ ensemble"), then mean and std over seeds.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +21,7 @@ import torch
 
 from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
@@ -46,10 +47,10 @@ def run_crossval(
     echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
-    from dmlkit.engine.resolve import resolve_run
     from dmlkit.engine.run_log import LOG_FILE, run_log
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
+    from dmlkit.recipe import prepare_run
 
     out_dir, echo = Path(out_dir), messages(echo, log)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
@@ -60,18 +61,15 @@ def run_crossval(
         parts, labels, gallery_parts, gallery_labels = [], None, [], None
         for fold in folds:
             run_dir = out_dir / f"seed{seed}" / f"fold{fold}"
-            fold_cfg = copy.deepcopy(cfg)
-            fold_cfg.seed = seed
-            fold_cfg.protocol.fold = fold
-            fold_cfg.protocol.seed = seed
-            fold_cfg.eval.save_embeddings = True
-            fold_cfg.name = f"{cfg.name}-s{seed}-f{fold}"
-            metrics_path = run_dir / "metrics.json"
+            fold_cfg = replace(cfg, seed=seed, name=f"{cfg.name}-s{seed}-f{fold}",
+                               protocol=replace(cfg.protocol, fold=fold, seed=seed),
+                               eval=replace(cfg.eval, save_embeddings=True))
+            metrics_path = run_dir / layout.METRICS_FILE
             if not metrics_path.exists():
-                resume = (run_dir / "checkpoints" / "last.pt").exists()
+                resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
                 with run_log() as kept:  # each fold's messages in its train.log
-                    trainer = Trainer(resolve_run(fold_cfg), run_dir, resume=resume)
+                    trainer = Trainer(prepare_run(fold_cfg), run_dir, resume=resume)
                     if trainer.dist.is_main:
                         kept.open(run_dir / LOG_FILE)
                     trainer.fit()
@@ -79,13 +77,13 @@ def run_crossval(
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:
                 per_model[k].append(float(metrics[k]))
-            with np.load(run_dir / "embeddings" / "test.npz") as z:
+            with np.load(run_dir / layout.TEST_EMBEDDINGS_FILE) as z:
                 parts.append(torch.from_numpy(z["embeddings"]))
                 these = torch.from_numpy(z["labels"])
             if labels is not None and not torch.equal(labels, these):
                 raise RuntimeError(f"fold models of seed {seed} embedded different test sets")
             labels = these
-            gallery_file = run_dir / "embeddings" / "gallery.npz"
+            gallery_file = run_dir / layout.embeddings_file("gallery")
             if gallery_file.exists():  # query -> gallery data sets (In-Shop)
                 with np.load(gallery_file) as z:
                     gallery_parts.append(torch.from_numpy(z["embeddings"]))
@@ -108,7 +106,7 @@ def run_crossval(
         "ensemble": {k: _mean_std(v) for k, v in per_ensemble.items()},
         "runs": runs,
     }
-    atomic_write_json(out_dir / "crossval.json", summary)
+    atomic_write_json(out_dir / layout.CROSSVAL_SUMMARY_FILE, summary)
     return summary
 
 

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from dmlkit.config import load_config
-from dmlkit.config import recipe as recipe_module
-from dmlkit.config.recipe import DataProfile, profile_split, resolve, resolve_model, val_class_fraction_for
 from dmlkit.data.base import ImageFileDataset
+from dmlkit.recipe import rules as recipe_module
+from dmlkit.recipe.rules import DataProfile, profile_split, resolve, resolve_model, val_class_fraction_for
 
 
 def profile(num_classes: int, per_class: int, side: int, kind: str = "photo", in_memory: bool = False) -> DataProfile:

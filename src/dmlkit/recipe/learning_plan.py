@@ -23,15 +23,17 @@ the count that buys the most, and the plan says that it is short of the target a
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from dmlkit.engine import budget
 from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
+from dmlkit.engine.measurements import Measurements
+from dmlkit.engine.timing import timings
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -116,15 +118,6 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows))
 
 
-def _timed(fn: Callable[[], Any], repeats: int = 2) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bool]) -> None:
     """``model``'s trunk trained from stage ``count`` on: the parameters' original flags, then ``count`` frozen."""
     for param, flag in trainable.items():
@@ -132,10 +125,12 @@ def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bo
     model.trunk.freeze_stages(count)
 
 
-def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *,
-                        device: torch.device, dtype: torch.dtype | None) -> list[StageCost]:
+def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, device: torch.device,
+                        dtype: torch.dtype | None, passes: list[list[float]] | None = None) -> list[StageCost]:
     """A :class:`StageCost` for each frozen-stage count in ``counts`` (at least the model's own), timed on
-    :data:`TIMED_BATCH` random crops of ``crop`` px under the run's autocast; the model is left as it was."""
+    :data:`TIMED_BATCH` random crops of ``crop`` px under the run's autocast (the fastest of two passes each;
+    every pass's seconds appended to ``passes``); the model is left as it was."""
+    passes = [] if passes is None else passes
     trainable = {p: p.requires_grad for p in model.parameters()}
     was_training, own = model.training, model.trunk.frozen_stages
     x = torch.randn(TIMED_BATCH, 3, crop, crop, device=device)
@@ -154,10 +149,11 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *,
                         model.zero_grad(set_to_none=True)
 
                     step()  # warm-up: allocations, kernels
-                    prefix = _timed(lambda: model.prefix(x))
+                    prefix = timings(lambda: model.prefix(x), device)
                     features = model.prefix(x)
-                    seconds = _timed(step)
-                out.append(StageCost(count, prefix / len(x), seconds / len(x), features[:1].numel() * 2))
+                    seconds = timings(step, device)
+                passes += [prefix, seconds]
+                out.append(StageCost(count, prefix[0] / len(x), seconds[0] / len(x), features[:1].numel() * 2))
     finally:
         _frozen_to(model, own, trainable)
         model.zero_grad(set_to_none=True)
@@ -165,15 +161,20 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *,
     return out
 
 
-def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: torch.dtype | None) -> float:
-    """Seconds per embedded image at ``size`` px (eval mode, the model's mirror average), timed on a batch."""
+def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: torch.dtype | None,
+                  passes: list[list[float]] | None = None) -> float:
+    """Seconds per embedded image at ``size`` px (eval mode, the model's mirror average), timed on a batch (the
+    fastest of two passes; their seconds appended to ``passes``)."""
     was_training = model.training
     x = torch.randn(TIMED_BATCH, 3, size, size, device=device)
     model.eval()
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             model(x[:1])
-            return _timed(lambda: model(x)) / len(x)
+            timed = timings(lambda: model(x), device)
+            if passes is not None:
+                passes.append(timed)
+            return timed[0] / len(x)
     finally:
         model.train(was_training)
 
@@ -193,15 +194,18 @@ def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple
 
 
 def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                 device: torch.device, spent: float) -> dict[str, tuple[Any, str]]:
+                 device: torch.device, spent: float, measurements: Measurements | None = None
+                 ) -> dict[str, tuple[Any, str]]:
     """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the
     frozen stages into ``model``) that :func:`plan_learning` chooses from costs measured now; ``{}`` when
     :func:`plans_learning` says no. ``spent``: seconds of the run gone so far. When the plan keeps the recipe's
     frozen stages, the cached views stay with the budget's first plan (``feature_cache``: epochs the run trains,
     the recipe's step ceiling included); with more frozen stages the plan's views are built before the first step
-    (timed without them, steps would run the frozen stages and look too slow to cache)."""
-    from dmlkit.config import recipe
-    from dmlkit.engine import backbone_choice, distributed
+    (timed without them, steps would run the frozen stages and look too slow to cache). ``measurements``: the
+    run's (the costs and ``spent`` kept and replayed through them)."""
+    from dmlkit.engine import distributed
+    from dmlkit.recipe import backbone_choice
+    from dmlkit.recipe import rules as recipe
 
     if not plans_learning(cfg, model, model_choices) or distributed.torchrun_local_rank() is not None:
         return {}
@@ -210,8 +214,17 @@ def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping
     dtype = backbone_choice._run_autocast_dtype(cfg, device)
     size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
     crop = int(cfg.data.crop_size or size)
-    costs = measure_stage_costs(model, list(range(own, stages + 1)), crop, device=device, dtype=dtype)
-    per_image = embed_seconds(model, size, device=device, dtype=dtype)
+    tape = measurements if measurements is not None else Measurements.live()
+    counts, passes = list(range(own, stages + 1)), []
+    name = f"{type(model.trunk.model).__name__} at {crop} px, {dtype}, {device}"
+    costs = tape.measure(f"frozen-stage costs of {name}, {counts[0]}-{counts[-1]} frozen",
+                         lambda: measure_stage_costs(model, counts, crop, device=device, dtype=dtype, passes=passes),
+                         encode=lambda found: [dataclasses.asdict(cost) for cost in found],
+                         decode=lambda kept: [StageCost(**cost) for cost in kept], timings=lambda _found: passes)
+    per_image = tape.measure(f"embedding seconds per image of {name} at {size} px",
+                             lambda: embed_seconds(model, size, device=device, dtype=dtype, passes=passes),
+                             timings=lambda _seconds: passes[-1:])
+    spent = tape.seconds("seconds spent before the learning plan", spent)
     train_images, to_embed = backbone_choice._images_to_embed(cfg, survey)
     test_images = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
                       if getattr(survey, split, None) is not None)

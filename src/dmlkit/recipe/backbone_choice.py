@@ -26,6 +26,7 @@ separately). A machine that stays slow measures slow every time and still gets t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import reduce
 from types import SimpleNamespace
@@ -34,7 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dmlkit.engine.budget import DEFAULT_TIME_BUDGET
-from dmlkit.engine.timing import fastest_of
+from dmlkit.engine.measurements import Measurements
+from dmlkit.engine.timing import timings
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
 #: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).
@@ -158,8 +160,9 @@ def choose_backbone(
 
 
 def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, batch: int, device: str,
-             dtype: torch.dtype | None) -> BackboneCost:
-    """One measurement of ``name``'s costs on this machine (the fastest of :data:`TIMED_REPEATS` passes each)."""
+             dtype: torch.dtype | None) -> tuple[BackboneCost, list[list[float]]]:
+    """One measurement of ``name``'s costs on this machine (the fastest of :data:`TIMED_REPEATS` passes each),
+    with the passes' timings (their spread tells a busy machine)."""
     from dmlkit.models import create_model
 
     where = torch.device(device)
@@ -184,9 +187,10 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
 
         train_step(crops[:1]), embed(views[:1])  # warm-up on one image: allocations, kernels, autograd
         # synchronised: a GPU's queued kernels count
-        train = fastest_of(lambda: train_step(crops), where, repeats=TIMED_REPEATS)
-        embedded = fastest_of(lambda: embed(views), where, repeats=TIMED_REPEATS)
-    return BackboneCost(train=train / batch, embed=embedded / batch, train_size=train_size, eval_size=eval_size)
+        train = timings(lambda: train_step(crops), where, repeats=TIMED_REPEATS)
+        embedded = timings(lambda: embed(views), where, repeats=TIMED_REPEATS)
+    cost = BackboneCost(train=train[0] / batch, embed=embedded[0] / batch, train_size=train_size, eval_size=eval_size)
+    return cost, [train, embedded]
 
 
 #: Every measurement taken in this process, per (candidate, sizes, frozen stages, batch, device, dtype).
@@ -194,22 +198,40 @@ _MEASURED: dict[tuple, list[BackboneCost]] = {}
 
 
 class MeasuredCosts(Mapping):
-    """Each candidate's :class:`BackboneCost` on this machine, measured when first read (cached per process):
-    the fastest of its measurements (:meth:`measure_again` adds one)."""
+    """Each candidate's :class:`BackboneCost` on this machine, measured when first read (cached per process, or
+    read through a run's ``measurements``, which keep and replay them): the fastest of its measurements
+    (:meth:`measure_again` adds one)."""
 
     def __init__(self, *, train_size: int, eval_size: int, frozen_stages: int = 0, batch: int = 4,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 candidates: Sequence[str] = CANDIDATES):
+                 candidates: Sequence[str] = CANDIDATES, measurements: Measurements | None = None):
         self._key = (int(train_size), int(eval_size), int(frozen_stages), int(batch), str(device), dtype)
         self._candidates = tuple(candidates)
+        self._tape = measurements
+        self._taken: dict[str, list[BackboneCost]] = {}
+
+    def _measure(self, name: str) -> BackboneCost:
+        if self._tape is None:
+            return _measure(name, *self._key)[0]
+        train_size, eval_size, frozen, batch, device, dtype = self._key
+        spreads: list[list[float]] = []
+
+        def measure() -> BackboneCost:
+            cost, passes = _measure(name, *self._key)
+            spreads.extend(passes)
+            return cost
+
+        return self._tape.measure(f"backbone cost {name} train {train_size} px, embed {eval_size} px, {frozen} frozen, "
+                                  f"batch {batch}, {device}, {dtype}", measure, encode=dataclasses.asdict,
+                                  decode=lambda kept: BackboneCost(**kept), timings=lambda _cost: spreads)
 
     def measurements(self, name: str) -> list[BackboneCost]:
         """``name``'s measurements so far, in order (measured now when there is none)."""
         if name not in self._candidates:
             raise KeyError(name)
-        taken = _MEASURED.setdefault((name, *self._key), [])
+        taken = _MEASURED.setdefault((name, *self._key), []) if self._tape is None else self._taken.setdefault(name, [])
         if not taken:
-            taken.append(_measure(name, *self._key))
+            taken.append(self._measure(name))
         return taken
 
     def __getitem__(self, name: str) -> BackboneCost:
@@ -218,7 +240,7 @@ class MeasuredCosts(Mapping):
 
     def measure_again(self, name: str) -> BackboneCost:
         """Measure ``name`` once more; the fastest of all its measurements."""
-        self.measurements(name).append(_measure(name, *self._key))
+        self.measurements(name).append(self._measure(name))
         return self[name]
 
     def __iter__(self):
@@ -237,7 +259,7 @@ def measure_costs(names: Sequence[str] = CANDIDATES, **settings: Any) -> dict[st
 def _images_to_embed(cfg: Any, survey: Any) -> tuple[int, int]:
     """(training images, images embedded over the run): the validation classes at every evaluation
     (the untrained one and ``recipe.FINETUNE_EVALUATIONS``) plus the test split once."""
-    from dmlkit.config import recipe
+    from dmlkit.recipe import rules as recipe
 
     train = len(survey.train)
     evaluated = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
@@ -286,15 +308,16 @@ def _candidates_here() -> tuple[dict[str, tuple[bool, str]], tuple[str, ...]]:
 
 
 def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device,
-                   spent: Callable[[], float] = lambda: 0.0) -> None:
+                   spent: Callable[[], float] = lambda: 0.0, measurements: Measurements | None = None) -> None:
     """Replace the recipe's photo backbone by the one :func:`choose_backbone` picks for this run.
 
     Acts only when the recipe named the backbone (``model.name=auto``, listed in ``model_choices``)
     and it uses offline weights; chooses among the candidates whose weights are installed or cached
     (the line says where from, and which were left out and why); updates ``cfg.model.name`` and
-    the ``model.name`` recipe line. ``spent()``: seconds of the run gone (counted against the budget).
+    the ``model.name`` recipe line. ``spent()``: seconds of the run gone (counted against the budget);
+    ``measurements``: the run's (the costs kept and replayed through them).
     """
-    from dmlkit.config import recipe
+    from dmlkit.recipe import rules as recipe
 
     chosen = model_choices.get("model.name", (None, ""))[0]
     if chosen != recipe.PHOTO_BACKBONE or not cfg.model.pretrained or cfg.model.weights is not None:
@@ -309,7 +332,8 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     crop = int(cfg.data.crop_size or size)
     here, available = _candidates_here()
     costs = MeasuredCosts(train_size=crop, eval_size=size, frozen_stages=cfg.model.frozen_stages or 0,
-                          device=device, dtype=_run_autocast_dtype(cfg, device), candidates=available)
+                          device=device, dtype=_run_autocast_dtype(cfg, device), candidates=available,
+                          measurements=measurements)
     if len(available) == 1:
         name, why = available[0], "the only EfficientNet-Lite with ImageNet weights here"
     else:

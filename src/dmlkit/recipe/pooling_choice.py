@@ -5,7 +5,7 @@ development set that untrained embedding scored below the plain average-pooled b
 would try first (test MAP@R 0.354 against 0.373), and the mirror doubles every embedding's cost.
 So the untrained backbone's feature maps of the validation images and of their mirror images are
 computed once (:class:`PooledViews`) and every configuration (pooling x mirror) is scored from them
-as per-query AP@R, the way :mod:`dmlkit.engine.view_size` scores view sizes. The rule
+as per-query AP@R, the way :mod:`dmlkit.recipe.view_size` scores view sizes. The rule
 (:func:`choose_pooling`): the plain configuration (average pooling, no mirror) stands unless another
 beats it by more than :data:`REQUIRED_ERRORS` standard errors of the paired differences; among those
 that do, the best; and the mirror average is dropped when the same pooling without it is within

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.config import recipe as recipe_module
-from dmlkit.config.recipe import profile_split, resolve, resolve_model
 from dmlkit.data.base import TensorImageDataset
+from dmlkit.recipe import rules as recipe_module
+from dmlkit.recipe.rules import profile_split, resolve, resolve_model
 
 
 def glyphs(num_classes: int, per_class: int, size: int = 28, background: int = 255) -> TensorImageDataset:

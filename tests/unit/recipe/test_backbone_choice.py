@@ -7,8 +7,8 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.data.base import DataSplits, TensorImageDataset
-from dmlkit.engine import backbone_choice
-from dmlkit.engine.backbone_choice import (
+from dmlkit.recipe import backbone_choice
+from dmlkit.recipe.backbone_choice import (
     MIN_EPOCHS,
     USABLE_SHARE,
     BackboneCost,
@@ -17,7 +17,7 @@ from dmlkit.engine.backbone_choice import (
     choose_for_run,
     measure_costs,
 )
-from dmlkit.engine.builders import apply_model_recipe
+from dmlkit.recipe.planner import apply_model_recipe
 
 LITE0, LITE1, LITE2 = backbone_choice.CANDIDATES
 # seconds per image of a 2-core CPU at 224 px (frozen stem + 2 stages): Lite1 and Lite2 cost 1.5x and 2.3x Lite0
@@ -116,7 +116,7 @@ def fake_measure(monkeypatch):
 
     def measure(name, train_size, eval_size, *_):
         measured.append(name)
-        return scaled(CPU, 1.0)[name]
+        return scaled(CPU, 1.0)[name], [[1.0, 1.0]]
 
     monkeypatch.setattr(backbone_choice, "_measure", measure)
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})  # nothing measured before in this process
@@ -248,7 +248,7 @@ def test_a_far_miss_is_not_measured_again():
 
 def test_measure_again_keeps_the_fastest_of_each_cost(monkeypatch):
     readings = iter([BackboneCost(0.2, 0.01, 32, 32), BackboneCost(0.1, 0.03, 32, 32)])
-    monkeypatch.setattr(backbone_choice, "_measure", lambda *_: next(readings))
+    monkeypatch.setattr(backbone_choice, "_measure", lambda *_: (next(readings), [[1.0]]))
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})
     costs = MeasuredCosts(train_size=32, eval_size=32)
     assert costs[LITE2] == BackboneCost(0.2, 0.01, 32, 32)
@@ -261,7 +261,7 @@ def test_measure_again_keeps_the_fastest_of_each_cost(monkeypatch):
 def test_the_run_measures_a_slow_candidate_again_and_says_so(monkeypatch):
     """Through choose_for_run: the first Lite2 measurement is 2.1x slow, the second idle: the run keeps Lite2."""
     machine = Machine(35.8 / 17.0, 1.0)
-    monkeypatch.setattr(backbone_choice, "_measure", lambda name, *_: machine.measure(name))
+    monkeypatch.setattr(backbone_choice, "_measure", lambda name, *_: (machine.measure(name), [[1.0]]))
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})
     cfg = load("train.time_budget=720")
     splits = _photo_splits(num_classes=32, per_class=100, size=72)  # 2,560 trained, 640 + 3,200 embedded

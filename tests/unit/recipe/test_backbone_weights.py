@@ -7,11 +7,11 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.data.base import DataSplits, TensorImageDataset
-from dmlkit.engine import backbone_choice
-from dmlkit.engine.backbone_choice import BackboneCost, choose_for_run
-from dmlkit.engine.builders import apply_model_recipe
 from dmlkit.exceptions import ConfigError
 from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS
+from dmlkit.recipe import backbone_choice
+from dmlkit.recipe.backbone_choice import BackboneCost, choose_for_run
+from dmlkit.recipe.planner import apply_model_recipe
 
 LITE0, LITE1, LITE2 = backbone_choice.CANDIDATES
 #: A machine so fast that every candidate fits any budget: the largest with weights wins.
@@ -25,7 +25,7 @@ def measured(monkeypatch, tmp_path):
 
     def measure(name, *_):
         names.append(name)
-        return FAST
+        return FAST, [[1.0]]
 
     monkeypatch.setattr(backbone_choice, "_measure", measure)
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})  # nothing measured before in this process

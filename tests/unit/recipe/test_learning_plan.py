@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from dmlkit.engine.budget import SAFETY_MARGIN, evaluation_count
-from dmlkit.engine.learning_plan import (
+from dmlkit.models import create_model
+from dmlkit.recipe.learning_plan import (
     TARGET_STEPS,
     StageCost,
     embed_seconds,
     measure_stage_costs,
     plan_learning,
 )
-from dmlkit.models import create_model
 
 # Seconds per training image on a slow CPU without bf16, EfficientNet-Lite0 at 224 px (the issue's machine: a step of
 # 64 photos with 2 frozen stages took 7.3 s; an embedded image 0.05 s a view): the frozen stages' pass and a step from
@@ -88,8 +88,7 @@ def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_
     """The trainer's one call (``plan_for_run``) on a folder of photos whose costs are the slow machine's: the
     recipe's 2 frozen stages would buy under 100 steps; the run freezes more, caches, and prints what it measured."""
     from dmlkit.config import load_config
-    from dmlkit.engine import learning_plan
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer, learning_plan
 
     spec = importlib.util.spec_from_file_location("photo_folders", Path(__file__).with_name("test_view_size.py"))
     photo_folders = importlib.util.module_from_spec(spec)
@@ -97,7 +96,7 @@ def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_
     root = photo_folders.write_photos(tmp_path / "photos", 96, classes=8, per_class=5)
     measured: list[list[int]] = []
 
-    def slow_costs(model, counts, crop, *, device, dtype):
+    def slow_costs(model, counts, crop, *, device, dtype, passes=None):
         measured.append(list(counts))
         return [c for c in SLOW if c.frozen_stages in counts]
 

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from dmlkit.cli.main import main
-from dmlkit.engine import glyph_plan
 from dmlkit.engine.checkpoint import load_checkpoint
-from dmlkit.engine.glyph_plan import GlyphCosts, plan_glyphs
-from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.models import Embedder, EmbedderEnsemble, create_model, shift_radius
+from dmlkit.recipe import Trainer, glyph_plan
+from dmlkit.recipe.glyph_plan import GlyphCosts, plan_glyphs
 
 
 def radii(model: torch.nn.Module) -> list[int]:
@@ -115,7 +114,7 @@ def test_the_glyph_plan_prices_validations_at_their_views():
 
 
 def test_the_glyph_plan_is_told_the_validation_views(monkeypatch, tiny_config):
-    from dmlkit.engine.resolve import resolve_run
+    from dmlkit.recipe import prepare_run
 
     got = []
     measure = glyph_plan.plan_glyphs
@@ -125,7 +124,7 @@ def test_the_glyph_plan_is_told_the_validation_views(monkeypatch, tiny_config):
         return measure(**kwargs)
 
     monkeypatch.setattr(glyph_plan, "plan_glyphs", spy)
-    resolve_run(tiny_config("train.max_steps=null", "train.eval_every=null", "model.shift_average=2",
+    prepare_run(tiny_config("train.max_steps=null", "train.eval_every=null", "model.shift_average=2",
                             "protocol.val_fraction=0.2"), echo=lambda _: None)
     [costs] = got
     assert (costs.views, costs.val_views) == (25, 9)  # the recipe chose eval.val_shift_average = 1

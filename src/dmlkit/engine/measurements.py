@@ -1,0 +1,342 @@
+"""The machine's measurements a run plans from, kept so that one command and seed give one run on one machine.
+
+A run with a time budget reads the machine: the recipe times candidate backbones, frozen-stage counts and
+a glyph model's step, counts the seconds spent before each plan, and the trainer fits its steps to the
+speeds of its first steps. Read twice, a clock never says the same: the same command planned 737, 992
+and 742 steps on three calls. So every number a plan reads goes through one :class:`Measurements`
+object, in the order the run reads them (a tape):
+
+* the first run of a request (its config as asked, before the recipe) on a machine measures, and keeps
+  what it measured in ``<cache>/plans/<machine>/<request>.json`` (:class:`PlanStore`) unless the machine
+  looked busy while it measured (repeated timings that disagree, or a load average above its cores);
+* a later run of the same request on the same machine (same CPU or GPU, threads, torch and dmlkit
+  versions) replays the kept numbers instead of measuring: the same backbone, steps, members and
+  validations, and no measuring time; if its own training steps run much slower than the kept ones
+  (:data:`SLOWER`, a busy or changed machine), it says so and plans from then on from what it measures;
+* every run records its tape in ``resolved.json``; ``dmlkit train --plan RUN`` replays that tape
+  anywhere, without the speed check (the same steps and choices, whatever the budget says).
+
+``dmlkit train --replan`` measures again and replaces the kept numbers; ``DMLKIT_PLAN_STORE=off`` keeps
+nothing and replays nothing (the test suite sets it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+
+from dmlkit.exceptions import ConfigError
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The format of a kept plan file and of ``resolved.json``'s ``measurements``.
+TAPE_FORMAT = "dmlkit-measurements-1"
+
+#: Repeated timings of the same work further apart than this (upper over lower quartile, or slowest over
+#: fastest of three or fewer) mean other work shared the machine: the measurements are not kept.
+BUSY_SPREAD = 1.5
+
+#: A replayed run whose measured training steps take this many times the kept step time stops replaying.
+SLOWER = 1.3
+
+#: ``train`` settings that change what a run shows, not what it plans: the same request with or without them.
+OUTPUT_ONLY = ("progress", "loggers", "log_every", "checkpoint_every")
+
+#: ``DMLKIT_PLAN_STORE``: ``off`` (keep and replay nothing) or a folder for the kept plans (default:
+#: ``$DMLKIT_CACHE/plans``, ``$DMLKIT_CACHE`` defaulting to ``$XDG_CACHE_HOME/dmlkit`` or ``~/.cache/dmlkit``).
+STORE_VARIABLE = "DMLKIT_PLAN_STORE"
+
+
+def spread_of(timings: Sequence[float]) -> float:
+    """How far repeated timings of one piece of work disagree: upper over lower quartile (slowest over fastest
+    for three or fewer); 1.0 for fewer than two."""
+    times = sorted(float(t) for t in timings)
+    if len(times) < 2 or times[0] <= 0:
+        return 1.0
+    if len(times) <= 3:
+        return times[-1] / times[0]
+    return times[(3 * len(times)) // 4] / max(times[len(times) // 4], 1e-12)
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_problem() -> str | None:
+    """Why the machine looks busy by its load average (above its usable cores), or None."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = usable_cpus()
+    return f"load average {load:.1f} on {cores} core(s)" if load > cores else None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    extensions = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if name in flags]
+    return f"{model} ({' '.join(extensions)})" if extensions else model
+
+
+def machine_description(device: torch.device | str) -> dict[str, str]:
+    """What makes one machine's measurements another's: its processor (or GPU), cores, threads, versions."""
+    from dmlkit import __version__
+
+    device = torch.device(device)
+    described = {"cpu": _cpu_model(), "cores": str(usable_cpus()), "threads": str(torch.get_num_threads()),
+                 "torch": torch.__version__, "dmlkit": __version__, "device": device.type}
+    if device.type == "cuda":
+        described["gpu"] = torch.cuda.get_device_name(device)
+    return described
+
+
+def _key(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("DMLKIT_CACHE")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dmlkit"
+
+
+class PlanStore:
+    """Kept measurements, one JSON file per (machine, request) under ``root`` (writes are atomic)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @classmethod
+    def default(cls) -> PlanStore | None:
+        """The store ``DMLKIT_PLAN_STORE`` names (None for ``off``), else ``<cache>/plans``."""
+        where = os.environ.get(STORE_VARIABLE, "")
+        if where.strip().lower() in ("off", "0", "false", "no"):
+            return None
+        return cls(Path(where).expanduser() if where else _cache_root() / "plans")
+
+    def path(self, machine: dict, request: dict) -> Path:
+        return self.root / _key(machine) / f"{_key(request)}.json"
+
+    def load(self, machine: dict, request: dict) -> list[dict] | None:
+        """The kept tape of ``request`` on ``machine``, or None (none kept, or a file that does not read)."""
+        path = self.path(machine, request)
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("format") != TAPE_FORMAT or data.get("machine") != machine:
+                return None
+            return list(data["measurements"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            _log.warning("kept plan %s does not read (%s): measuring again", path, err)
+            return None
+
+    def keep(self, machine: dict, request: dict, tape: list[dict]) -> Path | None:
+        """Write ``tape`` for ``request`` on ``machine``; the path, or None when the folder cannot be written
+        (said, never fatal: the run itself is not at stake)."""
+        from dmlkit.engine.checkpoint import atomic_write_json
+
+        path = self.path(machine, request)
+        record = {"format": TAPE_FORMAT, "machine": machine, "kept_at": _now(), "measurements": tape}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, record)
+        except OSError as err:
+            _log.warning("could not keep this run's measurements in %s (%s); the next run measures again", path, err)
+            return None
+        return path
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class Measurements:
+    """The numbers a run plans from, measured or replayed in the order the run reads them.
+
+    ``kept``: a tape to replay (``[{"name": ..., "value": ...}, ...]``), else everything is measured.
+    ``check_speed``: a replay leaves off when the run's own steps are :data:`SLOWER` than the kept ones
+    (off for ``--plan``, which replays whatever the clock says). ``source``: where the tape came from, said in
+    the run's messages. :attr:`tape` is what this run read, replayed or measured (``resolved.json``).
+    """
+
+    def __init__(self, kept: list[dict] | None = None, *, source: str = "", check_speed: bool = True,
+                 store: PlanStore | None = None, machine: dict | None = None, request: dict | None = None):
+        self._queue: dict[str, deque] = defaultdict(deque)
+        for entry in kept or []:
+            self._queue[str(entry["name"])].append(entry["value"])
+        self.replaying = kept is not None
+        self.replayed = 0
+        self.source = source
+        self.check_speed = check_speed
+        self.store, self.machine, self.request = store, machine, request
+        self.tape: list[dict] = []
+        self.busy: list[str] = []
+        self.notes: list[str] = []
+        self._load_checked = False
+        self.unkept = "a run given objects" if store is None else ""  # why nothing is kept, when so
+
+    # -- construction ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def live(cls) -> Measurements:
+        """Measure everything, keep nothing (a run given objects, or no store)."""
+        return cls()
+
+    @classmethod
+    def for_request(cls, request: dict, device: torch.device, *, replan: bool = False) -> Measurements:
+        """Replay what this machine kept for ``request`` (the config as asked), else measure and keep it;
+        ``replan``: measure again and replace what was kept."""
+        store = PlanStore.default()
+        if store is None:
+            return cls().forgo(f"{STORE_VARIABLE}=off")
+        machine = machine_description(device)
+        train = {k: v for k, v in request.get("train", {}).items() if k not in OUTPUT_ONLY}
+        request = {**request, "train": train}
+        kept = None if replan else store.load(machine, request)
+        source = f"kept on this machine ({store.path(machine, request)})" if kept is not None else ""
+        return cls(kept, source=source, store=store, machine=machine, request=request)
+
+    @classmethod
+    def from_run(cls, path: str | Path) -> tuple[dict, Measurements]:
+        """The request (config as asked) and a replay of the measurements of a run's ``resolved.json``
+        (``path``: the file or its run folder), for ``dmlkit train --plan``."""
+        path = Path(path)
+        file = path / "resolved.json" if path.is_dir() else path
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--plan {str(path)!r}: no such file; give a run folder or its resolved.json.") from None
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--plan {str(file)!r} is not a readable resolved.json ({err}).") from None
+        measured = data.get("measurements") if isinstance(data, dict) else None
+        if not isinstance(measured, dict) or measured.get("format") != TAPE_FORMAT \
+                or not isinstance(data.get("request"), dict):
+            raise ConfigError(f"--plan {str(file)!r} records no replayable plan (a run of an older dmlkit, or not "
+                              "a dmlkit resolved.json): expected its 'request' and 'measurements'.")
+        replay = cls(list(measured["tape"]), source=f"replayed from {file}", check_speed=False)
+        return data["request"], replay.forgo("a replay of --plan keeps nothing")
+
+    # -- reading numbers --------------------------------------------------------------------------------------------
+
+    def _next(self, name: str) -> tuple[bool, Any]:
+        if self.replaying:
+            queue = self._queue.get(name)
+            if queue:
+                self.replayed += 1
+                return True, queue.popleft()
+            self.stop_replaying(f"the kept plan has no {name!r} (kept by a dry run, or another dmlkit)", quietly=True)
+        return False, None
+
+    def measure(self, name: str, measure: Callable[[], T], *, encode: Callable[[T], Any] = lambda v: v,
+                decode: Callable[[Any], T] = lambda v: v, timings: Callable[[T], Sequence[Sequence[float]]] | None
+                = None) -> T:
+        """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
+        into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine."""
+        replayed, kept = self._next(name)
+        value = decode(kept) if replayed else measure()
+        if not replayed and timings is not None:
+            for repeated in timings(value):
+                spread = spread_of(repeated)
+                if spread > BUSY_SPREAD:
+                    self.busy.append(f"{name}: repeated timings {spread:.2f}x apart")
+        self.tape.append({"name": name, "value": kept if replayed else encode(value)})
+        return value
+
+    def seconds(self, name: str, live: float) -> float:
+        """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""
+        return float(self.measure(name, lambda: float(live)))
+
+    def speeds(self, name: str, live: T, step_seconds: Callable[[T], float], encode: Callable[[T], Any],
+               decode: Callable[[Any], T]) -> T:
+        """The trainer's measured speeds: ``live`` when measuring; replayed, the kept ones unless this run's
+        steps take :data:`SLOWER` times the kept ones (then the replay ends here, said)."""
+        replayed, kept = self._next(name)
+        if replayed:
+            value = decode(kept)
+            now, then = step_seconds(live), step_seconds(value)
+            if self.check_speed and then > 0 and now > SLOWER * then:
+                self.stop_replaying(f"this run's steps take {now * 1000:.1f} ms, {now / then:.1f}x the kept "
+                                    f"{then * 1000:.1f} ms (a busy or changed machine)")
+            else:
+                self.tape.append({"name": name, "value": kept})
+                return value
+        if not self._load_checked:  # the trainer's speeds are measured while other work may share the machine
+            self._load_checked = True
+            problem = load_problem()
+            if problem and problem not in self.busy:
+                self.busy.append(problem)
+        self.tape.append({"name": name, "value": encode(live)})
+        return live
+
+    def stop_replaying(self, why: str, *, quietly: bool = False) -> None:
+        """Measure from here on (what was replayed so far stays), and say why (a warning unless ``quietly``)."""
+        if self.replaying:
+            self.replaying = False
+            note = f"plan replay ended after {self.replayed} kept number(s): {why}; planning from measurements now"
+            self.notes.append(note)
+            if not quietly:  # a replay cut short by a slower machine: what it measures now is not kept either
+                self.busy.append(why)
+            _log.log(logging.INFO if quietly else logging.WARNING, note)
+
+    def forgo(self, why: str) -> Measurements:
+        """Keep nothing of this run (``why`` is said at the end); returns ``self``."""
+        self.store, self.unkept = None, why
+        return self
+
+    # -- keeping ----------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Before the first measurement: a machine already loaded by other work is said busy."""
+        if not self.replaying:
+            self._load_checked = True
+            problem = load_problem()
+            if problem:
+                self.busy.append(problem)
+
+    def keep(self) -> str:
+        """Keep this run's tape for its request (when it measured something, on a machine that was not busy);
+        a line saying what happened."""
+        if self.replaying and not self.busy:
+            return f"measurements: replayed ({self.replayed} number(s) {self.source})"
+        if self.store is None or self.request is None or self.machine is None:
+            return f"measurements: not kept ({self.unkept or 'no store'})"
+        if not self.tape:
+            return "measurements: none taken"
+        if self.busy:
+            return ("measurements: NOT kept, the machine looked busy while measuring (" + "; ".join(self.busy[:3])
+                    + "); run again on an idle machine for a plan that is kept and replayed")
+        path = self.store.keep(self.machine, self.request, self.tape)
+        return f"measurements: kept in {path}; the same command plans the same run here" if path else \
+            "measurements: not kept (the store could not be written)"
+
+    def record(self) -> dict:
+        """What ``resolved.json`` holds: the tape, where it came from, and whether the machine looked busy."""
+        return {"format": TAPE_FORMAT, "source": self.source or "measured", "replayed": self.replayed,
+                "busy": list(self.busy), "notes": list(self.notes), "tape": list(self.tape)}
+
+
+__all__ = ["BUSY_SPREAD", "Measurements", "PlanStore", "SLOWER", "STORE_VARIABLE", "TAPE_FORMAT",
+           "load_problem", "machine_description", "spread_of"]

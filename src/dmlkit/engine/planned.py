@@ -1,0 +1,45 @@
+"""What the recipe hands the engine: a finished config and the record of how it was chosen.
+
+:func:`dmlkit.recipe.planner` makes a :class:`PlannedRun`; :func:`~dmlkit.engine.resolve.resolve_run` builds the
+run's objects from it and never writes to its config. The engine reads the record only to report it
+(``choices``, the training split's ``profile``), to fill the batch augmentation's background
+(``profile.background``) and to start its time budget (``started``, ``measurements``, ``embed_seconds``,
+the feature cache's ``cache_plan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine.feature_cache import CachePlan
+from dmlkit.engine.measurements import Measurements
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A finished config (no ``auto`` or None left in the fields the recipe decides) and the recipe's record.
+
+    ``choices``: ``{field: (value, reason)}`` in the order the recipe prints them; ``profile``: the training split
+    as the recipe read it (``describe()``, ``background``); ``request``: the config as asked, before the recipe
+    (what ``dmlkit train --plan`` starts from); ``started``: the wall clock (``time.perf_counter``) when planning
+    began, which ``train.time_budget`` counts from; ``measurements``: the machine's numbers the plan read
+    (kept and replayed); ``embed_seconds``: an embedded image as the glyph plan measured it, if it did;
+    ``cache_plan`` / ``cache_deferred``: the feature cache's resolution, and whether it waits for the time budget's
+    first plan.
+    """
+
+    cfg: RunConfig
+    choices: dict[str, tuple[Any, str]]
+    profile: Any
+    started: float
+    cache_plan: CachePlan
+    cache_deferred: bool = False
+    request: dict | None = None
+    measurements: Measurements | None = None
+    embed_seconds: float | None = None
+    field_order: tuple[str, ...] = ()  # the order the recipe prints its fields in (others after them)
+
+
+__all__ = ["PlannedRun"]

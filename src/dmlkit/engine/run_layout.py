@@ -1,0 +1,63 @@
+"""The run directory's layout: the one table of the names of a run's files.
+
+The engine writes them (``run_dir.py``, ``training/selection.py``, ``resolve.py``); the report,
+inference, sharing, cross-validation, sweeps and the CLI read them. Every name is relative to the
+run directory (``run_dir / LAST_CHECKPOINT``). This module imports nothing of dmlkit, so any
+package may read it.
+
+Layout::
+
+    RUN_DIR/config.yaml            resolved config
+    RUN_DIR/resolved.json          what the recipe chose and why (ResolvedRun.summary)
+    RUN_DIR/env.json               versions, git commit, seed, command line, device
+    RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
+                                   skipped, eval_input (how evaluation reads an image: inference does the same),
+                                   pretrained_weights (tag, source, file and SHA-256 of the starting weights)
+    RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
+    RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
+    RUN_DIR/mlruns/, RUN_DIR/wandb/  experiment trackers' local stores (train.loggers=[mlflow, wandb])
+    RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
+    RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails (gallery.npz: a separate gallery)
+    RUN_DIR/checkpoints/last.pt    full training state (resume)
+    RUN_DIR/checkpoints/best.pt    selected weights
+    RUN_DIR/report.html            the run's report
+    RUN_DIR/evaluations/           one JSON file per `dmlkit evaluate`
+"""
+
+from __future__ import annotations
+
+CONFIG_FILE = "config.yaml"
+RESOLVED_FILE = "resolved.json"
+ENV_FILE = "env.json"
+MANIFEST_FILE = "manifest.json"
+LOG_FILE = "log.jsonl"
+MESSAGES_FILE = "train.log"  # every message of the run (engine/run_log.py); LOG_FILE is the metrics
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.html"
+CHECKPOINTS_DIR = "checkpoints"
+EMBEDDINGS_DIR = "embeddings"
+EVALUATIONS_DIR = "evaluations"
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DIR = "mlruns"
+
+#: The file that marks a folder as claimed by one dmlkit command (``{"kind": "train" | "sweep" | "crossval"}``).
+CLAIM_FILE = ".dmlkit-claim.json"
+#: A cross-validation folder's summary (``dmlkit crossval``), beside its ``seed<s>/fold<f>`` runs.
+CROSSVAL_SUMMARY_FILE = "crossval.json"
+#: A sweep folder's Optuna study (``dmlkit sweep``).
+SWEEP_STUDY_FILE = "study.db"
+
+
+def checkpoint_file(name: str) -> str:
+    """``checkpoints/<name>.pt`` (``name``: ``last`` or ``best``)."""
+    return f"{CHECKPOINTS_DIR}/{name}.pt"
+
+
+def embeddings_file(split: str) -> str:
+    """``embeddings/<split>.npz`` (``split``: ``test``, or ``gallery`` for a separate gallery)."""
+    return f"{EMBEDDINGS_DIR}/{split}.npz"
+
+
+LAST_CHECKPOINT = checkpoint_file("last")
+BEST_CHECKPOINT = checkpoint_file("best")
+TEST_EMBEDDINGS_FILE = embeddings_file("test")

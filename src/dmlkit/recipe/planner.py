@@ -1,0 +1,228 @@
+"""The recipe's one entry point: a config as asked in, a finished config and the reasons for it out.
+
+:func:`plan` reads the data, measures the machine (through :class:`~dmlkit.engine.measurements.Measurements`,
+kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recipe.rules.RECIPE_FIELDS`): the
+backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
+batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
+It works on its own copy of the config and returns it finished (:class:`~dmlkit.engine.planned.PlannedRun`);
+the config it was given is left as it was. It may build throw-away probes (a model to time and to embed
+validation classes with, splits to read the training split from); the run's own objects are built once, from
+the finished config, by :func:`~dmlkit.engine.resolve.resolve_run`.
+
+The steps run in the order they depend on each other:
+survey of the data -> model rules -> backbone by budget -> probe model -> view size and pooling -> learning plan
+-> probe splits -> data rules -> glyph plan (steps, members and validations from measured costs) -> member folds
+-> feature cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dmlkit._messages import SILENT, messages
+from dmlkit.config.schema import RunConfig, config_to_dict
+from dmlkit.engine import builders, distributed
+from dmlkit.engine.feature_cache import cache_choices, plan_feature_cache
+from dmlkit.engine.measurements import Measurements
+from dmlkit.engine.member_folds import uses_member_folds
+from dmlkit.engine.planned import PlannedRun
+from dmlkit.engine.seeding import seed_everything
+from dmlkit.exceptions import ConfigError
+from dmlkit.recipe import backbone_choice
+from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.glyph_plan import plan_for_run as plan_glyphs_for_run
+from dmlkit.recipe.learning_plan import plan_for_run as plan_learning_for_run
+from dmlkit.recipe.view_size import measure_view_size
+
+log = logging.getLogger(__name__)
+
+
+def apply_model_recipe(cfg: RunConfig, survey, echo=None, *, accelerator: bool = False) -> dict:
+    """Fill the model and image-size fields left to the recipe from a first look at the training split.
+
+    Returns the choices (``{field: (value, reason)}``), said later with the rest of the recipe.
+    """
+    choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train), accelerator=accelerator)
+    recipe.apply(cfg, choices)
+    return choices
+
+
+@dataclass
+class ResolvedRecipe:
+    """The training split's profile and the values the recipe chose (``{field: (value, reason)}``)."""
+
+    profile: recipe.DataProfile
+    choices: dict
+
+
+def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False, model: nn.Module | None = None,
+                 model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
+    """Fill the config fields left to the recipe from the training split (docs/recipes.md), say them.
+
+    First the validation classes (``protocol.val_class_fraction``), then the rest from the split
+    the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
+    device computes bf16 natively) resolves ``train.mixed_precision=auto``. ``model`` (the built
+    model) gives the embedding size of a pretrained backbone that keeps its features;
+    ``model_choices`` (:func:`apply_model_recipe`) are said with the rest.
+    """
+    full = recipe.profile_split(splits.train)
+    p = cfg.protocol
+    chosen: dict = dict(model_choices or {})
+    if cfg.model.embedding_size is None and model is not None:
+        size = int(model.embedding_size)
+        cfg.model.embedding_size = size
+        chosen["model.embedding_size"] = (size, "the backbone's own feature size")
+    if p.val_class_fraction is None:
+        warm = recipe.uses_pretrained_weights(cfg)
+        fraction = recipe.val_class_fraction_for(full, warm) if (p.fold is None and p.val_fraction == 0) else 0.0
+        held = full.num_classes - int(round((1.0 - fraction) * full.num_classes))
+        reason = f"{full.num_classes} training classes" + (
+            f": hold out {held} for checkpoint choice" if fraction == 0.2
+            else f": hold out {held}, so held-out classes tell whether training beats the pretrained embedding"
+            if fraction else ": too few for class-disjoint validation")
+        fraction = round(fraction, 4)
+        chosen["protocol.val_class_fraction"] = (fraction, reason)
+        p.val_class_fraction = fraction
+    if p.val_class_fraction and splits.val is None:
+        builders.hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
+    profile = recipe.profile_split(splits.train)
+    choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
+    recipe.apply(cfg, choices)
+    chosen.update(choices)
+    if chosen:
+        say = messages(echo, log)  # the split in one line; each choice and its reason in detail (dmlkit train -v)
+        say(f"recipe: training split: {profile.describe()}")
+        say.detail(recipe.format_planned(chosen))
+    _warn_without_positive_pairs(cfg)
+    return ResolvedRecipe(profile, chosen)
+
+
+def _warn_without_positive_pairs(cfg: RunConfig) -> None:
+    """Warn when batches of distinct classes (``sampler.m=1``) meet a loss that learns only from positive pairs."""
+    from dmlkit.losses import LOSSES
+
+    if cfg.sampler.name != "m_per_class" or cfg.sampler.m != 1:
+        return
+    if "num_classes" in inspect.signature(LOSSES.get(cfg.loss.name)).parameters:
+        return  # a proxy loss pulls each sample to its class's proxy: no pair of samples needed
+    warnings.warn(f"sampler.m=1 gives batches of distinct classes: loss {cfg.loss.name!r} sees no positive pair and "
+                  "learns nothing from them. Use a proxy loss or more images per class (sampler.m >= 2).",
+                  UserWarning, stacklevel=2)
+
+
+def plan(
+    cfg: RunConfig,
+    *,
+    model: nn.Module | None = None,
+    loss: nn.Module | None = None,
+    miner: nn.Module | None = None,
+    data=None,
+    echo: Callable[[str], None] | None = None,
+    started: float | None = None,
+    measurements: Measurements | None = None,
+    replan: bool = False,
+) -> PlannedRun:
+    """``cfg`` finished by the recipe (a new config; ``cfg`` is not written) with every choice and its reason.
+
+    ``model``, ``loss``, ``miner`` and ``data`` (:func:`dmlkit.data.user.user_splits`) are the objects the run
+    will be given instead of the config's: the recipe reads them (a given model is measured, never changed; given
+    splits are read through a copy) and leaves to them what they decide. The recipe's lines go to this module's
+    logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
+    ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
+    plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
+    now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured again). A run given objects measures
+    and keeps nothing.
+    """
+    request = config_to_dict(cfg)  # before the recipe fills it in
+    cfg = copy.deepcopy(cfg)  # the recipe writes into its own copy
+    wall_clock = time.perf_counter
+    started = wall_clock() if started is None else started
+    # the device first (a ConfigError for a missing GPU comes before anything heavy); under torchrun it is this
+    # rank's GPU, and the process group is joined before any measurement is shared
+    device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
+    dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
+    echo = messages(echo, log) if dist.is_main else SILENT
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    if measurements is None:
+        given = (model, loss, miner, data)
+        measurements = Measurements.live() if any(obj is not None for obj in given) else \
+            Measurements.for_request(request, device, replan=replan)
+    measurements.start()
+    if measurements.source:
+        echo(f"plan: the machine's measurements {measurements.source}")
+    seed_everything(cfg.seed)
+    survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+    model_choices = {} if model is not None else apply_model_recipe(
+        cfg, survey, echo, accelerator=device.type == "cuda")
+    backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
+                                   spent=lambda: measurements.seconds("seconds spent before the backbone choice",
+                                                                      wall_clock() - started),
+                                   measurements=measurements)
+    probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
+    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device))  # photos
+    model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
+                                               spent=wall_clock() - started, measurements=measurements))
+    # transforms follow the model's preprocessing; given splits are read through a copy (the run holds them out)
+    splits = copy.copy(data) if data is not None else builders.build_splits(cfg, probe, survey)
+    resolved = apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device), model=probe,
+                            model_choices=model_choices, accelerator=device.type == "cuda")
+    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
+    embed_seconds = None
+    if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
+        member_objective = (None if loss is not None or miner is not None else  # a member's step is timed with it
+                            lambda classes: builders.build_member_objective(cfg, classes))
+        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
+                                                     spent=wall_clock() - started, objective=member_objective,
+                                                     augment=augment, measurements=measurements)
+        resolved.choices.update(planned)
+        if planned:
+            echo.detail(recipe.format_planned(planned))
+    chose = {key: value for key, (value, _) in resolved.choices.items()}
+    if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
+        probe = builders.build_model(cfg)  # the recipe asked for more: the member folds and the cache read it
+    unfolded = _member_folds(cfg, probe, splits, resolved.choices)
+    if unfolded:
+        resolved.choices.update(unfolded)
+        echo.detail(recipe.format_planned(unfolded))
+    # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
+    cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
+        and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
+    cache_plan = plan_feature_cache(cfg, probe, splits.train, augment, distributed=dist.enabled, echo=echo,
+                                    deferred=cache_deferred)
+    recipe.apply(cfg, cache_choices(cfg, cache_plan))
+    resolved.choices["train.feature_cache"] = (cfg.train.feature_cache, cache_plan.reason)
+    precision = "fp32" if cfg.train.mixed_precision == "none" else cfg.train.mixed_precision
+    processes = f", {dist.world_size} processes" if dist.enabled else ""
+    echo(f"run: {cfg.model.name} ({cfg.model.embedding_size}-D embedding), loss {cfg.loss.name}, on {device} "
+         f"({precision}{processes})")
+    return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
+                      cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
+                      measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS)
+
+
+def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> dict[str, tuple[Any, str]]:
+    """``protocol.member_folds`` turned off (the recipe's choice) where the run has nothing to fold; a ConfigError
+    where the user asked for folds the run cannot give."""
+    if not cfg.protocol.member_folds or uses_member_folds(cfg, probe, splits):
+        return {}
+    if "protocol.member_folds" not in choices and (cfg.model.ensemble or 1) > 1:
+        raise ConfigError("protocol.member_folds=true needs an ensemble built from the config "
+                          "(model.ensemble > 1) in one process, with validation classes held out of the "
+                          "training split (protocol.val_class_fraction > 0; not a validation split given).")
+    unfolded = {"protocol.member_folds": (False, "one model, or no validation classes held out of the training "
+                                                 "split: no folds to give")}
+    recipe.apply(cfg, unfolded)
+    return unfolded
+
+
+__all__ = ["ResolvedRecipe", "apply_model_recipe", "apply_recipe", "plan"]

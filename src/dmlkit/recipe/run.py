@@ -1,0 +1,53 @@
+"""Plan, then build: a config (and any objects) to a :class:`~dmlkit.engine.resolve.ResolvedRun` in one call."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dmlkit.config.schema import RunConfig
+from dmlkit.engine import trainer as engine_trainer
+from dmlkit.engine.measurements import Measurements
+from dmlkit.engine.resolve import ResolvedRun, resolve_run
+from dmlkit.recipe.planner import plan
+
+
+def prepare_run(
+    cfg: RunConfig,
+    *,
+    model: nn.Module | None = None,
+    loss: nn.Module | None = None,
+    miner: nn.Module | None = None,
+    data=None,
+    optimizer: torch.optim.Optimizer | None = None,
+    echo: Callable[[str], None] | None = None,
+    started: float | None = None,
+    measurements: Measurements | None = None,
+    replan: bool = False,
+) -> ResolvedRun:
+    """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects."""
+    planned = plan(cfg, model=model, loss=loss, miner=miner, data=data, echo=echo, started=started,
+                   measurements=measurements, replan=replan)
+    return resolve_run(planned, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo)
+
+
+class Trainer(engine_trainer.Trainer):
+    """The engine's :class:`~dmlkit.engine.trainer.Trainer`, which also takes a config: ``Trainer(cfg, run_dir,
+    **objects)`` is ``Trainer(prepare_run(cfg, **objects), run_dir)``."""
+
+    def __init__(self, run: ResolvedRun | RunConfig, run_dir: str | Path, *, echo: Callable[[str], None] | None = None,
+                 model: nn.Module | None = None, loss: nn.Module | None = None, miner: nn.Module | None = None,
+                 data=None, optimizer: torch.optim.Optimizer | None = None, **options):
+        if not isinstance(run, ResolvedRun):
+            run = prepare_run(run, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo,
+                              started=time.perf_counter())
+            model = loss = miner = data = optimizer = None
+        super().__init__(run, run_dir, echo=echo, model=model, loss=loss, miner=miner, data=data,
+                         optimizer=optimizer, **options)
+
+
+__all__ = ["Trainer", "prepare_run"]

@@ -1,0 +1,127 @@
+"""The machine's measurements: recorded in the order read, kept per machine and request, replayed exactly;
+a busy machine (timings that disagree, a slower replay) keeps nothing."""
+
+import json
+
+import pytest
+
+from dmlkit.engine import measurements as m
+from dmlkit.engine.budget import Speeds
+from dmlkit.exceptions import ConfigError
+
+
+def speeds_of(tape: m.Measurements, live: Speeds) -> Speeds:
+    return tape.speeds("training speeds", live, step_seconds=lambda s: s.step_seconds,
+                       encode=lambda s: [s.step_seconds, s.eval_seconds, s.test_seconds],
+                       decode=lambda kept: Speeds(*kept))
+
+
+@pytest.fixture
+def idle(monkeypatch):
+    monkeypatch.setattr(m, "load_problem", lambda: None)
+
+
+def test_spread_of_quartiles_and_small_samples():
+    assert m.spread_of([1.0]) == 1.0
+    assert m.spread_of([2.0, 1.0]) == 2.0
+    assert m.spread_of([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]) == 1.0  # one interruption is not a busy machine
+    assert m.spread_of([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0]) == 2.0
+
+
+def test_replay_returns_the_recorded_numbers_without_measuring(idle):
+    first = m.Measurements()
+    assert first.measure("cost", lambda: {"step": 0.25}) == {"step": 0.25}
+    assert first.seconds("spent", 3.5) == 3.5
+    assert speeds_of(first, Speeds(0.1, 2.0, 4.0)) == Speeds(0.1, 2.0, 4.0)
+    assert first.seconds("spent", 9.0) == 9.0
+
+    def must_not_run():
+        raise AssertionError("a replay measured")
+
+    again = m.Measurements(first.tape)
+    assert again.measure("cost", must_not_run) == {"step": 0.25}
+    assert again.seconds("spent", 100.0) == 3.5  # the kept reading, in order per name
+    assert speeds_of(again, Speeds(0.11, 5.0, 5.0)) == Speeds(0.1, 2.0, 4.0)  # within SLOWER: the kept speeds
+    assert again.seconds("spent", 100.0) == 9.0
+    assert again.tape == first.tape and again.replaying and again.replayed == 4
+
+
+def test_a_slower_replay_plans_from_its_own_speeds_and_keeps_nothing(tmp_path, idle):
+    store = m.PlanStore(tmp_path)
+    first = m.Measurements(store=store, machine={"cpu": "x"}, request={"seed": 0})
+    speeds_of(first, Speeds(0.1))
+    assert "kept in" in first.keep()
+    kept = store.load({"cpu": "x"}, {"seed": 0})
+    slow = m.Measurements(kept, source="kept", store=store, machine={"cpu": "x"}, request={"seed": 0})
+    assert speeds_of(slow, Speeds(0.1 * m.SLOWER * 1.5)) == Speeds(0.1 * m.SLOWER * 1.5)
+    assert not slow.replaying and "x the kept" in slow.notes[0]
+    assert slow.keep().startswith("measurements: NOT kept")
+    assert store.load({"cpu": "x"}, {"seed": 0}) == kept  # the idle machine's numbers stay
+
+
+def test_plan_replay_does_not_check_speed():
+    first = m.Measurements()
+    speeds_of(first, Speeds(0.1))
+    replay = m.Measurements(first.tape, check_speed=False)
+    assert speeds_of(replay, Speeds(10.0)) == Speeds(0.1)
+
+
+def test_timings_that_disagree_mark_the_machine_busy(tmp_path, idle):
+    store = m.PlanStore(tmp_path)
+    tape = m.Measurements(store=store, machine={"cpu": "x"}, request={"a": 1})
+    tape.measure("cost", lambda: 1.0, timings=lambda _v: [[1.0, 1.0, 3.0]])
+    assert tape.busy and "3.00x apart" in tape.busy[0]
+    assert "NOT kept" in tape.keep()
+    assert store.load({"cpu": "x"}, {"a": 1}) is None
+
+
+def test_a_loaded_machine_is_said_busy(monkeypatch):
+    monkeypatch.setattr(m, "load_problem", lambda: "load average 5.0 on 2 core(s)")
+    tape = m.Measurements()
+    tape.start()
+    assert tape.busy == ["load average 5.0 on 2 core(s)"]
+
+
+def test_store_is_per_machine_and_request_and_ignores_bad_files(tmp_path, caplog):
+    store = m.PlanStore(tmp_path)
+    path = store.keep({"cpu": "x"}, {"seed": 0}, [{"name": "a", "value": 1.0}])
+    assert store.load({"cpu": "x"}, {"seed": 0}) == [{"name": "a", "value": 1.0}]
+    assert store.load({"cpu": "y"}, {"seed": 0}) is None
+    assert store.load({"cpu": "x"}, {"seed": 1}) is None
+    path.write_text("{not json")
+    assert store.load({"cpu": "x"}, {"seed": 0}) is None
+    assert "does not read" in caplog.text
+
+
+def test_running_out_of_kept_numbers_measures_the_rest(idle):
+    tape = m.Measurements([{"name": "cost", "value": 2.0}])
+    assert tape.measure("cost", lambda: 1.0) == 2.0
+    assert tape.seconds("spent", 7.0) == 7.0  # a dry run kept no trainer numbers: measured now
+    assert not tape.replaying and not tape.busy
+
+
+def test_store_switch(monkeypatch, tmp_path):
+    monkeypatch.setenv(m.STORE_VARIABLE, "off")
+    assert m.PlanStore.default() is None
+    monkeypatch.setenv(m.STORE_VARIABLE, str(tmp_path))
+    assert m.PlanStore.default().root == tmp_path
+    monkeypatch.delenv(m.STORE_VARIABLE)
+    monkeypatch.setenv("DMLKIT_CACHE", str(tmp_path / "cache"))
+    assert m.PlanStore.default().root == tmp_path / "cache" / "plans"
+
+
+def test_from_run_reads_a_resolved_json_and_refuses_others(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ConfigError, match="no such file"):
+        m.Measurements.from_run(tmp_path / "missing")
+    (run / "resolved.json").write_text(json.dumps({"name": "old"}))
+    with pytest.raises(ConfigError, match="no replayable plan"):
+        m.Measurements.from_run(run)
+    tape = [{"name": "spent", "value": 1.5}]
+    (run / "resolved.json").write_text(json.dumps({"request": {"seed": 3}, "measurements": {
+        "format": m.TAPE_FORMAT, "tape": tape}}))
+    request, replay = m.Measurements.from_run(run)
+    assert request == {"seed": 3}
+    assert replay.seconds("spent", 99.0) == 1.5 and not replay.check_speed
+    assert "not kept" in replay.keep() or "replayed" in replay.keep()
