@@ -233,17 +233,28 @@ class FakeTrial:
 
 class FakeTrainer:
     def __init__(self, step):
-        self.step, self.evals_since_best = step, 0
-        self.cfg = RunConfig()
+        self.step, self.should_stop = step, False
 
 
-def test_reporting_hooks_report_every_validation_and_stop_pruned_trials():
-    from dmlkit.methods.hooks import MethodHooks
-    from dmlkit.sweep.study import ReportingHooks
+def test_trial_report_reports_every_validation_and_stops_pruned_trials():
+    from dmlkit.engine.callbacks import Callback
+    from dmlkit.sweep.study import TrialReport
 
-    hooks = ReportingHooks(MethodHooks(), FakeTrial(threshold=0.3), prune=True)
-    assert hooks.on_evaluation(FakeTrainer(10), 0.5, True) is False and not hooks.pruned
-    assert hooks.on_evaluation(FakeTrainer(20), 0.2, False) is True and hooks.pruned
-    assert hooks.trial.reported == [(10, 0.5), (20, 0.2)]
-    watching = ReportingHooks(MethodHooks(), FakeTrial(threshold=0.3), prune=False)
-    assert watching.on_evaluation(FakeTrainer(10), 0.1, True) is False and not watching.pruned
+    report = TrialReport(FakeTrial(threshold=0.3), prune=True)
+    assert isinstance(report, Callback)  # the sweep's part is a callback of a plain Trainer
+    first, second = FakeTrainer(10), FakeTrainer(20)
+    report.on_evaluation_end(first, 10, {"map_at_r": 0.5})
+    assert not first.should_stop and not report.pruned
+    report.on_evaluation_end(second, 20, {"map_at_r": 0.2})
+    assert second.should_stop and report.pruned
+    assert report.trial.reported == [(10, 0.5), (20, 0.2)]
+    watching = TrialReport(FakeTrial(threshold=0.3), prune=False)
+    third = FakeTrainer(10)
+    watching.on_evaluation_end(third, 10, {"map_at_r": 0.1})
+    assert not third.should_stop and not watching.pruned
+
+
+def test_a_trial_records_its_steps_and_selection(sweep_dir):
+    trial = json.loads((sweep_dir / "trials" / "0" / "trial.json").read_text())
+    assert trial["steps"] == trial["schedule"]["steps_taken"] == 2 and trial["selected_on"] == "val"
+    assert trial["val_map_at_r"] == pytest.approx(read_summary(sweep_dir)["trials"][0]["value"])

@@ -89,22 +89,41 @@ def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
     return 1.0
 
 
+class HorizonLR(torch.optim.lr_scheduler.LambdaLR):
+    """A per-group LambdaLR whose horizon (the steps a cosine decays over) is ``horizon()``, read at every step.
+
+    The trainer points it at its schedule (:meth:`follow`), which a run planned to its time budget
+    (:mod:`dmlkit.engine.budget`) re-plans while it trains. The horizon is not part of the state: a
+    checkpoint holds what LambdaLR's holds, and a resumed trainer points it at its restored schedule.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, horizon: Callable[[], int]):
+        self.horizon = horizon
+
+        def trunk(step: int) -> float:
+            return 0.0 if step < cfg.warmup_steps else schedule_factor(cfg, step, self.horizon())
+
+        def other(step: int) -> float:
+            return schedule_factor(cfg, step, self.horizon())
+
+        super().__init__(optimizer, [trunk if g.get("name") == "trunk" else other for g in optimizer.param_groups])
+
+    def follow(self, horizon: Callable[[], int]) -> None:
+        """Read the horizon from ``horizon()`` from the next step on."""
+        self.horizon = horizon
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        del state["horizon"]
+        return state
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, max_steps: int | Callable[[], int]
-) -> torch.optim.lr_scheduler.LambdaLR:
+) -> HorizonLR:
     """Per-group LambdaLR: schedule factor, and a zero trunk rate during warm-up.
 
-    ``max_steps`` may be a callable read at every step: a run planned to its time budget
-    (:mod:`dmlkit.engine.budget`) learns its step count after the first steps, and the cosine
-    decay follows the plan.
+    ``max_steps`` (a count, or a callable read at every step) is the decay's horizon until the trainer
+    points it at its schedule (:meth:`HorizonLR.follow`).
     """
-    horizon = max_steps if callable(max_steps) else (lambda: max_steps)
-
-    def trunk(step: int) -> float:
-        return 0.0 if step < cfg.warmup_steps else schedule_factor(cfg, step, horizon())
-
-    def other(step: int) -> float:
-        return schedule_factor(cfg, step, horizon())
-
-    lambdas = [trunk if g.get("name") == "trunk" else other for g in optimizer.param_groups]
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
+    return HorizonLR(optimizer, cfg, max_steps if callable(max_steps) else (lambda: max_steps))

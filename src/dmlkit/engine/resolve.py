@@ -213,7 +213,7 @@ def resolve_run(
                                          member_folds=member_folds).to(device)
     optimizer = optimizer if optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
-    scheduler = build_scheduler(optimizer, cfg.optimizer, lambda: cfg.train.max_steps)
+    scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.train.max_steps)  # the trainer's schedule from step 1
     sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
                                            member_folds=member_folds)
     methods = enabled_methods(cfg)

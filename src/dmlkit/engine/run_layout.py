@@ -16,7 +16,8 @@ Layout::
     RUN_DIR/log.jsonl              one JSON object per line: kind = train | eval | projection | data (files skipped)
     RUN_DIR/tensorboard/           the same scalars as TensorBoard event files (train.tensorboard=true)
     RUN_DIR/mlruns/, RUN_DIR/wandb/  experiment trackers' local stores (train.loggers=[mlflow, wandb])
-    RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights)
+    RUN_DIR/metrics.json           final test metrics (selected_on says which split chose the weights;
+                                   schedule: the steps taken and the steps and interval the run ended with)
     RUN_DIR/embeddings/test.npz    test embeddings, labels, proxies, thumbnails (gallery.npz: a separate gallery)
     RUN_DIR/checkpoints/last.pt    full training state (resume)
     RUN_DIR/checkpoints/best.pt    selected weights

@@ -31,7 +31,7 @@ from torch import nn
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget, builders, device_data, distributed
-from dmlkit.engine.budget import Plan, Speeds
+from dmlkit.engine.budget import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.engine.feature_cache import FrozenFeatureCache
@@ -39,6 +39,7 @@ from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.checkpointing import CheckpointingMixin
+from dmlkit.engine.training.schedule import TrainingSchedule
 from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the trainer's public names
     SELECTION_METRIC,
     SIGNIFICANT_ERRORS,
@@ -65,7 +66,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     made every part: data, model, objective, optimiser, ...); :class:`dmlkit.recipe.Trainer` also takes a
     :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
-    config's own (``train.patience``, ``train.loggers``). Messages go to this module's logger
+    config's own (``train.patience``, ``train.loggers``). ``evaluate_test=False``: the run ends after
+    training and selection, without the test split (a sweep's trial). Messages go to this module's logger
     (``dmlkit._messages``), or every one to ``echo`` when given.
     """
 
@@ -83,6 +85,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         data=None,
         optimizer: torch.optim.Optimizer | None = None,
         callbacks: Iterable[Callback] = (),
+        evaluate_test: bool = True,
     ):
         if not isinstance(run, ResolvedRun):
             raise TypeError("The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)); "
@@ -102,6 +105,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
             self.run.log = lambda record: None
         self.resume = resume
+        self.evaluate_test = evaluate_test  # False: no test split at the end (a sweep's trial)
         self.splits, self.recipe, self.label_map = run.splits, run.recipe, run.label_map
         self.model, self._channels_last = run.model, run.channels_last  # channels_last: conv models on a GPU
         self.objective, self.optimizer, self.scheduler = run.objective, run.optimizer, run.scheduler
@@ -139,8 +143,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
         self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
         self.last_eval_improved = False  # the last validation counted as progress (EarlyStopping reads it)
-        self.plan: Plan | None = None  # the time budget's plan (engine/budget.py), once made
-        self._recipe_schedule: tuple[int, int] | None = None  # the recipe's steps and interval, before any plan
+        # the steps and validation interval while training: the time budget re-plans them, not the config
+        self.schedule = TrainingSchedule.from_config(self.cfg)
+        self.scheduler.follow(self.schedule.horizon)  # the learning rate decays over the planned steps
         self._best_state: dict | None = None
 
     # ------------------------------------------------------------------ loop
@@ -365,7 +370,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         has_val = self.splits.val is not None
         self.cache_frozen_features()
         batches = self._training_batches()
-        stop = self.step >= cfg.train.max_steps
+        schedule = self.schedule
+        stop = schedule.finished(self.step)
         if has_val and self.step == 0 and selects_by_significance(cfg):
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
             stop = self._timed_validation() or stop
@@ -383,9 +389,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 return None
             measured = speeds() or self.measured_speeds((self.elapsed - start_elapsed) / (self.step - start_step),
                                                         has_val)
-            return budget.seconds_left(self.step, cfg.train.max_steps, cfg.train.eval_every, measured, has_val=has_val)
+            return budget.seconds_left(self.step, schedule.max_steps, schedule.eval_every, measured, has_val=has_val)
 
-        bar = _progress(cfg, initial=self.step, seconds_left=seconds_left) if self.dist.is_main else None
+        bar = _progress(cfg, schedule.max_steps, self.step, seconds_left) if self.dist.is_main else None
         t_last = self.clock()
         running = None
         while not stop:
@@ -401,19 +407,19 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
-            if (self.step <= start_step + 1 + budget.CALIBRATION_STEPS or self.step >= cfg.train.max_steps
-                    or has_val and self.step % cfg.train.eval_every == 0):
+            if (self.step <= start_step + 1 + budget.CALIBRATION_STEPS or schedule.finished(self.step)
+                    or has_val and schedule.validates_after(self.step)):
                 synchronize(self.device)  # the steps the plan times (and the last before a validation) end on the card
             now = self.clock()
             self.elapsed += now - t_last
             t_last = now
             if self.step == start_step + 1:
                 timed.update(step=self.step, elapsed=self.elapsed)
-            if self.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
+            if schedule.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
                 self._plan_to_budget(speeds(), has_val, bar)
                 if self._cache_after_first_plan():  # steps are faster from here: time them again and re-plan
                     batches = self._training_batches()
-                    self.plan, start_step, start_elapsed = None, self.step, self.elapsed
+                    schedule.plan, start_step, start_elapsed = None, self.step, self.elapsed
                     timed.clear()
                     t_last = self.clock()  # building the cache is not training time (the budget's clock counts it)
             lr = self.optimizer.param_groups[0]["lr"]
@@ -432,14 +438,14 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             if bar is not None:
                 bar.update(1)
             evaluated = False
-            if has_val and (self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps):
+            if has_val and schedule.validates_after(self.step):
                 self._settle_step_checks(value)  # a non-finite step stops before it is validated
                 stop = self._timed_validation()
                 evaluated = True
-                if self.plan is not None and not stop and speeds() is not None:  # re-plan at the speeds measured so far
+                if schedule.plan is not None and not stop and speeds() is not None:  # re-plan at the speeds measured so far
                     self._plan_to_budget(speeds(), has_val, bar)
                 t_last = self.clock()  # evaluation time is not training time
-            stop = stop or self.should_stop or self.step >= cfg.train.max_steps
+            stop = stop or self.should_stop or schedule.finished(self.step)
             if stop or self.step % cfg.train.checkpoint_every == 0:
                 self._settle_step_checks(value)  # nothing non-finite goes into a checkpoint or ends training unseen
             if self.dist.is_main and (evaluated or stop or self.step % cfg.train.checkpoint_every == 0):
@@ -447,7 +453,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         if bar is not None:
             bar.close()
         self.hooks.on_train_end(self)
-        self.stopped_early = self.step < cfg.train.max_steps
+        self.stopped_early = not schedule.finished(self.step)
         if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
             return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
@@ -460,7 +466,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                                                  pin_memory=self._pin)
 
 
-def _progress(cfg: RunConfig, initial: int, seconds_left: Callable[[], float | None] | None = None):
+def _progress(cfg: RunConfig, total: int, initial: int, seconds_left: Callable[[], float | None] | None = None):
     """The training bar; its remaining time is ``seconds_left()`` (steps and validations to come) when known."""
     if not cfg.train.progress:
         return None
@@ -475,7 +481,7 @@ def _progress(cfg: RunConfig, initial: int, seconds_left: Callable[[], float | N
                 d["rate"] = (d["total"] - d["n"]) / left
             return d
 
-    return TrainingBar(total=cfg.train.max_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+    return TrainingBar(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
                        leave=True)
 
 

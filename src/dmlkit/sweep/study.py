@@ -30,12 +30,12 @@ import yaml
 from dmlkit._extras import require
 from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
+from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
-from dmlkit.engine.trainer import Trainer, TrainResult
+from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
-from dmlkit.methods.hooks import MethodHooks
 from dmlkit.recipe import prepare_run
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
@@ -144,55 +144,31 @@ def trials_done(study) -> int:
     return done
 
 
-class ReportingHooks(MethodHooks):
-    """Wraps a trainer's hooks: reports each validation score to the trial and stops pruned trials."""
+class TrialReport(Callback):
+    """A sweep trial's part in a run: each validation score reported to the Optuna trial, a pruned trial stopped,
+    and ``DIR/trials/<number>/trial.json`` written at the end.
 
-    def __init__(self, inner: MethodHooks, trial, prune: bool):
-        self.inner, self.trial, self.prune, self.pruned = inner, trial, prune, False
-
-    def on_train_start(self, trainer):
-        self.inner.on_train_start(trainer)
-
-    def on_batch_embeddings(self, trainer, indices, embeddings):
-        self.inner.on_batch_embeddings(trainer, indices, embeddings)
-
-    def after_backward(self, trainer):
-        self.inner.after_backward(trainer)
-
-    def on_evaluation(self, trainer, score, improved):
-        stop = self.inner.on_evaluation(trainer, score, improved)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a step reported twice after a resume is ignored by Optuna
-            self.trial.report(float(score), int(trainer.step))
-        if self.prune and self.trial.should_prune():
-            self.pruned = True
-            return True
-        return stop
-
-    def on_train_end(self, trainer):
-        self.inner.on_train_end(trainer)
-
-    def state_dict(self):
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state):
-        self.inner.load_state_dict(state)
-
-
-class TrialTrainer(Trainer):
-    """A trainer whose run ends after validation: a sweep trial never evaluates the test split.
-
-    The objective must not see test metrics, and skipping them halves the cost of a short trial.
-    ``DIR/trials/<number>/trial.json`` records the selected step and its validation MAP@R;
-    ``checkpoints/best.pt`` holds the selected weights as in any run.
+    The trial's trainer is made with ``evaluate_test=False``: the objective must not see test metrics, and
+    skipping them halves the cost of a short trial. ``trial.json`` records the selected step, its validation
+    MAP@R and the steps taken; ``checkpoints/best.pt`` holds the selected weights as in any run.
     """
 
-    def finish(self, has_val: bool) -> TrainResult:
-        record = {"selected_on": "val", "best_step": self.best_step, "steps": self.step,
-                  f"val_{OBJECTIVE}": self.best_score if math.isfinite(self.best_score) else None,
-                  "train_seconds": round(self.elapsed, 3)}
-        atomic_write_json(self.run.path / "trial.json", record)
-        return TrainResult({}, self.best_step, self.step, "val", self.run.path)
+    def __init__(self, trial, prune: bool):
+        self.trial, self.prune, self.pruned = trial, prune, False
+
+    def on_evaluation_end(self, trainer, step, metrics):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a step reported twice after a resume is ignored by Optuna
+            self.trial.report(float(metrics[OBJECTIVE]), int(step))
+        if self.prune and self.trial.should_prune():
+            self.pruned = True
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer, result):
+        record = {"selected_on": "val", "best_step": result.best_step, "steps": result.steps,
+                  f"val_{OBJECTIVE}": trainer.best_score if math.isfinite(trainer.best_score) else None,
+                  "train_seconds": round(trainer.elapsed, 3), "schedule": trainer.schedule.record(result.steps)}
+        atomic_write_json(trainer.run.path / "trial.json", record)
 
 
 def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
@@ -212,9 +188,8 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
         trial.set_user_attr("run_dir", str(run_dir.relative_to(sweep_dir)))
         try:
             cfg = trial_config(base, params, trial.number)
-            trainer = _trainer_for(cfg, run_dir, sweep_dir, trial, echo)
-            hooks = ReportingHooks(trainer.hooks, trial, prune)
-            trainer.hooks = hooks
+            report = TrialReport(trial, prune)
+            trainer = _trainer_for(cfg, run_dir, sweep_dir, trial, report, echo)
             result = trainer.fit()
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)
@@ -226,7 +201,7 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
         score = float(trainer.best_score)
         trial.set_user_attr("best_step", int(result.best_step))
         trial.set_user_attr("steps", int(result.steps))
-        if hooks.pruned:
+        if report.pruned:
             echo(f"trial {trial.number}: pruned at step {trainer.step} (val MAP@R {score:.4f})")
             raise optuna.TrialPruned()
         if not math.isfinite(score):
@@ -237,8 +212,9 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
     return objective
 
 
-def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) -> Trainer:
-    """A fresh trainer, or one continuing the interrupted trial this one replaces (its directory is moved)."""
+def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: TrialReport, echo) -> Trainer:
+    """A fresh trial trainer (no test split; ``report`` among its callbacks), or one continuing the interrupted
+    trial this one replaces (its directory is moved)."""
     from dmlkit.engine.checkpoint import load_checkpoint
 
     quiet = lambda text: None  # noqa: E731 - trial runs are summarised by the sweep
@@ -248,7 +224,8 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, echo) ->
         if (old / LAST_CHECKPOINT).is_file() and not run_dir.exists():
             old.rename(run_dir)
     resumable = (run_dir / LAST_CHECKPOINT).is_file() and source is not None
-    trainer = TrialTrainer(prepare_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet)
+    trainer = Trainer(prepare_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet, callbacks=[report],
+                      evaluate_test=False)
     if resumable:
         try:
             state = load_checkpoint(trainer.run.last_checkpoint)

@@ -46,7 +46,10 @@ def test_the_budget_cuts_the_steps_to_what_fits(tmp_path, tiny_config):
     assert plan["test_seconds"] == pytest.approx(2500 / 32 / 3)
     expected = 1 + CALIBRATION_STEPS + int(100 * (1 - SAFETY_MARGIN) - (1 + CALIBRATION_STEPS) - plan["test_seconds"])
     assert result.steps == plan["max_steps"] == expected < 1000
-    assert trainer.cfg.train.max_steps == expected
+    assert trainer.schedule.max_steps == expected and trainer.cfg.train.max_steps == 1000  # the config stays as asked
+    recorded = json.loads((tmp_path / "metrics.json").read_text())["schedule"]
+    assert recorded == {"steps_taken": expected, "max_steps": expected, "eval_every": plan["eval_every"],
+                        "requested_steps": 1000, "requested_eval_every": 1000, "planned_to_budget": True}
 
 
 def test_data_that_fits_keeps_the_recipe_steps(tmp_path, tiny_config):
@@ -72,7 +75,8 @@ def test_a_resumed_run_keeps_its_plan(tmp_path, tiny_config, crash_in_step):
     planned = plans(tmp_path)[0]["max_steps"]
     assert 12 < planned < 1000
     resumed = Trainer(tiny_config(*overrides), tmp_path, resume=True, echo=lambda _: None)
-    assert resumed.fit().steps == planned
+    assert resumed.fit().steps == planned == resumed.schedule.max_steps
+    assert resumed.cfg.train.max_steps == 1000 and resumed.scheduler.horizon() == planned  # restored into the schedule
 
 
 def test_a_slow_machine_validates_rarely_and_its_plan_says_why(tmp_path, tiny_config):

@@ -8,10 +8,8 @@ another configuration. Writes are atomic (:func:`~dmlkit.engine.checkpoint.save_
 from __future__ import annotations
 
 import copy
-import math
 
 from dmlkit.config.schema import config_to_dict
-from dmlkit.engine.budget import Plan
 from dmlkit.engine.builders import BatchPosition
 from dmlkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from dmlkit.engine.seeding import rng_state, set_rng_state
@@ -46,8 +44,7 @@ class CheckpointingMixin:
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "pretrained_val_ap": self.pretrained_val_ap,
             "reference_val_ap": self.reference_val_ap,
-            "planned": {"max_steps": self.cfg.train.max_steps, "eval_every": self.cfg.train.eval_every,
-                        "made": self.plan is not None, "recipe": self._recipe_schedule,
+            "planned": {**self.schedule.state_dict(),
                         "cache_views": self.cache_views, "cache_deferred": self.cache_deferred},
         }
 
@@ -79,11 +76,8 @@ class CheckpointingMixin:
         self.pretrained_val_ap = state.get("pretrained_val_ap")
         self.reference_val_ap = state.get("reference_val_ap")
         planned = state.get("planned")
-        if planned:  # a resumed run keeps the steps its time budget planned
-            self.cfg.train.max_steps, self.cfg.train.eval_every = planned["max_steps"], planned["eval_every"]
-            if planned.get("made"):
-                self.plan = Plan(planned["max_steps"], planned["eval_every"], math.nan, True, "resumed")
-                self._recipe_schedule = tuple(planned["recipe"]) if planned.get("recipe") else None
+        if planned:  # a resumed run keeps the steps its time budget planned (in its schedule; the config stays)
+            self.schedule.load_state_dict(planned)
             self.cache_views = planned.get("cache_views", self.cache_views)
             self.cache_deferred = planned.get("cache_deferred", self.cache_deferred)
 

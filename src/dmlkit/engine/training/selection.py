@@ -142,7 +142,16 @@ class SelectionMixin:
                 if r.get("kind") == "eval" and r.get("split") == "val" and SELECTION_METRIC in r]
 
     def finish(self, has_val: bool) -> TrainResult:
-        """Load the selected weights, evaluate the test split once, write the results."""
+        """Load the selected weights, evaluate the test split once, write the results.
+
+        A trainer made with ``evaluate_test=False`` (a sweep's trial: its objective must not see test
+        metrics) stops after selection: no test split, no ``metrics.json``; the callbacks' ``on_fit_end``
+        still runs, with the selected step and the validation history.
+        """
+        if not self.evaluate_test:
+            result = TrainResult({}, self.best_step, self.step, "val", self.run.path, val_history=self.val_history())
+            self.callbacks.call("on_fit_end", self, result)
+            return result
         kept_pretrained = None
         if has_val and self.run.best_checkpoint.exists():
             best = load_checkpoint(self.run.best_checkpoint)
@@ -175,7 +184,7 @@ class SelectionMixin:
             result["per_category"] = per_category_metrics(*embedded["test"][1:], categories, reference, own,
                                                           self.cfg.eval.ks, self.cfg.eval.backend)
         result.update(selected_on=selected_on, best_step=self.best_step, steps=self.step,
-                      train_seconds=round(self.elapsed, 3))
+                      train_seconds=round(self.elapsed, 3), schedule=self.schedule.record(self.step))
         if kept_pretrained is not None:
             result["kept_pretrained"] = kept_pretrained
         if embedded:

@@ -1,6 +1,7 @@
-"""The time budget's room: ``train.max_steps`` / ``train.eval_every`` fitted to ``train.time_budget`` from
-the speeds measured while the run trains (the pure planner is :mod:`dmlkit.engine.budget`), and the
-feature cache whose building the budget's first plan decides (``train.feature_cache=auto``).
+"""The time budget's room: the trainer's :class:`~dmlkit.engine.training.schedule.TrainingSchedule` (steps and
+validation interval) fitted to ``train.time_budget`` from the speeds measured while the run trains (the pure
+planner is :mod:`dmlkit.engine.budget`), and the feature cache whose building the budget's first plan decides
+(``train.feature_cache=auto``). The config keeps what was asked; the schedule holds what is planned.
 """
 
 from __future__ import annotations
@@ -41,25 +42,21 @@ class TimeBudgetMixin:
         return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
 
     def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
-        """Fit ``train.max_steps`` and ``train.eval_every`` into ``train.time_budget`` (engine/budget.py)."""
-        cfg = self.cfg
+        """Fit the schedule's steps and validation interval into ``train.time_budget`` (engine/budget.py)."""
+        cfg, schedule = self.cfg, self.schedule
         if cfg.train.time_budget is None or speeds is None:
             return
-        first = self.plan is None
-        if self._recipe_schedule is None:  # what the recipe asked for: a plan never trains more
-            self._recipe_schedule = (cfg.train.max_steps, cfg.train.eval_every)
-        ceiling, interval = self._recipe_schedule
+        first = schedule.plan is None
+        ceiling, interval = schedule.requested  # what the config asked for: a plan never trains more
         # the numbers a plan reads go through the run's measurements: a kept run replays them (the same steps)
         tape = getattr(self.resolved, "measurements", None) or Measurements.live()
         spent = tape.seconds("seconds spent before the budget's plan", self.wall_clock() - self.started)
         speeds = tape.speeds("training speeds", speeds, step_seconds=lambda s: s.step_seconds,
                              encode=dataclasses.asdict, decode=lambda kept: Speeds(**kept))
         plan = budget.plan_run(cfg.train.time_budget, spent, self.step, ceiling, interval,
-                               speeds, has_val=has_val, interval=None if first else cfg.train.eval_every)
+                               speeds, has_val=has_val, interval=None if first else schedule.eval_every)
         plan = distributed.broadcast_object(plan)  # every rank trains the same steps
-        changed = (plan.max_steps, plan.eval_every) != (cfg.train.max_steps, cfg.train.eval_every)
-        self.plan = plan
-        cfg.train.max_steps, cfg.train.eval_every = plan.max_steps, plan.eval_every
+        changed = schedule.follow(plan)
         if first or changed:
             self.run.log({"kind": "plan", "step": self.step, "time": self.elapsed, "max_steps": plan.max_steps,
                           "eval_every": plan.eval_every, "predicted_seconds": round(plan.seconds, 1),
@@ -77,7 +74,7 @@ class TimeBudgetMixin:
         if not (self.cache_deferred and self.cache_plan.enabled) or self.feature_cache is not None:
             return False
         self.cache_deferred = False
-        epochs = self.cfg.train.max_steps * (self.cfg.sampler.batch_size or 1) / max(len(self.splits.train), 1)
+        epochs = self.schedule.max_steps * (self.cfg.sampler.batch_size or 1) / max(len(self.splits.train), 1)
         self.cache_views = views_for_epochs(epochs, self.cache_plan.views)
         if not self.cache_views:
             self.echo(f"feature cache: not built: the budget buys about {epochs:.1f} epochs, too few for cached views "
