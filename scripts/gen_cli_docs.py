@@ -71,8 +71,31 @@ EXAMPLES_NOT_RUN = {
     ]),
 }
 
+#: What the training verbs show, and where the rest goes (Markdown lines).
+SHOWN = [
+    "## What it shows",
+    "",
+    "Messages go to stderr through Python's `logging` (the `dmlkit` loggers); the result (the test metrics "
+    "table, the run directory) is printed to stdout. By default: the training split and the run in a line each "
+    "(model, embedding size, loss, device, precision), the time budget's plan, the progress bar, warnings, "
+    "the report's path, then the results. `-v` adds every choice of the recipe with its reason "
+    "(`recipe:   sampler.m = 16  (...)`). "
+    "`--quiet` shows only the progress bar, warnings and the results; `--no-progress` drops the bar (for "
+    "scripts and CI logs; the same as `--set train.progress=false`).",
+    "",
+    "Whatever the console shows, each run keeps every message, the recipe's reasons included, in "
+    "`RUN/train.log` (time-stamped, appended to on `--resume`), and the recipe's choices in `RUN/resolved.json`; "
+    "`RUN/log.jsonl` stays the metrics log.",
+    "",
+]
+
 #: Text after a verb's examples (Markdown lines).
 NOTES = {
+    "train": SHOWN,
+    "crossval": SHOWN[:2] + ["`-v`, `--quiet` and `--no-progress` as for `dmlkit train` ([train.md](train.md)); "
+                             "each fold's run keeps its messages in its `train.log`.", ""],
+    "sweep": SHOWN[:2] + ["The sweep's progress (a line per trial) is logged to stderr; `--quiet` leaves the final "
+                          "result only, `-v` changes nothing more (trials run without messages of their own).", ""],
     "evaluate": [
         "A run whose ensemble members each held out their own fold of the training classes "
         "(`protocol.member_folds`, the glyph recipe's ensemble) has no split held out from every member: "

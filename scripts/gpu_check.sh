@@ -146,7 +146,7 @@ mnist() {
   local extra=() start end
   [ "$QUICK" = 1 ] && extra=(--set train.max_steps=5 --set train.num_threads=1)
   start=$(date +%s.%N)
-  "$PY" -m dmlkit train --quiet --no-report --set "train.device=$DEVICE" --out "$WORK/runs/mnist" "${extra[@]}" || return $?
+  "$PY" -m dmlkit train --quiet --no-progress --no-report --set "train.device=$DEVICE" --out "$WORK/runs/mnist" "${extra[@]}" || return $?
   end=$(date +%s.%N)
   "$PY" scripts/gpu_check.py run-result --run "$WORK/runs/mnist" --wall "$(seconds_between "$start" "$end")" \
     $([ "$QUICK" = 1 ] || echo --target-wall 10) --json "$WORK/results/mnist.json"
@@ -167,7 +167,7 @@ photo_run() {
   "$PY" scripts/gpu_check.py make-photos "$WORK/photos" "${MAKE[@]}" || return $?
   local start end
   start=$(date +%s.%N)
-  "$PY" -m dmlkit train --quiet --no-report --set data.name=folder --set "data.root=$WORK/photos" \
+  "$PY" -m dmlkit train --quiet --no-progress --no-report --set data.name=folder --set "data.root=$WORK/photos" \
     --set model.name=efficientnet_lite0 --set "data.image_size=$PHOTO_SIZE" --set "train.device=$DEVICE" \
     "${PHOTO_SET[@]}" --out "$WORK/runs/photos" || return $?
   end=$(date +%s.%N)
@@ -188,7 +188,7 @@ photo_rates() {
 mnist_profile() {  # where the MNIST default's wall time goes on this machine (cProfile; not a timed figure)
   local extra=()
   [ "$QUICK" = 1 ] && extra=(--set train.max_steps=5 --set train.num_threads=1)
-  "$PY" -m cProfile -o "$OUT_DIR/mnist.prof" -m dmlkit train --quiet --no-report --set "train.device=$DEVICE" \
+  "$PY" -m cProfile -o "$OUT_DIR/mnist.prof" -m dmlkit train --quiet --no-progress --no-report --set "train.device=$DEVICE" \
     --out "$WORK/runs/mnist-profile" "${extra[@]}" || return $?
   "$PY" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$OUT_DIR/mnist.prof"
 }

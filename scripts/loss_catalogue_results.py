@@ -6,7 +6,7 @@ Usage::
         [--set data.name=folder --set data.root=DIR ...] [--out runs/catalogue] [--table FILE]
 
 Each loss runs ``python -m dmlkit train --set loss.name=X [--set loss.args.K=V ...] --seed S
---quiet --no-report --out OUT/X`` (the default recipe, nothing else changed), one after the
+--quiet --no-progress --no-report --out OUT/X`` (the default recipe, nothing else changed), one after the
 other; the script reads ``OUT/X/metrics.json`` and prints a markdown table (loss, MAP@R, P@1,
 which weights the recipe kept where ``metrics.json`` records ``kept_pretrained``, wall seconds of
 the whole process, exit status). A run that fails is a row with the last line of its error, never
@@ -79,7 +79,7 @@ def run_one(name: str, out: Path, extra: list[str], seed: int, embedding_size: i
         if out.exists():  # a failed or interrupted earlier attempt: start afresh
             shutil.rmtree(out)
         command = [sys.executable, "-m", "dmlkit", "train", *[a for s in overrides for a in ("--set", s)],
-                   "--seed", str(seed), "--quiet", "--no-report", "--out", str(out)]
+                   "--seed", str(seed), "--quiet", "--no-progress", "--no-report", "--out", str(out)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
         start = time.perf_counter()

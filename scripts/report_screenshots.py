@@ -30,7 +30,7 @@ def train(out: Path, steps: int, *overrides: str) -> Path:
         return out / "report.html"
     command = [sys.executable, "-m", "dmlkit", "train", "--set", f"train.max_steps={steps}",
                "--set", f"train.eval_every={max(1, steps // 4)}", "--set", "train.log_every=1",
-               "--quiet", "--out", str(out)]
+               "--quiet", "--no-progress", "--out", str(out)]
     command += [arg for override in overrides for arg in ("--set", override)]
     subprocess.run(command, check=True, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
     return out / "report.html"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -18,15 +20,16 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from dmlkit._messages import LOGGER_NAME, console
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.engine.loggers import flat_params
-from dmlkit.engine.run_dir import claim_directory, release_locks
-from dmlkit.engine.trainer import Trainer, TrainResult
+from dmlkit.engine.run_dir import release_locks
+from dmlkit.engine.trainer import TrainResult
 from dmlkit.exceptions import ConfigError
-from dmlkit.recipe import prepare_run
+from dmlkit.launch import launch
 
 
 def object_name(component: object) -> str:
@@ -152,7 +155,7 @@ def fit(
     loggers: Iterable[Callback] = (),
     resume: bool | None = None,
     report: bool = True,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
     config: dict | None = None,
     **sections: Any,
 ) -> TrainResult:
@@ -188,26 +191,18 @@ def fit(
         resume = (run_dir / "checkpoints" / "last.pt").exists()
     request = fit_request(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
                           optimizer=optimizer)
-    first = []
-    if report:
-        from dmlkit.report import WriteReport
-
-        first.append(WriteReport(echo))
-    # the folder is claimed as `dmlkit train --out` claims it: new, or this kind of run being resumed
-    claim = claim_directory(run_dir, "train", resume=resume, option="out")
+    if resume:
+        check_same_request(run_dir, request)
+    # the application's logging, or (none configured) the key lines on stderr, as Lightning shows its own
+    shown = nullcontext() if echo is not None or logging.getLogger(LOGGER_NAME).hasHandlers() else console(logging.INFO)
     try:
-        try:
-            if resume:
-                check_same_request(run_dir, request)
-            resolved = prepare_run(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
-                                   data=splits, optimizer=optimizer, echo=echo)
-            trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks, *loggers])
-        except BaseException:
-            claim.release()  # nothing was written: the folder is as it was
-            raise
-        if not resume:
-            atomic_write_json(run_dir / REQUEST_FILE, request)
-        return trainer.fit()
+        # the folder is claimed as `dmlkit train --out` claims it: new, or this kind of run being resumed
+        with shown, launch(cfg, run_dir, resume=resume, option="out", report=report,
+                           callbacks=[*callbacks, *loggers], echo=echo, model=None if isinstance(model, str) else model,
+                           loss=loss, miner=miner, data=splits, optimizer=optimizer) as trainer:
+            if not resume:
+                atomic_write_json(run_dir / REQUEST_FILE, request)
+            return trainer.fit()
     finally:
         release_locks()
 

@@ -10,6 +10,7 @@ ensemble"), then mean and std over seeds.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -18,12 +19,15 @@ from typing import Callable
 import numpy as np
 import torch
 
+from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
 REPORTED = RETRIEVAL_SUMMARY_KEYS
+
+log = logging.getLogger(__name__)
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -40,14 +44,15 @@ def run_crossval(
     *,
     seeds: list[int],
     folds: list[int] | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
+    from dmlkit.engine.run_log import LOG_FILE, run_log
     from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
     from dmlkit.recipe import prepare_run
 
-    out_dir = Path(out_dir)
+    out_dir, echo = Path(out_dir), messages(echo, log)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
     per_model: dict[str, list[float]] = {k: [] for k in REPORTED}
     per_ensemble: dict[str, list[float]] = {k: [] for k in REPORTED}
@@ -63,7 +68,11 @@ def run_crossval(
             if not metrics_path.exists():
                 resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                Trainer(prepare_run(fold_cfg), run_dir, resume=resume).fit()
+                with run_log() as kept:  # each fold's messages in its train.log
+                    trainer = Trainer(prepare_run(fold_cfg), run_dir, resume=resume)
+                    if trainer.dist.is_main:
+                        kept.open(run_dir / LOG_FILE)
+                    trainer.fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:

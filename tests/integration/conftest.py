@@ -14,6 +14,7 @@ import pytest
 
 QUICK = [
     "--quiet",
+    "--no-progress",
     "--set", "train.max_steps=30",
     "--set", "train.log_every=5",
     "--set", "train.checkpoint_every=10",

@@ -20,10 +20,10 @@ def test_folder_data_set_trains_with_the_default_recipe(tmp_path, capsys):
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(path)
     out = tmp_path / "run"
-    code = main(["train", "--set", "data.name=folder", "--set", f"data.root={tmp_path / 'data'}", "--quiet",
+    code = main(["train", "--set", "data.name=folder", "--set", f"data.root={tmp_path / 'data'}", "-v",
                  "--no-report", "--out", str(out)])
     assert code == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err  # -v: every choice of the recipe with its reason, on stderr
     assert "recipe:   sampler.m = 2" in printed and "recipe:   sampler.batch_size = 8" in printed
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 240 and 0.0 < metrics["map_at_r"] <= 1.0

@@ -46,9 +46,9 @@ def photo_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("photos")
     data = link_folder(base / "data", breeds(0, 8, 4))  # 4 breeds train (2 of them held out), 4 breeds test
     out = base / "run"
-    printed = train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "train.max_steps=2",
-                    "--quiet", "--no-report", "--out", str(out))
-    return out, printed
+    train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "train.max_steps=2",
+          "--quiet", "--no-report", "--out", str(out))
+    return out, (out / "train.log").read_text()  # the recipe's choices with their reasons, also under --quiet
 
 
 def test_photos_train_a_pretrained_backbone_on_rgb_with_its_preprocessing(photo_run):
@@ -102,10 +102,10 @@ def test_training_that_cannot_help_keeps_the_pretrained_embedding(tmp_path):
     link_folder(data / "train", {f"group{c}": files[c * 6:(c + 1) * 6] for c in range(6)})
     link_folder(data / "test", breeds(6, 10, 4))
     out = tmp_path / "run"
-    printed = train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "data.image_size=160",
-                    "--set", "train.max_steps=6", "--set", "train.eval_every=2", "--set", "optimizer.lr=0.001",
-                    "--quiet", "--no-report", "--out", str(out))
-    assert "kept the pretrained embedding" in printed
+    train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "data.image_size=160",
+          "--set", "train.max_steps=6", "--set", "train.eval_every=2", "--set", "optimizer.lr=0.001",
+          "--quiet", "--no-report", "--out", str(out))
+    assert "kept the pretrained embedding" in (out / "train.log").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
     # the recipe's train.patience=2: two validations without a significant gain stop it at step 4 of 6
     assert metrics["kept_pretrained"] is True and metrics["best_step"] == 0 and metrics["steps"] == 4

@@ -23,10 +23,10 @@ def test_a_cached_timm_backbone_trains_and_the_run_records_its_hash(tmp_path, hf
     assert any(line.split()[:2] == ["test_resnet.r160_in1k", "yes"] for line in listing.splitlines()), listing
     assert any(line.split()[:2] == ["resnet50", "no"] for line in listing.splitlines()), listing
     out = tmp_path / "run"
-    proc = cli("train", "--out", str(out), *quick_args, "--set", "train.max_steps=3", "--no-report",
+    cli("train", "--out", str(out), *quick_args, "--set", "train.max_steps=3", "--no-report",
                "--set", "model.name=test_resnet", "--set", "model.pretrained=true", "--set", "model.shift_average=0",
                "--set", "protocol.val_class_fraction=0")  # no validation: only the 3 steps and the test split
-    assert "pretrained weights: test_resnet.r160_in1k from Hugging Face timm/test_resnet.r160_in1k" in proc.stdout
+    assert "pretrained weights: test_resnet.r160_in1k from Hugging Face timm/test_resnet.r160_in1k" in (out / "train.log").read_text()
     recorded = json.loads((out / "manifest.json").read_text())["pretrained_weights"]
     assert recorded["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert recorded["tag"] == "test_resnet.r160_in1k" and recorded["path"] == str(path)

@@ -80,13 +80,13 @@ def test_report_plots_each_parameter_and_ranks_trials(sweep_dir, capsys):
 def test_rerun_resumes_and_runs_only_missing_trials(sweep_dir, capsys):
     before = read_summary(sweep_dir)["trials"]
     assert main(cli_args(sweep_dir, 4)) == 0
-    out = capsys.readouterr().out
-    assert "3 trial(s) done, running 1 more" in out and "report:" in out
+    shown = capsys.readouterr()  # the sweep's progress is logged (stderr); its result printed (stdout)
+    assert "3 trial(s) done, running 1 more" in shown.err and "report:" in shown.out
     after = read_summary(sweep_dir)["trials"]
     assert [t["number"] for t in after] == [0, 1, 2, 3]
     assert [t["value"] for t in after[:3]] == [t["value"] for t in before]
     assert main(cli_args(sweep_dir, 4)) == 0  # already complete: nothing runs
-    assert "4 trial(s) done, running 0 more" in capsys.readouterr().out
+    assert "4 trial(s) done, running 0 more" in capsys.readouterr().err
     assert len(read_summary(sweep_dir)["trials"]) == 4
 
 
@@ -103,7 +103,7 @@ def test_interrupted_trial_is_continued_from_its_checkpoint(sweep_dir, capsys):
         spec.suggest(dead)  # takes the queued values: the dead trial trained the source's config
     shutil.copytree(sweep_dir / source["run_dir"], sweep_dir / "trials" / str(dead.number))
     assert main(cli_args(sweep_dir, done + 1)) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the sweep's progress: logged
     assert f"trial {dead.number} was interrupted" in out and f"continuing interrupted trial {dead.number}" in out
     trials = {t["number"]: t for t in read_summary(sweep_dir)["trials"]}
     assert trials[dead.number]["state"] == "FAIL" and trials[dead.number]["interrupted"]

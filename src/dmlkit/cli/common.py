@@ -53,6 +53,28 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, metavar=metavar, help=help_text)
 
 
+def add_verbosity_options(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    """``-v/--verbose`` and ``--quiet`` (how much of the run's messages the console shows; :func:`console_level`)
+    and, with ``progress``, ``--no-progress``."""
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("-v", "--verbose", action="store_true", help="also show every choice of the recipe with its "
+                       "reason (always in the run's train.log and resolved.json)")
+    shown.add_argument("--quiet", action="store_true", help="show only the progress bar, the final metrics and where "
+                       "they were written (and warnings)")
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no progress bar (for scripts and logs; same as "
+                       "--set train.progress=false)")
+
+
+def console_level(args: argparse.Namespace) -> int:
+    """The level of the messages a command shows: DEBUG with ``-v``, WARNING with ``--quiet``, else INFO."""
+    import logging
+
+    if getattr(args, "verbose", False):
+        return logging.DEBUG
+    return logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Preset, then file, then ``--set`` overrides, then the flags and ``--seed``; validated at once."""
     overrides = [*args.overrides, *flag_overrides(args)]

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
+from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, new_output_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="output directory: a new or empty folder, or this "
         "cross-validation's own to resume it (default: runs/<timestamp>-<name>-crossval; -2, -3... appended when "
         "that exists)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_verbosity_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.exceptions import DmlkitError
 
     cfg = config_from_args(args)
-    if args.quiet:
+    if args.no_progress:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
     out = Path(args.out) if args.out else new_output_dir("runs", f"{cfg.name}-crossval")
     claim = claim_directory(out, "crossval", resume=True)  # rerunning the same command resumes its own folds

@@ -10,6 +10,8 @@ import sys
 import time
 
 from dmlkit import __version__
+from dmlkit._messages import console
+from dmlkit.cli.common import console_level
 from dmlkit.engine.allocator import tune_cpu_allocator
 from dmlkit.engine.timing import process_started
 from dmlkit.exceptions import DmlkitError
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tune_cpu_allocator()
     try:
-        return _dispatch(args)
+        with console(console_level(args)):  # the library's messages: the one place a command shows them
+            return _dispatch(args)
     finally:
         from dmlkit.engine.run_dir import release_locks
 

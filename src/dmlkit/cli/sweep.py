@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args, new_output_dir
+from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, new_output_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="sweep directory: a new or empty folder, or this sweep's own to "
         "resume it (default: sweeps/<timestamp>-<name>; -2, -3... appended when that exists)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html")
+    add_verbosity_options(p, progress=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from dmlkit.cli.common import add_config_options, config_from_args, flag_overrides, new_output_dir
+from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.measurements import Measurements
 from dmlkit.evaluation.metrics import TABLE_KEYS
@@ -24,10 +24,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "on your own images (DIR/<class>/<image>, data.name=folder); data.name=... with data.root=...\n"
         "trains on another data set. What a preset leaves unset (m, batch size, steps,\n"
         "evaluation schedule, proxy learning rate, augmentation, validation classes, shift-averaged\n"
-        "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split,\n"
-        "prints, and saves in config.yaml (docs/recipes.md).\n"
-        "The run directory gets config.yaml, metrics.json, log.jsonl, checkpoints/, embeddings/\n"
-        "and report.html."
+        "embeddings, ensemble members, bf16 where native) the recipe chooses from the training split\n"
+        "and saves in config.yaml, each choice with its reason in resolved.json and train.log (shown\n"
+        "with -v; docs/recipes.md).\n"
+        "The run directory gets config.yaml, resolved.json, metrics.json, log.jsonl (the metrics),\n"
+        "train.log (every message of the run), checkpoints/, embeddings/ and report.html."
     )
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory: a new or empty folder, never one holding other "
@@ -44,7 +45,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    "choices, on any machine (only --device, --out and the output options may be added)")
     p.add_argument("--replan", action="store_true", help="measure this machine again instead of replaying what an "
                    "earlier run of the same config kept here, and keep the new measurements")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_verbosity_options(p)
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
                    "measurements made) and print every part and what the recipe chose and why, then exit without "
@@ -55,8 +56,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
-    from dmlkit.engine.run_dir import claim_directory
-    from dmlkit.engine.trainer import Trainer, format_metrics_table
+    from dmlkit.engine.trainer import format_metrics_table
+    from dmlkit.launch import launch
     from dmlkit.recipe import prepare_run
 
     if args.list_backbones:
@@ -103,32 +104,18 @@ def run(args: argparse.Namespace) -> int:
             print(resolved.measurements.keep())
             return 0
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
-    claim = claim_directory(run_dir, "train", resume=bool(args.resume), option="--resume" if args.resume else "--out")
-    if args.quiet:
+    if args.no_progress:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress=False))
-    callbacks = []
-    if not args.no_report:  # before the config's trackers, which store the report as an artifact
-        try:
-            from dmlkit.report import WriteReport
-
-            callbacks.append(WriteReport())
-        except ImportError:
-            pass
-    try:
-        # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
-        trainer = Trainer(prepare_run(cfg, started=getattr(args, "_started", None), measurements=measurements,
-                                      replan=args.replan), run_dir, resume=bool(args.resume), callbacks=callbacks)
-    except BaseException:
-        claim.release()  # nothing was written: the folder is as it was
-        raise
-    result = trainer.fit()
+    # train.time_budget counts from the command's start (cli.main: a shell command's process start, imports included)
+    with launch(cfg, run_dir, resume=bool(args.resume), option="--resume" if args.resume else "--out",
+                report=not args.no_report, started=getattr(args, "_started", None), measurements=measurements,
+                replan=args.replan) as trainer:
+        result = trainer.fit()
     if not trainer.dist.is_main:
         return 0
     print()
     print(f"test metrics ({cfg.name}; weights selected on: {result.selected_on}, step {result.best_step} of {result.steps})")
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))
-    if callbacks and callbacks[0].path is not None:
-        print(f"report: {callbacks[0].path}")
     print(f"run directory: {run_dir}")
     return 0
 

@@ -17,6 +17,7 @@ in :func:`memory_cap`) and how many views (:data:`MAX_VIEWS` at most, about one 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -26,9 +27,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from dmlkit._messages import messages
 from dmlkit.exceptions import ConfigError
 from dmlkit.models.inference_copy import chunk_for
 from dmlkit.seeds import derive_generator
+
+log = logging.getLogger(__name__)
 
 #: ``train.feature_cache``: ``auto`` (the recipe decides), ``on`` (a ConfigError where impossible), ``off``.
 CACHE_MODES = ("auto", "on", "off")
@@ -69,9 +73,9 @@ class CachePlan:
 
 
 def plan_feature_cache(cfg, model: nn.Module, dataset, augment: Callable | None, *, distributed: bool = False,
-                       cap: int | None = None, echo: Callable[[str], None] = print,
+                       cap: int | None = None, echo: Callable[[str], None] | None = None,
                        deferred: bool = False) -> CachePlan:
-    """Resolve ``train.feature_cache`` (and ``train.cache_views``) for this run, print it as a recipe line.
+    """Resolve ``train.feature_cache`` (and ``train.cache_views``) for this run, say it as a recipe line (DEBUG).
 
     ``auto`` is on when ``model`` is one :class:`~dmlkit.models.Embedder` whose frozen stages split
     off (:meth:`~dmlkit.models.Embedder.prefix_problem`), the training split is held in memory, its
@@ -121,8 +125,8 @@ def views_for_epochs(epochs: float, most: int) -> int:
     return views if views >= MIN_VIEWS else 0
 
 
-def _resolved(cfg, plan: CachePlan, echo: Callable[[str], None]) -> CachePlan:
-    echo(f"recipe:   train.feature_cache = {'on' if plan.enabled else 'off'}  ({plan.reason})")
+def _resolved(cfg, plan: CachePlan, echo: Callable[[str], None] | None) -> CachePlan:
+    messages(echo, log).detail(f"recipe:   train.feature_cache = {'on' if plan.enabled else 'off'}  ({plan.reason})")
     return plan
 
 
@@ -215,7 +219,7 @@ class FrozenFeatureCache:
     @classmethod
     def build(cls, model: nn.Module, dataset, augment: Callable | None, *, views: int, seed: int,
               autocast_dtype: torch.dtype | None = None, dtype: torch.dtype = torch.bfloat16,
-              echo: Callable[[str], None] = print, progress: bool = False) -> "FrozenFeatureCache":
+              echo: Callable[[str], None] | None = None, progress: bool = False) -> "FrozenFeatureCache":
         """Run ``model.prefix`` on ``views`` augmented views of every image of ``dataset`` (``get_batch``).
 
         View ``v`` of all images is drawn from ``derive_generator(seed, "feature cache view", v)``
@@ -227,6 +231,7 @@ class FrozenFeatureCache:
         generators = [derive_generator(seed, "feature cache view", v) for v in range(views)]
         autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
                     else contextlib.nullcontext())
+        echo = messages(echo, log)
         echo(f"feature cache: the frozen stages on {views} views of {n} training images ...")
         start = time.perf_counter()
         storage = None

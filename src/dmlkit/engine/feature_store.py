@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -32,9 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from dmlkit._messages import messages
 from dmlkit._validation import InstanceOf, Interval, Options, validate_params
 from dmlkit.engine.checkpoint import atomic_write_bytes
 from dmlkit.exceptions import DataError
+
+log = logging.getLogger(__name__)
 
 #: Side of the centre crop over the side the shorter image side is resized to (the photo pipeline's 224 / 256).
 CROP_FRACTION = 0.875
@@ -120,7 +124,7 @@ def _read(image: str | torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def pooled_features(model: nn.Module, images: Sequence[str] | torch.Tensor, *, image_size: int, views: int = 1,
-                    batch_size: int = FEATURE_BATCH, echo: Callable[[str], None] = print) -> torch.Tensor:
+                    batch_size: int = FEATURE_BATCH, echo: Callable[[str], None] | None = None) -> torch.Tensor:
     """``model.features`` of every image's :func:`centre_view` (and its mirror, ``views=2``): fp32 ``[N, F]``.
 
     ``model`` is an :class:`~dmlkit.models.Embedder` (its ``preprocess`` and ``features``: trunk and
@@ -145,7 +149,7 @@ def pooled_features(model: nn.Module, images: Sequence[str] | torch.Tensor, *, i
     finally:
         model.train(was_training)
     features = torch.cat(out)
-    echo(f"features: {len(images)} images at {image_size} px ({views} view{'s' if views > 1 else ''}) in "
+    messages(echo, log)(f"features: {len(images)} images at {image_size} px ({views} view{'s' if views > 1 else ''}) in "
          f"{time.perf_counter() - start:.1f} s, [{features.shape[0]}, {features.shape[1]}]")
     return features
 
@@ -213,12 +217,12 @@ class FeatureStore:
         return path
 
     def features(self, model: nn.Module, backbone: str, images: Sequence[str] | torch.Tensor, names: Sequence[str], *,
-                 image_size: int, views: int = 1, echo: Callable[[str], None] = print) -> FeatureDataset:
+                 image_size: int, views: int = 1, echo: Callable[[str], None] | None = None) -> FeatureDataset:
         """``images``' pooled features under ``model`` (named ``backbone``): read from the store, or computed and stored."""
         pooling = getattr(getattr(model, "pool", None), "pooling", "none")
         key = FeatureKey(backbone, weights_fingerprint(model), int(image_size), int(views), str(pooling),
                          images_fingerprint(images, names))
-        features = self.load(key)
+        features, echo = self.load(key), messages(echo, log)
         if features is None:
             features = pooled_features(model, images, image_size=image_size, views=views, echo=echo)
             echo(f"features: stored in {self.save(key, features)}")

@@ -172,7 +172,7 @@ def resolve_run(
     miner: nn.Module | None = None,
     data=None,
     optimizer: torch.optim.Optimizer | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
 ) -> ResolvedRun:
     """Build the run ``planned`` describes (:func:`dmlkit.recipe.planner`); objects given replace what the config
     would build.
@@ -187,7 +187,6 @@ def resolve_run(
     cfg = planned.cfg
     device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
     dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
-    echo = echo if dist.is_main else (lambda _message: None)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     loggers = build_loggers(cfg) if dist.is_main else []

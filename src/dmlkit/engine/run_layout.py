@@ -32,6 +32,7 @@ RESOLVED_FILE = "resolved.json"
 ENV_FILE = "env.json"
 MANIFEST_FILE = "manifest.json"
 LOG_FILE = "log.jsonl"
+MESSAGES_FILE = "train.log"  # every message of the run (engine/run_log.py); LOG_FILE is the metrics
 METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.html"
 CHECKPOINTS_DIR = "checkpoints"

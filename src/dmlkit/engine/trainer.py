@@ -18,6 +18,7 @@ The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.Resolve
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import warnings
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget, builders, device_data, distributed
 from dmlkit.engine.budget import Speeds
@@ -54,6 +56,8 @@ from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
 from dmlkit.seeds import derive_generator
 
+log = logging.getLogger(__name__)
+
 
 class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
@@ -63,7 +67,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
     config's own (``train.patience``, ``train.loggers``). ``evaluate_test=False``: the run ends after
-    training and selection, without the test split (a sweep's trial).
+    training and selection, without the test split (a sweep's trial). Messages go to this module's logger
+    (``dmlkit._messages``), or every one to ``echo`` when given.
     """
 
     def __init__(
@@ -73,7 +78,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         *,
         resume: bool = False,
         hooks: MethodHooks | None = None,
-        echo: Callable[[str], None] = print,
+        echo: Callable[[str], None] | None = None,
         model: nn.Module | None = None,
         loss: nn.Module | None = None,
         miner: nn.Module | None = None,
@@ -95,7 +100,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
         self.started = run.started  # ... counting from the start of the run's resolution
         self.device, self.dist = run.device, run.dist
-        self.echo = echo if self.dist.is_main else (lambda _message: None)
+        self.echo = echo if self.dist.is_main else SILENT
         self.run = RunDirectory(run_dir)
         if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
             self.run.log = lambda record: None
@@ -254,7 +259,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 "Lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite=skip."
             )
         if skipped:
-            self.echo(f"warning: steps up to {self.step}: {skipped} non-finite step(s) skipped since the last log record")
+            self.echo.warning(f"warning: steps up to {self.step}: {skipped} non-finite step(s) skipped since the last log record")
         return value
 
     def _settle_step_checks(self, loss: torch.Tensor) -> None:
@@ -296,7 +301,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def _non_finite(self, what: str, value: float) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.train.on_nonfinite == "skip":
-            self.echo(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
+            self.echo.warning(f"warning: step {self.step + 1}: non-finite {what} ({value}); step skipped")
             return self._skip_step(float("nan"))
         raise NonFiniteError(
             f"Non-finite {what} ({value}) at step {self.step + 1}; training stopped, weights were not updated; "
@@ -306,6 +311,15 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def _last_good_checkpoint(self) -> str:
         last = self.run.last_checkpoint
         return f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
+
+    @property
+    def echo(self) -> Messages:
+        """Where the run's messages go (:class:`dmlkit._messages.Messages`); a callable assigned takes every one."""
+        return self._echo
+
+    @echo.setter
+    def echo(self, echo: Callable[[str], None] | Messages | None) -> None:
+        self._echo = messages(echo, log)
 
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""

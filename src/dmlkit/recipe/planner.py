@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.feature_cache import cache_choices, plan_feature_cache
@@ -43,11 +45,13 @@ from dmlkit.recipe.glyph_plan import plan_for_run as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_for_run as plan_learning_for_run
 from dmlkit.recipe.view_size import measure_view_size
 
+log = logging.getLogger(__name__)
 
-def apply_model_recipe(cfg: RunConfig, survey, echo=print, *, accelerator: bool = False) -> dict:
+
+def apply_model_recipe(cfg: RunConfig, survey, echo=None, *, accelerator: bool = False) -> dict:
     """Fill the model and image-size fields left to the recipe from a first look at the training split.
 
-    Returns the choices (``{field: (value, reason)}``), printed later with the rest of the recipe.
+    Returns the choices (``{field: (value, reason)}``), said later with the rest of the recipe.
     """
     choices = recipe.resolve_model(cfg, recipe.profile_split(survey.train), accelerator=accelerator)
     recipe.apply(cfg, choices)
@@ -62,15 +66,15 @@ class ResolvedRecipe:
     choices: dict
 
 
-def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = False, model: nn.Module | None = None,
+def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False, model: nn.Module | None = None,
                  model_choices: dict | None = None, accelerator: bool = False) -> ResolvedRecipe:
-    """Fill the config fields left to the recipe from the training split (docs/recipes.md), print them.
+    """Fill the config fields left to the recipe from the training split (docs/recipes.md), say them.
 
     First the validation classes (``protocol.val_class_fraction``), then the rest from the split
     the model actually trains on. Values the user set are kept. ``bf16_native`` (the training
     device computes bf16 natively) resolves ``train.mixed_precision=auto``. ``model`` (the built
     model) gives the embedding size of a pretrained backbone that keeps its features;
-    ``model_choices`` (:func:`apply_model_recipe`) are printed with the rest.
+    ``model_choices`` (:func:`apply_model_recipe`) are said with the rest.
     """
     full = recipe.profile_split(splits.train)
     p = cfg.protocol
@@ -97,7 +101,9 @@ def apply_recipe(cfg: RunConfig, splits, echo=print, *, bf16_native: bool = Fals
     recipe.apply(cfg, choices)
     chosen.update(choices)
     if chosen:
-        echo(recipe.format_choices(profile, chosen))
+        say = messages(echo, log)  # the split in one line; each choice and its reason in detail (dmlkit train -v)
+        say(f"recipe: training split: {profile.describe()}")
+        say.detail(recipe.format_planned(chosen))
     _warn_without_positive_pairs(cfg)
     return ResolvedRecipe(profile, chosen)
 
@@ -122,7 +128,7 @@ def plan(
     loss: nn.Module | None = None,
     miner: nn.Module | None = None,
     data=None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
     started: float | None = None,
     measurements: Measurements | None = None,
     replan: bool = False,
@@ -131,7 +137,8 @@ def plan(
 
     ``model``, ``loss``, ``miner`` and ``data`` (:func:`dmlkit.data.user.user_splits`) are the objects the run
     will be given instead of the config's: the recipe reads them (a given model is measured, never changed; given
-    splits are read through a copy) and leaves to them what they decide. ``echo`` prints the recipe's lines.
+    splits are read through a copy) and leaves to them what they decide. The recipe's lines go to this module's
+    logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
     now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured again). A run given objects measures
@@ -145,7 +152,7 @@ def plan(
     # rank's GPU, and the process group is joined before any measurement is shared
     device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
     dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
-    echo = echo if dist.is_main else (lambda _message: None)
+    echo = messages(echo, log) if dist.is_main else SILENT
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     if measurements is None:
@@ -187,14 +194,14 @@ def plan(
                                                      augment=augment, measurements=measurements)
         resolved.choices.update(planned)
         if planned:
-            echo(recipe.format_planned(planned))
+            echo.detail(recipe.format_planned(planned))
     chose = {key: value for key, (value, _) in resolved.choices.items()}
     if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
         probe = builders.build_model(cfg)  # the recipe asked for more: the member folds and the cache read it
     unfolded = _member_folds(cfg, probe, splits, resolved.choices)
     if unfolded:
         resolved.choices.update(unfolded)
-        echo(recipe.format_planned(unfolded))
+        echo.detail(recipe.format_planned(unfolded))
     # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
     cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
         and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
@@ -202,6 +209,10 @@ def plan(
                                     deferred=cache_deferred)
     recipe.apply(cfg, cache_choices(cfg, cache_plan))
     resolved.choices["train.feature_cache"] = (cfg.train.feature_cache, cache_plan.reason)
+    precision = "fp32" if cfg.train.mixed_precision == "none" else cfg.train.mixed_precision
+    processes = f", {dist.world_size} processes" if dist.enabled else ""
+    echo(f"run: {cfg.model.name} ({cfg.model.embedding_size}-D embedding), loss {cfg.loss.name}, on {device} "
+         f"({precision}{processes})")
     return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
                       measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,

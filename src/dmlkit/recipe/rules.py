@@ -3,7 +3,8 @@
 Every field below is ``None`` (or ``"auto"``) in the schema until the recipe fills it from a
 :class:`DataProfile` of the training split; a value the user sets (preset, config file or
 ``--set``) is never touched. The rules and the measurements behind them are in
-``docs/recipes.md``; every resolved value is printed at start-up and written to ``config.yaml``.
+``docs/recipes.md``; every resolved value is logged at start-up with its reason (``dmlkit train -v``,
+``RUN/train.log``) and written to ``config.yaml``.
 
 =================================  ============================================================
 field                              rule
@@ -53,7 +54,7 @@ from dmlkit.config.components import GLYPH_MODEL
 from dmlkit.config.schema import selects_by_significance, uses_pretrained_weights  # noqa: F401  (the recipe reads them)
 from dmlkit.engine.budget import DEFAULT_TIME_BUDGET, evaluations_over  # noqa: F401  (the recipe plans to them)
 
-#: Fields the recipe may fill, in the order they are printed.
+#: Fields the recipe may fill, in the order they are said.
 RECIPE_FIELDS = (
     "model.name",
     "model.args",
@@ -619,11 +620,6 @@ def apply(cfg: Any, choices: dict[str, tuple[Any, str]]) -> None:
     for path, (value, _) in choices.items():
         section, key = path.split(".")
         setattr(getattr(cfg, section), key, value)
-
-
-def format_choices(profile: DataProfile, choices: dict[str, tuple[Any, str]]) -> str:
-    """The lines printed at start-up."""
-    return "\n".join([f"recipe: training split: {profile.describe()}", format_planned(choices)])
 
 
 def format_planned(choices: dict[str, tuple[Any, str]]) -> str:

@@ -24,7 +24,7 @@ def prepare_run(
     miner: nn.Module | None = None,
     data=None,
     optimizer: torch.optim.Optimizer | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
     started: float | None = None,
     measurements: Measurements | None = None,
     replan: bool = False,
@@ -39,7 +39,7 @@ class Trainer(engine_trainer.Trainer):
     """The engine's :class:`~dmlkit.engine.trainer.Trainer`, which also takes a config: ``Trainer(cfg, run_dir,
     **objects)`` is ``Trainer(prepare_run(cfg, **objects), run_dir)``."""
 
-    def __init__(self, run: ResolvedRun | RunConfig, run_dir: str | Path, *, echo: Callable[[str], None] = print,
+    def __init__(self, run: ResolvedRun | RunConfig, run_dir: str | Path, *, echo: Callable[[str], None] | None = None,
                  model: nn.Module | None = None, loss: nn.Module | None = None, miner: nn.Module | None = None,
                  data=None, optimizer: torch.optim.Optimizer | None = None, **options):
         if not isinstance(run, ResolvedRun):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from dmlkit._extras import require
+from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
@@ -37,6 +38,8 @@ from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
 from dmlkit.recipe import prepare_run
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
+
+log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "gp", "random")
 STUDY_NAME = "dmlkit-sweep"
@@ -248,7 +251,7 @@ def run_sweep(
     seed: int | None = None,
     startup_trials: int = 10,
     prune: bool = False,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Search ``specs`` until ``trials`` trials are done in ``sweep_dir`` (resuming what is there).
 
@@ -269,7 +272,7 @@ def run_sweep(
     check_validation_split(base_cfg)
     base = config_to_dict(base_cfg)
     check_space(base, specs)
-    sweep_dir = Path(sweep_dir)
+    sweep_dir, echo = Path(sweep_dir), messages(echo, log)
     seed = base_cfg.seed if seed is None else int(seed)
     old_level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(logging.ERROR)

@@ -192,7 +192,7 @@ class SelectionMixin:
         # data.skip_bad_images: files found unreadable while reading per item (in this process; see ImageFileDataset)
         skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
         if skipped:
-            self.echo(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
+            self.echo.warning(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
         atomic_write_json(self.run.path / METRICS_FILE, result)
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():

@@ -1,0 +1,58 @@
+"""What `dmlkit train` shows at each verbosity, and RUN/train.log, which keeps every message in every mode."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from dmlkit.cli.main import main
+
+TINY = ["--set", "train.max_steps=2", "--set", "eval.clustering=false", "--no-report", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    """``{mode: (stdout, stderr, train.log)}`` of the default MNIST job, 2 steps, run in-process once per mode."""
+    out = {}
+    capture = pytest.MonkeyPatch()
+    for mode, flags in {"quiet": ["--quiet"], "default": [], "verbose": ["-v"]}.items():
+        stdout, stderr = io.StringIO(), io.StringIO()
+        capture.setattr(sys, "stdout", stdout)
+        capture.setattr(sys, "stderr", stderr)
+        run = tmp_path_factory.mktemp(mode) / "run"
+        try:
+            assert main(["train", *flags, *TINY, "--out", str(run)]) == 0
+        finally:
+            capture.undo()
+        out[mode] = (stdout.getvalue(), stderr.getvalue(), (run / "train.log").read_text())
+    return out
+
+
+def test_quiet_shows_the_metrics_table_and_the_run_directory_without_the_recipe(shown):
+    stdout, stderr, _ = shown["quiet"]
+    assert "test metrics (mnist-proxy-anchor" in stdout and "map_at_r" in stdout and "run directory: " in stdout
+    assert "recipe:" not in stdout + stderr and "run: " not in stderr
+
+
+def test_default_shows_the_run_in_a_few_lines_and_not_each_choice(shown):
+    stdout, stderr, _ = shown["default"]
+    assert "recipe: training split: 2500 images, 5 classes" in stderr
+    assert "run: small_cnn (64-D embedding), loss proxy_anchor, on cpu" in stderr
+    assert "recipe:   " not in stderr and "map_at_r" in stdout
+    assert len(stderr.strip().splitlines()) <= 4, stderr  # the split, the run, the report's or plan's line
+
+
+def test_verbose_shows_every_choice_of_the_recipe_with_its_reason(shown):
+    _, stderr, _ = shown["verbose"]
+    assert "recipe:   sampler.m = 16  (a fifth of 500 images per class" in stderr
+    assert "recipe:   train.feature_cache = off" in stderr
+
+
+@pytest.mark.parametrize("mode", ["quiet", "default", "verbose"])
+def test_train_log_keeps_every_message_whatever_the_console_showed(shown, mode):
+    _, _, log = shown[mode]
+    assert "INFO dmlkit.recipe.planner: recipe: training split: 2500 images" in log
+    assert "DEBUG dmlkit.recipe.planner: recipe:   sampler.m = 16  (a fifth of 500 images per class" in log
+    assert "run: small_cnn (64-D embedding)" in log
