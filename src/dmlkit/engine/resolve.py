@@ -36,6 +36,8 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
+from dmlkit.engine.training.step_checks import checks_stay_on_device
 from dmlkit.engine.view_size import measure_view_size
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.exceptions import ConfigError
@@ -79,6 +81,7 @@ class ResolvedRun:
     method: type[MethodHooks]
     member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
+    step_capture: CaptureDecision | None = None  # train.step_capture resolved (engine/training/step_capture.py)
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -89,6 +92,8 @@ class ResolvedRun:
         """What the recipe chose (model, data, batches, budget, ...) and the feature cache's resolution, with reasons."""
         chosen = dict(self.recipe.choices)
         chosen["train.feature_cache"] = (self.cfg.train.feature_cache, self.cache_plan.reason)
+        if self.step_capture is not None:
+            chosen["train.step_capture"] = (self.step_capture.mode, self.step_capture.reason)
         return chosen
 
     def parts(self) -> dict[str, str]:
@@ -269,6 +274,12 @@ def resolve_run(
         and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
     cache_plan = plan_feature_cache(cfg, built, splits.train, augment, distributed=dist.enabled, echo=echo,
                                     deferred=cache_deferred)
+    step_capture = plan_step_capture(
+        cfg.train.step_capture, device=device, distributed=dist.enabled, method=bool(methods),
+        memory=getattr(objective, "memory", None) is not None, compiled_model=cfg.train.compile,
+        miner=getattr(objective, "miner", None) is not None,
+        host_checks=scaler is not None or not checks_stay_on_device(optimizer, device),
+        planned_steps=cfg.train.max_steps)
     return ResolvedRun(
         cfg=cfg, started=started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=resolved_recipe,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,
@@ -276,6 +287,7 @@ def resolve_run(
         autocast_dtype=autocast_dtype_of(cfg.train.mixed_precision), scaler=scaler, forward_model=forward_model,
         cache_deferred=cache_deferred, cache_plan=cache_plan, fingerprint=config_fingerprint(config_to_dict(cfg)),
         method=methods[0] if methods else MethodHooks, embed_seconds=embed_seconds, member_folds=member_folds,
+        step_capture=step_capture,
     )
 
 
