@@ -1,0 +1,30 @@
+"""The command line and the training engine import no heavy module they do not use: torch.compile's stack
+(``torch._dynamo``, ``torch._inductor``, sympy), FSDP, Optuna (``dmlkit sweep``), scikit-learn and SciPy load only
+in the runs that need them. (PyTorch's own optimisers still import ``torch._dynamo`` when one is built:
+docs/gpu.md.)"""
+
+import subprocess
+import sys
+
+HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "torch.distributed.fsdp", "optuna", "sklearn", "scipy")
+
+TRAIN_PATH = ("dmlkit.cli.main", "dmlkit.cli.train", "dmlkit.engine.resolve", "dmlkit.engine.trainer",
+              "dmlkit.engine.training.step_capture", "dmlkit.engine.distributed", "dmlkit.losses",
+              "dmlkit.evaluation", "dmlkit.memory.cross_batch")
+
+
+def test_the_train_path_imports_no_heavy_module():
+    code = (f"import importlib, sys\nfor name in {TRAIN_PATH!r}:\n    importlib.import_module(name)\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_command_line_parses_without_torch_compile_stack():
+    code = ("import sys\nfrom dmlkit.cli.main import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
