@@ -474,6 +474,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return value
     if tp is str and isinstance(value, str):
         return value
+    if tp is str and isinstance(value, bool):  # YAML 1.1 reads a bare on/off as a boolean: the word it was
+        return "on" if value else "off"
     if tp is list and isinstance(value, (list, tuple)):
         return list(value)
     if tp is list and isinstance(value, str) and value:
