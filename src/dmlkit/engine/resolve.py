@@ -26,7 +26,7 @@ from torch import nn
 
 from dmlkit.config import recipe as recipes
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import backbone_choice, builders, device_data, distributed
+from dmlkit.engine import backbone_choice, builders, device_data, distributed, lazy_dynamo
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint import config_fingerprint
 from dmlkit.engine.feature_cache import CachePlan, plan_feature_cache
@@ -268,6 +268,8 @@ def resolve_run(
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
     ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
+    if cfg.train.compile:
+        lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
     forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
     # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
     cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \

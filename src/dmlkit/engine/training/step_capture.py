@@ -110,6 +110,9 @@ class CapturedStep:
     """
 
     def __init__(self, forward_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device):
+        from dmlkit.engine import lazy_dynamo
+
+        lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
         self.eager = forward_loss
         self.cuda = device.type == "cuda"
         self.compiled = torch.compile(forward_loss, mode="reduce-overhead" if self.cuda else None, dynamic=False)
