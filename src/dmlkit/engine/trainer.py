@@ -131,6 +131,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         # train.step_capture: forward, loss and backward compiled (CUDA graphs on a card); auto decides after timing
         self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
+        if self.step_capture.mode != "off" and overrides_hook(self.hooks, "on_batch_embeddings"):
+            self.step_capture = run.step_capture = CaptureDecision(
+                "off", "eager: the given hooks read each batch's embeddings on the host")
         self.captured_step: CapturedStep | None = None
         if self.step_capture.mode == "compile":
             self.captured_step = CapturedStep(self._forward_loss, self.device)

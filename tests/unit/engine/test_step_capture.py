@@ -119,3 +119,17 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
     assert trainer.captured_step is None and trainer.step_capture.mode == "off"
     saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
     assert saved["value"] == "off" and "steps left at" in saved["reason"]
+
+
+def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tiny_config):
+    from dmlkit.engine.trainer import Trainer
+    from dmlkit.methods.hooks import MethodHooks
+
+    class Reader(MethodHooks):
+        def on_batch_embeddings(self, trainer, indices, embeddings):
+            pass
+
+    trainer = Trainer(tiny_config("train.step_capture=compile"), tmp_path / "run", hooks=Reader(),
+                      echo=lambda _: None)
+    assert trainer.captured_step is None and "given hooks" in trainer.step_capture.reason
+    assert trainer.resolved.summary()["choices"]["train.step_capture"]["value"] == "off"
