@@ -215,13 +215,14 @@ def cmd_step_capture(args) -> int:
     against the time the card takes (a launch-free step leaves the host idle)."""
     import torch
 
+    from dmlkit.engine.training.step_capture import CaptureDecision
+
     device = torch.device(args.device)
     images = args.steps * args.batch
-    eager, inputs = photo_trainer(args, "train.step_capture=off")
-    timed_steps(eager, inputs[:2], device)
-    eager_host, eager_wall = timed_steps(eager, inputs[2:], device)
-    del eager
-    captured, inputs = photo_trainer(args, "train.step_capture=compile")
+    captured, inputs = photo_trainer(args, "train.step_capture=off")  # one Trainer: eager first, then captured
+    timed_steps(captured, inputs[:2], device)
+    eager_host, eager_wall = timed_steps(captured, inputs[2:], device)
+    captured.start_capture(CaptureDecision("compile", "gpu_check.py step-capture: timed against the eager steps"))
     first = timed_steps(captured, inputs[:1], device)[1]  # compiles, then runs
     timed_steps(captured, inputs[1:2], device)  # CUDA graph trees record on the next call
     host, wall = timed_steps(captured, inputs[2:], device)

@@ -136,7 +136,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 "off", "eager: the given hooks read each batch's embeddings on the host")
         self.captured_step: CapturedStep | None = None
         if self.step_capture.mode == "compile":
-            self.captured_step = CapturedStep(self._forward_loss, self.device)
+            self.start_capture(self.step_capture)
         self.cache_deferred = run.cache_deferred  # auto under a time budget: decided after the first plan
         self.cache_plan = run.cache_plan
         self.cache_views = 0 if self.cache_deferred or not self.cache_plan.enabled else self.cache_plan.views
@@ -449,15 +449,16 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         """``train.step_capture=auto``: capture when the steps left at the measured speed pay the compilation back."""
         if self.step_capture.mode != "pending" or speeds is None:
             return False
-        self.step_capture = worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds)
-        self.resolved.step_capture = self.step_capture
+        self.start_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
         self.echo(f"step capture: {self.step_capture.reason}")
         if self.dist.is_main:  # the decision joins the run's other choices
             atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())
-        if self.step_capture.mode != "compile":
-            return False
-        self.captured_step = CapturedStep(self._forward_loss, self.device)
-        return True
+        return self.captured_step is not None
+
+    def start_capture(self, decision: CaptureDecision) -> None:
+        """Take ``decision`` (``train.step_capture``) from the next step on: ``compile`` captures, else eager."""
+        self.step_capture = self.resolved.step_capture = decision
+        self.captured_step = CapturedStep(self._forward_loss, self.device) if decision.mode == "compile" else None
 
     def _training_batches(self):
         """The batch stream from the current position: labels only once the cache holds the images' features."""
