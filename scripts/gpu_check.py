@@ -222,7 +222,7 @@ def cmd_step_capture(args) -> int:
     captured, inputs = photo_trainer(args, "train.step_capture=off")  # one Trainer: eager first, then captured
     timed_steps(captured, inputs[:2], device)
     eager_host, eager_wall = timed_steps(captured, inputs[2:], device)
-    captured.start_capture(CaptureDecision("compile", "gpu_check.py step-capture: timed against the eager steps"))
+    captured.start_capture(CaptureDecision("compile", "gpu_check.py step-capture, timed against the eager steps"))
     first = timed_steps(captured, inputs[:1], device)[1]  # compiles, then runs
     timed_steps(captured, inputs[1:2], device)  # CUDA graph trees record on the next call
     host, wall = timed_steps(captured, inputs[2:], device)
@@ -230,7 +230,7 @@ def cmd_step_capture(args) -> int:
         write_profile(captured, inputs[2:7], device, Path(args.profile))
     result = {
         "device": str(device), "size": args.size, "batch": args.batch, "steps": args.steps,
-        "mixed_precision": captured.cfg.train.mixed_precision, "decision": captured.step_capture.reason,
+        "mixed_precision": captured.cfg.train.mixed_precision, "decision": captured.step_capture.describe(),
         "eager_images_per_s": images / eager_wall, "eager_host_ms": 1e3 * eager_host / args.steps,
         "captured_images_per_s": images / wall, "captured_host_ms": 1e3 * host / args.steps,
         "captured_step_ms": 1e3 * wall / args.steps, "compile_s": first - eager_wall / args.steps,

@@ -93,7 +93,7 @@ class ResolvedRun:
         chosen = dict(self.recipe.choices)
         chosen["train.feature_cache"] = (self.cfg.train.feature_cache, self.cache_plan.reason)
         if self.step_capture is not None:
-            chosen["train.step_capture"] = (self.step_capture.mode, self.step_capture.reason)
+            chosen["train.step_capture"] = (self.cfg.train.step_capture, self.step_capture.describe())
         return chosen
 
     def parts(self) -> dict[str, str]:

@@ -133,7 +133,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
         if self.step_capture.mode != "off" and overrides_hook(self.hooks, "on_batch_embeddings"):
             self.step_capture = run.step_capture = CaptureDecision(
-                "off", "eager: the given hooks read each batch's embeddings on the host")
+                "off", "the given hooks read each batch's embeddings on the host")
         self.captured_step: CapturedStep | None = None
         if self.step_capture.mode == "compile":
             self.start_capture(self.step_capture)
@@ -450,7 +450,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         if self.step_capture.mode != "pending" or speeds is None:
             return False
         self.start_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
-        self.echo(f"step capture: {self.step_capture.reason}")
+        self.echo(f"step capture: {self.step_capture.describe()}")
         if self.dist.is_main:  # the decision joins the run's other choices
             atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())
         return self.captured_step is not None

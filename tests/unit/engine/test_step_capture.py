@@ -30,7 +30,7 @@ def test_auto_waits_for_the_measured_step_only_where_a_capture_can_pay():
     short = plan(planned_steps=40)  # a 40-step run does not pay a minute of compilation
     assert short.mode == "off" and "40 steps at most" in short.reason
     cpu = plan(device=torch.device("cpu"))
-    assert cpu.mode == "off" and cpu.reason.startswith("eager: cpu: no CUDA graphs")
+    assert cpu.mode == "off" and cpu.describe().startswith("eager: cpu: no CUDA graphs")
     for flag, words in (("miner", "index lists are sized by the data"), ("host_checks", "read on the host every step")):
         decision = plan(**{flag: True})
         assert decision.mode == "off" and words in decision.reason
@@ -64,7 +64,7 @@ def test_the_default_is_eager_on_the_cpu_and_says_why(tmp_path, tiny_config):
     trainer = Trainer(tiny_config(), tmp_path / "run", echo=lambda _: None)
     assert trainer.cfg.train.step_capture == "auto" and trainer.captured_step is None
     choice = trainer.resolved.summary()["choices"]["train.step_capture"]
-    assert choice["value"] == "off" and choice["reason"].startswith("eager: cpu")
+    assert choice["value"] == "auto" and choice["reason"].startswith("eager: cpu")
 
 
 def test_the_step_makes_no_host_synchronisation_on_a_card(tmp_path, tiny_config, monkeypatch):
@@ -104,7 +104,7 @@ def test_a_compiled_step_trains_as_the_eager_one(tmp_path, tiny_config):
     assert trainer.captured_step is not None and trainer.captured_step.eager_batches == 0
     assert compiled == pytest.approx(eager, rel=1e-4)
     saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
-    assert saved["value"] == "compile"
+    assert saved["value"] == "compile" and saved["reason"].startswith("captured: forward, loss and backward")
 
 
 def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_config, monkeypatch):
@@ -118,7 +118,7 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
     trainer.fit()
     assert trainer.captured_step is None and trainer.step_capture.mode == "off"
     saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
-    assert saved["value"] == "off" and "steps left at" in saved["reason"]
+    assert saved["value"] == "auto" and saved["reason"].startswith("eager: ") and "steps left at" in saved["reason"]
 
 
 def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tiny_config):
@@ -132,4 +132,4 @@ def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tin
     trainer = Trainer(tiny_config("train.step_capture=compile"), tmp_path / "run", hooks=Reader(),
                       echo=lambda _: None)
     assert trainer.captured_step is None and "given hooks" in trainer.step_capture.reason
-    assert trainer.resolved.summary()["choices"]["train.step_capture"]["value"] == "off"
+    assert trainer.resolved.summary()["choices"]["train.step_capture"]["reason"].startswith("eager: the given hooks")

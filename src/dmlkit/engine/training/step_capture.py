@@ -50,9 +50,10 @@ class CaptureDecision:
     mode: str
     reason: str
 
-    @property
-    def value(self) -> str:
-        return self.mode
+    def describe(self) -> str:
+        """The outcome first, then why (the run's choices record it beside ``train.step_capture``'s value)."""
+        outcome = {"compile": "captured", "off": "eager"}.get(self.mode, "decided after the first steps")
+        return f"{outcome}: {self.reason}"
 
 
 def plan_step_capture(request: str, *, device: torch.device, distributed: bool, method: bool, memory: bool,
@@ -65,7 +66,7 @@ def plan_step_capture(request: str, *, device: torch.device, distributed: bool, 
     ``planned_steps`` (the most steps the run may train) too few to pay :data:`COMPILE_SECONDS` back.
     """
     if request == "off":
-        return CaptureDecision("off", "train.step_capture=off: eager steps")
+        return CaptureDecision("off", "train.step_capture=off")
     blockers = [why for blocked, why in (
         (distributed, "several processes: the embeddings' all-gather is not captured"),
         (method, "the method's hooks read each batch's embeddings on the host"),
@@ -83,12 +84,11 @@ def plan_step_capture(request: str, *, device: torch.device, distributed: bool, 
             blockers.append(f"{planned_steps} steps at most: a capture pays its about {COMPILE_SECONDS:.0f} s of "
                             f"compilation back from about {least:.0f} steps on")
     if blockers:
-        return CaptureDecision("off", "eager: " + "; ".join(blockers))
+        return CaptureDecision("off", "; ".join(blockers))
     if request == "compile":
         graphs = "as CUDA graphs (reduce-overhead)" if device.type == "cuda" else "without graphs (not a card)"
-        return CaptureDecision("compile", f"train.step_capture=compile: forward, loss and backward compiled {graphs}")
-    return CaptureDecision("pending", "auto: decided after the first steps, from their measured time and the "
-                                      "steps left against the compilation's cost")
+        return CaptureDecision("compile", f"forward, loss and backward compiled {graphs}")
+    return CaptureDecision("pending", "their measured time and the steps left against the compilation's cost")
 
 
 def worth_capturing(steps_left: int, step_seconds: float, compile_seconds: float = COMPILE_SECONDS) -> CaptureDecision:
@@ -97,8 +97,8 @@ def worth_capturing(steps_left: int, step_seconds: float, compile_seconds: float
     numbers = (f"{steps_left} steps left at {step_seconds * 1e3:.1f} ms would save about {saved:.0f} s against "
                f"about {compile_seconds:.0f} s of compilation")
     if saved > PAYBACK * compile_seconds:
-        return CaptureDecision("compile", f"auto: {numbers}: forward, loss and backward captured as CUDA graphs")
-    return CaptureDecision("off", f"auto: eager: {numbers}")
+        return CaptureDecision("compile", f"{numbers}: forward, loss and backward as CUDA graphs")
+    return CaptureDecision("off", numbers)
 
 
 class CapturedStep:
