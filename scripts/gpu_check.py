@@ -3,7 +3,8 @@
     python scripts/gpu_check.py env --device cuda --json FILE
     python scripts/gpu_check.py make-photos DIR [--classes 64] [--per-class 50] [--size 256]
     python scripts/gpu_check.py photo-rates --root DIR --run RUN --device cuda --json FILE [--size 224] [--batch 60]
-    python scripts/gpu_check.py run-result --run RUN --wall SECONDS --json FILE [--target-wall S | --target-rate R]
+    python scripts/gpu_check.py step-capture --root DIR --work DIR --device cuda --json FILE [--size 224] [--batch 60]
+    python scripts/gpu_check.py run-result --run RUN --wall SECONDS --json FILE [--target-wall S | --target-rate R | --finished]
     python scripts/gpu_check.py summary WORK OUT
 
 Each measuring subcommand writes one small JSON file of its numbers; ``summary`` reads the stage
@@ -31,6 +32,8 @@ TARGETS = {
     "mnist": "MNIST default <= 10 s wall",
     "photo-run": "Lite0 224 px fine-tuning >= 2,500 img/s (run's own steps)",
     "photo-rates": "Lite0 224 px fine-tuning >= 2,500 img/s; embedding >= 8,000 img/s",
+    "step-capture": "captured Lite0 224 px bf16 step (batch 60) >= 4,000 img/s; host time below the card's",
+    "ddp": "2 processes under torchrun train the MNIST default's steps (NCCL with 2+ cards, else gloo)",
     "mnist-profile": "(diagnostic: cProfile of the MNIST default in mnist.prof)",
     "claims": "Proxy-Anchor Table 2 arms on the card within 5 minutes (verdicts in claims.md)",
 }
@@ -134,37 +137,52 @@ def run_step_rate(run: Path) -> tuple[float | None, int]:
     return (batch * steps / seconds if seconds > 0 else None), batch
 
 
+def photo_trainer(args, *sets: str):
+    """A ``Trainer`` on the photo folder as the photo run trains (Lite0, ``--size`` px, batch ``--batch``, mixed
+    precision ``auto``) and ``args.steps + 2`` batches of its training split (images, mapped labels)."""
+    from dmlkit.config import load_config
+    from dmlkit.engine.builders import fetch_batch
+    from dmlkit.recipe import Trainer
+
+    overrides = ["data.name=folder", f"data.root={args.root}", "model.name=efficientnet_lite0", "model.pretrained=true",
+                 f"data.image_size={args.size}", f"train.device={args.device}", "train.progress=false",
+                 f"sampler.batch_size={args.batch}", "train.mixed_precision=auto", *args.set, *sets]
+    name = "rates" + "".join("-" + s.replace("=", "-").replace(".", "-") for s in sets)
+    trainer = Trainer(load_config(overrides=overrides), Path(args.work) / name, echo=lambda _: None)
+    order = trainer.sampler.batches(0)
+    batches = [order[i % len(order)].tolist() for i in range(args.steps + 2)]
+    inputs = [fetch_batch(trainer.splits.train, b) for b in batches]
+    return trainer, [(images, trainer.label_map(raw)) for images, raw in inputs]
+
+
+def timed_steps(trainer, inputs: list, device) -> tuple[float, float]:
+    """(host seconds, wall seconds) of the training steps on ``inputs``: the host's time to queue them (no wait
+    for the card) and the time until the card finished them."""
+    synchronize(device)
+    start = time.perf_counter()
+    for images, labels in inputs:
+        trainer.training_step(images, labels)
+    queued = time.perf_counter() - start
+    synchronize(device)
+    return queued, time.perf_counter() - start
+
+
 def cmd_photo_rates(args) -> int:
     """Images/s of the run's training (from its log) and of a ``Trainer`` built as the run was: its
     training step on batches of the real split, and ``embed_dataset`` over the test split (held in
     memory), each timed between device synchronisations after a warm-up."""
     import torch
 
-    from dmlkit.config import load_config
     from dmlkit.engine import device_data
-    from dmlkit.engine.builders import fetch_batch
     from dmlkit.evaluation.embed import embed_dataset
-    from dmlkit.recipe import Trainer
 
     device = torch.device(args.device)
     result: dict = {"device": str(device)}
     if args.run:
         result["run_train_images_per_s"], result["run_batch_size"] = run_step_rate(Path(args.run))
-    overrides = ["data.name=folder", f"data.root={args.root}", "model.name=efficientnet_lite0", "model.pretrained=true",
-                 f"data.image_size={args.size}", f"train.device={device}", "train.progress=false",
-                 f"sampler.batch_size={args.batch}", "train.mixed_precision=auto", *args.set]
-    trainer = Trainer(load_config(overrides=overrides), Path(args.work) / "rates", echo=lambda _: None)
-    batches = [trainer.sampler.batches(0)[i % len(trainer.sampler.batches(0))].tolist() for i in range(args.steps + 2)]
-    inputs = [fetch_batch(trainer.splits.train, b) for b in batches]
-    inputs = [(images, trainer.label_map(raw)) for images, raw in inputs]
-    for images, labels in inputs[:2]:  # warm-up: cudnn autotuning, allocator, autocast caches
-        trainer.training_step(images, labels)
-    synchronize(device)
-    start = time.perf_counter()
-    for images, labels in inputs[2:]:
-        trainer.training_step(images, labels)
-    synchronize(device)
-    result["step_images_per_s"] = sum(len(x) for x, _ in inputs[2:]) / (time.perf_counter() - start)
+    trainer, inputs = photo_trainer(args)
+    timed_steps(trainer, inputs[:2], device)  # warm-up: cudnn autotuning, allocator, autocast caches
+    result["step_images_per_s"] = sum(len(x) for x, _ in inputs[2:]) / timed_steps(trainer, inputs[2:], device)[1]
     # as the trainer embeds a split (Trainer.embed): an in-memory split is put on the card once, then embedded there
     split = device_data.resident_on(trainer.splits.test, device)
     embed_dataset(trainer.model, split, args.embed_batch, 0, trainer.autocast_dtype)  # warm-up
@@ -186,6 +204,43 @@ def cmd_photo_rates(args) -> int:
                         + (f", run {run_rate:,.0f} img/s" if run_rate else "")
                         + f" ({args.size} px, batch {args.batch}, {result['mixed_precision']})")
     result["met"] = result["step_images_per_s"] >= 2500 and result["embed_images_per_s"] >= 8000
+    print(json.dumps(result, indent=1))
+    write_json(args.json, result)
+    return 0
+
+
+def cmd_step_capture(args) -> int:
+    """The photo step eager and with ``train.step_capture=compile`` (CUDA graphs on a card): images/s of each, the
+    first captured step's cost (compilation and capture) and, per captured step, the host's time to queue it
+    against the time the card takes (a launch-free step leaves the host idle)."""
+    import torch
+
+    from dmlkit.engine.training.step_capture import CaptureDecision
+
+    device = torch.device(args.device)
+    images = args.steps * args.batch
+    captured, inputs = photo_trainer(args, "train.step_capture=off")  # one Trainer: eager first, then captured
+    timed_steps(captured, inputs[:2], device)
+    eager_host, eager_wall = timed_steps(captured, inputs[2:], device)
+    captured.start_capture(CaptureDecision("compile", "gpu_check.py step-capture, timed against the eager steps"))
+    first = timed_steps(captured, inputs[:1], device)[1]  # compiles, then runs
+    timed_steps(captured, inputs[1:2], device)  # CUDA graph trees record on the next call
+    host, wall = timed_steps(captured, inputs[2:], device)
+    if args.profile:
+        write_profile(captured, inputs[2:7], device, Path(args.profile))
+    result = {
+        "device": str(device), "size": args.size, "batch": args.batch, "steps": args.steps,
+        "mixed_precision": captured.cfg.train.mixed_precision, "decision": captured.step_capture.describe(),
+        "eager_images_per_s": images / eager_wall, "eager_host_ms": 1e3 * eager_host / args.steps,
+        "captured_images_per_s": images / wall, "captured_host_ms": 1e3 * host / args.steps,
+        "captured_step_ms": 1e3 * wall / args.steps, "compile_s": first - eager_wall / args.steps,
+        "eager_batches": captured.captured_step.eager_batches if captured.captured_step else None,
+    }
+    result["result"] = (f"captured {result['captured_images_per_s']:,.0f} img/s (eager {result['eager_images_per_s']:,.0f}), "
+                        f"host {result['captured_host_ms']:.1f} ms of a {result['captured_step_ms']:.1f}-ms step, "
+                        f"compile {result['compile_s']:.0f} s ({args.size} px, batch {args.batch}, "
+                        f"{result['mixed_precision']})")
+    result["met"] = result["captured_images_per_s"] >= 4000 and host < wall * 0.9
     print(json.dumps(result, indent=1))
     write_json(args.json, result)
     return 0
@@ -221,6 +276,11 @@ def cmd_run_result(args) -> int:
     rate, batch = run_step_rate(run)
     result = {"wall_s": args.wall, "map_at_r": map_at_r, "train_images_per_s": rate, "batch_size": batch}
     parts = [f"wall {args.wall:.1f} s"]
+    if args.first_import is not None:  # the first import after a fresh install, apart from the timed run
+        result["first_import_s"] = args.first_import
+        parts.append(f"first import {args.first_import:.1f} s apart")
+    if args.label:
+        parts.insert(0, args.label)
     if map_at_r is not None:
         parts.append(f"MAP@R {map_at_r:.3f}")
     if rate:
@@ -230,6 +290,8 @@ def cmd_run_result(args) -> int:
         result["met"] = args.wall <= args.target_wall
     if args.target_rate is not None:
         result["met"] = bool(rate and rate >= args.target_rate)
+    if args.finished:
+        result["met"] = map_at_r is not None
     print(json.dumps(result, indent=1))
     write_json(args.json, result)
     return 0
@@ -326,31 +388,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=64)
     p.add_argument("--per-class", type=int, default=50)
     p.add_argument("--size", type=int, default=256)
-    p = sub.add_parser("photo-rates")
-    p.add_argument("--root", required=True)
+    def photo_parser(name: str, what: str) -> argparse.ArgumentParser:
+        """The photo Trainer's options (:func:`photo_trainer`), shared by photo-rates and step-capture."""
+        p = sub.add_parser(name)
+        p.add_argument("--root", required=True)
+        p.add_argument("--work", required=True, help="a scratch folder for the Trainers' run directories")
+        p.add_argument("--device", default="cuda")
+        p.add_argument("--size", type=int, default=224)
+        p.add_argument("--batch", type=int, default=60)
+        p.add_argument("--steps", type=int, default=20)
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides")
+        p.add_argument("--profile", help=f"also write a torch.profiler table of five {what} steps to this file")
+        p.add_argument("--json", required=True)
+        return p
+
+    p = photo_parser("photo-rates", "training")
     p.add_argument("--run", help="a finished photo run: its training images/s from log.jsonl")
-    p.add_argument("--work", required=True, help="a scratch folder for the Trainer's run directory")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--size", type=int, default=224)
-    p.add_argument("--batch", type=int, default=60)
-    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--embed-batch", type=int, default=256)
     p.add_argument("--embed-rounds", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides")
-    p.add_argument("--profile", help="also write a torch.profiler table of five training steps to this file")
-    p.add_argument("--json", required=True)
+    photo_parser("step-capture", "captured")
     p = sub.add_parser("run-result")
     p.add_argument("--run", required=True)
     p.add_argument("--wall", type=float, required=True)
     p.add_argument("--target-wall", type=float)
     p.add_argument("--target-rate", type=float)
+    p.add_argument("--finished", action="store_true", help="met when the run scored its test split")
+    p.add_argument("--first-import", type=float, help="seconds of a first import, reported apart")
+    p.add_argument("--label", help="words before the numbers")
     p.add_argument("--json", required=True)
     p = sub.add_parser("summary")
     p.add_argument("work")
     p.add_argument("out")
     args = parser.parse_args(argv)
     handlers = {"env": cmd_env, "make-photos": cmd_make_photos, "photo-rates": cmd_photo_rates,
-                "run-result": cmd_run_result, "summary": cmd_summary}
+                "run-result": cmd_run_result, "summary": cmd_summary, "step-capture": cmd_step_capture}
     return handlers[args.command](args)
 
 

@@ -1,4 +1,5 @@
-"""Two gloo processes on this machine take the same steps as one process on the same global batch.
+"""Two gloo processes on this machine take the same steps as one process on the same global batch: the helpers
+step by step, and the training engine (`Trainer`, what `dmlkit train` runs under torchrun) over a few steps.
 
 The file doubles as the worker script: ``python test_distributed.py --worker OUT`` with
 torchrun's environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) runs
@@ -164,19 +165,24 @@ def two_rank_results(tmp_path_factory, single_results) -> list[dict]:
     makes the parent pay torch's lazy imports (the optimiser pulls in torch._dynamo) once, before the fork.
     """
     out = tmp_path_factory.mktemp("ddp")
+    fork_ranks(forked_rank, out)
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD_SIZE)]
+
+
+def fork_ranks(target, out: Path, timeout: float = 180) -> None:
+    """``target(rank, port, out)`` in :data:`WORLD_SIZE` forked processes; every rank must exit 0."""
     port = free_port()
     context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=forked_rank, args=(rank, port, str(out))) for rank in range(WORLD_SIZE)]
+    procs = [context.Process(target=target, args=(rank, port, str(out))) for rank in range(WORLD_SIZE)]
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(timeout=120)
+        proc.join(timeout=timeout)
     for proc in procs:
         if proc.is_alive():
             proc.kill()
     for rank, proc in enumerate(procs):
         assert proc.exitcode == 0, f"rank {rank} exited with {proc.exitcode}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD_SIZE)]
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +310,74 @@ def test_unwrap_model_finds_the_inner_module():
     assert ddp.unwrap_model(wrapper) is inner
     empty = nn.Sequential()
     assert ddp.unwrap_model(empty) is empty
+
+
+# ---------------------------------------------------------------- the training engine under two ranks
+
+#: The MNIST default shrunk: 4 steps of global batch 32, no augmentation (a rank draws its part's shifts from the
+#: batch's generator: other numbers than one process drawing the whole batch's), BatchNorm frozen (gloo has no
+#: SyncBatchNorm), no validation, 1 thread a process.
+TRAINER_OVERRIDES = [
+    "train.max_steps=4", "train.log_every=1", "train.progress=false", "train.checkpoint_every=1000",
+    "eval.clustering=false", "eval.save_embeddings=false", "model.args={width: 8}", "model.freeze_bn=true",
+    "sampler.batch_size=32", "sampler.m=8", "train.mixed_precision=none", "model.shift_average=0",
+    "data.augment=none", "protocol.val_class_fraction=0", "train.num_threads=1", "train.device=cpu",
+]
+
+
+def train_with_engine(run_dir: Path) -> dict:
+    """``Trainer.fit`` of :data:`TRAINER_OVERRIDES` (the test split's evaluation left out): each step's loss, the
+    weights and proxies at the end, and the rank's share of each batch."""
+    from dmlkit.config import load_config
+    from dmlkit.engine.callbacks import Callback
+    from dmlkit.engine.trainer import Trainer
+
+    class Losses(Callback):
+        def __init__(self):
+            self.values = []
+
+        def on_step_end(self, trainer, step, metrics):
+            self.values.append(float(metrics["loss"]))
+
+    losses = Losses()
+    trainer = Trainer(load_config(preset="mnist-proxy-anchor", overrides=TRAINER_OVERRIDES), run_dir,
+                      callbacks=[losses], echo=lambda _: None)
+    trainer.finish = lambda has_val: None
+    trainer.fit()
+    state = {f"model.{k}": v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    state.update({f"objective.{k}": v.detach().clone() for k, v in trainer.objective.state_dict().items()})
+    return {"losses": torch.tensor(losses.values, dtype=torch.float64), "state": state,
+            "capture": trainer.step_capture.mode, "steps": trainer.step}
+
+
+def forked_engine_rank(rank: int, port: int, out: str) -> None:
+    """One rank of the engine test in a forked child, with torchrun's environment variables."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    torch.save(train_with_engine(Path(out) / "run"), Path(out) / f"engine{rank}.pt")
+    ddp.cleanup_distributed()
+
+
+@pytest.mark.slow
+def test_the_trainer_under_two_ranks_follows_one_process_with_the_global_batch(tmp_path):
+    """``dmlkit train``'s engine (not only its helpers): 2 gloo ranks with 16 images each take the steps one process
+    takes with the 32-image global batch: the same losses, weights and Proxy-Anchor proxies, within float error."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = train_with_engine(tmp_path / "single")
+    finally:
+        torch.set_num_threads(threads)
+    fork_ranks(forked_engine_rank, tmp_path)
+    ranks = [torch.load(tmp_path / f"engine{r}.pt", weights_only=True) for r in range(WORLD_SIZE)]
+    assert single["steps"] == 4 and len(single["losses"]) == 4
+    for got in ranks:
+        assert got["steps"] == 4 and got["capture"] == "off"  # several processes: eager steps
+        torch.testing.assert_close(got["losses"], single["losses"], rtol=1e-5, atol=1e-6)
+        assert_same_state(got["state"], single["state"], atol=1e-5)
+    assert_same_state(ranks[1]["state"], ranks[0]["state"], atol=0)  # the ranks never drift apart
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":

@@ -84,3 +84,34 @@ def test_a_runs_training_rate_is_read_from_its_log_leaving_the_first_step_out(tm
     assert batch == 60 and abs(rate - 1500.0) < 1e-6
     (tmp_path / "log.jsonl").write_text(json.dumps(records[1]) + "\n")
     assert gpu_check.run_step_rate(tmp_path) == (None, 60)  # one record: no interval to time
+
+
+def test_the_default_stages_fit_eight_minutes_and_each_has_a_target():
+    import re
+
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    full = re.search(r"else\n  declare -A LIMIT=\((.*)\)\nfi", script).group(1)
+    limits = {name: int(seconds) for name, seconds in re.findall(r"\[([a-z-]+)\]=([0-9]+)", full)}
+    stages = re.search(r"^STAGES=\((.*)\)$", script, re.M).group(1).split()
+    opt_in = re.search(r"^OPT_IN=\((.*)\)$", script, re.M).group(1).split()
+    default = [s for s in stages if s not in opt_in]
+    assert {"step-capture", "ddp", "mnist", "bench", "pml-suite"} <= set(default)
+    assert sum(limits[s] for s in default) <= 480  # the setup's few seconds on top: within 8 minutes
+    assert set(stages) <= set(load_helper().TARGETS)
+
+
+def test_run_result_reports_the_first_import_apart_and_a_finished_run(tmp_path):
+    gpu_check = load_helper()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("sampler:\n  batch_size: 64\n")
+    (run / "metrics.json").write_text(json.dumps({"test": {"map_at_r": 0.6}}))
+    out = tmp_path / "ddp.json"
+    assert gpu_check.main(["run-result", "--run", str(run), "--wall", "8.5", "--first-import", "2.25", "--finished",
+                           "--label", "2 ranks on cpu", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["result"] == "2 ranks on cpu, wall 8.5 s, first import 2.2 s apart, MAP@R 0.600"
+    assert result["met"] is True and result["first_import_s"] == 2.25
+    (run / "metrics.json").unlink()
+    gpu_check.main(["run-result", "--run", str(run), "--wall", "8.5", "--finished", "--json", str(out)])
+    assert json.loads(out.read_text())["met"] is False  # no test metrics: the run did not finish

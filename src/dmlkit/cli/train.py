@@ -54,6 +54,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    "(installed package, Hugging Face or torch hub cache) and why the others are not, then exit")
 
 
+def defer_dynamo_unless_compiling(cfg) -> None:
+    """A run that asks for no compilation builds PyTorch's optimisers without importing ``torch._dynamo``
+    (``engine/lazy_dynamo.py``: 1-1.5 s of start-up); a capture decided later restores them before compiling."""
+    if not cfg.train.compile and cfg.train.step_capture != "compile":
+        from dmlkit.engine.lazy_dynamo import defer_dynamo_import
+
+        defer_dynamo_import()
+
+
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
     from dmlkit.engine.trainer import format_metrics_table
@@ -88,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         measurements = Measurements.live().forgo("a resumed run")  # it plans from its own speeds
         if args.dry_run:
             raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
+        defer_dynamo_unless_compiling(cfg)
     else:
         if args.from_sweep:
             if args.preset or args.config:
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.preset or args.config or args.from_sweep):
             args.preset = DEFAULT_PRESET
         cfg = config_from_args(args)
+        defer_dynamo_unless_compiling(cfg)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
             resolved = prepare_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
             print(resolved.format())

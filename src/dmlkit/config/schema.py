@@ -208,6 +208,10 @@ class TrainConfig:
     (in training, ``dmlkit evaluate`` and ``dmlkit embed``). ``auto`` lets the recipe
     pick ``bf16`` where the device computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
     bf16) and ``none`` elsewhere. ``compile`` wraps the model in ``torch.compile``.
+    ``step_capture`` compiles the training step's forward, loss and backward (CUDA graphs on a card:
+    :mod:`dmlkit.engine.training.step_capture`): ``compile``, ``off``, or ``auto`` (on a card, when the
+    steps left pay for the compilation; eager on the CPU). What cannot be captured trains eagerly, with
+    the reason in ``resolved.json``.
     ``on_nonfinite``: a step whose loss or gradient norm is not finite stops training with a
     ``NonFiniteError`` (``stop``) or is skipped (``skip``); with a fused optimiser (Adam/AdamW on CUDA)
     the check runs on the device and is read with the next log record (docs/gpu.md).
@@ -233,6 +237,7 @@ class TrainConfig:
     device: str = "auto"
     mixed_precision: str = "none"
     compile: bool = False
+    step_capture: str = "auto"
     on_nonfinite: str = "stop"
     num_threads: Optional[int] = None
     progress: bool = True
@@ -354,6 +359,7 @@ CONSTRAINTS: dict[str, list] = {
     "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
     "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
+    "train.step_capture": [OptionsFrom("dmlkit.engine.training.step_capture", "CAPTURE_MODES")],
     "train.num_threads": [NONE, Interval(int, 1, None)],
     "train.feature_cache": [OptionsFrom("dmlkit.engine.feature_cache", "CACHE_MODES")],
     "train.cache_views": [NONE, Interval(int, 1, None)],
@@ -468,6 +474,8 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         return value
     if tp is str and isinstance(value, str):
         return value
+    if tp is str and isinstance(value, bool):  # YAML 1.1 reads a bare on/off as a boolean: the word it was
+        return "on" if value else "off"
     if tp is list and isinstance(value, (list, tuple)):
         return list(value)
     if tp is list and isinstance(value, str) and value:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, device_data, distributed
+from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint import config_fingerprint
 from dmlkit.engine.feature_cache import CachePlan
@@ -35,6 +35,8 @@ from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
+from dmlkit.engine.training.step_checks import checks_stay_on_device
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
@@ -78,6 +80,7 @@ class ResolvedRun:
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
     request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
     measurements: Measurements | None = None  # the machine's numbers the plans read (engine/measurements.py)
+    step_capture: CaptureDecision | None = None  # train.step_capture resolved (engine/training/step_capture.py)
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -86,7 +89,10 @@ class ResolvedRun:
     @property
     def choices(self) -> dict[str, tuple[Any, str]]:
         """What the recipe chose (model, data, batches, budget, ...) and the feature cache's resolution, with reasons."""
-        return dict(self.recipe.choices)
+        chosen = dict(self.recipe.choices)
+        if self.step_capture is not None:
+            chosen["train.step_capture"] = (self.cfg.train.step_capture, self.step_capture.describe())
+        return chosen
 
     def parts(self) -> dict[str, str]:
         """One line per object of the run: what it is and its main settings."""
@@ -230,7 +236,15 @@ def resolve_run(
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
     ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
+    if cfg.train.compile:
+        lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
     forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
+    step_capture = plan_step_capture(
+        cfg.train.step_capture, device=device, distributed=dist.enabled, method=bool(methods),
+        memory=getattr(objective, "memory", None) is not None, compiled_model=cfg.train.compile,
+        miner=getattr(objective, "miner", None) is not None,
+        host_checks=scaler is not None or not checks_stay_on_device(optimizer, device),
+        planned_steps=cfg.train.max_steps)
     return ResolvedRun(
         cfg=cfg, started=planned.started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=planned,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,
@@ -239,7 +253,7 @@ def resolve_run(
         cache_deferred=planned.cache_deferred, cache_plan=planned.cache_plan,
         fingerprint=config_fingerprint(config_to_dict(cfg)), method=methods[0] if methods else MethodHooks,
         embed_seconds=planned.embed_seconds, member_folds=member_folds, request=planned.request,
-        measurements=planned.measurements,
+        measurements=planned.measurements, step_capture=step_capture,
     )
 
 

@@ -50,6 +50,7 @@ from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the 
     paired_gain,
     per_category_metrics,
 )
+from dmlkit.engine.training.step_capture import CaptureDecision, CapturedStep, worth_capturing
 from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_device
 from dmlkit.engine.training.time_budget import TimeBudgetMixin
 from dmlkit.exceptions import NonFiniteError
@@ -135,6 +136,14 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                             if self.scaler is None and checks_stay_on_device(self.optimizer, self.device) else None)
         self.forward_model = run.forward_model  # DDP-wrapped under torchrun, compiled with train.compile
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
+        # train.step_capture: forward, loss and backward compiled (CUDA graphs on a card); auto decides after timing
+        self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
+        if self.step_capture.mode != "off" and overrides_hook(self.hooks, "on_batch_embeddings"):
+            self.step_capture = run.step_capture = CaptureDecision(
+                "off", "the given hooks read each batch's embeddings on the host")
+        self.captured_step: CapturedStep | None = None
+        if self.step_capture.mode == "compile":
+            self.start_capture(self.step_capture)
         self.cache_deferred = run.cache_deferred  # auto under a time budget: decided after the first plan
         self.cache_plan = run.cache_plan
         self.cache_views = 0 if self.cache_deferred or not self.cache_plan.enabled else self.cache_plan.views
@@ -196,7 +205,22 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 return self._non_finite("gradient norm", norm)
             self.optimizer.step()
         self.scheduler.step()
-        return loss.detach()
+        return self._kept(loss)
+
+    def _kept(self, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss as the loop keeps it (a copy when captured: a graph replay reuses its output's memory)."""
+        return loss.detach() if self.captured_step is None else self.captured_step.detached(loss)
+
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The training forward, under autocast when the run has one."""
+        if self.autocast_dtype is None:
+            return self.train_forward(images)
+        with torch.autocast(self.autocast_device, dtype=self.autocast_dtype):
+            return self.train_forward(images)
+
+    def _forward_loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The objective on one process's batch: what ``train.step_capture`` compiles."""
+        return self.objective(self._embed(images), labels)
 
     def _batch_loss(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None) -> torch.Tensor:
         """The objective on the batch's embeddings (batch on the device, autocast, all-gather, method hook)."""
@@ -205,11 +229,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             labels = device_data.to_device(labels, self.device, self._pin)
         if self._channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
-        if self.autocast_dtype is None:
-            embeddings = self.train_forward(images)
-        else:
-            with torch.autocast(self.autocast_device, dtype=self.autocast_dtype):
-                embeddings = self.train_forward(images)
+        if self.captured_step is not None:  # one process, no hooks on the embeddings (plan_step_capture)
+            return self.captured_step(images, labels)
+        embeddings = self._embed(images)
         if self.dist.enabled:
             embeddings = distributed.all_gather_with_grad(embeddings)  # global batch [W*b, D]; local rows keep grad
             labels = distributed.all_gather_labels(labels)
@@ -239,7 +261,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         scaler.step(self.optimizer)
         scaler.update()
         self.scheduler.step()
-        return loss.detach()
+        return self._kept(loss)
 
     def read_step_checks(self, loss: torch.Tensor) -> float:
         """``loss``'s value, after the device's pending finite checks are read (one host synchronisation).
@@ -417,7 +439,8 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 timed.update(step=self.step, elapsed=self.elapsed)
             if schedule.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
                 self._plan_to_budget(speeds(), has_val, bar)
-                if self._cache_after_first_plan():  # steps are faster from here: time them again and re-plan
+                # steps are faster from here (features cached, or the step captured): time them again and re-plan
+                if self._cache_after_first_plan() or self._capture_after_first_plan(speeds()):
                     batches = self._training_batches()
                     schedule.plan, start_step, start_elapsed = None, self.step, self.elapsed
                     timed.clear()
@@ -457,6 +480,21 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
             return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
         return self.finish(has_val)
+
+    def _capture_after_first_plan(self, speeds: Speeds | None) -> bool:
+        """``train.step_capture=auto``: capture when the steps left at the measured speed pay the compilation back."""
+        if self.step_capture.mode != "pending" or speeds is None:
+            return False
+        self.start_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
+        self.echo(f"step capture: {self.step_capture.describe()}")
+        if self.dist.is_main:  # the decision joins the run's other choices
+            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())
+        return self.captured_step is not None
+
+    def start_capture(self, decision: CaptureDecision) -> None:
+        """Take ``decision`` (``train.step_capture``) from the next step on: ``compile`` captures, else eager."""
+        self.step_capture = self.resolved.step_capture = decision
+        self.captured_step = CapturedStep(self._forward_loss, self.device) if decision.mode == "compile" else None
 
     def _training_batches(self):
         """The batch stream from the current position: labels only once the cache holds the images' features."""

@@ -62,6 +62,8 @@ def test_all_problems_collected():
         ("train.device=gpu", "train.device must be one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index). Got 'gpu'"),
         ("train.device=cuda:x", "train.device must be one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
         ("train.compile=3", "train.compile must be bool. Got 3"),
+        ("train.step_capture=graphs", "train.step_capture must be one of {'auto', 'off', 'compile'}"),
+        ("train.step_capture=on", "train.step_capture must be one of {'auto', 'off', 'compile'}. Got 'on'"),
         ("train.tensorboard=sometimes", "train.tensorboard must be bool. Got 'sometimes'"),
         ("data=3", "data must be a mapping"),
     ],
@@ -70,6 +72,13 @@ def test_value_errors_name_the_field(override, fragment):
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[override])
     assert fragment in str(info.value)
+
+
+def test_a_bare_on_or_off_is_the_word_for_a_field_of_words():
+    # YAML 1.1 reads `off` as False: `--set train.feature_cache=off` means the word, as in the docs
+    cfg = load_config(overrides=["train.feature_cache=off", "train.step_capture=off"])
+    assert (cfg.train.feature_cache, cfg.train.step_capture) == ("off", "off")
+    assert load_config(overrides=["train.feature_cache=on"]).train.feature_cache == "on"
 
 
 def test_device_values_are_checked_without_looking_for_a_gpu():

@@ -153,7 +153,10 @@ def fused_proxy_loss(
         exact_rows = proxies.new_empty(0, dtype=torch.long) if exact_rows is None else exact_rows
     else:
         exact_rows = exact_first = None
-    return _FusedProxyLoss.apply(
+    apply = _FusedProxyLoss.apply
+    if torch.compiler.is_compiling():  # a compiled step (train.step_capture) runs this few-kernel loss eagerly:
+        apply = torch.compiler.disable(apply)  # its forward writes the gradients, which tracing does not take
+    return apply(
         xn, proxies, kernel, float(scale), grad and xn.requires_grad, grad and proxies.requires_grad, workspace,
         exact_rows, exact_first,
     )

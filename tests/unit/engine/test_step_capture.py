@@ -1,0 +1,135 @@
+"""train.step_capture: which steps are compiled (and captured as CUDA graphs on a card), why the others stay eager,
+and that a compiled step trains as the eager one does (torch.compile on the CPU)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dmlkit._validation as validation
+from dmlkit.engine import optim
+from dmlkit.engine.training import step_capture
+from dmlkit.engine.training.step_capture import plan_step_capture, worth_capturing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "losses"))
+from _host_syncs import count_host_syncs  # noqa: E402 - the loss tests' counter
+
+CUDA = torch.device("cuda")
+CLEAR = dict(distributed=False, method=False, memory=False, compiled_model=False, miner=False, host_checks=False)
+
+
+def plan(request="auto", device=CUDA, **changes):
+    return plan_step_capture(request, device=device, **{**CLEAR, **changes})
+
+
+def test_auto_waits_for_the_measured_step_only_where_a_capture_can_pay():
+    assert plan().mode == "pending"
+    assert plan(planned_steps=100_000).mode == "pending"
+    short = plan(planned_steps=40)  # a 40-step run does not pay a minute of compilation
+    assert short.mode == "off" and "40 steps at most" in short.reason
+    cpu = plan(device=torch.device("cpu"))
+    assert cpu.mode == "off" and cpu.describe().startswith("eager: cpu: no CUDA graphs")
+    for flag, words in (("miner", "index lists are sized by the data"), ("host_checks", "read on the host every step")):
+        decision = plan(**{flag: True})
+        assert decision.mode == "off" and words in decision.reason
+
+
+def test_what_cannot_be_captured_stays_eager_even_when_asked_for():
+    assert plan("off").mode == "off"
+    for flag, words in (("distributed", "all-gather"), ("method", "hooks"), ("memory", "cross-batch memory"),
+                        ("compiled_model", "train.compile")):
+        for request in ("auto", "compile"):
+            decision = plan(request, **{flag: True})
+            assert decision.mode == "off" and words in decision.reason, (flag, request)
+    # asked for: the CPU, a miner and host reads only cost speed, so the step is compiled (how the tests run it)
+    asked = plan("compile", device=torch.device("cpu"), miner=True, host_checks=True, planned_steps=4)
+    assert asked.mode == "compile" and "without graphs" in asked.reason
+    both = plan("auto", memory=True, miner=True)
+    assert "cross-batch memory" in both.reason and "miner" in both.reason  # every reason is said
+
+
+def test_auto_weighs_the_steps_left_against_the_compilation():
+    yes = worth_capturing(steps_left=20_000, step_seconds=0.01)  # 100 s saved against 45 s
+    assert yes.mode == "compile" and "20000 steps left at 10.0 ms" in yes.reason
+    no = worth_capturing(steps_left=1_200, step_seconds=0.007)  # the MNIST default on a card: about 4 s saved
+    assert no.mode == "off" and "about 4 s against about 45 s" in no.reason
+    assert worth_capturing(1_200, 0.007, compile_seconds=1.0).mode == "compile"
+
+
+def test_the_default_is_eager_on_the_cpu_and_says_why(tmp_path, tiny_config):
+    from dmlkit.engine.trainer import Trainer
+
+    trainer = Trainer(tiny_config(), tmp_path / "run", echo=lambda _: None)
+    assert trainer.cfg.train.step_capture == "auto" and trainer.captured_step is None
+    choice = trainer.resolved.summary()["choices"]["train.step_capture"]
+    assert choice["value"] == "auto" and choice["reason"].startswith("eager: cpu")
+
+
+def test_the_step_makes_no_host_synchronisation_on_a_card(tmp_path, tiny_config, monkeypatch):
+    """Capture safety: the compiled region (forward, loss, backward) and the optimiser's update read nothing on the
+    host once checks of data take the card's branch; a CUDA graph could not hold a read."""
+    from dmlkit.engine.trainer import Trainer
+
+    monkeypatch.setattr(validation, "reads_on_host", lambda tensor: False)
+    monkeypatch.setattr(optim, "fused_capable", lambda groups: True)
+    trainer = Trainer(tiny_config(), tmp_path / "run", echo=lambda _: None)
+    assert trainer.step_checks is not None  # the finite check stays on the device: nothing read per step
+    images = torch.randn(32, 1, 28, 28)
+    labels = torch.arange(4).repeat_interleave(8)
+    trainer.training_step(images, labels)  # first step: optimiser state created
+    with count_host_syncs() as counts:
+        for _ in range(2):
+            trainer.training_step(images, labels)
+    assert dict(counts) == {}
+
+
+def fit_losses(tmp_path, tiny_config, *overrides):
+    from dmlkit.engine.trainer import Trainer
+
+    trainer = Trainer(tiny_config(*overrides), tmp_path / "run", echo=lambda _: None)
+    trainer.finish = lambda has_val: None  # the test split's embedding is not a step
+    trainer.fit()
+    log = [json.loads(line) for line in trainer.run.log_path.read_text().splitlines()]
+    return trainer, [r["loss"] for r in log if r["kind"] == "train"]
+
+
+def test_a_compiled_step_trains_as_the_eager_one(tmp_path, tiny_config):
+    import torch._inductor.config as inductor_config
+
+    _, eager = fit_losses(tmp_path / "eager", tiny_config)
+    with inductor_config.patch(compile_threads=1):  # no worker pool on 2 shared cores
+        trainer, compiled = fit_losses(tmp_path / "compiled", tiny_config, "train.step_capture=compile")
+    assert trainer.captured_step is not None and trainer.captured_step.eager_batches == 0
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    assert saved["value"] == "compile" and saved["reason"].startswith("captured: forward, loss and backward")
+
+
+def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_config, monkeypatch):
+    """On a card, auto times the first steps; a run whose steps left do not pay stays eager, in resolved.json."""
+    from dmlkit.engine.trainer import Trainer
+
+    pending = step_capture.CaptureDecision("pending", "auto: decided after the first steps")
+    trainer = Trainer(tiny_config("train.max_steps=6"), tmp_path / "run", echo=lambda _: None)
+    trainer.step_capture = trainer.resolved.step_capture = pending
+    trainer.finish = lambda has_val: None
+    trainer.fit()
+    assert trainer.captured_step is None and trainer.step_capture.mode == "off"
+    saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    assert saved["value"] == "auto" and saved["reason"].startswith("eager: ") and "steps left at" in saved["reason"]
+
+
+def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tiny_config):
+    from dmlkit.engine.trainer import Trainer
+    from dmlkit.methods.hooks import MethodHooks
+
+    class Reader(MethodHooks):
+        def on_batch_embeddings(self, trainer, indices, embeddings):
+            pass
+
+    trainer = Trainer(tiny_config("train.step_capture=compile"), tmp_path / "run", hooks=Reader(),
+                      echo=lambda _: None)
+    assert trainer.captured_step is None and "given hooks" in trainer.step_capture.reason
+    assert trainer.resolved.summary()["choices"]["train.step_capture"]["reason"].startswith("eager: the given hooks")
