@@ -330,7 +330,7 @@ def train_with_engine(run_dir: Path) -> dict:
     weights and proxies at the end, and the rank's share of each batch."""
     from dmlkit.config import load_config
     from dmlkit.engine.callbacks import Callback
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     class Losses(Callback):
         def __init__(self):

@@ -59,7 +59,7 @@ def test_auto_weighs_the_steps_left_against_the_compilation():
 
 
 def test_the_default_is_eager_on_the_cpu_and_says_why(tmp_path, tiny_config):
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     trainer = Trainer(tiny_config(), tmp_path / "run", echo=lambda _: None)
     assert trainer.cfg.train.step_capture == "auto" and trainer.captured_step is None
@@ -70,7 +70,7 @@ def test_the_default_is_eager_on_the_cpu_and_says_why(tmp_path, tiny_config):
 def test_the_step_makes_no_host_synchronisation_on_a_card(tmp_path, tiny_config, monkeypatch):
     """Capture safety: the compiled region (forward, loss, backward) and the optimiser's update read nothing on the
     host once checks of data take the card's branch; a CUDA graph could not hold a read."""
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     monkeypatch.setattr(validation, "reads_on_host", lambda tensor: False)
     monkeypatch.setattr(optim, "fused_capable", lambda groups: True)
@@ -86,7 +86,7 @@ def test_the_step_makes_no_host_synchronisation_on_a_card(tmp_path, tiny_config,
 
 
 def fit_losses(tmp_path, tiny_config, *overrides):
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     trainer = Trainer(tiny_config(*overrides), tmp_path / "run", echo=lambda _: None)
     trainer.finish = lambda has_val: None  # the test split's embedding is not a step
@@ -109,7 +109,7 @@ def test_a_compiled_step_trains_as_the_eager_one(tmp_path, tiny_config):
 
 def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_config, monkeypatch):
     """On a card, auto times the first steps; a run whose steps left do not pay stays eager, in resolved.json."""
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
 
     pending = step_capture.CaptureDecision("pending", "auto: decided after the first steps")
     trainer = Trainer(tiny_config("train.max_steps=6"), tmp_path / "run", echo=lambda _: None)
@@ -122,7 +122,7 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
 
 
 def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tiny_config):
-    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import Trainer
     from dmlkit.methods.hooks import MethodHooks
 
     class Reader(MethodHooks):

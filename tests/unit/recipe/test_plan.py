@@ -55,7 +55,10 @@ def test_resolve_run_builds_from_the_finished_config_without_writing_to_it(tiny_
     finished = copy.deepcopy(config_to_dict(planned.cfg))
     resolved = resolve_run(planned, **QUIET)
     assert resolved.cfg is planned.cfg and config_to_dict(planned.cfg) == finished
-    assert resolved.choices == planned.choices
+    # the plan's choices, and the engine's own: whether the step is captured (decided from the built objects)
+    built_here = {path: why for path, why in resolved.choices.items() if path not in planned.choices}
+    assert {path: resolved.choices[path] for path in planned.choices} == planned.choices
+    assert set(built_here) <= {"train.step_capture"}
 
 
 def test_plan_reads_given_splits_without_changing_them(tiny_config):
