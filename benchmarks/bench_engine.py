@@ -36,7 +36,7 @@ from dmlkit.config import load_config
 from dmlkit.data.samplers import create_sampler
 from dmlkit.data.transforms import RandomTranslate
 from dmlkit.engine import builders
-from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.rng_state import seed_everything
 from dmlkit.losses import create_loss
 from dmlkit.methods.hooks import MethodHooks
 from dmlkit.recipe import Trainer

@@ -1,6 +1,6 @@
 """Building the feature cache: the frozen stages run in chunks on a CPU, against whole batches (issue 40).
 
-The photo recipe's feature cache (``dmlkit.engine.feature_cache``) runs the stem and the frozen stages
+The photo recipe's feature cache (``dmlkit.engine.frozen_stage_cache``) runs the stem and the frozen stages
 once per cached view of every training image, before training. On a CPU without native bf16 the
 mini-ImageNet development run planned 100 s for 4 views of 2,600 images with EfficientNet-Lite2's
 4 frozen stages and spent 266 s: the plan times the stages on 8 images, the build ran them on batches
@@ -25,7 +25,7 @@ import time
 import torch
 
 from dmlkit.data.transforms import batch_augmentation
-from dmlkit.engine import feature_cache
+from dmlkit.engine import frozen_stage_cache as feature_cache
 from dmlkit.models import create_model
 from dmlkit.recipe.learning_plan import measure_stage_costs
 

@@ -103,7 +103,7 @@ def pml_end_to_end(run_dir, paths, queries):
     from pytorch_metric_learning.utils.inference import FaissKNN, InferenceModel
 
     from dmlkit.data.transforms import small_image_transform
-    from dmlkit.engine.loading import load
+    from dmlkit.engine.trained_model import load
 
     model = load(run_dir)
     transform = small_image_transform(model.pretrained_cfg)  # decode -> tensor -> normalise, per image

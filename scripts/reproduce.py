@@ -432,7 +432,7 @@ def training_digit_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor
     """Embeddings ``[N, D]`` and digit labels ``[N]`` of the training digits 0-5 (EPS Table 1, 'train digits')."""
     from dmlkit.data import TensorImageDataset, load_mnist5k
     from dmlkit.engine import builders
-    from dmlkit.engine.loading import load_run
+    from dmlkit.engine.trained_model import load_run
     from dmlkit.evaluation.embed import embed_dataset
 
     cfg, model = load_run(run_dir)

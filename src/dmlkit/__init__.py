@@ -18,7 +18,7 @@ _LAZY = {
 def load(source, checkpoint: str = "best"):
     """The trained embedding model, with its preprocessing, of a run directory, of a folder written by
     ``dmlkit push --local``, or of a pushed model repository ``"hf://user/name[@revision]"``
-    (see :mod:`dmlkit.engine.loading` and :mod:`dmlkit.sharing`)."""
+    (see :mod:`dmlkit.engine.trained_model` and :mod:`dmlkit.sharing`)."""
     from dmlkit.sharing import load_source
 
     return load_source(source, checkpoint)

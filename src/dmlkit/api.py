@@ -24,7 +24,7 @@ from dmlkit._messages import LOGGER_NAME, console
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.loggers import flat_params
 from dmlkit.engine.run_dir import release_locks
 from dmlkit.engine.trainer import TrainResult

@@ -22,7 +22,7 @@ import torch
 from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import run_layout as layout
-from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
 
 REPORTED = RETRIEVAL_SUMMARY_KEYS

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from dmlkit import __version__
-from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.exceptions import DmlkitError, InvalidParameterError
 
 FORMATS = ("torchscript", "onnx")

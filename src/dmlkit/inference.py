@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from dmlkit.engine.loading import read_eval_input
+from dmlkit.engine.trained_model import read_eval_input
 from dmlkit.exceptions import ConfigError, DataError
 
 ImageLike = Any  # a path, a PIL image, or a tensor [C, H, W]
@@ -56,7 +56,7 @@ class RunEmbedder:
 
         ``run_dir`` may also be a shared model: ``"hf://user/name"`` or a folder of ``dmlkit push --local``."""
         from dmlkit.engine.builders import resolve_device
-        from dmlkit.engine.loading import load_run
+        from dmlkit.engine.trained_model import load_run
         from dmlkit.sharing import HF_PREFIX, download, is_shared_folder, load_shared, shared_identity
 
         if isinstance(run_dir, str) and run_dir.startswith(HF_PREFIX):
@@ -152,9 +152,9 @@ def tensor_to_pil(image: torch.Tensor):
 def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, str]:
     """What identifies a run's model: its config fingerprint and a digest of the checkpoint's bytes."""
     from dmlkit.config.schema import config_to_dict
-    from dmlkit.engine.checkpoint import config_fingerprint
-    from dmlkit.engine.loading import load_run_config
+    from dmlkit.engine.checkpoint_files import config_fingerprint
     from dmlkit.engine.run_layout import checkpoint_file
+    from dmlkit.engine.trained_model import load_run_config
 
     run_dir = Path(run_dir)
     digest = hashlib.sha256((run_dir / checkpoint_file(checkpoint)).read_bytes()).hexdigest()[:16]

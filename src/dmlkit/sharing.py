@@ -65,8 +65,8 @@ def write_shared_folder(run_dir: str | Path, folder: str | Path, *, checkpoint: 
 
     from dmlkit import __version__
     from dmlkit.config.schema import config_to_dict
-    from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text, config_fingerprint, load_checkpoint
-    from dmlkit.engine.loading import load_run_config, read_eval_input
+    from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text, config_fingerprint, load_checkpoint
+    from dmlkit.engine.trained_model import load_run_config, read_eval_input
 
     if checkpoint not in ("best", "last"):
         raise ConfigError(f"checkpoint must be 'best' or 'last'. Got {checkpoint!r}.")
@@ -108,7 +108,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def model_card(run_dir: str | Path, folder: str | Path, *, repo_id: str | None = None) -> str:
     """The repository's README.md: what the model was trained on, how, what it scored, how to load it."""
-    from dmlkit.engine.loading import load_run_config
+    from dmlkit.engine.trained_model import load_run_config
 
     run_dir, folder = Path(run_dir), Path(folder)
     cfg = load_run_config(run_dir)
@@ -221,7 +221,7 @@ def load_shared(folder: str | Path, overrides=()):
     from dmlkit.config import load_config
     from dmlkit.config.schema import config_to_dict
     from dmlkit.engine.builders import build_model
-    from dmlkit.engine.checkpoint import config_fingerprint
+    from dmlkit.engine.checkpoint_files import config_fingerprint
     from dmlkit.models import has_offline_weights
 
     folder = Path(folder)
@@ -262,7 +262,7 @@ def shared_identity(folder: str | Path) -> tuple[dict[str, Any] | None, dict[str
 
 def load_source(source: str | Path, checkpoint: str = "best", *, token: str | None = None) -> nn.Module:
     """The model of ``hf://user/name``, of a shared folder, or of a run directory (``dmlkit.load``)."""
-    from dmlkit.engine.loading import load as load_run_model
+    from dmlkit.engine.trained_model import load as load_run_model
 
     if isinstance(source, str) and source.startswith(HF_PREFIX):
         return load_shared(download(source, token=token))[1]

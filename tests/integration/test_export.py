@@ -12,7 +12,7 @@ import dmlkit
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
 from dmlkit.engine.builders import build_splits, fetch_batch
-from dmlkit.engine.loading import load_run
+from dmlkit.engine.trained_model import load_run
 from dmlkit.exceptions import ConfigError, InvalidParameterError
 from dmlkit.export import ExportError, export_model, metadata_path_for
 from dmlkit.recipe import Trainer

@@ -20,7 +20,7 @@ from dmlkit import sharing
 from dmlkit._extras import MissingExtraError
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
-from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.checkpoint_files import load_checkpoint
 from dmlkit.exceptions import CheckpointError, ConfigError
 from dmlkit.inference import RunEmbedder
 from dmlkit.recipe import Trainer

@@ -155,7 +155,7 @@ def _foreign_checkpoint(run: Path) -> None:
     """Rewrite best.pt as if a run with embedding_size=32 had written it."""
     from dmlkit.config import load_config
     from dmlkit.config.schema import config_to_dict
-    from dmlkit.engine.checkpoint import config_fingerprint, load_checkpoint, save_checkpoint
+    from dmlkit.engine.checkpoint_files import config_fingerprint, load_checkpoint, save_checkpoint
 
     other = load_config(path=run / "config.yaml", overrides=["model.embedding_size=32"])
     state = load_checkpoint(run / "checkpoints" / "best.pt")
@@ -180,7 +180,7 @@ def _bad_config(tmp: Path, text: str) -> str:
 
 
 def _load_checkpoint(path):
-    from dmlkit.engine.checkpoint import load_checkpoint
+    from dmlkit.engine.checkpoint_files import load_checkpoint
 
     return load_checkpoint(path)
 
@@ -404,7 +404,7 @@ CASES: dict[str, Api | Cli] = {
     "ckpt-not-dmlkit": Api(
         lambda c: (torch.save({"weight": torch.ones(2)}, c.tmp / "other.pt"), _load_checkpoint(c.tmp / "other.pt")),
         CheckpointError, r"other\.pt' is not a dmlkit checkpoint \(missing format tag\)"),
-    "ckpt-load-from-non-run": Api(lambda c: __import__("dmlkit.engine.loading", fromlist=["x"]).load(c.tmp),
+    "ckpt-load-from-non-run": Api(lambda c: __import__("dmlkit.engine.trained_model", fromlist=["x"]).load(c.tmp),
                                   ConfigError, r"is not a dmlkit run directory \(no config\.yaml\)"),
     # --- embeddings given to the evaluation API ---------------------------------------------
     "eval-labels-are-strings": Api(lambda c: _retrieval(E, ["a"] * 8), InvalidParameterError,

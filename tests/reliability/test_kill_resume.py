@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.checkpoint_files import load_checkpoint
 
 TRAIN_ARGS = [
     "--quiet", "--no-report",

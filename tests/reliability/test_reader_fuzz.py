@@ -48,7 +48,7 @@ def _jpeg(path: Path) -> None:
 
 
 def _checkpoint(path: Path) -> None:
-    from dmlkit.engine.checkpoint import save_checkpoint
+    from dmlkit.engine.checkpoint_files import save_checkpoint
 
     save_checkpoint(path, {"format": "dmlkit-checkpoint-1", "model": {"w": torch.ones(4, 4)}, "step": 3})
 
@@ -78,7 +78,7 @@ def _read_image(path: Path):
 
 
 def _read_checkpoint(path: Path):
-    from dmlkit.engine.checkpoint import load_checkpoint
+    from dmlkit.engine.checkpoint_files import load_checkpoint
 
     return load_checkpoint(path)
 

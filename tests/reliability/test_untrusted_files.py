@@ -15,7 +15,7 @@ from PIL import Image
 import dmlkit
 from dmlkit.config import load_config, read_yaml
 from dmlkit.data import build_splits
-from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.checkpoint_files import load_checkpoint
 from dmlkit.exceptions import CheckpointError, ConfigError, DataError
 from dmlkit.models.weights import read_state_dict
 

@@ -17,7 +17,7 @@ from dmlkit.claims.analysis import LOWER_IS_BETTER, claim_markdown, summarise_cl
 from dmlkit.claims.catalogue import ARMS, CLAIMS, LEARNING_RATES, UNTESTED
 from dmlkit.claims.figures import convergence_figure
 from dmlkit.claims.runner import FULL, QUICK, Budget, run_arms
-from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
+from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
 from dmlkit.exceptions import ConfigError
 
 #: Seeds of the full run (each re-draws the test classes) and of ``--quick``.

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT
 from dmlkit.exceptions import DataError
 

@@ -28,7 +28,7 @@ import torch
 
 from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
 from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
-from dmlkit.engine.checkpoint import atomic_write_json
+from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, LOG_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import ConfigError

@@ -76,7 +76,7 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 
     import numpy as np
 
-    from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_text
+    from dmlkit.engine.checkpoint_files import atomic_write_bytes, atomic_write_text
 
     fmt = output_format(out, fmt)
     emb = np.asarray(embeddings, dtype=np.float32)

@@ -113,7 +113,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full
-        from dmlkit.engine.checkpoint import raise_if_out_of_space
+        from dmlkit.engine.checkpoint_files import raise_if_out_of_space
 
         try:
             raise_if_out_of_space(exc, exc.filename or "a file of this command")

@@ -198,7 +198,7 @@ class TrainConfig:
     ``max_steps`` and ``eval_every`` left at ``None`` are set by the recipe from the data size.
     ``time_budget`` (seconds of wall clock for the whole run, the test split's embedding included)
     fits the steps and evaluations into that time from speeds measured while the run trains
-    (:mod:`dmlkit.engine.budget`); left ``None``, the recipe sets it when it also chooses the steps.
+    (:mod:`dmlkit.engine.budget_planner`); left ``None``, the recipe sets it when it also chooses the steps.
 
     ``device`` is where the model, the loss (proxies, cross-batch memory) and every batch live:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun
@@ -224,7 +224,7 @@ class TrainConfig:
     backbone by ``time_budget`` too (:mod:`dmlkit.recipe.backbone_choice`).
     ``feature_cache`` computes the frozen stages' output once, for ``cache_views`` augmented views
     of each training image, and trains the rest of the model from it
-    (:mod:`dmlkit.engine.feature_cache`): ``auto`` (where possible and within the memory cap),
+    (:mod:`dmlkit.engine.frozen_stage_cache`): ``auto`` (where possible and within the memory cap),
     ``on`` (a ConfigError where impossible) or ``off``; ``cache_views=None`` lets the recipe choose.
     """
 
@@ -361,7 +361,7 @@ CONSTRAINTS: dict[str, list] = {
     "train.on_nonfinite": [Options(("stop", "skip"))],
     "train.step_capture": [OptionsFrom("dmlkit.engine.training.step_capture", "CAPTURE_MODES")],
     "train.num_threads": [NONE, Interval(int, 1, None)],
-    "train.feature_cache": [OptionsFrom("dmlkit.engine.feature_cache", "CACHE_MODES")],
+    "train.feature_cache": [OptionsFrom("dmlkit.engine.frozen_stage_cache", "CACHE_MODES")],
     "train.cache_views": [NONE, Interval(int, 1, None)],
     "train.loggers": [ListOf(OptionsFrom("dmlkit.engine.loggers", "LOGGERS"),
                              "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],

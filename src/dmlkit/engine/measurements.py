@@ -156,7 +156,7 @@ class PlanStore:
     def keep(self, machine: dict, request: dict, tape: list[dict]) -> Path | None:
         """Write ``tape`` for ``request`` on ``machine``; the path, or None when the folder cannot be written
         (said, never fatal: the run itself is not at stake)."""
-        from dmlkit.engine.checkpoint import atomic_write_json
+        from dmlkit.engine.checkpoint_files import atomic_write_json
 
         path = self.path(machine, request)
         record = {"format": TAPE_FORMAT, "machine": machine, "kept_at": _now(), "measurements": tape}

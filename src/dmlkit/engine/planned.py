@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dmlkit.config.schema import RunConfig
-from dmlkit.engine.feature_cache import CachePlan
+from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.measurements import Measurements
 
 

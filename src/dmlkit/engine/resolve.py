@@ -26,15 +26,15 @@ from torch import nn
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
 from dmlkit.engine.callbacks import Callback, EarlyStopping
-from dmlkit.engine.checkpoint import config_fingerprint
-from dmlkit.engine.feature_cache import CachePlan
+from dmlkit.engine.checkpoint_files import config_fingerprint
+from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.planned import PlannedRun
+from dmlkit.engine.rng_state import seed_everything
 from dmlkit.engine.run_layout import RESOLVED_FILE
-from dmlkit.engine.seeding import seed_everything
 from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
 from dmlkit.engine.training.step_checks import checks_stay_on_device
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of

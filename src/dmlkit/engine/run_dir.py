@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dmlkit.engine import run_layout as layout
-from dmlkit.engine.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text, raise_if_out_of_space
+from dmlkit.engine.checkpoint_files import atomic_write_bytes, atomic_write_json, atomic_write_text, raise_if_out_of_space
 from dmlkit.engine.run_layout import CLAIM_FILE
 from dmlkit.exceptions import ConfigError
 

@@ -30,15 +30,16 @@ from torch import nn
 
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
-from dmlkit.engine import budget, builders, device_data, distributed
-from dmlkit.engine.budget import Speeds
+from dmlkit.engine import budget_planner as budget
+from dmlkit.engine import builders, device_data, distributed
+from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
-from dmlkit.engine.checkpoint import atomic_write_json
-from dmlkit.engine.feature_cache import FrozenFeatureCache
+from dmlkit.engine.checkpoint_files import atomic_write_json
+from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
 from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
-from dmlkit.engine.training.checkpointing import CheckpointingMixin
+from dmlkit.engine.training.resume import CheckpointingMixin
 from dmlkit.engine.training.schedule import TrainingSchedule
 from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the trainer's public names
     SELECTION_METRIC,
@@ -348,7 +349,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         cfg = self.cfg
         tape = getattr(self.resolved, "measurements", None)
         if self.resume:
-            self.restore_last()  # engine/training/checkpointing.py
+            self.restore_last()  # engine/training/resume.py
             if tape is not None:  # a resumed run plans from its own speeds and keeps nothing
                 tape.stop_replaying("a resumed run", quietly=True)
                 tape.forgo("a resumed run")

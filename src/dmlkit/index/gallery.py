@@ -379,7 +379,7 @@ class Index:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the index to one file atomically (temp file + rename); returns the path."""
-        from dmlkit.engine.checkpoint import atomic_write_bytes
+        from dmlkit.engine.checkpoint_files import atomic_write_bytes
 
         faiss = _faiss()
         buf = io.BytesIO()

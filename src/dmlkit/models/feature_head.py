@@ -1,4 +1,4 @@
-"""The embedding head alone, for training on stored backbone features (``dmlkit.engine.feature_store``)."""
+"""The embedding head alone, for training on stored backbone features (``dmlkit.engine.pooled_feature_store``)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dmlkit.engine.budget import DEFAULT_TIME_BUDGET
+from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import timings
 

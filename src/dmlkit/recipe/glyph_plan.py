@@ -14,12 +14,12 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
     steps(N)     = left(N) / (shared + N x step)
 
 with ``evaluations`` the recipe's (:data:`dmlkit.recipe.rules.SCRATCH_EVALUATIONS`), fewer when the budget binds
-(:func:`dmlkit.engine.budget.evaluation_count`). The rule: the recipe's members and steps when they
+(:func:`dmlkit.engine.budget_planner.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
 the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
 steps); when no count does, one member with the steps it buys, but never fewer than :data:`FLOOR_SHARE` of
 the recipe's when the recipe chose the budget (which is then raised).
-The trainer's own plan (:mod:`dmlkit.engine.budget`) still re-times the steps once training runs.
+The trainer's own plan (:mod:`dmlkit.engine.budget_planner`) still re-times the steps once training runs.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from dmlkit.engine import budget
+from dmlkit.engine import budget_planner as budget
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
 from dmlkit.engine.timing import timings
@@ -227,7 +227,7 @@ def plans_glyphs(cfg: Any, choices: Mapping[str, tuple[Any, str]]) -> bool:
             and not cfg.asap.enabled and distributed.torchrun_local_rank() is None)
 
 
-def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, device: torch.device, spent: float,
+def plan_glyph_steps(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, device: torch.device, spent: float,
                  objective: Callable[[int], nn.Module] | None = None, augment: Callable | None = None,
                  measurements: Measurements | None = None) -> tuple[dict[str, tuple[Any, str]], float | None]:
     """``train.max_steps``, ``train.eval_every`` and ``model.ensemble`` (those the recipe chose) as
@@ -296,4 +296,4 @@ def plan_for_run(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *, de
 
 
 __all__ = ["FLOOR_SHARE", "GlyphCosts", "GlyphPlan", "MIN_STEP_SHARE", "STEP_MARGIN", "measure_glyph_costs",
-           "plan_for_run", "plan_glyphs", "plans_glyphs"]
+           "plan_glyph_steps", "plan_glyphs", "plans_glyphs"]

@@ -3,7 +3,7 @@
 On a CPU without native bf16 a fine-tuning step of EfficientNet-Lite0 with its first 2 feature
 stages frozen cost 7.3 s for 64 photos at 224 px, and the 720-s budget of the 84-px development set
 bought 5 steps. The frozen stages, though, need not run at every step: behind the feature cache
-(:mod:`dmlkit.engine.feature_cache`) they run once per cached view, and a step runs only the
+(:mod:`dmlkit.engine.frozen_stage_cache`) they run once per cached view, and a step runs only the
 stages that train. Each further frozen stage makes both the step and the cache's stored features
 smaller. So before the splits are decoded, :func:`measure_stage_costs` times on this machine, for
 each frozen-stage count ``k`` from the recipe's up to the backbone's last stage, a pass of the stem
@@ -15,7 +15,7 @@ steps each ``k`` buys:
     steps = (left - V x images x prefix_k) / (batch x step_k)          (V cached views)
     steps = left / (batch x (prefix_k + step_k))                       (no cache)
 
-with ``V`` the most views that leave :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs of steps
+with ``V`` the most views that leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
 per view (one view when its steps make an epoch), or no cache when that buys more steps. The rule: the fewest
 frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps; when none does,
 the count that buys the most, and the plan says that it is short of the target and why.
@@ -30,8 +30,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from dmlkit.engine import budget
-from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
+from dmlkit.engine import budget_planner as budget
+from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import timings
 
@@ -66,7 +66,7 @@ class LearningPlan:
 def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
                target: int) -> tuple[int, int]:
     """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of no cache and the most views
-    (up to ``most_views``) that still leave :data:`~dmlkit.engine.feature_cache.EPOCHS_PER_VIEW` epochs of steps
+    (up to ``most_views``) that still leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
     per view (one view when the steps it buys make at least one epoch: it costs one pass, each epoch without it one)
     and, beyond one view, ``target`` steps (steps first, then the crops' variety)."""
     best = (int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12)), 0)
@@ -86,8 +86,8 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     """The frozen-stage count and cached views that buy the most learning (module docstring), and why.
 
     ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
-    are the step-0 one and the evaluations :func:`dmlkit.engine.budget.evaluation_count` spreads.
-    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.feature_cache.memory_cap`).
+    are the step-0 one and the evaluations :func:`dmlkit.engine.budget_planner.evaluation_count` spreads.
+    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.frozen_stage_cache.memory_cap`).
     """
     if not costs:
         raise ValueError("plan_learning needs the cost of at least one frozen-stage count.")
@@ -193,7 +193,7 @@ def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple
         and hasattr(model, "prefix_problem") and model.prefix_problem() is None
 
 
-def plan_for_run(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
+def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
                  device: torch.device, spent: float, measurements: Measurements | None = None
                  ) -> dict[str, tuple[Any, str]]:
     """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the

@@ -33,16 +33,16 @@ from torch import nn
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
-from dmlkit.engine.feature_cache import cache_choices, plan_feature_cache
+from dmlkit.engine.frozen_stage_cache import cache_choices, plan_feature_cache
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
-from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.rng_state import seed_everything
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
-from dmlkit.recipe.glyph_plan import plan_for_run as plan_glyphs_for_run
-from dmlkit.recipe.learning_plan import plan_for_run as plan_learning_for_run
+from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
+from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)

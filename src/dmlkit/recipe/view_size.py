@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dmlkit.engine import builders, distributed
-from dmlkit.engine.seeding import rng_state, set_rng_state
+from dmlkit.engine.rng_state import rng_state, set_rng_state
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
 from dmlkit.recipe import pooling_choice

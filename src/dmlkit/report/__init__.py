@@ -7,7 +7,7 @@ end of training. Both only read the run directory the engine wrote.
 
 from dmlkit.report.callback import WriteReport
 from dmlkit.report.comparison import build_comparison_html, write_comparison
-from dmlkit.report.run_dir import MissingRunFileError, RunData, TestEmbeddings, load_run
+from dmlkit.report.run_reader import MissingRunFileError, RunData, TestEmbeddings, load_run
 from dmlkit.report.run_report import REPORT_FILE, build_report_html, write_report
 
 __all__ = [

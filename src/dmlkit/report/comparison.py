@@ -14,7 +14,7 @@ from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import html
 from dmlkit.report.figures import comparison_curves_figure, figure_html
 from dmlkit.report.paths import relative_paths, shown_environment
-from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
+from dmlkit.report.run_reader import RunData, flatten_mapping, load_run
 from dmlkit.report.run_report import (
     METRIC_NAMES,
     describe_run,

@@ -8,7 +8,7 @@ import numpy as np
 
 from dmlkit.exceptions import ConfigError
 from dmlkit.report.figures import MIN_FONT_PT, new_figure, style_axes
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 
 EMBEDDING_METHODS = ("pca", "tsne", "umap")
 

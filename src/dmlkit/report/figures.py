@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dmlkit.evaluation.metrics import CURVES
-from dmlkit.report.run_dir import RunData
+from dmlkit.report.run_reader import RunData
 
 DEFAULT_DPI = 192  # 2x PNG: figures are shown at 96 CSS px per inch
 CURVE_METRICS = CURVES

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dmlkit.report.html import esc
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 
 DISTANCES = ("cosine", "euclidean")
 CORRECT_COLOR = "#1a7f37"

@@ -26,7 +26,7 @@ from dmlkit.report.retrieval_grid import (
     retrieval_grid_html,
     worst_queries,
 )
-from dmlkit.report.run_dir import RunData, flatten_mapping, load_run
+from dmlkit.report.run_reader import RunData, flatten_mapping, load_run
 from dmlkit.report.summary import answer_html, evaluations_table, metric_label, metrics_tables, ordered_metric_keys
 from dmlkit.report.verification import failures_html, verification_figure_html
 
@@ -243,8 +243,8 @@ def build_report_html(
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (never a half-written page); see :mod:`dmlkit.engine.checkpoint`."""
-    from dmlkit.engine.checkpoint import atomic_write_text
+    """Write ``text`` to ``path`` atomically (never a half-written page); see :mod:`dmlkit.engine.checkpoint_files`."""
+    from dmlkit.engine.checkpoint_files import atomic_write_text
 
     atomic_write_text(path, text)
 
@@ -272,7 +272,7 @@ def write_report(
     ``proxies`` draws the training-class proxies in neutral grey. No absolute path of the machine
     appears in the page: paths are relative to the run directory. A missing required file
     (config.yaml, metrics.json, log.jsonl) raises
-    :class:`~dmlkit.report.run_dir.MissingRunFileError`; missing optional pieces become notes.
+    :class:`~dmlkit.report.run_reader.MissingRunFileError`; missing optional pieces become notes.
     """
     params = dict(embedding_method=embedding_method, max_points=max_points, num_queries=num_queries,
                   num_neighbours=num_neighbours, distance=distance, seed=seed, dpi=dpi, proxies=proxies)

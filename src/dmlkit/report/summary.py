@@ -8,7 +8,7 @@ from typing import Any
 
 from dmlkit.evaluation.metrics import LABELS, SELECTION_METRIC
 from dmlkit.report import html
-from dmlkit.report.run_dir import RunData
+from dmlkit.report.run_reader import RunData
 
 #: Display names of result keys the metrics table (:mod:`dmlkit.evaluation.metrics`) does not list.
 EXTRA_LABELS: dict[str, str] = {

@@ -9,7 +9,7 @@ import numpy as np
 
 from dmlkit.report import html
 from dmlkit.report.figures import MIN_FONT_PT, SELECTED_COLOR, figure_html, new_figure, style_axes
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 
 FMRS = ("1e-2", "1e-3")
 THRESHOLD_STYLES = {"1e-2": ":", "1e-3": "--"}

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dmlkit.engine.checkpoint import atomic_write_text
+from dmlkit.engine.checkpoint_files import atomic_write_text
 from dmlkit.report.figures import figure_to_base64_png, new_figure
 from dmlkit.report.html import esc, figure, note, page, table
 from dmlkit.sweep.space import parse_param

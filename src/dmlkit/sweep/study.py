@@ -31,7 +31,7 @@ from dmlkit._extras import require
 from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.checkpoint import atomic_write_json, atomic_write_text
+from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
 from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.metrics import SELECTION_METRIC
@@ -215,7 +215,7 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
 def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: TrialReport, echo) -> Trainer:
     """A fresh trial trainer (no test split; ``report`` among its callbacks), or one continuing the interrupted
     trial this one replaces (its directory is moved)."""
-    from dmlkit.engine.checkpoint import load_checkpoint
+    from dmlkit.engine.checkpoint_files import load_checkpoint
 
     quiet = lambda text: None  # noqa: E731 - trial runs are summarised by the sweep
     source = trial.user_attrs.get("resume_from")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dmlkit.engine.budget import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
+from dmlkit.engine.budget_planner import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
 from dmlkit.recipe import Trainer
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dmlkit.engine import measurements as m
-from dmlkit.engine.budget import Speeds
+from dmlkit.engine.budget_planner import Speeds
 from dmlkit.exceptions import ConfigError
 
 

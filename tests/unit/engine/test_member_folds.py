@@ -261,7 +261,7 @@ def test_member_folds_set_by_hand_for_a_users_own_model_are_refused():
 
 
 def test_a_resumed_member_fold_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, crash_in_step):
-    from dmlkit.engine.checkpoint import load_checkpoint
+    from dmlkit.engine.checkpoint_files import load_checkpoint
     from dmlkit.recipe import Trainer
 
     overrides = ["data.name=omniglot", f"data.root={OMNIGLOT}", "data.label=character", "data.image_size=28",

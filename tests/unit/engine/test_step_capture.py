@@ -122,8 +122,8 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
 
 
 def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tiny_config):
-    from dmlkit.recipe import Trainer
     from dmlkit.methods.hooks import MethodHooks
+    from dmlkit.recipe import Trainer
 
     class Reader(MethodHooks):
         def on_batch_embeddings(self, trainer, indices, embeddings):

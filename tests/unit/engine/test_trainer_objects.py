@@ -7,7 +7,7 @@ import torch
 
 from dmlkit.engine import builders
 from dmlkit.engine.callbacks import Callback, EarlyStopping
-from dmlkit.engine.seeding import seed_everything
+from dmlkit.engine.rng_state import seed_everything
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.recipe import Trainer
 from dmlkit.recipe import planner as recipe_plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import math
 
-from dmlkit.engine.budget import Plan
+from dmlkit.engine.budget_planner import Plan
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.training.schedule import TrainingSchedule
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.checkpoint_files import load_checkpoint
 from dmlkit.methods.asap import AsapHooks, proximal_gradient_, proxy_spread
 from dmlkit.recipe import Trainer
 

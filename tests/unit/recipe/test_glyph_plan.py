@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.budget import SAFETY_MARGIN
+from dmlkit.engine.budget_planner import SAFETY_MARGIN
 from dmlkit.models import EmbedderEnsemble, create_model
 from dmlkit.recipe import Trainer, glyph_plan, prepare_run
 from dmlkit.recipe import rules as recipe

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dmlkit.engine.budget import SAFETY_MARGIN, evaluation_count
+from dmlkit.engine.budget_planner import SAFETY_MARGIN, evaluation_count
 from dmlkit.models import create_model
 from dmlkit.recipe.learning_plan import (
     TARGET_STEPS,
@@ -85,7 +85,7 @@ def test_measured_costs_fall_with_more_frozen_stages_and_the_model_is_left_as_it
 
 
 def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_step(tmp_path, monkeypatch):
-    """The trainer's one call (``plan_for_run``) on a folder of photos whose costs are the slow machine's: the
+    """The trainer's one call (``plan_frozen_stages``) on a folder of photos whose costs are the slow machine's: the
     recipe's 2 frozen stages would buy under 100 steps; the run freezes more, caches, and prints what it measured."""
     from dmlkit.config import load_config
     from dmlkit.recipe import Trainer, learning_plan

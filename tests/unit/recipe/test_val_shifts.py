@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dmlkit.cli.main import main
-from dmlkit.engine.checkpoint import load_checkpoint
+from dmlkit.engine.checkpoint_files import load_checkpoint
 from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.models import Embedder, EmbedderEnsemble, create_model, shift_radius
 from dmlkit.recipe import Trainer, glyph_plan

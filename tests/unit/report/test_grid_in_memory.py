@@ -8,7 +8,7 @@ import torch
 from dmlkit.config import load_config
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.engine.run_dir import display_class_names
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 
 
 def test_in_memory_split_gives_thumbnails_and_names():
@@ -29,7 +29,7 @@ def test_in_memory_split_gives_thumbnails_and_names():
 
 def test_mnist_run_saves_thumbnails_and_names_for_the_report(tmp_path):
     from dmlkit.cli.main import main
-    from dmlkit.report.run_dir import load_run
+    from dmlkit.report.run_reader import load_run
 
     out = tmp_path / "run"
     # the default job without its 25-shift test embedding (the recipe's model.shift_average=2): thumbnails, names

@@ -7,7 +7,7 @@ import pytest
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import MissingRunFileError, write_comparison, write_report
 from dmlkit.report.comparison import best_rows, run_labels
-from dmlkit.report.run_dir import load_run
+from dmlkit.report.run_reader import load_run
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from dmlkit.report.retrieval_grid import (
     retrieval_grid_html,
     worst_queries,
 )
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 
 
 def _reference_neighbours(x: np.ndarray, queries: np.ndarray, k: int, distance: str) -> np.ndarray:
@@ -140,7 +140,7 @@ def test_missed_matches_are_the_nearest_true_matches_outside_the_grid_with_their
 def test_images_load_from_thumbnails_or_paths_relative_to_the_run(tmp_path):
     from PIL import Image
 
-    from dmlkit.report.run_dir import TestEmbeddings
+    from dmlkit.report.run_reader import TestEmbeddings
 
     Image.fromarray(np.full((300, 150, 3), 200, np.uint8)).save(tmp_path / "big.png")
     data = TestEmbeddings(np.zeros((3, 2), np.float32), np.arange(3, dtype=np.int64),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dmlkit.exceptions import DataError
-from dmlkit.report.run_dir import flatten_mapping, load_run, read_embeddings, read_log
+from dmlkit.report.run_reader import flatten_mapping, load_run, read_embeddings, read_log
 
 
 def test_load_run_reads_every_piece(fake_run):

@@ -8,7 +8,7 @@ import numpy as np
 
 from dmlkit.report import load_run
 from dmlkit.report.figures import run_curves_figure
-from dmlkit.report.run_dir import TestEmbeddings
+from dmlkit.report.run_reader import TestEmbeddings
 from dmlkit.report.summary import answer_html, count_text, metrics_tables
 from dmlkit.report.verification import confused_pairs, per_class_ap
 

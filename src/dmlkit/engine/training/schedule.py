@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dmlkit.engine.budget import Plan
+from dmlkit.engine.budget_planner import Plan
 
 
 @dataclass
 class TrainingSchedule:
     """``max_steps`` to train and a validation every ``eval_every`` steps; ``requested``: the config's two numbers
-    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.engine.budget.plan_run`),
+    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.engine.budget_planner.plan_run`),
     None until one is made."""
 
     max_steps: int

@@ -16,7 +16,7 @@ import torch
 
 from dmlkit.config.schema import selects_by_significance
 from dmlkit.engine import device_data, distributed
-from dmlkit.engine.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from dmlkit.engine.checkpoint_files import atomic_write_json, load_checkpoint, save_checkpoint
 from dmlkit.engine.member_folds import score_member_folds
 from dmlkit.engine.run_layout import METRICS_FILE
 from dmlkit.evaluation.embed import embed_dataset

@@ -1,6 +1,6 @@
 """The time budget's room: the trainer's :class:`~dmlkit.engine.training.schedule.TrainingSchedule` (steps and
 validation interval) fitted to ``train.time_budget`` from the speeds measured while the run trains (the pure
-planner is :mod:`dmlkit.engine.budget`), and the feature cache whose building the budget's first plan decides
+planner is :mod:`dmlkit.engine.budget_planner`), and the feature cache whose building the budget's first plan decides
 (``train.feature_cache=auto``). The config keeps what was asked; the schedule holds what is planned.
 """
 
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from dmlkit.engine import budget, distributed
-from dmlkit.engine.budget import Speeds
-from dmlkit.engine.feature_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
+from dmlkit.engine import budget_planner as budget
+from dmlkit.engine import distributed
+from dmlkit.engine.budget_planner import Speeds
+from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
 from dmlkit.engine.measurements import Measurements
 
 
@@ -42,7 +43,7 @@ class TimeBudgetMixin:
         return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
 
     def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
-        """Fit the schedule's steps and validation interval into ``train.time_budget`` (engine/budget.py)."""
+        """Fit the schedule's steps and validation interval into ``train.time_budget`` (engine/budget_planner.py)."""
         cfg, schedule = self.cfg, self.schedule
         if cfg.train.time_budget is None or speeds is None:
             return
@@ -70,7 +71,7 @@ class TimeBudgetMixin:
 
     def _cache_after_first_plan(self) -> bool:
         """Under a time budget (``feature_cache=auto``): build the cache when the planned epochs make it pay
-        (:func:`~dmlkit.engine.feature_cache.views_for_epochs`); True when it was built."""
+        (:func:`~dmlkit.engine.frozen_stage_cache.views_for_epochs`); True when it was built."""
         if not (self.cache_deferred and self.cache_plan.enabled) or self.feature_cache is not None:
             return False
         self.cache_deferred = False

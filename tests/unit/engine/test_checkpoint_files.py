@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from dmlkit.engine.checkpoint import (
+from dmlkit.engine.checkpoint_files import (
     atomic_write_bytes,
     atomic_write_json,
     config_fingerprint,

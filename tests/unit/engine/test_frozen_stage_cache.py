@@ -12,7 +12,7 @@ import torch
 from dmlkit.config import config_from_dict
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.data.transforms import RandomResizedCropFlip
-from dmlkit.engine.feature_cache import BUILD_BATCH, FrozenFeatureCache, cache_choices, plan_feature_cache
+from dmlkit.engine.frozen_stage_cache import BUILD_BATCH, FrozenFeatureCache, cache_choices, plan_feature_cache
 from dmlkit.exceptions import ConfigError
 from dmlkit.losses import ProxyAnchorLoss
 from dmlkit.models import EmbedderEnsemble, create_model
@@ -83,7 +83,7 @@ def test_the_cache_is_deterministic_for_a_seed_with_distinct_bf16_views_of_the_t
 
 
 def test_on_a_cpu_the_frozen_stages_run_in_chunks_and_store_what_whole_batches_give(model, monkeypatch):
-    import dmlkit.engine.feature_cache as feature_cache
+    import dmlkit.engine.frozen_stage_cache as feature_cache
 
     data, augment = photos(n=11), RandomResizedCropFlip(CROP)
     calls = []

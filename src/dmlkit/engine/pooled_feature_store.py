@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 
 from dmlkit._messages import messages
 from dmlkit._validation import InstanceOf, Interval, Options, validate_params
-from dmlkit.engine.checkpoint import atomic_write_bytes
+from dmlkit.engine.checkpoint_files import atomic_write_bytes
 from dmlkit.exceptions import DataError
 
 log = logging.getLogger(__name__)

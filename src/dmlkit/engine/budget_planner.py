@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
-#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget plans to it).
+#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget_planner plans to it).
 DEFAULT_TIME_BUDGET = 720.0
 
 

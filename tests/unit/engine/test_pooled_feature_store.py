@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from dmlkit.engine.feature_store import (
+from dmlkit.engine.pooled_feature_store import (
     FeatureDataset,
     FeatureStore,
     centre_view,

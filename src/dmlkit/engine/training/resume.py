@@ -1,8 +1,8 @@
 """Checkpointing and resume: what ``checkpoints/last.pt`` and ``best.pt`` hold, and continuing from one.
 
 The format is ``dmlkit-checkpoint-1`` (weights_only-loadable); a checkpoint carries the config's
-fingerprint (:func:`~dmlkit.engine.checkpoint.config_fingerprint`) and is refused by a run of
-another configuration. Writes are atomic (:func:`~dmlkit.engine.checkpoint.save_checkpoint`).
+fingerprint (:func:`~dmlkit.engine.checkpoint_files.config_fingerprint`) and is refused by a run of
+another configuration. Writes are atomic (:func:`~dmlkit.engine.checkpoint_files.save_checkpoint`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import copy
 
 from dmlkit.config.schema import config_to_dict
 from dmlkit.engine.builders import BatchPosition
-from dmlkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from dmlkit.engine.seeding import rng_state, set_rng_state
+from dmlkit.engine.checkpoint_files import load_checkpoint, save_checkpoint
+from dmlkit.engine.rng_state import rng_state, set_rng_state
 from dmlkit.exceptions import CheckpointError
 
 
