@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
-from torch import nn
 
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
@@ -64,7 +63,7 @@ log = logging.getLogger(__name__)
 class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
 
-    ``run``: a :class:`~dmlkit.engine.resolve.ResolvedRun` (:func:`~dmlkit.engine.resolve.resolve_run`
+    ``resolved``: a :class:`~dmlkit.engine.resolve.ResolvedRun` (:func:`~dmlkit.engine.resolve.resolve_run`
     made every part: data, model, objective, optimiser, ...); :class:`dmlkit.recipe.Trainer` also takes a
     :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
@@ -75,29 +74,20 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
 
     def __init__(
         self,
-        run: ResolvedRun | RunConfig,
+        resolved: ResolvedRun,
         run_dir: str | Path,
         *,
         resume: bool = False,
         hooks: MethodHooks | None = None,
         echo: Callable[[str], None] | None = None,
-        model: nn.Module | None = None,
-        loss: nn.Module | None = None,
-        miner: nn.Module | None = None,
-        data=None,
-        optimizer: torch.optim.Optimizer | None = None,
         callbacks: Iterable[Callback] = (),
         evaluate_test: bool = True,
     ):
-        if not isinstance(run, ResolvedRun):
-            raise TypeError("The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)); "
-                            "dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, planned and built first.")
-        given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
-                                          ("optimizer", optimizer)) if value is not None]
-        if given:
-            raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
-                            "prepare_run(cfg, ...), whose run already holds every part.")
-        self.resolved = run
+        if not isinstance(resolved, ResolvedRun):
+            raise TypeError(f"The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)), not a "
+                            f"{type(resolved).__name__}; dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, "
+                            "planned and built first.")
+        run = self.resolved = resolved  # every part of the run (self.run is its directory)
         self.cfg = run.cfg
         self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
         self.started = run.started  # ... counting from the start of the run's resolution

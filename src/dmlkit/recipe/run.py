@@ -42,12 +42,15 @@ class Trainer(engine_trainer.Trainer):
     def __init__(self, run: ResolvedRun | RunConfig, run_dir: str | Path, *, echo: Callable[[str], None] | None = None,
                  model: nn.Module | None = None, loss: nn.Module | None = None, miner: nn.Module | None = None,
                  data=None, optimizer: torch.optim.Optimizer | None = None, **options):
+        given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
+                                          ("optimizer", optimizer)) if value is not None]
+        if isinstance(run, ResolvedRun) and given:
+            raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
+                            "prepare_run(cfg, ...), whose run already holds every part.")
         if not isinstance(run, ResolvedRun):
             run = prepare_run(run, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo,
                               started=time.perf_counter())
-            model = loss = miner = data = optimizer = None
-        super().__init__(run, run_dir, echo=echo, model=model, loss=loss, miner=miner, data=data,
-                         optimizer=optimizer, **options)
+        super().__init__(run, run_dir, echo=echo, **options)
 
 
 __all__ = ["Trainer", "prepare_run"]
