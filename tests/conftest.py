@@ -68,6 +68,8 @@ LONG_FIRST = (
     "tests/integration/test_pretrained_weights_cli.py",
     "tests/unit/report/test_report_page.py",
     "tests/integration/test_doc_examples.py",
+    "tests/integration/test_reproduce_claims.py",
+    "tests/integration/test_kept_plans.py",
     "tests/integration/test_presets.py",
     "tests/unit/engine/test_trainer_feature_cache.py",
     "tests/integration/test_photo_train.py",
