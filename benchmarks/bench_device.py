@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_device.py --device cuda --batch-size 256 1024 [--repeats 25] [--json-out FILE]
       python benchmarks/bench_device.py --device cpu --quick          # a smoke run of every row (seconds)
 
-Issue 39's setting: forward + backward of each loss at ``--batch-size`` (4 samples per class), D = 512,
+The card's setting: forward + backward of each loss at ``--batch-size`` (4 samples per class), D = 512,
 1,000 classes for the proxy and classification losses; the miner call for miners (D = 128); the
 AccuracyCalculator's P@1, R-Precision and MAP@R on ``--eval-size`` x 128 embeddings already on the device
 (around 10,000 class centres, leave-one-out). Both libraries get the same inputs on the device (labels

@@ -1,4 +1,4 @@
-"""Building the feature cache: the frozen stages run in chunks on a CPU, against whole batches (issue 40).
+"""Building the feature cache: the frozen stages run in chunks on a CPU, against whole batches.
 
 The photo recipe's feature cache (``dmlkit.engine.frozen_stage_cache``) runs the stem and the frozen stages
 once per cached view of every training image, before training. On a CPU without native bf16 the

@@ -1,6 +1,6 @@
 """What a loss or miner call costs a launch-bound card, measured on the CPU: operators, host syncs, host time.
 
-Run:  python benchmarks/bench_launches.py                      # issue 39's rows, B=32, D=16, 100 classes, 1 thread
+Run:  python benchmarks/bench_launches.py                      # the card benchmark's rows, B=32, D=16, 100 classes, 1 thread
       python benchmarks/bench_launches.py --only ProxyAnchor ArcFace --repeats 400 [--json-out FILE]
 
 On a card where one call takes 1.5-4 ms the arithmetic is negligible: a call costs one kernel launch per
@@ -16,7 +16,7 @@ by Python or an output sized by the data), which drains the queue. All three are
   one thread), where host overhead is what is timed; dmlkit and PML alternate, medians of ``--repeats``;
   dmlkit runs the card's branch here too (label checks queued as assertions, not read).
 
-The rows are those of ``bench_device.py`` (issue 39's benchmark), with the same factories and batches.
+The rows are those of ``bench_device.py`` (the card's benchmark), with the same factories and batches.
 Ratios are PML / dmlkit (> 1: dmlkit dispatches fewer operators, syncs less, or is faster).
 """
 

@@ -26,7 +26,7 @@ B, D, PER_CLASS = 256, 128, 4
 
 Case = tuple[str, Callable[[], torch.nn.Module], Callable[[], torch.nn.Module]]
 
-#: Issue 30, the pair losses, NCA, Manifold and MultipleLosses.
+#: The pair losses, NCA, Manifold and MultipleLosses.
 REST_CASES: list[Case] = [
     ("angular", lambda: dml.AngularLoss(), lambda: pml.AngularLoss()),
     ("tuplet_margin", lambda: dml.TupletMarginLoss(), lambda: pml.TupletMarginLoss()),
@@ -43,7 +43,7 @@ REST_CASES: list[Case] = [
      lambda: pml.MultipleLosses([pml.ContrastiveLoss(), pml.NCALoss()], weights=[1, 0.5])),
 ]
 
-#: Issue 30, the contrastive, ranking and self-supervised losses (i30-rank). The two-view losses
+#: The contrastive, ranking and self-supervised losses (i30-rank). The two-view losses
 #: are wrapped so the call is ``loss(x, labels=y)``: their second view is ``x`` shifted by a fixed noise.
 RANK_CASES: list[Case] = [
     ("ntxent", lambda: dml.NTXentLoss(), lambda: pml.NTXentLoss()),

@@ -1,4 +1,4 @@
-"""AdamW's update on the CPU: PyTorch's fused kernel against the foreach one (issue 40).
+"""AdamW's update on the CPU: PyTorch's fused kernel against the foreach one.
 
 ``engine.optim.build_optimizer`` gives Adam/AdamW ``fused=True`` wherever every parameter is a
 floating-point tensor on CUDA or the CPU. The models trained from scratch on a CPU are small, so the

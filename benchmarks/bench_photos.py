@@ -311,7 +311,7 @@ def dmlkit_trainer(root: Path, size: int, threads: int, run_dir: Path, extra: li
     try:
         cfg = load_config(preset=preset, overrides=overrides)
         return Trainer(cfg, run_dir, echo=lambda _: None), ""
-    except TypeError as err:  # before issue 25: the small CNN's model.args reach timm
+    except TypeError as err:  # an older dmlkit: the small CNN's model.args reach timm
         cfg = load_config(preset=preset, overrides=[*overrides, "model.args={}"])
         return Trainer(cfg, run_dir, echo=lambda _: None), f"model.args={{}} added ({err})"
 

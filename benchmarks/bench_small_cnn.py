@@ -4,7 +4,7 @@ Run:  .venv/bin/python benchmarks/bench_small_cnn.py [--repeats 7] [--threads 2]
 
 One optimiser step (forward, backward, AdamW) of a batch of 64 28x28 grey images through three
 conv blocks of 32/64/128 channels. "pool last" is the earlier block, conv -> BN -> ReLU -> 2x2 max
-pool, in NCHW (what `downsample="max"` built before session 6); "dmlkit" is ``SmallCNN(width=32)``
+pool, in NCHW (what `downsample="max"` built formerly); "dmlkit" is ``SmallCNN(width=32)``
 as it is now: conv -> pool -> BN -> ReLU in channels-last layout. Each cell is the median over
 ``--repeats`` rounds of 10 steps; rounds of all variants are interleaved, so machine drift hits
 every column alike. Ratios are against "pool last, fp32".

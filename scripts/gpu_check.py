@@ -9,7 +9,7 @@
 
 Each measuring subcommand writes one small JSON file of its numbers; ``summary`` reads the stage
 records (``WORK/stages.tsv``: stage, exit status, wall seconds) and those files and prints ONE table
-(stage, result, wall time, the issue 39 target and whether it is met), also written to
+(stage, result, wall time, the target and whether it is met), also written to
 ``OUT/summary.md`` with every number in ``OUT/results.json``.
 """
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Stage -> the target of issue 39 it is judged against (shown in the table).
+#: Stage -> the target it is judged against (shown in the table).
 TARGETS = {
     "env": "torch sees the device",
     "device-tests": "all pass",
@@ -366,7 +366,7 @@ def cmd_summary(args) -> int:
                      verdict))
     env = results.get("env", {})
     header = (f"# scripts/gpu_check.sh — {env.get('result', 'environment unknown')}\n\n"
-              "| stage | result | wall s | target (issue 39) | met |\n| --- | --- | --- | --- | --- |\n")
+              "| stage | result | wall s | target | met |\n| --- | --- | --- | --- | --- |\n")
     table = header + "".join(f"| {' | '.join(cells)} |\n" for cells in rows)
     total = sum(float(r[2]) for r in rows)
     table += f"\ntotal wall: {total:.0f} s over {len(rows)} stages\n"

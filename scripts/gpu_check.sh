@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command on a machine with a CUDA GPU (issue 39): the environment, the project's device tests on the card,
+# One command on a machine with a CUDA GPU: the environment, the project's device tests on the card,
 # PML's own suite on the card with float16/float32/float64 and dmlkit swapped in, the loss/miner/evaluation
 # benchmark against PML at B=256 and B=1024, the MNIST default's wall time and a photo folder's training and
 # embedding images/s (EfficientNet-Lite0, 224 px); then ONE summary table. Every stage runs under its own

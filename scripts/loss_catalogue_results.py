@@ -13,7 +13,7 @@ the whole process, exit status). A run that fails is a row with the last line of
 a stop of the script. A loss whose folder already holds ``metrics.json`` is not trained again (its
 wall time is then the one saved in ``OUT/X/wall.json``), so an interrupted sweep can be repeated.
 
-The default list is every loss name registered by issue 30 plus ``proxy_anchor`` (the default
+The default list is every loss name registered for configs plus ``proxy_anchor`` (the default
 recipe's loss) as the reference. Losses with required constructor arguments get the values in
 :data:`REQUIRED_ARGS`; the table says so.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: The loss names issue 30 registered for configs, then the default recipe's loss as the reference.
+#: The loss names registered for configs, then the default recipe's loss as the reference.
 ISSUE30_LOSSES = (
     "arcface", "subcenter_arcface", "cosface", "sphereface", "large_margin_softmax", "normalized_softmax",
     "p2sgrad", "ntxent", "supcon", "circle", "ranked_list", "fastap", "smooth_ap", "pnp", "histogram",

@@ -3,7 +3,7 @@
 Recipe choices are made on the training characters only; to compare two of them on characters no run trains or
 selects on, the 68 training characters (sorted) are cut into four contiguous blocks of 17, and block ``OUTER``
 becomes the ``test`` split while the other 51 are the training split (partly other alphabets, as the real test
-split is). The test characters are never read. Used for the nested comparisons of docs/recipes.md (issue 40).
+split is). The test characters are never read. Used for the nested comparisons of docs/recipes.md.
 
     OUTER=0 python scripts/outer_fold.py train --set data.name=omniglot --set data.root=../shared/data/omniglot \\
         --set data.label=character --set data.image_size=28 --set train.time_budget=600 --out runs/outer0

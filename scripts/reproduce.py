@@ -113,7 +113,7 @@ _C2_ARGS = "{pos_margin: 0.0, neg_margin: 0.3841}"
 #: ASAP's C1 (App. A.2: XBM's cosine contrastive, margin 0.5; the asap-c1-* presets); dot = cosine on the L2 output.
 _C1_ARGS = "{distance: dot, margin: 0.5}"
 _C1_PAIR_ARGS = "{distance: dot, margin: 0.5, reduction: sum}"
-#: The asap-c1-* presets' C1 before issue 23: a Euclidean contrastive loss with negative margin 0.5.
+#: The asap-c1-* presets' earlier C1: a Euclidean contrastive loss with negative margin 0.5.
 _C1_EUCLIDEAN_ARGS = "{distance: euclidean, pos_margin: 0.0, neg_margin: 0.5}"
 _MS_ARGS = "{alpha: 2, beta: 40, base: 0.5}"
 #: ASAP's triplet setting (asap-triplet-* presets): Euclidean distance, margin 0.0961, all triplets.

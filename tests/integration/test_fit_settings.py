@@ -1,4 +1,4 @@
-"""``dmlkit.fit``: the documented ``optimizer={"lr": ...}`` form, and resuming only the run that was asked for (issue 54)."""
+"""``dmlkit.fit``: the documented ``optimizer={"lr": ...}`` form, and resuming only the run that was asked for."""
 
 from __future__ import annotations
 

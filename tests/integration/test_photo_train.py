@@ -1,4 +1,4 @@
-"""Photos end to end with data options only (issue 25): a pretrained backbone, RGB kept, never worse than it.
+"""Photos end to end with data options only: a pretrained backbone, RGB kept, never worse than it.
 
 Real photos: a few breeds of the Oxford-IIIT Pet sample in ../shared/data/pets (read, never copied into the repo;
 the test folders hold links to them).

@@ -195,7 +195,7 @@ def test_a_model_name_and_the_config_loss_with_a_user_dataset(tmp_path):
 
 
 def test_fit_claims_its_folder_and_never_writes_over_a_users_files(tmp_path):
-    """issue 33 for the object API: ``out`` holding the user's own files is refused, every file left as it was."""
+    """The object API: ``out`` holding the user's own files is refused, every file left as it was."""
     from dmlkit.exceptions import ConfigError
 
     digits = USER_CLASSES["Digits"]

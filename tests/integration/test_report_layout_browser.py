@@ -1,4 +1,4 @@
-"""Issue 35 acceptance: the report of a small photo run, rendered in headless Chromium at 1400 and 800 px.
+"""The report of a small photo run, rendered in headless Chromium at 1400 and 800 px.
 
 Checked from the page itself (a probe script writes its measurements into the DOM, read back with
 ``--dump-dom``): no element overflows its container horizontally, every figure has labelled axes, no

@@ -1,4 +1,4 @@
-"""A new user's small image folders (issue 24): bad files, validation images, one image per class, paths."""
+"""A new user's small image folders: bad files, validation images, one image per class, paths."""
 
 from __future__ import annotations
 

@@ -296,7 +296,7 @@ CASES: dict[str, Api | Cli] = {
     "cli-search-missing-gallery": Cli(
         lambda c: ["search", "--gallery", str(c.tmp / "gallery.npz"), "--query-embeddings", str(c.tmp / "q.npz")],
         r"'.*gallery\.npz' does not exist"),
-    # --- issue 24: what a new user types or feeds in ---------------------------------------------
+    # --- what a new user types or feeds in ---------------------------------------------
     "cli-truncated-image-in-a-folder-decoded-into-memory": Cli(
         lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
             "data.name=folder", "data.class_split=sorted", f"data.root={folder_with(c.tmp / 'imgs', {'c1/2.png': 'truncated'})}")],

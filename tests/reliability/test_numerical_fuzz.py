@@ -57,7 +57,7 @@ LOSS_VARIANTS: dict[str, list[dict]] = {
     "soft_triple": [dict(centers_per_class=2), dict(centers_per_class=2, la=1e4, gamma=1e-6, margin=10.0),
                     dict(centers_per_class=2, la=1e-6, gamma=1e4)],
     "triplet_margin": [{}, dict(margin=1e6, smooth_loss=True), dict(margin=1e-9, swap=True)],
-    # issue 30 (i30-rank): contrastive, circle, ranked-list and ranking losses
+    # contrastive, circle, ranked-list and ranking losses
     "ntxent": [{}, dict(temperature=1e-6), dict(temperature=1e4)],
     "supcon": [{}, dict(temperature=1e-6), dict(temperature=1e4)],
     "circle": [{}, dict(m=0.25, gamma=1e4), dict(m=1e-9, gamma=1e-6)],

@@ -1,4 +1,4 @@
-"""Every file reader behind one error contract (issue 33, docs/reliability.md).
+"""Every file reader behind one error contract.
 
 Each reader gets a good file cut at every 10 % of its length, empty, with seeded random bit flips,
 in a wrong text encoding (configs) and in another reader's format; it either reads the file (a bit

@@ -1,4 +1,4 @@
-"""Issue 33: what a new user who makes mistakes does, and what dmlkit answers (docs/reliability.md).
+"""What a new user who makes mistakes does, and what dmlkit answers (docs/reliability.md).
 
 Every case names the numbered item of the issue it reproduces. CLI cases run the real ``dmlkit`` in a
 subprocess (``python -m dmlkit``) and assert the exit code, the message, no traceback, and that every

@@ -1,4 +1,4 @@
-"""The command line as users type it (issue 54): flags for the common options, hints for unknown options,
+"""The command line as users type it: flags for the common options, hints for unknown options,
 did-you-mean for values, one-name lists, a closed pipe, each action's own help, the unknown model first."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Arguments travel with their component (issue 24, item 2) and are checked against it (item 3)."""
+"""Arguments travel with their component and are checked against it (item 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A data root without a data set name is the user's folder, never MNIST read silently (issue 54)."""
+"""A data root without a data set name is the user's folder, never MNIST read silently."""
 
 import pytest
 from PIL import Image

@@ -1,4 +1,4 @@
-"""Numbers as users write them (``3e-4``, ``1E-3``, ``.5``) reach float fields from every path (issue 54)."""
+"""Numbers as users write them (``3e-4``, ``1E-3``, ``.5``) reach float fields from every path."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Paper presets run the papers' equations and protocol (issue 32): float64 references written from the papers."""
+"""Paper presets run the papers' equations and protocol: float64 references written from the papers."""
 
 from __future__ import annotations
 

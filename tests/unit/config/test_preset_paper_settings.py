@@ -1,4 +1,4 @@
-"""Presets that claim a paper's setting carry that paper's numbers (issue 23 items 4-5)."""
+"""Presets that claim a paper's setting carry that paper's numbers."""
 
 import pytest
 import torch

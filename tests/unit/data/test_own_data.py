@@ -1,4 +1,4 @@
-"""Users' own data as they bring it (issue 54): a seeded random class split recorded in the run, OML's CSV
+"""Users' own data as they bring it: a seeded random class split recorded in the run, OML's CSV
 format, the CSV's outside-root choice from the config, and messages that name what to change."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Photos in memory: decoded once as their evaluation view, trained on batched random resized crops (issue 25)."""
+"""Photos in memory: decoded once as their evaluation view, trained on batched random resized crops."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def test_snr_distance_of_an_anchor_without_signal_is_finite():
 @pytest.mark.parametrize("power", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_euclidean_distance_of_a_half_precision_batch_is_the_float32_value_rounded_once(dtype, power):
-    """``|x|^2 + |y|^2 - 2<x, y>`` in float16 cancels (0.044 between a row and itself before session 32; PML's
+    """``|x|^2 + |y|^2 - 2<x, y>`` in float16 cancels (0.044 between a row and itself formerly; PML's
     float16 recipe, row-by-row differences, gives 0): a half batch is computed in float32 and rounded once."""
     angles = torch.arange(64, dtype=torch.float64) * math.pi / 180  # rows one degree apart, as PML's miner tests
     x = torch.stack([angles.cos(), angles.sin()], 1).to(dtype)

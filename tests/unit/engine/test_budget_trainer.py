@@ -80,7 +80,7 @@ def test_a_resumed_run_keeps_its_plan(tmp_path, tiny_config, crash_in_step):
 
 
 def test_a_slow_machine_validates_rarely_and_its_plan_says_why(tmp_path, tiny_config):
-    """Issue 40: 7.3 s a step and 63 s a validation in a 720-s budget; the plan trains its steps between few
+    """A slow machine: 7.3 s a step and 63 s a validation in a 720-s budget; the plan trains its steps between few
     validations (before: 3 validations spread over ~50 steps) and prints why it buys fewer than a few hundred."""
     printed: list[str] = []
     cfg = tiny_config("train.max_steps=2000", "train.time_budget=720", "protocol.val_class_fraction=0.4",

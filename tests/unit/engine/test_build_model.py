@@ -14,7 +14,7 @@ def _small_cnn(*overrides: str):
 
 
 def test_head_init_identity_reaches_the_model():
-    """Issue 40: build_model dropped model.head_init, so the recipe's 'identity head' of a pretrained backbone was a
+    """Once build_model dropped model.head_init, so the recipe's 'identity head' of a pretrained backbone was a
     random Kaiming projection (its untrained embedding a rotation of the pooled features: Pets test MAP@R 0.7975
     against 0.8031 for the pooled features themselves)."""
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The training bar's remaining time counts the validations still to come (issue 25: an ETA that tells the truth)."""
+"""The training bar's remaining time counts the validations still to come."""
 
 from __future__ import annotations
 

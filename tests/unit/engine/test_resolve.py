@@ -14,7 +14,7 @@ from dmlkit.recipe import Trainer, prepare_run
 QUIET = dict(echo=lambda _: None)
 DIGITS = ("data.name=digits", "protocol.val_fraction=0.2", "train.eval_every=2", "train.max_steps=4")
 
-#: The keys of ``checkpoints/last.pt`` as main wrote them before the engine was split (issue 43): a
+#: The keys of ``checkpoints/last.pt`` as main wrote them before the engine was split: a
 #: checkpoint of an older run must still load, so the format may only grow.
 CHECKPOINT_KEYS = {
     "format", "fingerprint", "config", "step", "epoch", "batch_in_epoch", "model", "objective", "optimizer",

@@ -1,4 +1,4 @@
-"""Host synchronisations of the training loop (issue 39): none per step with a fused optimiser, the loss read
+"""Host synchronisations of the training loop: none per step with a fused optimiser, the loss read
 every ``train.log_every`` steps, and non-finite steps skipped on the device (``found_inf``) then reported."""
 
 import collections
@@ -55,7 +55,7 @@ def test_a_fused_optimiser_step_synchronises_only_at_the_log_record(tmp_path, ti
     window = CountBetween(2, 12)  # steps 3..12: the loss is read at steps 5 and 10
     trainer = fit(tmp_path, tiny_config, "train.max_steps=12", "train.log_every=5", callbacks=[window])
     assert trainer.optimizer.defaults["fused"] and trainer.step_checks is not None
-    assert window.counts == {"Tensor.tolist": 2}  # before issue 39's step: two reads in each of the 10 steps
+    assert window.counts == {"Tensor.tolist": 2}  # formerly: two reads in each of the 10 steps
 
 
 def test_without_a_fused_optimiser_one_read_checks_loss_and_gradients(tmp_path, tiny_config, monkeypatch):

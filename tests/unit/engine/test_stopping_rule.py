@@ -1,4 +1,4 @@
-"""Fine-tuning stops when validation stops improving significantly (issue 34 item 2).
+"""Fine-tuning stops when validation stops improving significantly.
 
 A validation counts as progress when its per-query AP@R gain over the last validation that made progress (the
 untrained embedding at first) exceeds 2 standard errors of the paired differences; ``train.patience``

@@ -1,4 +1,4 @@
-"""train.time_budget counts from the process's start (issue 40): the interpreter and the imports use the budget too."""
+"""train.time_budget counts from the process's start: the interpreter and the imports use the budget too."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-query AP@R (for paired model selection) against a float64 loop and retrieval_metrics (issue 25)."""
+"""Per-query AP@R (for paired model selection) against a float64 loop and retrieval_metrics."""
 
 from __future__ import annotations
 

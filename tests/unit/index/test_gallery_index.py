@@ -109,7 +109,7 @@ def test_an_index_built_with_other_hnsw_parameters_loads_with_them(tmp_path):
     import faiss
 
     x, _ = _clustered()
-    old = {"hnsw_m": 32, "ef_construction": 80, "ef_search": 128}  # the defaults before issue 22's tuning
+    old = {"hnsw_m": 32, "ef_construction": 80, "ef_search": 128}  # the earlier defaults
     Index.from_embeddings(x, kind="hnsw", **old).save(tmp_path / "old.index")
     loaded = Index.load(tmp_path / "old.index")
     assert {k: loaded.params[k] for k in old} == old

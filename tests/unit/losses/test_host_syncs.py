@@ -1,4 +1,4 @@
-"""Host synchronisations of the losses' hot paths (issue 39: every call on the card waited on the host).
+"""Host synchronisations of the losses' hot paths.
 
 Counted on the CPU with ``_host_syncs.count_host_syncs`` while ``dmlkit._validation.reads_on_host``
 answers False, so every branch an accelerator takes is the one measured. A forward + backward of the

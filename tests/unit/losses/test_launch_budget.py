@@ -1,4 +1,4 @@
-"""Issue 39: on a launch-bound card a loss call costs its dispatched operators, so the losses that were slower
+"""On a launch-bound card a loss call costs its dispatched operators, so the losses that were slower
 than PML there now dispatch fewer; and the closed-form routes that made them so agree with their autograd twins.
 
 Operators are counted on the CPU (``_host_syncs.OperatorCounter``: every ATen operator of a forward + backward,
@@ -21,7 +21,7 @@ from ._host_syncs import OperatorCounter
 
 B, D, C = 32, 16, 100
 
-#: The rows of issue 39's GPU benchmark that were slower than PML: ``name: (dmlkit factory, PML factory)``.
+#: The rows of the GPU benchmark that were slower than PML: ``name: (dmlkit factory, PML factory)``.
 SLOWER_ON_THE_CARD = {
     "NormalizedSoftmaxLoss": (lambda: L.NormalizedSoftmaxLoss(C, D), lambda: pml.NormalizedSoftmaxLoss(C, D)),
     "SoftTripleLoss": (lambda: L.SoftTripleLoss(C, D), lambda: pml.SoftTripleLoss(C, D)),

@@ -1,4 +1,4 @@
-"""GeM pooling, the identity-initialised head and the fp32 head under autocast (issue 25)."""
+"""GeM pooling, the identity-initialised head and the fp32 head under autocast."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_the_boundary_is_the_formula():
 
 
 def test_what_the_run_spent_before_a_candidate_is_judged_counts_against_the_budget():
-    """Issue 40: the process start, the survey and the larger candidates' own measurements use the budget too."""
+    """The process start, the survey and the larger candidates' own measurements use the budget too."""
     n, embed = 2000, 3000
     need = embed * CPU[LITE2].embed + MIN_EPOCHS * n * CPU[LITE2].train
     budget = need / USABLE_SHARE * 1.05
@@ -183,7 +183,7 @@ def test_a_budget_that_is_not_positive_is_a_config_error(fake_measure):
         choose_for_run(cfg, splits, choices, torch.device("cpu"))
 
 
-# Issue 40: a transient slow measurement must not flip the choice. The 84-px development set on the 2-core machine:
+# a transient slow measurement must not flip the choice. The 84-px development set on the 2-core machine:
 # 2,600 training photos, 600 validation photos x 9 evaluations + 3,200 test photos embedded, a 720-s budget; the
 # same code measured an embedded Lite2 image at 17.0 ms in one run and 35.8 ms in the next (which then took Lite0).
 MINI = dict(train_images=2600, images_to_embed=600 * 9 + 3200, time_budget=720.0, train_size=224, eval_size=224)

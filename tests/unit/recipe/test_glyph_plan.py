@@ -1,4 +1,4 @@
-"""The glyph recipe plans its steps, members and validations for the machine it finds (issue 40).
+"""The glyph recipe plans its steps, members and validations for the machine it finds.
 
 A clock that advances a fixed time per reading stands in for a slow or a fast machine: every timed
 pass of :func:`measure_glyph_costs` then takes exactly that long, so the plan is known in advance.

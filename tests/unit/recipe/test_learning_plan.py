@@ -1,4 +1,4 @@
-"""The time budget planned for learning (issue 40): frozen stages and cached views from measured costs, so that a
+"""The time budget planned for learning: frozen stages and cached views from measured costs, so that a
 slow machine trains hundreds of steps instead of a handful; the plan says what it measured and why."""
 
 from __future__ import annotations

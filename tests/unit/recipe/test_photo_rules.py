@@ -1,4 +1,4 @@
-"""The recipe reads photos as photos (issue 25): a pretrained backbone, its preprocessing, sizes from the images."""
+"""The recipe reads photos as photos: a pretrained backbone, its preprocessing, sizes from the images."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pooling and the mirror average chosen on the validation classes with the untrained backbone (issue 40):
+"""Pooling and the mirror average chosen on the validation classes with the untrained backbone:
 plain average pooling without the mirror stands unless another configuration beats it by more than a
 class-level standard error."""
 

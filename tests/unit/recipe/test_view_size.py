@@ -1,4 +1,4 @@
-"""View size from the image size (issue 34): small photos are viewed at the smallest size that measures as well
+"""View size from the image size: small photos are viewed at the smallest size that measures as well
 as the best on the validation classes, with the untrained pretrained backbone; larger photos keep the recipe's rule."""
 
 from __future__ import annotations

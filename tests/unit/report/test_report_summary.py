@@ -1,4 +1,4 @@
-"""The report's answer, metrics tables, curves figure and failure tables (issue 35)."""
+"""The report's answer, metrics tables, curves figure and failure tables."""
 
 from __future__ import annotations
 
