@@ -11,9 +11,19 @@ from torch import nn
 
 from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine import distributed
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
 from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.seeds import derive_generator
+
+
+def device_and_processes(cfg: RunConfig) -> tuple[torch.device, distributed.DistInfo]:
+    """The run's device (under torchrun this rank's GPU) and its process group, joined; ``train.num_threads`` set."""
+    device = resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
+    dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    return device, dist
 
 
 def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:

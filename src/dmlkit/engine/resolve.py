@@ -191,37 +191,16 @@ def resolve_run(
     (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
     """
     cfg = planned.cfg
-    device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
-    dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    device, dist = builders.device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
     seed_everything(cfg.seed)
     built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
-    if data is not None:  # the user's splits: the validation classes the recipe chose are held out here
-        splits = data
-        if cfg.protocol.val_class_fraction and splits.val is None:
-            builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
-    elif planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
-        # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
-        # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
-        splits = copy.copy(planned.splits)
-        splits.info = dict(splits.info)
-    else:  # transforms follow the model's preprocessing
-        splits = builders.build_splits(cfg, built)
+    splits = _run_splits(planned, built, data)
     planned = replace(planned, splits=None)  # the run keeps its own splits, never a second set beside them
     # the warp fills with the background as the model sees it: after the split's normalisation
     augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
-    built = built.to(device)
-    channels_last = device_data.uses_channels_last(built, device)  # conv models on a GPU
-    if channels_last:
-        built.to(memory_format=torch.channels_last)
-    member_folds = None
-    if cfg.protocol.member_folds:
-        label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
-        member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
-                                          cfg.protocol.seed)
-        built.member_batches = True
+    built, channels_last = _on_device(built, device)
+    member_folds = _fold_members(cfg, splits, built) if cfg.protocol.member_folds else None
     train_labels = splits.train.labels
     label_map = builders.LabelMap(train_labels)
     objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner,
@@ -235,16 +214,9 @@ def resolve_run(
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
-    ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
-    if cfg.train.compile:
-        lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
-    forward_model = torch.compile(ddp_model) if cfg.train.compile else ddp_model
-    step_capture = plan_step_capture(
-        cfg.train.step_capture, device=device, distributed=dist.enabled, method=bool(methods),
-        memory=getattr(objective, "memory", None) is not None, compiled_model=cfg.train.compile,
-        miner=getattr(objective, "miner", None) is not None,
-        host_checks=scaler is not None or not checks_stay_on_device(optimizer, device),
-        planned_steps=cfg.train.max_steps)
+    forward_model = _forward_model(cfg, built, dist)
+    step_capture = _step_capture(cfg, device, dist, method=bool(methods), objective=objective, optimizer=optimizer,
+                                 scaler=scaler)
     return ResolvedRun(
         cfg=cfg, started=planned.started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=planned,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,
@@ -255,6 +227,63 @@ def resolve_run(
         embed_seconds=planned.embed_seconds, member_folds=member_folds, request=planned.request,
         measurements=planned.measurements, step_capture=step_capture,
     )
+
+
+def _run_splits(planned: PlannedRun, built: nn.Module, data) -> Any:
+    """The run's splits: the user's (with the recipe's validation classes held out), the plan's where this config and
+    model read them the same way, else read here."""
+    cfg = planned.cfg
+    if data is not None:  # the user's splits: the validation classes the recipe chose are held out here
+        splits = data
+        if cfg.protocol.val_class_fraction and splits.val is None:
+            builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
+        return splits
+    if planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
+        # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
+        # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
+        splits = copy.copy(planned.splits)
+        splits.info = dict(splits.info)
+        return splits
+    return builders.build_splits(cfg, built)  # transforms follow the model's preprocessing
+
+
+def _on_device(built: nn.Module, device: torch.device) -> tuple[nn.Module, bool]:
+    """The model moved to ``device``, and whether it went channels-last (conv models on a GPU)."""
+    built = built.to(device)
+    channels_last = device_data.uses_channels_last(built, device)
+    if channels_last:
+        built.to(memory_format=torch.channels_last)
+    return built, channels_last
+
+
+def _fold_members(cfg: RunConfig, splits, built: nn.Module) -> MemberFolds:
+    """``protocol.member_folds``: each ensemble member's own fold of every training class, applied to ``splits``; the
+    model then takes a batch per member."""
+    label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
+    member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
+                                      cfg.protocol.seed)
+    built.member_batches = True
+    return member_folds
+
+
+def _forward_model(cfg: RunConfig, built: nn.Module, dist: distributed.DistInfo) -> nn.Module:
+    """What the training step calls: the model under DDP (itself in one process), compiled when ``train.compile``."""
+    ddp_model = distributed.wrap_model(built, dist)  # the model itself in one process
+    if cfg.train.compile:
+        lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
+    return torch.compile(ddp_model) if cfg.train.compile else ddp_model
+
+
+def _step_capture(cfg: RunConfig, device: torch.device, dist: distributed.DistInfo, *, method: bool,
+                  objective: nn.Module, optimizer: torch.optim.Optimizer,
+                  scaler: torch.amp.GradScaler | None) -> CaptureDecision:
+    """``train.step_capture`` resolved from what the step holds (engine/training/step_capture.py)."""
+    return plan_step_capture(
+        cfg.train.step_capture, device=device, distributed=dist.enabled, method=method,
+        memory=getattr(objective, "memory", None) is not None, compiled_model=cfg.train.compile,
+        miner=getattr(objective, "miner", None) is not None,
+        host_checks=scaler is not None or not checks_stay_on_device(optimizer, device),
+        planned_steps=cfg.train.max_steps)
 
 
 __all__ = ["SUMMARY_FILE", "ResolvedRun", "resolve_run"]

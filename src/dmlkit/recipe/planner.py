@@ -33,7 +33,7 @@ from torch import nn
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
-from dmlkit.engine.frozen_stage_cache import cache_choices, plan_feature_cache
+from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
@@ -146,34 +146,65 @@ def plan(
     """
     request = config_to_dict(cfg)  # before the recipe fills it in
     cfg = copy.deepcopy(cfg)  # the recipe writes into its own copy
-    wall_clock = time.perf_counter
-    started = wall_clock() if started is None else started
+    started = time.perf_counter() if started is None else started
     # the device first (a ConfigError for a missing GPU comes before anything heavy); under torchrun it is this
     # rank's GPU, and the process group is joined before any measurement is shared
-    device = builders.resolve_device(cfg.train.device, local_rank=distributed.torchrun_local_rank())
-    dist = distributed.init_distributed(backend="nccl" if device.type == "cuda" else "gloo")
+    device, dist = builders.device_and_processes(cfg)
     echo = messages(echo, log) if dist.is_main else SILENT
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
     if measurements is None:
-        given = (model, loss, miner, data)
-        measurements = Measurements.live() if any(obj is not None for obj in given) else \
-            Measurements.for_request(request, device, replan=replan)
+        measurements = _measurements_for(request, device, given=(model, loss, miner, data), replan=replan)
     measurements.start()
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
     survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+    probe, model_choices = _plan_model(cfg, survey, model, device, echo, started=started, measurements=measurements)
+    splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
+    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
+    embed_seconds = None
+    if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
+        embed_seconds = _fit_to_budget(cfg, splits, probe, resolved, device, echo, started=started, augment=augment,
+                                       measurements=measurements, own_objective=loss is None and miner is None)
+        probe = _probe_as_planned(cfg, probe, resolved.choices)
+    unfolded = _member_folds(cfg, probe, splits, resolved.choices)
+    if unfolded:
+        resolved.choices.update(unfolded)
+        echo.detail(recipe.format_planned(unfolded))
+    cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
+    _say_run(cfg, device, dist, echo)
+    return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
+                      cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
+                      measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
+                      splits=splits if read_as is not None else None, splits_read_as=read_as)
+
+
+def _measurements_for(request: dict, device: torch.device, *, given: tuple, replan: bool) -> Measurements:
+    """Live numbers for a run given objects (nothing kept); else what this machine kept for ``request``."""
+    return Measurements.live() if any(obj is not None for obj in given) else \
+        Measurements.for_request(request, device, replan=replan)
+
+
+def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.device, echo, *, started: float,
+                measurements: Measurements) -> tuple[nn.Module, dict]:
+    """The model rules, the backbone the budget buys, the view size and the frozen stages: the probe model they
+    were measured with (``model`` when given) and the choices (``{field: (value, reason)}``)."""
     model_choices = {} if model is not None else apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
     backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
                                    spent=lambda: measurements.seconds("seconds spent before the backbone choice",
-                                                                      wall_clock() - started),
+                                                                      time.perf_counter() - started),
                                    measurements=measurements)
     probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
     model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device))  # photos
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
-                                               spent=wall_clock() - started, measurements=measurements))
+                                               spent=time.perf_counter() - started, measurements=measurements))
+    return probe, model_choices
+
+
+def _plan_on_splits(cfg: RunConfig, survey, data, probe: nn.Module, model_choices: dict, device: torch.device,
+                    echo) -> tuple[Any, ResolvedRecipe, dict | None]:
+    """The splits read for the probe, the recipe's data rules applied from them (:func:`apply_recipe`), and what the
+    splits were read with when the run may build on them (else None)."""
     # transforms follow the model's preprocessing; given splits are read through a copy (the run holds them out)
     splits = copy.copy(data) if data is not None else builders.build_splits(cfg, probe, survey)
     read_before = builders.split_reading(cfg, probe)
@@ -184,39 +215,53 @@ def plan(
     read_as = builders.split_reading(cfg, probe)
     if data is not None or {**read_as, "val_class_fraction": None} != {**read_before, "val_class_fraction": None}:
         read_as = None
-    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
-    embed_seconds = None
-    if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
-        member_objective = (None if loss is not None or miner is not None else  # a member's step is timed with it
-                            lambda classes: builders.build_member_objective(cfg, classes))
-        planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
-                                                     spent=wall_clock() - started, objective=member_objective,
-                                                     augment=augment, measurements=measurements)
-        resolved.choices.update(planned)
-        if planned:
-            echo.detail(recipe.format_planned(planned))
-    chose = {key: value for key, (value, _) in resolved.choices.items()}
-    if model is None and (chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0)):
-        probe = builders.build_model(cfg)  # the recipe asked for more: the member folds and the cache read it
-    unfolded = _member_folds(cfg, probe, splits, resolved.choices)
-    if unfolded:
-        resolved.choices.update(unfolded)
-        echo.detail(recipe.format_planned(unfolded))
+    return splits, resolved, read_as
+
+
+def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedRecipe, device: torch.device, echo,
+                   *, started: float, augment, measurements: Measurements, own_objective: bool) -> float | None:
+    """The glyph plan of a model from scratch (steps, members and validations from measured costs) written into
+    ``resolved.choices``; the seconds an embedded image took, as measured."""
+    member_objective = (None if not own_objective else  # a member's step is timed with it
+                        lambda classes: builders.build_member_objective(cfg, classes))
+    planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
+                                                 spent=time.perf_counter() - started, objective=member_objective,
+                                                 augment=augment, measurements=measurements)
+    resolved.choices.update(planned)
+    if planned:
+        echo.detail(recipe.format_planned(planned))
+    return embed_seconds
+
+
+def _probe_as_planned(cfg: RunConfig, probe: nn.Module, choices: dict) -> nn.Module:
+    """The probe built again where the recipe asked for more (ensemble members, shift averaging): the member
+    folds and the feature cache read the model the run will train."""
+    chose = {key: value for key, (value, _) in choices.items()}
+    if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):
+        return builders.build_model(cfg)
+    return probe
+
+
+def _plan_cache(cfg: RunConfig, probe: nn.Module, splits, augment, choices: dict, dist: distributed.DistInfo,
+                echo) -> tuple[CachePlan, bool]:
+    """``train.feature_cache`` resolved (recorded in ``choices``): the cache plan, and whether it waits for the first
+    budget plan."""
     # auto under a time budget: built after the first plan, when the epochs it buys make the cache pay
     cache_deferred = cfg.train.feature_cache == "auto" and cfg.train.time_budget is not None \
         and cfg.train.cache_views is None  # views the learning plan chose are built before the first step
     cache_plan = plan_feature_cache(cfg, probe, splits.train, augment, distributed=dist.enabled, echo=echo,
                                     deferred=cache_deferred)
     recipe.apply(cfg, cache_choices(cfg, cache_plan))
-    resolved.choices["train.feature_cache"] = (cfg.train.feature_cache, cache_plan.reason)
+    choices["train.feature_cache"] = (cfg.train.feature_cache, cache_plan.reason)
+    return cache_plan, cache_deferred
+
+
+def _say_run(cfg: RunConfig, device: torch.device, dist: distributed.DistInfo, echo) -> None:
+    """One line: the model, its embedding, the loss, the device and the precision."""
     precision = "fp32" if cfg.train.mixed_precision == "none" else cfg.train.mixed_precision
     processes = f", {dist.world_size} processes" if dist.enabled else ""
     echo(f"run: {cfg.model.name} ({cfg.model.embedding_size}-D embedding), loss {cfg.loss.name}, on {device} "
          f"({precision}{processes})")
-    return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
-                      cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
-                      measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
-                      splits=splits if read_as is not None else None, splits_read_as=read_as)
 
 
 def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> dict[str, tuple[Any, str]]:

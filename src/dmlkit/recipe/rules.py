@@ -322,27 +322,11 @@ def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) 
     """
     from dmlkit.models import has_offline_weights  # deferred: config does not import the models at load
 
-    out: dict[str, tuple[Any, str]] = {}
     m = cfg.model
     # small images (digits, thumbnails) keep the small-image rules and the small CNN, whatever their borders
     photo = profile.kind == "photo" and max(profile.height, profile.width) > SMALL_SIDE
-    name = m.name
-    if name == "auto":
-        if photo:
-            name = PHOTO_BACKBONE
-            out["model.name"] = (name, "photos: an ImageNet-pretrained backbone (weights ship offline)")
-            if m.args:
-                from dmlkit.exceptions import ConfigError
-
-                raise ConfigError(
-                    f"model.args {m.args} are for the {GLYPH_MODEL} the recipe trains on glyphs, but these images are "
-                    f"photos and get the pretrained {PHOTO_BACKBONE}: set model.name={GLYPH_MODEL} to train the small "
-                    "CNN on them, or drop model.args.")
-        else:
-            name = GLYPH_MODEL
-            out["model.name"] = (name, f"{profile.kind}s of {profile.height}x{profile.width} px: a small CNN from scratch"
-                                 if profile.kind == "photo" else
-                                 f"{profile.kind}s on a uniform background: a small CNN from scratch")
+    out = _model_name_choice(m, profile, photo=photo)
+    name = out["model.name"][0] if "model.name" in out else m.name
     if m.pretrained is None:
         pretrained = photo and has_offline_weights(name)
         out["model.pretrained"] = (pretrained, "photos and offline ImageNet weights for " + name if pretrained
@@ -350,6 +334,42 @@ def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) 
     else:
         pretrained = bool(m.pretrained)
     warm = pretrained or m.weights is not None
+    out.update(_model_args_choice(cfg, profile, name, warm=warm))
+    out.update(_head_choices(m, warm=warm))
+    if m.frozen_stages is None:
+        out["model.frozen_stages"] = _frozen_stages_choice(name, warm=warm, accelerator=accelerator)
+    if m.flip_average is None:
+        out["model.flip_average"] = ((True, "photos: embeddings averaged over the image and its mirror") if photo
+                                     else (False, "glyphs: a mirrored character is another character"))
+    if not warm:  # a model trained from scratch sees the images at their own size, as glyphs do
+        return out
+    if photo:
+        out.update(_photo_size_choices(cfg, profile))
+    return out
+
+
+def _model_name_choice(m: Any, profile: DataProfile, *, photo: bool) -> dict[str, tuple[Any, str]]:
+    """``model.name`` left ``auto``: :data:`PHOTO_BACKBONE` for photos, else the small CNN; a ConfigError where
+    ``model.args`` meant for the small CNN would reach the photo backbone."""
+    if m.name != "auto":
+        return {}
+    if not photo:
+        return {"model.name": (GLYPH_MODEL, f"{profile.kind}s of {profile.height}x{profile.width} px: a small CNN from "
+                                            "scratch" if profile.kind == "photo" else
+                                            f"{profile.kind}s on a uniform background: a small CNN from scratch")}
+    if m.args:
+        from dmlkit.exceptions import ConfigError
+
+        raise ConfigError(
+            f"model.args {m.args} are for the {GLYPH_MODEL} the recipe trains on glyphs, but these images are "
+            f"photos and get the pretrained {PHOTO_BACKBONE}: set model.name={GLYPH_MODEL} to train the small "
+            "CNN on them, or drop model.args.")
+    return {"model.name": (PHOTO_BACKBONE, "photos: an ImageNet-pretrained backbone (weights ship offline)")}
+
+
+def _model_args_choice(cfg: Any, profile: DataProfile, name: str, *, warm: bool) -> dict[str, tuple[Any, str]]:
+    """``model.args``: the small CNN's width (narrower for ensemble members) and, from scratch, the data's channels."""
+    m = cfg.model
     args, why = dict(m.args), []
     if m.name == "auto" and name == GLYPH_MODEL and not args:
         args.update(GLYPH_MODEL_ARGS)
@@ -363,8 +383,12 @@ def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) 
     if not warm and "in_chans" not in args:  # a pretrained backbone keeps its own input channels
         args["in_chans"] = profile.channels
         why.append(f"trained from scratch on the data's {profile.channels} channel(s)")
-    if args != m.args:
-        out["model.args"] = (args, "; ".join(why))
+    return {"model.args": (args, "; ".join(why))} if args != m.args else {}
+
+
+def _head_choices(m: Any, *, warm: bool) -> dict[str, tuple[Any, str]]:
+    """Pooling, embedding size, head initialisation and batch norm: a pretrained backbone's kept, else learnt."""
+    out: dict[str, tuple[Any, str]] = {}
     if m.pooling is None:
         out["model.pooling"] = (("gem", "pretrained backbone: generalised-mean (p=3) pooling") if warm
                                 else ("avg", "average pooling"))
@@ -377,26 +401,28 @@ def resolve_model(cfg: Any, profile: DataProfile, *, accelerator: bool = False) 
     if m.freeze_bn is None:
         out["model.freeze_bn"] = ((True, "pretrained batch-norm statistics stay frozen") if warm
                                   else (False, "batch norm learns its statistics"))
-    if m.frozen_stages is None:
-        from dmlkit.models.timm_trunk import is_timm_model  # deferred: config does not import the models at load
+    return out
 
-        if warm and not accelerator and is_timm_model(name):
-            out["model.frozen_stages"] = (CPU_FROZEN_STAGES, f"fine-tuning on a CPU: the stem and the first "
-                                          f"{CPU_FROZEN_STAGES} feature stages (1/2 and 1/4 resolution) keep their "
-                                          "pretrained weights")
-        else:
-            out["model.frozen_stages"] = (0, "every layer trains" + (" on the accelerator" if warm else ""))
-    if m.flip_average is None:
-        out["model.flip_average"] = ((True, "photos: embeddings averaged over the image and its mirror") if photo
-                                     else (False, "glyphs: a mirrored character is another character"))
-    if not warm:  # a model trained from scratch sees the images at their own size, as glyphs do
-        return out
+
+def _frozen_stages_choice(name: str, *, warm: bool, accelerator: bool) -> tuple[int, str]:
+    """``model.frozen_stages``: :data:`CPU_FROZEN_STAGES` for a pretrained timm backbone fine-tuned on a CPU, else 0."""
+    from dmlkit.models.timm_trunk import is_timm_model  # deferred: config does not import the models at load
+
+    if warm and not accelerator and is_timm_model(name):
+        return CPU_FROZEN_STAGES, (f"fine-tuning on a CPU: the stem and the first {CPU_FROZEN_STAGES} feature stages "
+                                   "(1/2 and 1/4 resolution) keep their pretrained weights")
+    return 0, "every layer trains" + (" on the accelerator" if warm else "")
+
+
+def _photo_size_choices(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
+    """``data.image_size`` (the evaluation size the median photo holds) and ``data.crop_size`` (the training crops)."""
+    out: dict[str, tuple[Any, str]] = {}
     size = cfg.data.image_size
-    if photo and size is None:
+    if size is None:
         size = photo_eval_size(profile)
         out["data.image_size"] = (size, f"median image {profile.height}x{profile.width}: evaluated on a "
                                         f"{size}-px centre crop (shorter side {round(size * 256 / 224)})")
-    if photo and cfg.data.crop_size is None:
+    if cfg.data.crop_size is None:
         crop = min(size, PHOTO_TRAIN_SIZE)
         out["data.crop_size"] = (crop, f"random crops at the pretrained backbones' {PHOTO_TRAIN_SIZE}-px input size"
                                        + ("" if crop == PHOTO_TRAIN_SIZE else f", at most the {crop}-px evaluation size"))
@@ -438,6 +464,37 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
     ``bf16_native`` says whether the training device computes bf16 natively; ``accelerator`` whether
     it is a GPU (a larger fine-tuning budget for the same wall time).
     """
+    out = _batch_choices(cfg, profile)
+    batch = _set_or_chosen(cfg, out, "sampler.batch_size")
+    warm = uses_pretrained_weights(cfg)
+    small = small_in_memory(profile)
+    ensemble = ensemble_members(cfg, profile, warm=warm)  # the recipe's members (and why), when not set by hand
+    out.update(_budget_and_step_choices(cfg, profile, batch, warm=warm, small=small, accelerator=accelerator))
+    out.update(_validation_choices(cfg, out, warm=warm, small=small))
+    out.update(_learning_rate_choices(cfg, ensemble, warm=warm))
+    out.update(_augment_choice(cfg, profile))
+    out.update(_shift_choices(cfg, profile, small=small))
+    if cfg.model.ensemble is None:
+        out["model.ensemble"] = ensemble
+    if cfg.protocol.member_folds is None:
+        out["protocol.member_folds"] = member_folds_choice(cfg, cfg.model.ensemble or ensemble[0], warm)
+    if cfg.data.num_workers is None:
+        out["data.num_workers"] = _workers_choice(profile, accelerator)
+    if cfg.train.mixed_precision == "auto":
+        out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
+                                        else ("none", "no native bf16 on this device"))
+    return out
+
+
+def _set_or_chosen(cfg: Any, out: dict[str, tuple[Any, str]], path: str) -> Any:
+    """The value of ``path``: as ``cfg`` sets it, else as the recipe chose it in ``out``."""
+    section, key = path.split(".")
+    value = getattr(getattr(cfg, section), key)
+    return value if value is not None else out[path][0]
+
+
+def _batch_choices(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
+    """``sampler.m`` (a fifth of a class's images) and ``sampler.batch_size`` (``m`` x classes per batch)."""
     out: dict[str, tuple[Any, str]] = {}
     batch = cfg.sampler.batch_size
     if cfg.sampler.m is None and profile.median_per_class < 2:
@@ -460,9 +517,14 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         out["sampler.batch_size"] = (batch, f"{classes} classes x m={m}"
                                             + (f" (all {profile.num_classes} classes)" if classes == profile.num_classes
                                                else f", about {DEFAULT_BATCH} images"))
-    warm = uses_pretrained_weights(cfg)
-    small = small_in_memory(profile)
-    ensemble = ensemble_members(cfg, profile, warm=warm)  # the recipe's members (and why), when not set by hand
+    return out
+
+
+def _budget_and_step_choices(cfg: Any, profile: DataProfile, batch: int, *, warm: bool, small: bool,
+                             accelerator: bool) -> dict[str, tuple[Any, str]]:
+    """``train.time_budget`` (when the steps are left to the recipe too) and ``train.max_steps`` (a fine-tuning
+    ceiling for a pretrained backbone, else epochs by the data size)."""
+    out: dict[str, tuple[Any, str]] = {}
     if cfg.train.time_budget is None and cfg.train.max_steps is None and small and not warm:
         out["train.time_budget"] = (SMALL_IMAGE_TIME_BUDGET, f"small images in memory, a small CNN from scratch: the "
                                     f"whole run in {SMALL_IMAGE_TIME_BUDGET:.0f} s on this machine, the test split's "
@@ -484,19 +546,33 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
         steps = max(50, min(2000, round(epochs * profile.num_images / batch)))
         out["train.max_steps"] = (steps, f"{epochs} epochs of {profile.num_images} images at batch "
                                          f"{batch}, in [50, 2000]")
+    return out
+
+
+def _validation_choices(cfg: Any, out: dict[str, tuple[Any, str]], *, warm: bool,
+                        small: bool) -> dict[str, tuple[Any, str]]:
+    """``train.eval_every`` (over the steps set or chosen in ``out``) and ``train.patience`` (fine-tuning only)."""
+    chosen: dict[str, tuple[Any, str]] = {}
     if cfg.train.eval_every is None:
-        steps = cfg.train.max_steps if cfg.train.max_steps is not None else out["train.max_steps"][0]
+        steps = _set_or_chosen(cfg, out, "train.max_steps")
         has_val = has_validation(cfg)
         count = FINETUNE_EVALUATIONS if warm else SCRATCH_EVALUATIONS if small else 10
         every = evaluation_interval(steps, count) if has_val else steps
-        out["train.eval_every"] = (every, (f"{count} validation evaluations" + (" after the untrained one at step 0"
-                                                                                if warm else "")
-                                           + (" (small images from scratch: the best come late under the cosine "
-                                              "schedule)" if count == SCRATCH_EVALUATIONS and not warm else ""))
-                                   if has_val else "no validation split: at the end")
+        chosen["train.eval_every"] = (every, (f"{count} validation evaluations" + (" after the untrained one at step 0"
+                                                                                   if warm else "")
+                                              + (" (small images from scratch: the best come late under the cosine "
+                                                 "schedule)" if count == SCRATCH_EVALUATIONS and not warm else ""))
+                                      if has_val else "no validation split: at the end")
     if cfg.train.patience is None and warm and has_validation(cfg):
-        out["train.patience"] = (FINETUNE_PATIENCE, f"stop after {FINETUNE_PATIENCE} validations without a significant "
-                                                    "gain over the best one (2 standard errors, paired per query)")
+        chosen["train.patience"] = (FINETUNE_PATIENCE, f"stop after {FINETUNE_PATIENCE} validations without a "
+                                                       "significant gain over the best one (2 standard errors, "
+                                                       "paired per query)")
+    return chosen
+
+
+def _learning_rate_choices(cfg: Any, ensemble: tuple[int, str], *, warm: bool) -> dict[str, tuple[Any, str]]:
+    """``optimizer.lr`` and the head's and the proxies' multipliers of it."""
+    out: dict[str, tuple[Any, str]] = {}
     if cfg.optimizer.lr is None:
         if warm:
             out["optimizer.lr"] = (PRETRAINED_LR, "a pretrained backbone fine-tunes gently")
@@ -513,22 +589,32 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
             else (1.0, "head and backbone learn together"))
     if cfg.optimizer.loss_lr_multiplier is None:
         out["optimizer.loss_lr_multiplier"] = (100.0, "proxies learn 100x faster than the model")
+    return out
+
+
+def _augment_choice(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, str]]:
+    """``data.augment``: a paper pipeline's crops, crops of photos, warps or shifts of glyphs, or none on disk."""
+    if cfg.data.augment != "auto":
+        return {}
     photos = cfg.data.crop_size is not None and cfg.data.image_size is not None  # read through a photo pipeline
-    if cfg.data.augment == "auto" and cfg.data.pipeline != "recipe" and photos:
-        out["data.augment"] = (("crop", f"the {cfg.data.pipeline} pipeline's random crops + flips of the photos "
-                                        "held in memory") if profile.in_memory else
-                               ("none", f"photos on disk: the {cfg.data.pipeline} pipeline's crops + flips per item"))
-    elif cfg.data.augment == "auto":
-        if profile.in_memory and profile.kind == "photo" and cfg.data.crop_size:
-            out["data.augment"] = ("crop", "photos in memory: random resized crops (area 16-100 %) + flips")
-        elif profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:
-            out["data.augment"] = ("affine", f"glyphs/digits on a uniform background {_fmt(profile.background)}, "
-                                             f"{profile.median_per_class} < {FEW_PER_CLASS} images per class")
-        elif profile.in_memory:
-            out["data.augment"] = ("translate", f"{profile.kind}s in memory with {profile.median_per_class} images "
-                                                f"per class: +-{cfg.data.max_shift} px shifts")
-        else:
-            out["data.augment"] = ("none", "photos on disk: random resized crop + flip per item")
+    if cfg.data.pipeline != "recipe" and photos:
+        return {"data.augment": (("crop", f"the {cfg.data.pipeline} pipeline's random crops + flips of the photos "
+                                          "held in memory") if profile.in_memory else
+                                 ("none", f"photos on disk: the {cfg.data.pipeline} pipeline's crops + flips per item"))}
+    if profile.in_memory and profile.kind == "photo" and cfg.data.crop_size:
+        return {"data.augment": ("crop", "photos in memory: random resized crops (area 16-100 %) + flips")}
+    if profile.in_memory and profile.kind == "glyph" and profile.median_per_class < FEW_PER_CLASS:
+        return {"data.augment": ("affine", f"glyphs/digits on a uniform background {_fmt(profile.background)}, "
+                                           f"{profile.median_per_class} < {FEW_PER_CLASS} images per class")}
+    if profile.in_memory:
+        return {"data.augment": ("translate", f"{profile.kind}s in memory with {profile.median_per_class} images "
+                                              f"per class: +-{cfg.data.max_shift} px shifts")}
+    return {"data.augment": ("none", "photos on disk: random resized crop + flip per item")}
+
+
+def _shift_choices(cfg: Any, profile: DataProfile, *, small: bool) -> dict[str, tuple[Any, str]]:
+    """``model.shift_average`` (small images) and the validations' smaller ``eval.val_shift_average``."""
+    out: dict[str, tuple[Any, str]] = {}
     side = min(profile.height, profile.width)
     if cfg.model.shift_average is None:
         if small and side >= MIN_SIDE_TO_SHIFT:
@@ -539,27 +625,22 @@ def resolve(cfg: Any, profile: DataProfile, *, bf16_native: bool = False,
                                              "part of the image out")
         else:
             out["model.shift_average"] = (0, f"images larger than {SMALL_SIDE} px or on disk: no shift averaging")
-    shift = cfg.model.shift_average if cfg.model.shift_average is not None else out["model.shift_average"][0]
+    shift = _set_or_chosen(cfg, out, "model.shift_average")
     if cfg.eval.val_shift_average is None and shift > VAL_SHIFT_RADIUS:
         out["eval.val_shift_average"] = (VAL_SHIFT_RADIUS, f"validations embed over shifts of up to {VAL_SHIFT_RADIUS} "
                                          f"px ({(2 * VAL_SHIFT_RADIUS + 1) ** 2} passes an image instead of "
                                          f"{(2 * shift + 1) ** 2}): they compare checkpoints of one run; the test "
                                          f"split keeps {shift} px")
-    if cfg.model.ensemble is None:
-        out["model.ensemble"] = ensemble
-    if cfg.protocol.member_folds is None:
-        out["protocol.member_folds"] = member_folds_choice(cfg, cfg.model.ensemble or ensemble[0], warm)
-    if cfg.data.num_workers is None:
-        if accelerator and not profile.in_memory:
-            workers = max(1, min(8, (os.cpu_count() or 2) - 1))
-            out["data.num_workers"] = (workers, "images decoded from disk while the GPU computes")
-        else:
-            out["data.num_workers"] = (0, "images held in memory" if profile.in_memory
-                                       else "on a CPU, workers would take the cores the model computes on")
-    if cfg.train.mixed_precision == "auto":
-        out["train.mixed_precision"] = (("bf16", "the device computes bf16 natively") if bf16_native
-                                        else ("none", "no native bf16 on this device"))
     return out
+
+
+def _workers_choice(profile: DataProfile, accelerator: bool) -> tuple[int, str]:
+    """``data.num_workers``: decoding processes only for images on disk feeding a GPU."""
+    if accelerator and not profile.in_memory:
+        workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+        return workers, "images decoded from disk while the GPU computes"
+    return 0, ("images held in memory" if profile.in_memory
+               else "on a CPU, workers would take the cores the model computes on")
 
 
 def evaluation_interval(steps: int, count: int) -> int:
