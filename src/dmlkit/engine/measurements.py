@@ -43,8 +43,8 @@ T = TypeVar("T")
 #: The format of a kept plan file and of ``resolved.json``'s ``measurements``.
 TAPE_FORMAT = "dmlkit-measurements-1"
 
-#: Repeated timings of the same work further apart than this (upper over lower quartile, or slowest over
-#: fastest of three or fewer) mean other work shared the machine: the measurements are not kept.
+#: Repeated timings of the same work further apart than this (upper over lower quartile, or the two fastest of
+#: three or fewer) mean other work shared the machine: the measurements are not kept.
 BUSY_SPREAD = 1.5
 
 #: A replayed run whose measured training steps take this many times the kept step time stops replaying.
@@ -59,13 +59,13 @@ STORE_VARIABLE = "DMLKIT_PLAN_STORE"
 
 
 def spread_of(timings: Sequence[float]) -> float:
-    """How far repeated timings of one piece of work disagree: upper over lower quartile (slowest over fastest
-    for three or fewer); 1.0 for fewer than two."""
+    """How far repeated timings of one piece of work disagree: upper over lower quartile (for three or fewer, the
+    second fastest over the fastest: one slow pass, a cold cache, is not a busy machine); 1.0 for fewer than two."""
     times = sorted(float(t) for t in timings)
     if len(times) < 2 or times[0] <= 0:
         return 1.0
     if len(times) <= 3:
-        return times[-1] / times[0]
+        return times[1] / times[0]
     return times[(3 * len(times)) // 4] / max(times[len(times) // 4], 1e-12)
 
 

@@ -24,6 +24,8 @@ def idle(monkeypatch):
 def test_spread_of_quartiles_and_small_samples():
     assert m.spread_of([1.0]) == 1.0
     assert m.spread_of([2.0, 1.0]) == 2.0
+    assert m.spread_of([1.0, 1.0, 5.0]) == 1.0  # one cold pass of three
+    assert m.spread_of([1.0, 2.0, 2.0]) == 2.0
     assert m.spread_of([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]) == 1.0  # one interruption is not a busy machine
     assert m.spread_of([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0]) == 2.0
 
@@ -69,7 +71,7 @@ def test_plan_replay_does_not_check_speed():
 def test_timings_that_disagree_mark_the_machine_busy(tmp_path, idle):
     store = m.PlanStore(tmp_path)
     tape = m.Measurements(store=store, machine={"cpu": "x"}, request={"a": 1})
-    tape.measure("cost", lambda: 1.0, timings=lambda _v: [[1.0, 1.0, 3.0]])
+    tape.measure("cost", lambda: 1.0, timings=lambda _v: [[1.0, 3.0, 3.0]])
     assert tape.busy and "3.00x apart" in tape.busy[0]
     assert "NOT kept" in tape.keep()
     assert store.load({"cpu": "x"}, {"a": 1}) is None
