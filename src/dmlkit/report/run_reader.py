@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -214,25 +214,22 @@ def load_run(run_dir: str | Path) -> RunData:
         metrics=read_json_object(paths[METRICS_FILE]),
         records=read_log(paths[LOG_FILE]),
     )
-    env_path = run_dir / ENV_FILE
-    if env_path.is_file():
-        try:
-            run.env = read_json_object(env_path)
-        except DataError as exc:
-            run.problems[ENV_FILE] = str(exc)
-    manifest_path = run_dir / MANIFEST_FILE
-    if manifest_path.is_file():
-        try:
-            run.split_sizes = split_sizes(read_json_object(manifest_path))
-        except DataError as exc:
-            run.problems[MANIFEST_FILE] = str(exc)
-    embeddings_path = run_dir / TEST_EMBEDDINGS_FILE
-    if embeddings_path.is_file():
-        try:
-            run.embeddings = read_embeddings(embeddings_path)
-        except DataError as exc:
-            run.problems[TEST_EMBEDDINGS_FILE] = str(exc)
+    run.env = _optional(run, ENV_FILE, read_json_object)
+    run.split_sizes = _optional(run, MANIFEST_FILE, lambda path: split_sizes(read_json_object(path))) or {}
+    run.embeddings = _optional(run, TEST_EMBEDDINGS_FILE, read_embeddings)
     return run
+
+
+def _optional(run: RunData, name: str, read: Callable[[Path], Any]) -> Any:
+    """``read(run_dir / name)``; None when the file is absent, or malformed (said in ``run.problems[name]``)."""
+    path = run.run_dir / name
+    if not path.is_file():
+        return None
+    try:
+        return read(path)
+    except DataError as exc:
+        run.problems[name] = str(exc)
+        return None
 
 
 def split_sizes(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
