@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from dmlkit.cli.main import main
 from dmlkit.inference import RunEmbedder
@@ -156,3 +156,40 @@ def test_classify_labels_a_gallery_image_by_its_own_class(runs, tmp_path, capsys
     assert lines[0].startswith(f"{paths[4]}: {query['label']} confidence=") and lines[1].startswith("threshold: cosine")
     with pytest.raises(SystemExit):
         main(["index", "classify", str(index), paths[4], "--fmr", "0.1", "--threshold", "0.5"])
+
+
+def test_add_labels_a_class_folder_and_classify_names_an_unlabelled_nearest_item(runs, tmp_path, capsys):
+    import shutil
+
+    run_dir, gallery, saved = runs["folder16"]
+    paths = [str(p) for p in saved["paths"]]
+    index = tmp_path / "g.index"
+    assert main(["index", "build", str(run_dir), "--images", str(gallery), "--out", str(index)]) == 0
+    label = os.path.basename(os.path.dirname(paths[0]))
+    copies = {}
+    for name, source in ((label, paths[0]), ("newitems", paths[1]), ("fresh", paths[2])):
+        folder = tmp_path / name  # a flat folder: images directly inside, no class sub-folders
+        folder.mkdir()
+        copies[name] = shutil.copy(source, folder / "copy.png")
+    # the unlabelled item is an image the gallery lacks (inverted colours), so its nearest item is itself
+    ImageOps.invert(Image.open(copies["newitems"]).convert("RGB")).save(copies["newitems"])
+    capsys.readouterr()
+    assert main(["index", "add", str(index), "--images", str(tmp_path / label)]) == 0
+    assert f"labelled them {label!r}: the folder holds images only" in capsys.readouterr().out
+    assert main(["index", "add", str(index), "--images", str(tmp_path / "fresh"), "--label", "fresh"]) == 0
+    assert "labelled 'fresh' (--label)" in capsys.readouterr().out
+    assert main(["index", "add", str(index), "--images", str(tmp_path / "newitems")]) == 0
+    assert "1 of them have no label" in capsys.readouterr().out
+    from dmlkit.index import Index
+
+    labels = dict(zip(Index.load(index).paths, Index.load(index).labels))
+    assert labels[str(copies[label])] == label and labels[str(copies["fresh"])] == "fresh"
+    assert labels[str(copies["newitems"])] is None
+
+    assert main(["index", "classify", str(index), str(copies["newitems"]), "-k", "1"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == f"{copies['newitems']}: no label: nearest item is unlabelled, score 1.0000, and no labelled item " \
+                   "among the 1 nearest voted" and "unknown" not in line
+    assert main(["index", "classify", str(index), str(copies["newitems"]), "-k", "3", "--json"]) == 0
+    (query,) = json.loads(capsys.readouterr().out)["queries"]
+    assert query["nearest_unlabelled"] is True and query["unknown"] is False and query["label"] is not None

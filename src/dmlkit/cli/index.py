@@ -16,6 +16,24 @@ def not_indexed(index, paths: list, labels: list | None) -> tuple[list, list | N
     return [p for p, k in zip(paths, keep) if k], kept_labels, keep.count(False)
 
 
+def labels_to_add(index, source, labels: list, label: str | None) -> tuple[list, str | None]:
+    """The labels of images to add: each image's own (class folder or CSV column), else ``label``, else, for a
+    folder holding images only whose name is a label of ``index``, that name; and a line saying which rule
+    labelled them (None when every image had its own label or none got one)."""
+    from pathlib import Path
+
+    if None not in labels:
+        return labels, None
+    if label is not None:
+        return ([label if v is None else v for v in labels],
+                f"images without a label of their own are labelled {label!r} (--label)")
+    name = Path(source).name
+    if Path(source).is_dir() and all(v is None for v in labels) and name in set(index.labels):
+        return [name] * len(labels), (f"labelled them {name!r}: the folder holds images only and its name is a "
+                                      "label of the index (--label NAME gives another)")
+    return labels, None
+
+
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.description = (
         "A search index over a gallery embedded by a run: build it once, add images as they arrive, query\n"
@@ -46,7 +64,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add = sub.add_parser("add", help="embed more images and add them to an index (new ids)",
                          description="Embed more images with the index's run and add them (new ids, never reused).")
     add.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
-    add.add_argument("--images", required=True, metavar="DIR_OR_CSV", help="as for build")
+    add.add_argument("--images", required=True, metavar="DIR_OR_CSV",
+                     help="as for build: the label is the class sub-folder (or the CSV's label column); a folder "
+                          "holding images only, named after a label of the index, gives them that label")
+    add.add_argument("--label", metavar="NAME",
+                     help="label of the images that get none from a class folder or a label column (e.g. a flat "
+                          "folder of one class)")
     add.add_argument("--run", metavar="RUN_DIR", help="the run that built the index (default: the one it records)")
     query = sub.add_parser("query", help="nearest gallery items of query images",
                            description="Nearest gallery items of query images, best first.")
@@ -127,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     index = Index.load(args.index)
     if args.action == "add":
         paths, labels = gallery_images(args.images)
+        labels, labelled = labels_to_add(index, args.images, labels, args.label)
         paths, labels, already = not_indexed(index, paths, labels)
         note = f"; {already} images already in the index were skipped" if already else ""
         if not paths:
@@ -135,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
         ids = index.add(_embedder(index, args.run), paths, labels=labels)
         index.save(args.index)
         print(f"added {len(ids)} images (ids {ids[0]}-{ids[-1]}){note}; the index holds {len(index)}")
+        unlabelled = labels.count(None)
+        if labelled:
+            print(labelled)
+        if unlabelled:
+            print(f"{unlabelled} of them have no label (images directly in the folder, or CSV rows without one): "
+                  "they come back in queries but do not vote in classify; --label NAME labels them")
         return 0
     if args.action == "remove":
         removed = index.remove(args.ids)
@@ -168,8 +198,15 @@ def _classify(index, args: argparse.Namespace) -> int:
         print(json.dumps({"index": str(args.index), "threshold": result.threshold, "queries": records}, indent=2))
         return 0
     for r in records:
-        label = "unknown" if r["unknown"] else f"{r['label']} confidence={r['confidence']:.3f}"
-        print(f"{r['query']}: {label} (nearest score {r['nearest_score']:.4f})")
+        nearest = f"nearest score {r['nearest_score']:.4f}"
+        if r["nearest_unlabelled"]:
+            nearest = f"nearest item is unlabelled, score {r['nearest_score']:.4f}"
+        if r["label"] is not None:
+            print(f"{r['query']}: {r['label']} confidence={r['confidence']:.3f} ({nearest})")
+        elif r["nearest_unlabelled"]:
+            print(f"{r['query']}: no label: {nearest}, and no labelled item among the {args.k} nearest voted")
+        else:
+            print(f"{r['query']}: unknown ({nearest})")
     if result.threshold is not None:
         print(f"threshold: cosine score >= {result.threshold:.6f}")
     return 0

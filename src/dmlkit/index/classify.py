@@ -7,6 +7,8 @@ goes to the label of the nearer neighbour); its confidence is its share of the v
 none of whose neighbours reaches the threshold is *unknown* (label ``None``): with the threshold
 chosen at a false match rate on the gallery's pairs (:meth:`Index.set_threshold_at_fmr`), a query of
 a class the gallery lacks is accepted about as often as an impostor pair matches, once per neighbour.
+A query whose nearest item is unlabelled (added without a label) and reaches the threshold is not
+unknown: it matches a gallery item that has no label, and is reported as such.
 """
 
 from __future__ import annotations
@@ -22,24 +24,33 @@ DISTANCE_EPS = 1e-6
 
 @dataclass
 class Classification:
-    """Per query ``[Q]``: ``labels`` (``None`` = unknown), ``confidence`` (the winner's share of the vote weight,
-    0 for unknown), ``nearest_score`` (cosine score of the nearest item) and the ``threshold`` used (None: none)."""
+    """Per query ``[Q]``: ``labels`` (``None``: no labelled neighbour voted), ``confidence`` (the winner's share
+    of the vote weight, 0 without a label), ``nearest_score`` (cosine score of the nearest item),
+    ``nearest_unlabelled`` (the nearest item has no label and reaches the threshold) and the ``threshold``
+    used (None: none)."""
 
     labels: list[str | None]
     confidence: np.ndarray
     nearest_score: np.ndarray
     threshold: float | None
+    nearest_unlabelled: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.nearest_unlabelled is None:
+            self.nearest_unlabelled = np.zeros(len(self.labels), dtype=bool)
 
     @property
     def unknown(self) -> np.ndarray:
-        """``[Q]`` bool: no neighbour reached the threshold."""
-        return np.array([label is None for label in self.labels], dtype=bool)
+        """``[Q]`` bool: no labelled neighbour voted and the nearest item is no unlabelled match either."""
+        return np.array([label is None for label in self.labels], dtype=bool) & ~self.nearest_unlabelled
 
     def records(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """One JSON-ready dict per query: ``{query, label, unknown, confidence, nearest_score}``."""
-        return [{"query": str(name), "label": label, "unknown": label is None, "confidence": float(conf),
-                 "nearest_score": float(score)}
-                for name, label, conf, score in zip(names, self.labels, self.confidence, self.nearest_score)]
+        """One JSON-ready dict per query: ``{query, label, unknown, confidence, nearest_score, nearest_unlabelled}``."""
+        unknown = self.unknown
+        return [{"query": str(name), "label": label, "unknown": bool(unknown[q]), "confidence": float(conf),
+                 "nearest_score": float(score), "nearest_unlabelled": bool(self.nearest_unlabelled[q])}
+                for q, (name, label, conf, score) in enumerate(zip(names, self.labels, self.confidence,
+                                                                    self.nearest_score))]
 
 
 def vote(scores: np.ndarray, codes: np.ndarray, names: Sequence[str], threshold: float | None) -> Classification:
@@ -60,4 +71,8 @@ def vote(scores: np.ndarray, codes: np.ndarray, names: Sequence[str], threshold:
     confidence = np.where(known, totals[rows, winner] / np.where(known, cast, 1.0), 0.0)
     labels = [names[codes[q, winner[q]]] if known[q] else None for q in range(len(codes))]
     nearest = scores[:, 0] if scores.shape[1] else np.full(len(codes), -np.inf)
-    return Classification(labels, confidence, nearest, threshold)
+    # an item found (finite score) without a code is unlabelled; it counts as a match where it reaches the threshold
+    unlabelled = (codes[:, 0] < 0) & np.isfinite(nearest) if scores.shape[1] else np.zeros(len(codes), dtype=bool)
+    if threshold is not None:
+        unlabelled &= nearest >= threshold
+    return Classification(labels, confidence, nearest, threshold, unlabelled)

@@ -42,7 +42,7 @@ def test_queries_below_the_threshold_are_unknown_and_only_matches_vote():
     assert result.unknown.tolist() == [False, True]
     assert result.records(["a.png", "b.png"])[1] == {
         "query": "b.png", "label": None, "unknown": True, "confidence": 0.0,
-        "nearest_score": pytest.approx(math.cos(math.pi - 2.0), rel=1e-5)}
+        "nearest_score": pytest.approx(math.cos(math.pi - 2.0), rel=1e-5), "nearest_unlabelled": False}
 
 
 def test_threshold_at_fmr_rejects_queries_of_classes_the_gallery_lacks():
@@ -88,3 +88,17 @@ def test_unlabelled_gallery_items_do_not_vote():
     assert result.nearest_score[0] == pytest.approx(math.cos(0.01), rel=1e-5)
     with pytest.raises(DataError, match="needs every gallery item labelled"):
         index.classify_embeddings(np.array([unit(0.0)], dtype=np.float32), fmr=0.1)
+
+
+def test_an_unlabelled_nearest_item_is_reported_as_such_not_as_unknown():
+    vectors = np.array([unit(0.0), unit(0.3), unit(2.5)], dtype=np.float32)
+    index = Index.from_embeddings(vectors, labels=[None, "cat", "dog"])
+    queries = np.array([unit(0.0), unit(0.0), unit(math.pi)], dtype=np.float32)
+    alone = index.classify_embeddings(queries[:1], k=1)  # only the unlabelled item is looked at
+    assert alone.labels == [None] and alone.nearest_unlabelled.tolist() == [True] and not alone.unknown.any()
+    assert alone.nearest_score[0] == pytest.approx(1.0)
+    voted = index.classify_embeddings(queries, k=2, threshold=0.9)
+    assert voted.labels == ["cat", "cat", None]  # the labelled neighbour votes; the far query is unknown
+    assert voted.nearest_unlabelled.tolist() == [True, True, False] and voted.unknown.tolist() == [False, False, True]
+    records = voted.records(["a", "b", "c"])
+    assert records[0]["nearest_unlabelled"] is True and records[2]["unknown"] is True
