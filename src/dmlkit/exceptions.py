@@ -57,3 +57,8 @@ class AssertedParameterError(InvalidParameterError, AssertionError):
 class StorageError(DmlkitError, OSError):
     """A result could not be written: the disk (or the file-size limit) is full. Names the path and the
     space needed; the previous version of the file is intact (writes are atomic)."""
+
+
+class DatabaseError(DmlkitError, ConnectionError):
+    """A vector database did not answer (after its retries) or refused a request. Names the database and
+    what was asked; whatever it already holds stays written."""

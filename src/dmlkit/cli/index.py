@@ -1,4 +1,5 @@
-"""``dmlkit index build|add|query|classify|remove``: a saved faiss index over a gallery of image files."""
+"""``dmlkit index build|add|query|classify|remove|export``: a saved faiss index over a gallery of image files,
+and its export to a vector database."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ def not_indexed(index, paths: list, labels: list | None) -> tuple[list, list | N
     keep = [os.path.realpath(p) not in known for p in paths]
     kept_labels = None if labels is None else [label for label, k in zip(labels, keep) if k]
     return [p for p, k in zip(paths, keep) if k], kept_labels, keep.count(False)
+
+
+def print_neighbours(records: list[dict]) -> None:
+    """Each query of :meth:`QueryResult.records` and its neighbours, one line each."""
+    for record in records:
+        print(record["query"])
+        for n in record["neighbours"]:
+            label = f" label={n['label']}" if n["label"] is not None else ""
+            match = f" match={'yes' if n['match'] else 'no'}" if "match" in n else ""
+            where = n["path"] if n["path"] is not None else f"#{n['id']}"
+            print(f"  {n['rank']}. {where} id={n['id']}{label} score={n['score']:.4f} distance={n['distance']:.4f}{match}")
 
 
 def labels_to_add(index, source, labels: list, label: str | None) -> tuple[list, str | None]:
@@ -100,6 +112,28 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     rejection.add_argument("--threshold", type=float, metavar="SCORE", help="reject below this cosine score")
     classify.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     classify.add_argument("--run", metavar="RUN_DIR", help="the run that built the index (default: the one it records)")
+    export = sub.add_parser(
+        "export", help="write an index (or a run's embedded gallery) into a vector database (Qdrant)",
+        description="Write an index's items (vectors, ids, paths, labels, the model's fingerprint and threshold) into\n"
+                    "a Qdrant collection, in batches, each request retried; an interrupted export run again\n"
+                    "continues where it stopped (point id = item id: nothing is duplicated). A collection written\n"
+                    "by another model or of another vector size is refused. Query it with\n"
+                    "`dmlkit search --index URI`.")
+    export.add_argument("source", metavar="RUN_OR_INDEX",
+                        help="an index file written by `dmlkit index build`, or a run directory (with --images)")
+    export.add_argument("--to", required=True, metavar="URI",
+                        help="qdrant:PATH (Qdrant's local mode: a folder, no server) or http(s)://HOST:PORT (a Qdrant "
+                             "server or cluster), each optionally with ?collection=NAME (default: dmlkit)")
+    export.add_argument("--images", metavar="DIR_OR_CSV",
+                        help="with a run directory: the gallery to embed and write, as for build (ids: positions in "
+                             "the sorted listing; only images not yet written are embedded)")
+    export.add_argument("--label", metavar="NAME", help="with --images: label of the images without one")
+    export.add_argument("--batch-size", type=int, default=512, metavar="N", help="items per request (default: 512)")
+    export.add_argument("--retries", type=int, default=3, metavar="N",
+                        help="tries per request before giving up, waiting 1 s, 2 s, ... between them (default: 3)")
+    export.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="time limit of each request to a server (default: 10)")
+    export.add_argument("--checkpoint", choices=["best", "last"], default="best")
     remove = sub.add_parser("remove", help="remove items by id", description="Remove items from an index by id.")
     remove.add_argument("index", metavar="INDEX", help="index file written by `dmlkit index build`")
     remove.add_argument("ids", nargs="+", type=int, metavar="ID", help="ids to remove (as printed by query)")
@@ -147,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"threshold at FMR {args.threshold_fmr:g}: cosine score >= {threshold:.6f} is a match")
         print(f"written: {index.save(args.out)}")
         return 0
+    if args.action == "export":
+        return _export(args)
     index = Index.load(args.index)
     if args.action == "add":
         paths, labels = gallery_images(args.images)
@@ -180,13 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"index": str(args.index), "threshold": index.threshold, "queries": records}, indent=2))
         return 0
-    for record in records:
-        print(record["query"])
-        for n in record["neighbours"]:
-            label = f" label={n['label']}" if n["label"] is not None else ""
-            match = f" match={'yes' if n['match'] else 'no'}" if "match" in n else ""
-            where = n["path"] if n["path"] is not None else f"#{n['id']}"
-            print(f"  {n['rank']}. {where} id={n['id']}{label} score={n['score']:.4f} distance={n['distance']:.4f}{match}")
+    print_neighbours(records)
     return 0
 
 
@@ -209,4 +239,35 @@ def _classify(index, args: argparse.Namespace) -> int:
             print(f"{r['query']}: unknown ({nearest})")
     if result.threshold is not None:
         print(f"threshold: cosine score >= {result.threshold:.6f}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dmlkit.exceptions import ConfigError
+    from dmlkit.index.database import QdrantCollection, parse_uri
+    from dmlkit.index.gallery import Index, gallery_images
+
+    parse_uri(args.to)  # a wrong URI fails before anything is read or embedded
+    source = Path(args.source)
+    if source.is_dir() and args.images is None:
+        raise ConfigError(f"{args.source!r} is a run directory: give --images DIR_OR_CSV, the gallery to embed and "
+                          "export (or export an index file written by `dmlkit index build`).")
+    if not source.is_dir() and args.images is not None:
+        raise ConfigError("--images goes with a run directory; an index file already holds its items.")
+    with QdrantCollection(args.to, timeout=args.timeout, retries=args.retries) as collection:
+        if source.is_dir():
+            from dmlkit.inference import RunEmbedder
+
+            paths, labels = gallery_images(args.images)
+            if args.label is not None:
+                labels = [args.label if v is None else v for v in labels]
+            embedder = RunEmbedder.from_run(source, args.checkpoint, progress=True)
+            summary = collection.export_images(embedder, paths, labels, batch_size=args.batch_size, progress=True)
+        else:
+            summary = collection.export_index(Index.load(source), batch_size=args.batch_size, progress=True)
+        where = collection.describe()
+    already = f"; {summary.already} were already there" if summary.already else ""
+    print(f"exported {summary.written} items to {where}{already}; it holds {summary.total}")
     return 0

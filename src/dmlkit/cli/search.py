@@ -6,12 +6,20 @@ import argparse
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gallery", required=True, help="gallery .npz written by `dmlkit embed` (embeddings, labels, paths)")
-    p.add_argument("--run", metavar="RUN_DIR", help="run whose model embeds the query images")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--gallery", help="gallery .npz written by `dmlkit embed` (embeddings, labels, paths)")
+    where.add_argument("--index", metavar="URI",
+                       help="a vector database written by `dmlkit index export`: qdrant:PATH or http(s)://HOST:PORT, "
+                            "optionally with ?collection=NAME")
+    p.add_argument("--run", metavar="RUN_DIR", help="run whose model embeds the query images (with --index: "
+                   "default the run the database records; another model is refused)")
     p.add_argument("--query-embeddings", help="query .npz instead of images")
     p.add_argument("images", nargs="*", help="query image files (need --run)")
     p.add_argument("-k", type=int, default=5, help="neighbours per query (default: 5)")
-    p.add_argument("--backend", choices=["torch", "faiss"], default="torch")
+    p.add_argument("--backend", choices=["torch", "faiss"], default="torch", help="with --gallery (default: torch)")
+    p.add_argument("--exact", action="store_true",
+                   help="with --index on a server: exact search instead of its HNSW index (local mode is always exact)")
+    p.add_argument("--json", action="store_true", help="with --index: print one JSON document instead of text")
 
 
 def _load_npz(path: str) -> dict:
@@ -54,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.evaluation import knn
     from dmlkit.exceptions import ConfigError
 
+    if args.index is not None:
+        return _search_database(args)
     gallery = _load_npz(args.gallery)
     if args.query_embeddings:
         query = torch.from_numpy(_load_npz(args.query_embeddings)["embeddings"]).float()
@@ -78,4 +88,40 @@ def run(args: argparse.Namespace) -> int:
             where = str(paths[j]) if paths is not None else f"#{j}"
             lab = f" label={int(labels[j])}" if labels is not None else ""
             print(f"  {rank}. {where}{lab} distance={s:.4f}")
+    return 0
+
+
+def _search_database(args: argparse.Namespace) -> int:
+    """``--index URI``: the nearest items of the queries in a vector database written by `dmlkit index export`."""
+    import json
+
+    import torch
+
+    from dmlkit.exceptions import ConfigError
+    from dmlkit.index.database import QdrantCollection
+
+    with QdrantCollection(args.index) as collection:
+        if args.query_embeddings:
+            queries = torch.from_numpy(_load_npz(args.query_embeddings)["embeddings"]).float()
+            names = [f"query[{i}]" for i in range(len(queries))]
+            result = collection.query_embeddings(queries, args.k, exact=args.exact)
+        elif args.images:
+            from dmlkit.inference import RunEmbedder
+
+            run_dir = args.run or collection.require_header().get("run_dir")
+            if run_dir is None:
+                raise ConfigError(f"{collection.describe()} records no run directory; pass --run RUN_DIR (the run "
+                                  "that wrote it).")
+            embedder = RunEmbedder.from_run(run_dir)
+            names = list(args.images)
+            result = collection.query(embedder, names, args.k, exact=args.exact)
+        else:
+            raise ConfigError("give query image files or --query-embeddings FILE.npz.")
+    records = result.records(names)
+    if args.json:
+        print(json.dumps({"index": args.index, "queries": records}, indent=2))
+        return 0
+    from dmlkit.cli.index import print_neighbours
+
+    print_neighbours(records)
     return 0
