@@ -193,3 +193,37 @@ def test_add_labels_a_class_folder_and_classify_names_an_unlabelled_nearest_item
     assert main(["index", "classify", str(index), str(copies["newitems"]), "-k", "3", "--json"]) == 0
     (query,) = json.loads(capsys.readouterr().out)["queries"]
     assert query["nearest_unlabelled"] is True and query["unknown"] is False and query["label"] is not None
+
+
+def test_export_to_a_database_and_search_it_as_the_index(runs, tmp_path, capsys):
+    run_dir, gallery, saved = runs["folder16"]
+    other, _, _ = runs["cnn28"]
+    paths = [str(p) for p in saved["paths"]]
+    index = tmp_path / "g.index"
+    assert main(["index", "build", str(run_dir), "--images", str(gallery), "--out", str(index)]) == 0
+    before = index.read_bytes()
+    uri = f"qdrant:{tmp_path / 'db'}?collection=gallery"
+    capsys.readouterr()
+    assert main(["index", "export", str(index), "--to", uri, "--batch-size", "7"]) == 0
+    assert f"exported {len(paths)} items to collection 'gallery'" in capsys.readouterr().out
+    assert main(["index", "export", str(index), "--to", uri]) == 0  # again: nothing written twice
+    assert f"exported 0 items to collection 'gallery' at qdrant:{tmp_path / 'db'}; {len(paths)} were already there; " \
+           f"it holds {len(paths)}" in capsys.readouterr().out
+    assert index.read_bytes() == before
+
+    assert main(["index", "query", str(index), paths[4], "-k", "3", "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)["queries"][0]["neighbours"]
+    assert main(["search", "--index", uri, paths[4], "-k", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["queries"][0]["neighbours"]
+    assert [n["id"] for n in got] == [n["id"] for n in want] and got[0]["path"] == paths[4]
+    assert [n["label"] for n in got] == [n["label"] for n in want]
+    assert got[0]["score"] == pytest.approx(want[0]["score"], abs=1e-5)
+
+    assert main(["search", "--index", uri, "--run", str(other), paths[4]]) == 2
+    assert "was written by another model" in capsys.readouterr().err
+    assert main(["index", "export", str(other), "--images", str(gallery), "--to", uri]) == 2
+    assert "was written by another model" in capsys.readouterr().err
+    assert main(["index", "export", str(run_dir), "--images", str(gallery), "--to", f"qdrant:{tmp_path / 'db'}"]) == 0
+    assert f"exported {len(paths)} items to collection 'dmlkit'" in capsys.readouterr().out
+    assert main(["index", "export", str(run_dir), "--to", uri]) == 2
+    assert "give --images DIR_OR_CSV" in capsys.readouterr().err

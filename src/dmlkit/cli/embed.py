@@ -40,34 +40,10 @@ def output_format(out: str | Path, fmt: str | None = None) -> str:
     if suffix not in FORMATS:
         raise ConfigError(f"--out must end in .npz or .npy or .parquet (or name the format with --format). Got {str(out)!r}.")
     if suffix == "parquet":
+        from dmlkit.evaluation.embed_parts import require_pyarrow
+
         require_pyarrow()
     return suffix
-
-
-def require_pyarrow():
-    """The ``pyarrow`` module (with ``pyarrow.parquet`` loaded), or a ConfigError naming the package to install."""
-    from dmlkit._validation import require_module
-
-    require_module("pyarrow.parquet", "pyarrow", "Parquet output", "parquet")
-    return require_module("pyarrow", "pyarrow", "Parquet output", "parquet")
-
-
-def parquet_bytes(embeddings, labels, paths) -> bytes:
-    """A Parquet file with one row per sample: ``label`` (int64), ``path`` (string, null without
-    files) and ``embedding`` (fixed-size list of float32)."""
-    import numpy as np
-
-    pa = require_pyarrow()
-    emb = np.ascontiguousarray(embeddings, dtype=np.float32)
-    n, dim = emb.shape
-    table = pa.table({
-        "label": pa.array(np.asarray(labels, dtype=np.int64)),
-        "path": pa.array([str(p) for p in paths] if paths else [None] * n, type=pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
-    })
-    sink = pa.BufferOutputStream()
-    pa.parquet.write_table(table, sink)
-    return sink.getvalue().to_pybytes()
 
 
 def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = None) -> list[Path]:
@@ -77,6 +53,7 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
     import numpy as np
 
     from dmlkit.engine.checkpoint_files import atomic_write_bytes, atomic_write_text
+    from dmlkit.evaluation.embed_parts import parquet_bytes
 
     fmt = output_format(out, fmt)
     emb = np.asarray(embeddings, dtype=np.float32)
@@ -116,8 +93,11 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 def run(args: argparse.Namespace) -> int:
     from dmlkit.cli.common import require_split
     from dmlkit.engine.builders import build_splits
+    from dmlkit.engine.distributed import torchrun_local_rank
     from dmlkit.inference import RunEmbedder
 
+    if torchrun_local_rank() is not None:
+        return _run_parts(args)
     fmt = output_format(args.out, args.format)  # fail before the (slow) embedding pass
     embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, overrides=args.overrides)  # on a GPU if any
     cfg = embedder.cfg
@@ -128,4 +108,47 @@ def run(args: argparse.Namespace) -> int:
     for path in write_embeddings(Path(args.out), emb.numpy(), labels.numpy(), paths, fmt):
         print(path)
     print(f"{emb.shape[0]} embeddings of size {emb.shape[1]} ({args.split} split)")
+    return 0
+
+
+def _run_parts(args: argparse.Namespace) -> int:
+    """Under torchrun: this rank's rows of the split as one Parquet part; rank 0 writes the manifest at the end."""
+    import torch
+
+    from dmlkit.cli.common import require_split
+    from dmlkit.engine import distributed as ddp
+    from dmlkit.engine.builders import build_splits
+    from dmlkit.evaluation import embed_parts as parts
+    from dmlkit.exceptions import ConfigError
+    from dmlkit.inference import RunEmbedder
+
+    if output_format(args.out, args.format) != "parquet":
+        raise ConfigError("under torchrun, embed writes one Parquet part per process into a folder: give --out "
+                          "FOLDER.parquet (or --format parquet).")
+    out = Path(args.out)
+    info = ddp.init_distributed()
+    parts.check_folder(out, info.world_size)
+    device = f"cuda:{info.local_rank}" if info.backend == "nccl" else "cpu"
+    embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, overrides=args.overrides, device=device)
+    dataset = require_split(build_splits(embedder.cfg, embedder.model), args.split, embedder.cfg)
+    job = parts.job_description(fingerprint=embedder.fingerprint, split=args.split, rows=len(dataset),
+                                world_size=info.world_size)
+    rows = parts.part_rows(len(dataset), info.rank, info.world_size)
+    path = out / parts.part_name(info.rank, info.world_size)
+    if parts.existing_part(path, job, rows):
+        print(f"rank {info.rank}: {path} (rows {rows.start}-{rows.stop - 1}) is already written; kept")
+    else:
+        subset = parts.RowsOf(dataset, rows)
+        if len(rows):
+            emb, labels = embedder.embed_dataset(subset)
+        else:  # more processes than images
+            emb, labels = torch.zeros(0, embedder.embedding_size), torch.zeros(0, dtype=torch.int64)
+        parts.write_part(path, job, rows, emb.numpy(), labels.numpy(), subset.paths)
+        print(f"rank {info.rank}: {path} ({len(rows)} embeddings, rows {rows.start}-{rows.stop - 1})")
+    ddp.barrier()  # every part is written before the manifest lists them
+    if info.is_main:
+        manifest = parts.write_manifest(out, job, str(args.run_dir))
+        print(manifest)
+        print(f"{len(dataset)} embeddings of size {embedder.embedding_size} ({args.split} split) in "
+              f"{info.world_size} parts")
     return 0
