@@ -24,6 +24,8 @@ EXAMPLES = {
     "search": [
         "dmlkit search --gallery test.npz --query-embeddings queries.npz -k 5",
         "dmlkit search --gallery gallery.npz --run runs/ms query1.png query2.png",
+        "dmlkit search --index qdrant:pets.qdrant ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5"
+        "   # written by `dmlkit index export`",
     ],
     "presets": ["dmlkit presets", "dmlkit presets show mnist-proxy-anchor"],
     "datasets": ["dmlkit datasets list"],
@@ -40,6 +42,7 @@ EXAMPLES = {
         "dmlkit index query pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg --json --k-reciprocal",
         "dmlkit index classify pets.index ../shared/data/pets/images/Abyssinian/Abyssinian_12.jpg -k 5",
         "dmlkit index remove pets.index 0 1",
+        "dmlkit index export pets.index --to qdrant:pets.qdrant        # Qdrant's local mode; http://HOST:6333 for a server",
     ],
     "compare": ["dmlkit compare runs/ms runs/pa --out comparison.html"],
     "push": [

@@ -78,6 +78,7 @@ SNIPPET_REASONS = {
     "a fragment: the Pets run and query photos of the commands above",
     "a benchmark: minutes of timing on a quiet machine",
     "needs several processes or machines (torchrun)",
+    "needs Ray or Spark, which dmlkit does not install",
     "downloads wheels from the internet",
     "needs PML's own test suite checked out",
     "needs a Hugging Face account and the internet",
@@ -129,7 +130,7 @@ def python_examples() -> dict[str, list[str]]:
 
 
 def _outputs(argv: list[str]) -> set[str]:
-    return {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"}
+    return {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", "--to")}  # a file, or a database URI
 
 
 def in_dependency_order(items: list[Example]) -> list[Example]:

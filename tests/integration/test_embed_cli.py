@@ -104,7 +104,7 @@ def embed_with_two_ranks(run_dir, out) -> None:
 def test_two_processes_write_parts_whose_union_is_the_one_process_embedding(tiny_run, tmp_path):
     import json
 
-    from dmlkit.evaluation.embed_parts import check_folder
+    from dmlkit.engine.embed_parts import check_folder
 
     assert main(["embed", str(tiny_run), "--out", str(tmp_path / "one.parquet")]) == 0
     one = pq.read_table(tmp_path / "one.parquet")

@@ -13,7 +13,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "examples:\n"
         "  dmlkit embed runs/ms --out test.parquet          # label, path, embedding per row\n"
         "  dmlkit embed runs/ms --out train.bin --format parquet --split train   # --format wins over the suffix\n"
-        "  # read back: pyarrow.parquet.read_table('test.parquet') or pandas.read_parquet('test.parquet')"
+        "  # read back: pyarrow.parquet.read_table('test.parquet') or pandas.read_parquet('test.parquet')\n"
+        "  torchrun --standalone --nproc_per_node=2 -m dmlkit embed runs/ms --out test.parquet\n"
+        "  # under torchrun --out is a folder: one Parquet part per process (its rows of the split) and\n"
+        "  # _manifest.json; run again after an interruption, only the missing parts are embedded"
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `dmlkit train`")
     p.add_argument("--out", required=True, help="FILE.npz (embeddings, labels, paths in one file), FILE.npy "
@@ -40,7 +43,7 @@ def output_format(out: str | Path, fmt: str | None = None) -> str:
     if suffix not in FORMATS:
         raise ConfigError(f"--out must end in .npz or .npy or .parquet (or name the format with --format). Got {str(out)!r}.")
     if suffix == "parquet":
-        from dmlkit.evaluation.embed_parts import require_pyarrow
+        from dmlkit.engine.embed_parts import require_pyarrow
 
         require_pyarrow()
     return suffix
@@ -53,7 +56,7 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
     import numpy as np
 
     from dmlkit.engine.checkpoint_files import atomic_write_bytes, atomic_write_text
-    from dmlkit.evaluation.embed_parts import parquet_bytes
+    from dmlkit.engine.embed_parts import parquet_bytes
 
     fmt = output_format(out, fmt)
     emb = np.asarray(embeddings, dtype=np.float32)
@@ -117,8 +120,8 @@ def _run_parts(args: argparse.Namespace) -> int:
 
     from dmlkit.cli.common import require_split
     from dmlkit.engine import distributed as ddp
+    from dmlkit.engine import embed_parts as parts
     from dmlkit.engine.builders import build_splits
-    from dmlkit.evaluation import embed_parts as parts
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
 
