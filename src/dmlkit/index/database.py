@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -188,7 +187,7 @@ class QdrantCollection:
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
-            except (sqlite3.Error, OSError, Exception) as exc:  # the client raises its own and httpx's types
+            except Exception as exc:  # the client raises its own types, httpx's, sqlite3's and OSError
                 self._raise_if_full(exc, what, written)
                 if not _transient(exc):
                     raise DatabaseError(f"{self.describe()} refused {what}: {str(exc).strip()[:300]}") from None
