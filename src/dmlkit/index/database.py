@@ -143,6 +143,9 @@ class QdrantCollection:
         self.retries, self.retry_wait = retries, retry_wait
         qdrant = _qdrant()
         if self.where.local:
+            if os.path.exists(self.where.path) and not os.path.isdir(self.where.path):
+                raise ConfigError(f"{uri!r}: {self.where.path!r} is a file; qdrant:PATH names a folder (Qdrant's local "
+                                  "mode keeps its collections there).")
             os.makedirs(self.where.path, exist_ok=True)
             try:
                 self.client = qdrant.QdrantClient(path=self.where.path)

@@ -184,3 +184,10 @@ def test_a_missing_qdrant_client_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "qdrant_client", None)  # import fails as when the package is absent
     with pytest.raises(MissingExtraError, match=r'pip install "dmlkit\[qdrant\]"'):
         QdrantCollection(f"qdrant:{tmp_path / 'db'}")
+
+
+def test_a_local_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "db").write_text("mine")
+    with pytest.raises(ConfigError, match="is a file; qdrant:PATH names a folder"):
+        QdrantCollection(f"qdrant:{tmp_path / 'db'}")
+    assert (tmp_path / "db").read_text() == "mine"
