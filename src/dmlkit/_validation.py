@@ -115,6 +115,34 @@ class Matches:
 
 
 @dataclass(frozen=True)
+class Text:
+    """A string of at most ``max_chars`` characters (a name that becomes part of a file name)."""
+
+    max_chars: int
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and len(value) <= self.max_chars
+
+    def describe(self) -> str:
+        return f"a text of at most {self.max_chars} characters"
+
+
+@dataclass(frozen=True)
+class FilePath:
+    """A path the file system can hold: names of at most 255 bytes, the whole under 4096 (:mod:`dmlkit._paths`)."""
+
+    def accepts(self, value: Any) -> bool:
+        from dmlkit._paths import path_problem
+
+        return isinstance(value, str) and path_problem(value) is None
+
+    def describe(self) -> str:
+        from dmlkit._paths import MAX_NAME_BYTES, MAX_PATH_BYTES
+
+        return f"a path under {MAX_PATH_BYTES} bytes whose every name has at most {MAX_NAME_BYTES} bytes"
+
+
+@dataclass(frozen=True)
 class ListOf:
     """A list of ``min_len`` to ``max_len`` items, each accepted by ``item``; ``description`` says it in words."""
 
