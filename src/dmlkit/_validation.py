@@ -65,6 +65,16 @@ class Interval:
 
 
 @dataclass(frozen=True)
+class Capped(Interval):
+    """An :class:`Interval` unbounded above by nature, capped at ``high`` against typos and hostile values
+    (``max_steps=10**30``); said as its natural range and the cap: ``an int >= 1, at most 1000000000``."""
+
+    def describe(self) -> str:
+        natural = Interval(self.kind, self.low, None, "left" if self.closed in ("both", "left") else "neither")
+        return f"{natural.describe()}, at most {_fmt(self.high)}"
+
+
+@dataclass(frozen=True)
 class Options:
     """One of a fixed set of values."""
 

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from dmlkit._validation import (
     NONE,
+    Capped,
     FilePath,
     Interval,
     ListOf,
@@ -338,8 +339,8 @@ CONSTRAINTS: dict[str, list] = {
     "loss.name": [OptionsFrom("dmlkit.losses", "LOSSES")],
     "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
     "data.num_workers": [NONE, Interval(int, 0, None)],
-    "data.image_size": [NONE, Interval(int, 0, MAX_IMAGE_SIZE, closed="right")],
-    "data.crop_size": [NONE, Interval(int, 0, MAX_IMAGE_SIZE, closed="right")],
+    "data.image_size": [NONE, Capped(int, 0, MAX_IMAGE_SIZE, closed="right")],
+    "data.crop_size": [NONE, Capped(int, 0, MAX_IMAGE_SIZE, closed="right")],
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
     "data.pipeline": [OptionsFrom("dmlkit.data.transforms", "PIPELINES")],
@@ -351,14 +352,14 @@ CONSTRAINTS: dict[str, list] = {
     "protocol.seed": [Interval(int, 0, MAX_SEED)],
     "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
     "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
-    "model.embedding_size": [NONE, Interval(int, 0, 2**20, closed="right")],
+    "model.embedding_size": [NONE, Capped(int, 0, 2**20, closed="right")],
     "model.head_init": [NONE, OptionsFrom("dmlkit.models.embedder", "HEAD_INITS")],
     "model.normalization": [OptionsFrom("dmlkit.distances.normalization", "NORMALIZATIONS")],
     "model.pooling": [NONE, OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
     "model.ensemble": [NONE, Interval(int, 1, None)],
     "model.shift_average": [NONE, Interval(int, 0, None)],
-    "loss.memory.memory_size": [Interval(int, 0, 2**31)],
-    "loss.memory.warmup_steps": [Interval(int, 0, MAX_STEPS)],
+    "loss.memory.memory_size": [Capped(int, 0, 2**31)],
+    "loss.memory.warmup_steps": [Capped(int, 0, MAX_STEPS)],
     "optimizer.name": [OptionsFrom("dmlkit.engine.optim", "OPTIMIZERS")],
     "optimizer.lr": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.head_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
@@ -366,20 +367,20 @@ CONSTRAINTS: dict[str, list] = {
     "optimizer.eps": [Interval(float, 0, None, closed="neither")],
     "optimizer.loss_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.scheduler": [OptionsFrom("dmlkit.engine.optim", "SCHEDULERS")],
-    "optimizer.step_size": [Interval(int, 0, MAX_STEPS, closed="right")],
+    "optimizer.step_size": [Capped(int, 0, MAX_STEPS, closed="right")],
     "optimizer.gamma": [Interval(float, 0, 1, closed="right")],
-    "optimizer.warmup_steps": [Interval(int, 0, MAX_STEPS)],
+    "optimizer.warmup_steps": [Capped(int, 0, MAX_STEPS)],
     "optimizer.grad_clip": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.betas": [ListOf(Interval(float, 0, 1, closed="left"), "a list of two floats in [0, 1)", 2, 2)],
     "sampler.name": [OptionsFrom("dmlkit.data.samplers", "SAMPLERS")],
-    "sampler.batch_size": [NONE, Interval(int, 2, MAX_BATCH)],
+    "sampler.batch_size": [NONE, Capped(int, 2, MAX_BATCH)],
     "sampler.m": [NONE, Interval(int, 1, None)],
-    "train.max_steps": [NONE, Interval(int, 1, MAX_STEPS)],
-    "train.eval_every": [NONE, Interval(int, 1, MAX_STEPS)],
-    "train.patience": [NONE, Interval(int, 1, MAX_STEPS)],
-    "train.time_budget": [NONE, Interval(float, 1, MAX_SECONDS)],
-    "train.log_every": [Interval(int, 1, MAX_STEPS)],
-    "train.checkpoint_every": [Interval(int, 1, MAX_STEPS)],
+    "train.max_steps": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.eval_every": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.patience": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.time_budget": [NONE, Capped(float, 1, MAX_SECONDS)],
+    "train.log_every": [Capped(int, 1, MAX_STEPS)],
+    "train.checkpoint_every": [Capped(int, 1, MAX_STEPS)],
     "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
     "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
@@ -391,7 +392,7 @@ CONSTRAINTS: dict[str, list] = {
                              "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],
     "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
     "eval.backend": [OptionsFrom("dmlkit.evaluation._checks", "BACKENDS")],
-    "eval.batch_size": [Interval(int, 1, MAX_BATCH)],
+    "eval.batch_size": [Capped(int, 1, MAX_BATCH)],
     "asap.proximal_lambda": [Interval(float, 0, None)],
     "asap.proxies_per_class": [Interval(int, 1, None)],
     "asap.pool_size": [Interval(int, 1, None)],
@@ -503,9 +504,6 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
             return dataclasses.MISSING
         return float(number)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) > MAX_INT:
-            problems.append(f"{path} must be an int of at most {MAX_INT} (a 64-bit count). Got {short_repr(value)}.")
-            return dataclasses.MISSING
         return value
     if tp is bool and isinstance(value, bool):
         return value
@@ -554,6 +552,9 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
             items = [c.item for c in constraints if isinstance(c, ListOf)]
             problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}."
                             + suggest_value(wrong, [*constraints, *items]))
+            continue
+        if isinstance(coerced, int) and not isinstance(coerced, bool) and abs(coerced) > MAX_INT:  # no cap of its own
+            problems.append(f"{path} must be an int of at most {MAX_INT} (a 64-bit count). Got {short_repr(coerced)}.")
             continue
         setattr(obj, key, coerced)
     return obj

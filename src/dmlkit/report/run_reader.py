@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dmlkit.engine.run_layout import CONFIG_FILE, ENV_FILE, LOG_FILE, MANIFEST_FILE, METRICS_FILE, TEST_EMBEDDINGS_FILE
-from dmlkit.exceptions import DataError
+from dmlkit.exceptions import DataError, RecordError
 
 REQUIRED_FILES = (CONFIG_FILE, METRICS_FILE, LOG_FILE)
 
@@ -111,13 +111,12 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """Parse a JSON file whose top level must be an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise DataError(f"{str(path)!r} must hold a JSON object. Got {type(value).__name__}.")
-    return value
+    from dmlkit._json_files import read_json
+
+    try:  # the one reader of records: nesting depth and finite numbers checked
+        return read_json(path)
+    except RecordError as exc:
+        raise DataError(str(exc)) from None
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
