@@ -50,6 +50,7 @@ def test_kept_measurements_replay_and_plan_reproduces_a_run(tmp_path, store, cap
     again = tmp_path / "again"
     assert main(["train", "--plan", str(first), "--out", str(again), "--quiet", "--no-report"]) == 0
     replanned, replayed_metrics = steps_and_metrics(again)
+    assert "were edited after the run wrote them" not in (again / "train.log").read_text()  # sealed as written
     assert replanned == planned
     assert replayed_metrics["map_at_r"] == metrics["map_at_r"]
     assert replayed_metrics["precision_at_1"] == metrics["precision_at_1"]
