@@ -53,7 +53,7 @@ def parse_json(text: str, where: str) -> Any:
         raise RecordError(f"{where} nests lists or objects deeper than {MAX_DEPTH} levels; a dmlkit record "
                           "never does (an edited or crafted file).") from None
     except ValueError as err:  # JSONDecodeError, a non-finite number, an integer of more than 4300 digits
-        raise RecordError(f"{where} is not a valid JSON record: {err}.") from None
+        raise RecordError(f"{where} is not valid JSON: {err}.") from None
     if _depth(value) > MAX_DEPTH:
         raise RecordError(f"{where} nests lists or objects deeper than {MAX_DEPTH} levels; a dmlkit record "
                           "never does (an edited or crafted file).")

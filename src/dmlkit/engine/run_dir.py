@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmlkit._json_files import read_json
+from dmlkit._json_files import parse_json, read_json
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint_files import (
     atomic_write_bytes,
@@ -218,7 +218,7 @@ class RunDirectory:
         Returns those new paths.
         """
         manifest_path = self.path / layout.MANIFEST_FILE
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
+        manifest = read_json(manifest_path) if manifest_path.exists() else {}
         known = list(manifest.get("skipped_images", {}).get("paths", []))
         new = sorted({str(p) for p in paths} - set(known))
         if not new:
@@ -249,8 +249,8 @@ class RunDirectory:
         out = []
         for line in self.log_path.read_text(encoding="utf-8").splitlines():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                out.append(parse_json(line, repr(str(self.log_path))))
+            except RecordError:
                 continue
         return out
 
