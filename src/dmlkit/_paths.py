@@ -7,10 +7,16 @@ both are said here, once, with the limit or the user named.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from dmlkit.exceptions import ConfigError
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted, cut to its first 40 and last 20 characters when longer (a path of 5,000 is not shown)."""
+    return repr(text if len(text) <= 64 else f"{text[:40]}...{text[-20:]}")
 
 #: Bytes in one file or folder name (POSIX ``NAME_MAX`` on Linux, macOS and Windows' NTFS alike).
 MAX_NAME_BYTES = 255
@@ -30,6 +36,23 @@ def path_problem(text: str) -> str | None:
     return None
 
 
+#: File-system refusals that are about the path a user gave (or its place), not a fault of dmlkit.
+PATH_ERRNOS = {errno.ENAMETOOLONG: f"a name too long (at most {MAX_NAME_BYTES} bytes a name, {MAX_PATH_BYTES} a path)",
+               errno.EROFS: "a read-only file system", errno.EACCES: "permission denied",
+               errno.ELOOP: "too many symbolic links", errno.EISDIR: "a folder where a file was expected",
+               errno.ENOTDIR: "a file where a folder was expected"}
+
+
+def path_error(err: OSError) -> ConfigError | None:
+    """``err`` as a ConfigError naming its file and the reason in words when it is one of :data:`PATH_ERRNOS`,
+    else None (the caller re-raises: an unexpected failure keeps its traceback)."""
+    reason = PATH_ERRNOS.get(err.errno)
+    if reason is None:
+        return None
+    where = _shown(str(err.filename)) if err.filename is not None else "a file of this command"
+    return ConfigError(f"{where}: {reason}. Choose another path (or fix its permissions) and run again.")
+
+
 def expand_home(text: str, source: str) -> Path:
     """``text`` with a leading ``~`` or ``~user`` expanded, as ``Path.expanduser``; ``source`` (an option or an
     environment variable) is named in the ConfigError for an unknown user, a home that cannot be found, or a
@@ -42,8 +65,8 @@ def expand_home(text: str, source: str) -> Path:
                           "a path under ~/ (your home), ~USER/ of an existing user, or an absolute path.") from None
     problem = path_problem(str(path))
     if problem is not None:
-        raise ConfigError(f"{source}={text[:80]!r}...: {problem}.")
+        raise ConfigError(f"{source}={_shown(text)}: {problem}.")
     return path
 
 
-__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "expand_home", "path_problem"]
+__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "PATH_ERRNOS", "expand_home", "path_error", "path_problem"]

@@ -260,6 +260,12 @@ def test_a_run_folder_that_cannot_be_made_is_said(tmp_path, monkeypatch):
         new_output_dir(tmp_path / "runs", "name")
 
 
+def test_a_path_too_long_for_the_file_system_is_said_through_the_cli(capsys):
+    code, err = cli(capsys, "train", "--resume", "r" * 300)
+    assert code == 2 and re.search(r"'r{40}\.\.\.r{8}/config\.yaml': a name too long \(at most 255 bytes a name", err), err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("variable", ["DMLKIT_PLAN_STORE", "DMLKIT_CACHE"])
 def test_a_home_of_an_unknown_user_is_said(variable, monkeypatch):
     monkeypatch.delenv(m.STORE_VARIABLE, raising=False)
