@@ -81,7 +81,7 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
     """
     data: dict = {key: dict(value) if isinstance(value, dict) else value for key, value in sections.items()}
     for key in ("model", "data", "loss"):
-        data.setdefault(key, {})
+        data[key] = data.get(key) or {}  # absent or None: the section's defaults
     if isinstance(model, str):
         data["model"].setdefault("name", model)
     else:
@@ -199,7 +199,7 @@ def fit(
     splits = user_splits(train_data, val_data, test_data)
     sections = {**(config or {}), **sections}
     if isinstance(optimizer, dict):  # settings, not an optimiser: the config's section, merged over `config`'s
-        sections["optimizer"] = {**sections.get("optimizer", {}), **optimizer}
+        sections["optimizer"] = {**(sections.get("optimizer") or {}), **optimizer}
         optimizer = None
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a dict of the config's optimizer settings "

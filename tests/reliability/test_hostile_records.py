@@ -55,6 +55,14 @@ def test_train_log_that_is_a_link_to_a_users_file_is_refused_and_the_file_untouc
     assert users_file.read_text() == "the user's own words\n"
 
 
+def test_resume_with_train_log_linked_to_a_users_file_leaves_it_untouched(run_copy, users_file, capsys):
+    (run_copy / "train.log").unlink(missing_ok=True)  # the fixture trained without the CLI
+    (run_copy / "train.log").symlink_to(users_file)
+    code, err = cli(capsys, "train", "--resume", str(run_copy), "--no-report")
+    assert code == 2 and "train.log' is a symbolic link" in err and "Traceback" not in err, err
+    assert users_file.read_text() == "the user's own words\n"
+
+
 def test_train_log_that_is_a_folder_is_said(tmp_path):
     (tmp_path / "train.log").mkdir()
     with run_log() as log, pytest.raises(RecordError, match=r"train\.log' is a folder where dmlkit writes a file"):
@@ -316,6 +324,8 @@ def test_csv_with_a_byte_order_mark_is_read(tmp_path):
     (dict(config={"model": "small"}), r"the config section 'model' must be a dict of its settings .* Got 'small' \(str\)"),
     (dict(data=[1, 2]), r"the config section 'data' must be a dict of its settings .* Got \[1, 2\] \(list\)"),
     (dict(config=["train"]), r"config must be a dict of config sections .* Got \['train'\] \(list\)"),
+    (dict(config={"model": None, "optimizer": None}, optimizer={"lr": float("inf")}),  # None sections: defaults
+     r"optimizer\.lr must be a finite number\. Got inf"),
 ])
 def test_fit_sections_that_are_not_mappings_are_said(kwargs, said, tmp_path):
     with pytest.raises(ConfigError, match=said):
