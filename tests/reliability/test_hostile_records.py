@@ -82,6 +82,12 @@ def test_metrics_log_that_is_a_link_or_a_hard_link_is_refused(tmp_path, users_fi
     assert users_file.read_text() == "the user's own words\n"
 
 
+def test_train_log_that_is_a_fifo_never_blocks_the_run(tmp_path):
+    os.mkfifo(tmp_path / "train.log")
+    with run_log() as log, pytest.raises(RecordError, match=r"train\.log' is not a plain file"):
+        log.open(tmp_path / "train.log")
+
+
 def test_a_plain_train_log_is_still_appended(tmp_path):
     path = tmp_path / "train.log"
     path.write_text("earlier session\n")

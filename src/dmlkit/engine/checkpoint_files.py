@@ -97,6 +97,9 @@ def open_for_append(path: str | Path) -> io.TextIOWrapper:
         if err.errno == errno.EISDIR:
             raise RecordError(f"{str(path)!r} is a folder where dmlkit writes a file; move it away and run "
                               "again.") from None
+        if err.errno == errno.ENXIO:  # a FIFO no one reads (O_NONBLOCK: never waits for a reader)
+            raise RecordError(f"{str(path)!r} is not a plain file; dmlkit writes there only a file of its own. "
+                              "Remove it and run again.") from None
         raise_if_out_of_space(err, path)
         raise
     info = os.fstat(fd)
