@@ -87,7 +87,8 @@ def open_for_append(path: str | Path) -> io.TextIOWrapper:
     symbolic link, a folder, a FIFO or device, or a file with other hard links is a :class:`RecordError`
     naming it, so a run never writes through a link into a file it did not create."""
     path = Path(path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # POSIX flags; Windows has none of them (and no FIFOs or links to fear)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | nonblocking | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as err:
@@ -108,7 +109,8 @@ def open_for_append(path: str | Path) -> io.TextIOWrapper:
         what = "has other hard links (it is also another file)" if stat.S_ISREG(info.st_mode) else "is not a plain file"
         raise RecordError(f"{str(path)!r} {what}; dmlkit writes there only a file of its own. Remove it and run "
                           "again.")
-    os.set_blocking(fd, True)
+    if nonblocking:
+        os.set_blocking(fd, True)
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
