@@ -252,6 +252,7 @@ def test_an_edited_plan_replays_only_with_a_notice(tmp_path, caplog):
     ("train.max_steps=1000000000000000000000000000000", r"train\.max_steps must be None or an int >= 1, at most 1000000000"),
     ("train.time_budget=1e30", r"train\.time_budget must be None or a float >= 1, at most 31622400"),
     ("model.frozen_stages=100000000000000000000000", r"model\.frozen_stages must be an int of at most 9223372036854775807"),
+    ("eval.ks=[1,100000000000000000000000]", r"eval\.ks must be a non-empty list of ints >= 1, at most 16777216"),
     ("name=" + "n" * 300, r"name must be None or a text of at most 200 characters"),
     ("data.root=" + "r" * 5000, r"data\.root must be None or a path under 4096 bytes whose every name has at most 255"),
     ("data.root=" + "/".join(["d" * 300, "x"]), r"data\.root must be None or a path under 4096 bytes"),

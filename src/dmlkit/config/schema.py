@@ -390,7 +390,7 @@ CONSTRAINTS: dict[str, list] = {
     "train.cache_views": [NONE, Interval(int, 1, None)],
     "train.loggers": [ListOf(OptionsFrom("dmlkit.engine.loggers", "LOGGERS"),
                              "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],
-    "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
+    "eval.ks": [ListOf(Capped(int, 1, MAX_BATCH), f"a non-empty list of ints >= 1, at most {MAX_BATCH}", 1)],
     "eval.backend": [OptionsFrom("dmlkit.evaluation._checks", "BACKENDS")],
     "eval.batch_size": [Capped(int, 1, MAX_BATCH)],
     "asap.proximal_lambda": [Interval(float, 0, None)],
@@ -499,7 +499,7 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
     elif tp is float and isinstance(value, str) and as_float(value) is not None:
         number = as_float(value)  # "3e-4" from a YAML 1.1 reader, a quoted value or a Python caller
     if number is not None:
-        if isinstance(number, int) and abs(number) > MAX_INT or not math.isfinite(number):  # .inf, nan, 1e999
+        if (isinstance(number, int) and abs(number) > MAX_INT) or not math.isfinite(number):  # .inf, nan, 1e999
             problems.append(f"{path} must be a finite number. Got {short_repr(value)}.")
             return dataclasses.MISSING
         return float(number)
