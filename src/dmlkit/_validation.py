@@ -65,6 +65,16 @@ class Interval:
 
 
 @dataclass(frozen=True)
+class Capped(Interval):
+    """An :class:`Interval` unbounded above by nature, capped at ``high`` against typos and hostile values
+    (``max_steps=10**30``); said as its natural range and the cap: ``an int >= 1, at most 1000000000``."""
+
+    def describe(self) -> str:
+        natural = Interval(self.kind, self.low, None, "left" if self.closed in ("both", "left") else "neither")
+        return f"{natural.describe()}, at most {_fmt(self.high)}"
+
+
+@dataclass(frozen=True)
 class Options:
     """One of a fixed set of values."""
 
@@ -112,6 +122,34 @@ class Matches:
 
     def describe(self) -> str:
         return self.description
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string of at most ``max_chars`` characters (a name that becomes part of a file name)."""
+
+    max_chars: int
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and len(value) <= self.max_chars
+
+    def describe(self) -> str:
+        return f"a text of at most {self.max_chars} characters"
+
+
+@dataclass(frozen=True)
+class FilePath:
+    """A path the file system can hold: names of at most 255 bytes, the whole under 4096 (:mod:`dmlkit._paths`)."""
+
+    def accepts(self, value: Any) -> bool:
+        from dmlkit._paths import path_problem
+
+        return isinstance(value, str) and path_problem(value) is None
+
+    def describe(self) -> str:
+        from dmlkit._paths import MAX_NAME_BYTES, MAX_PATH_BYTES
+
+        return f"a path under {MAX_PATH_BYTES} bytes whose every name has at most {MAX_NAME_BYTES} bytes"
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ the config path's (:class:`dmlkit.engine.trainer.Trainer`; docs/python-api.md).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import json
 import logging
+import typing
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from dmlkit._json_files import read_json
 from dmlkit._messages import LOGGER_NAME, console
+from dmlkit._validation import short_repr
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine.callbacks import Callback
@@ -28,7 +31,7 @@ from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.loggers import flat_params
 from dmlkit.engine.run_dir import release_locks
 from dmlkit.engine.trainer import TrainResult
-from dmlkit.exceptions import ConfigError
+from dmlkit.exceptions import ConfigError, RecordError
 from dmlkit.launch import launch
 
 
@@ -53,6 +56,21 @@ def embedding_size_of(model: nn.Module, dataset) -> int:
     return int(out.shape[1])
 
 
+def check_sections(config: Any, sections: dict) -> None:
+    """A ConfigError naming every ``fit`` argument that is not what it must be: ``config`` a dict of sections, and
+    each section of the config (``model``, ``data``, ``train``...) a dict of its settings."""
+    if config is not None and not isinstance(config, dict):
+        raise ConfigError(f"config must be a dict of config sections (config={{'train': {{'max_steps': 100}}}}). "
+                          f"Got {short_repr(config)} ({type(config).__name__}).")
+    hints = typing.get_type_hints(RunConfig)
+    problems = [f"the config section {key!r} must be a dict of its settings ({key}={{...}}, as in a config file). "
+                f"Got {short_repr(value)} ({type(value).__name__})."
+                for key, value in {**(config or {}), **sections}.items()
+                if dataclasses.is_dataclass(hints.get(key)) and value is not None and not isinstance(value, dict)]
+    if problems:
+        raise ConfigError(problems)
+
+
 def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, sections: dict, *,
                        miner: nn.Module | None = None) -> RunConfig:
     """The run config of a training from objects: ``sections`` (a nested config dict) validated, then the objects named.
@@ -63,7 +81,7 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
     """
     data: dict = {key: dict(value) if isinstance(value, dict) else value for key, value in sections.items()}
     for key in ("model", "data", "loss"):
-        data.setdefault(key, {})
+        data[key] = data.get(key) or {}  # absent or None: the section's defaults
     if isinstance(model, str):
         data["model"].setdefault("name", model)
     else:
@@ -129,8 +147,8 @@ def check_same_request(run_dir: Path, request: dict[str, str]) -> None:
     if not path.is_file():  # a run of an older dmlkit: the checkpoint's own fingerprint check remains
         return
     try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        before = read_json(path)
+    except (OSError, RecordError):
         before = {}
     changed = sorted(k for k in before.keys() | request.keys() if before.get(k) != request.get(k))
     if not changed:
@@ -177,10 +195,11 @@ def fit(
     continue ``out``'s last checkpoint (``None``: when there is one); give the same objects and
     settings as the interrupted call.
     """
+    check_sections(config, sections)
     splits = user_splits(train_data, val_data, test_data)
     sections = {**(config or {}), **sections}
     if isinstance(optimizer, dict):  # settings, not an optimiser: the config's section, merged over `config`'s
-        sections["optimizer"] = {**sections.get("optimizer", {}), **optimizer}
+        sections["optimizer"] = {**(sections.get("optimizer") or {}), **optimizer}
         optimizer = None
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a dict of the config's optimizer settings "
@@ -207,5 +226,5 @@ def fit(
         release_locks()
 
 
-__all__ = ["check_same_request", "config_for_objects", "describe_object", "embedding_size_of", "fit", "fit_request",
-           "object_name"]
+__all__ = ["check_same_request", "check_sections", "config_for_objects", "describe_object", "embedding_size_of", "fit",
+           "fit_request", "object_name"]

@@ -9,7 +9,6 @@ ensemble"), then mean and std over seeds.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from dataclasses import replace
@@ -19,6 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from dmlkit._json_files import read_json
 from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import run_layout as layout
@@ -73,7 +73,7 @@ def run_crossval(
                     if trainer.dist.is_main:
                         kept.open(run_dir / LOG_FILE)
                     trainer.fit()
-            metrics = json.loads(metrics_path.read_text())
+            metrics = read_json(metrics_path)
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
             for k in REPORTED:
                 per_model[k].append(float(metrics[k]))

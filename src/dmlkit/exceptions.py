@@ -35,6 +35,12 @@ class ConfigError(DmlkitError, ValueError):
         super().__init__(msg)
 
 
+class RecordError(DmlkitError, ValueError):
+    """A file dmlkit wrote and reads back (a run's records, a kept plan, ``train.log``) is not what it wrote:
+    unreadable, outside its schema (types, finite numbers in range, known keys, nesting depth), a folder, or a
+    symbolic link where dmlkit writes a file of its own. The message names the file and what was expected."""
+
+
 class CheckpointError(DmlkitError, RuntimeError):
     """A checkpoint is missing, truncated, or does not belong to this run's configuration."""
 

@@ -2,6 +2,7 @@
 command again, ``--dry-run`` included), and ``dmlkit train --plan RUN`` replays a run's plan exactly."""
 
 import json
+import logging
 
 import pytest
 
@@ -29,7 +30,7 @@ def steps_and_metrics(run):
     return [(p["step"], p["max_steps"], p["eval_every"]) for p in plans], metrics
 
 
-def test_kept_measurements_replay_and_plan_reproduces_a_run(tmp_path, store, capsys):
+def test_kept_measurements_replay_and_plan_reproduces_a_run(tmp_path, store, capsys, caplog):
     first = tmp_path / "first"
     assert main(["train", "--out", str(first), *BUDGETED]) == 0
     assert "measurements: kept in" in (first / "train.log").read_text()  # a message: logged (--quiet hides it)
@@ -50,6 +51,14 @@ def test_kept_measurements_replay_and_plan_reproduces_a_run(tmp_path, store, cap
     again = tmp_path / "again"
     assert main(["train", "--plan", str(first), "--out", str(again), "--quiet", "--no-report"]) == 0
     replanned, replayed_metrics = steps_and_metrics(again)
+    with caplog.at_level(logging.WARNING, logger="dmlkit"):  # the run sealed its request and tape as it wrote them
+        measurements.Measurements.from_run(first)
+    assert "edited" not in caplog.text
+    resolved["request"]["seed"] = 5  # the same file edited by hand: said
+    (first / "resolved.json").write_text(json.dumps(resolved))
+    with caplog.at_level(logging.WARNING, logger="dmlkit"):
+        measurements.Measurements.from_run(first)
+    assert "edited after the run wrote them" in caplog.text
     assert replanned == planned
     assert replayed_metrics["map_at_r"] == metrics["map_at_r"]
     assert replayed_metrics["precision_at_1"] == metrics["precision_at_1"]

@@ -239,7 +239,7 @@ CASES: dict[str, Api | Cli] = {
     "cli-wrong-type": Cli(lambda c: ["validate", *_set("sampler.batch_size=sixty")],
                           r"sampler\.batch_size must be int\. Got 'sixty' \(str\)"),
     "cli-negative-size": Cli(lambda c: ["validate", *_set("model.embedding_size=-8")],
-                             r"model\.embedding_size must be None or an int > 0\. Got -8"),
+                             r"model\.embedding_size must be None or an int > 0, at most 1048576\. Got -8"),
     "cli-more-proxies-than-pool": Cli(
         lambda c: ["validate", *_set("asap.enabled=true", "asap.proxies_per_class=4", "asap.pool_size=2",
                                      "protocol.val_fraction=0.2")],

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from dmlkit._validation import short_repr
 from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
 
@@ -113,13 +114,20 @@ def new_output_dir(parent: str | Path, name: str) -> Path:
     Creating it claims it: a second command started in the same second (one after the other, or in
     parallel) gets ``...-<name>-2``, then ``-3``, instead of finding the first one's run there.
     """
-    Path(parent).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the folder {short_repr(str(parent))} for runs ({err.strerror or err}); "
+                          "choose the folder with --out DIR.") from None
     for path in _timestamped_paths(parent, name):
         try:
             path.mkdir()
             return path
         except FileExistsError:
             continue
+        except OSError as err:  # a name too long, a read-only folder: said with the folder, not a traceback
+            raise ConfigError(f"cannot create the run folder {short_repr(str(path))} ({err.strerror or err}); "
+                              "choose the folder with --out DIR.") from None
 
 
 def new_output_file(parent: str | Path, name: str, suffix: str) -> Path:

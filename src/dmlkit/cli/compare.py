@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from dmlkit.engine.run_layout import METRICS_FILE
@@ -19,6 +18,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def comparison_table(run_dirs: list[str]) -> str:
     """Text table: one row per run, final test metrics as columns."""
+    from dmlkit._json_files import read_json
     from dmlkit.exceptions import DataError
 
     rows = []
@@ -26,7 +26,7 @@ def comparison_table(run_dirs: list[str]) -> str:
         path = Path(d) / METRICS_FILE
         if not path.is_file():
             raise DataError(f"{d}: no {METRICS_FILE} (has the run finished?)")
-        rows.append((Path(d).name, json.loads(path.read_text())))
+        rows.append((Path(d).name, read_json(path)))
     width = max(len(n) for n, _ in rows)
     head = "run".ljust(width) + "  " + "  ".join(k.rjust(14) for k in KEYS)
     lines = [head, "-" * len(head)]

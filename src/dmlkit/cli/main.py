@@ -112,13 +112,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     except DmlkitError as exc:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full
+    except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full; a bad path
+        from dmlkit._paths import path_error
         from dmlkit.engine.checkpoint_files import raise_if_out_of_space
 
         try:
             raise_if_out_of_space(exc, exc.filename or "a file of this command")
         except DmlkitError as full:
             print(f"dmlkit {args.verb}: error: {full}", file=sys.stderr)
+            return 2
+        said = path_error(exc)  # a path too long, on a read-only mount, not permitted: the path and why
+        if said is not None:
+            print(f"dmlkit {args.verb}: error: {said}", file=sys.stderr)
             return 2
         raise
     except KeyboardInterrupt:

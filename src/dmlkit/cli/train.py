@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
     """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
+    from dmlkit.config.loading import parse_override
     from dmlkit.config.schema import config_from_dict
 
     extra = [*args.overrides, *flag_overrides(args)]
@@ -142,8 +143,11 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
                           "--set train.device=...), --out and the output options may be added to it. To change the "
                           "run, start from its config: --config RUN/config.yaml.")
     request, measurements = Measurements.from_run(args.plan)
-    for override in extra:
-        request = {**request, "train": {**request.get("train", {}), "device": override.split("=", 1)[1].strip()}}
+    for override in extra:  # train.device=VALUE; a key without '=' is a ConfigError saying how to write it
+        device = parse_override(override)[1]
+        train = request.get("train", {})
+        if isinstance(train, dict):  # else config_from_dict says what 'train' must be
+            request = {**request, "train": {**train, "device": device}}
     return config_from_dict(request), measurements
 
 

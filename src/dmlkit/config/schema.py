@@ -10,13 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dmlkit._validation import NONE, Interval, ListOf, Matches, Options, OptionsFrom, short_repr, suggest_value
+from dmlkit._validation import (
+    NONE,
+    Capped,
+    FilePath,
+    Interval,
+    ListOf,
+    Matches,
+    Options,
+    OptionsFrom,
+    Text,
+    short_repr,
+    suggest_value,
+)
 from dmlkit.exceptions import ConfigError
 
 
@@ -307,15 +320,27 @@ class RunConfig:
 #: come from where the options live (registries, the modules that implement them).
 #: Seeds reach libraries that keep them in a C int (faiss k-means): 0 .. 2**31 - 1.
 MAX_SEED = 2**31 - 1
+#: Natural ranges of the counts and sizes below: more steps than any run takes (a billion), a year of
+#: seconds, images and batches far beyond one machine's memory. A value past them is a typo or an attack
+#: (``max_steps=10**30`` overflows every counter), refused before anything starts.
+MAX_STEPS = 10**9
+MAX_SECONDS = 366 * 24 * 3600
+MAX_IMAGE_SIZE = 16_384
+MAX_BATCH = 2**24
+#: Characters in a run's name: its folder ``runs/<YYYYmmdd-HHMMSS>-<name>-<n>`` must fit a file name (255 bytes).
+MAX_RUN_NAME = 200
 
 CONSTRAINTS: dict[str, list] = {
     "seed": [Interval(int, 0, MAX_SEED)],
+    "name": [NONE, Text(MAX_RUN_NAME)],
+    "data.root": [NONE, FilePath()],
+    "model.weights": [NONE, FilePath()],
     "data.name": [OptionsFrom("dmlkit.data", "DATASETS")],
     "loss.name": [OptionsFrom("dmlkit.losses", "LOSSES")],
     "loss.miner.name": [NONE, OptionsFrom("dmlkit.mining", "MINERS")],
     "data.num_workers": [NONE, Interval(int, 0, None)],
-    "data.image_size": [NONE, Interval(int, 0, None, closed="neither")],
-    "data.crop_size": [NONE, Interval(int, 0, None, closed="neither")],
+    "data.image_size": [NONE, Capped(int, 0, MAX_IMAGE_SIZE, closed="right")],
+    "data.crop_size": [NONE, Capped(int, 0, MAX_IMAGE_SIZE, closed="right")],
     "data.augment": [OptionsFrom("dmlkit.data.transforms", "BATCH_AUGMENTATIONS", ("auto",))],
     "data.max_shift": [Interval(int, 0, None)],
     "data.pipeline": [OptionsFrom("dmlkit.data.transforms", "PIPELINES")],
@@ -327,14 +352,14 @@ CONSTRAINTS: dict[str, list] = {
     "protocol.seed": [Interval(int, 0, MAX_SEED)],
     "protocol.val_fraction": [Interval(float, 0, 1, closed="left")],
     "protocol.val_class_fraction": [NONE, Interval(float, 0, 1, closed="left")],
-    "model.embedding_size": [NONE, Interval(int, 0, None, closed="neither")],
+    "model.embedding_size": [NONE, Capped(int, 0, 2**20, closed="right")],
     "model.head_init": [NONE, OptionsFrom("dmlkit.models.embedder", "HEAD_INITS")],
     "model.normalization": [OptionsFrom("dmlkit.distances.normalization", "NORMALIZATIONS")],
     "model.pooling": [NONE, OptionsFrom("dmlkit.models.embedder", "POOLINGS")],
     "model.ensemble": [NONE, Interval(int, 1, None)],
     "model.shift_average": [NONE, Interval(int, 0, None)],
-    "loss.memory.memory_size": [Interval(int, 0, None)],
-    "loss.memory.warmup_steps": [Interval(int, 0, None)],
+    "loss.memory.memory_size": [Capped(int, 0, 2**31)],
+    "loss.memory.warmup_steps": [Capped(int, 0, MAX_STEPS)],
     "optimizer.name": [OptionsFrom("dmlkit.engine.optim", "OPTIMIZERS")],
     "optimizer.lr": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.head_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
@@ -342,20 +367,20 @@ CONSTRAINTS: dict[str, list] = {
     "optimizer.eps": [Interval(float, 0, None, closed="neither")],
     "optimizer.loss_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.scheduler": [OptionsFrom("dmlkit.engine.optim", "SCHEDULERS")],
-    "optimizer.step_size": [Interval(int, 0, None, closed="neither")],
+    "optimizer.step_size": [Capped(int, 0, MAX_STEPS, closed="right")],
     "optimizer.gamma": [Interval(float, 0, 1, closed="right")],
-    "optimizer.warmup_steps": [Interval(int, 0, None)],
+    "optimizer.warmup_steps": [Capped(int, 0, MAX_STEPS)],
     "optimizer.grad_clip": [NONE, Interval(float, 0, None, closed="neither")],
     "optimizer.betas": [ListOf(Interval(float, 0, 1, closed="left"), "a list of two floats in [0, 1)", 2, 2)],
     "sampler.name": [OptionsFrom("dmlkit.data.samplers", "SAMPLERS")],
-    "sampler.batch_size": [NONE, Interval(int, 2, None)],
+    "sampler.batch_size": [NONE, Capped(int, 2, MAX_BATCH)],
     "sampler.m": [NONE, Interval(int, 1, None)],
-    "train.max_steps": [NONE, Interval(int, 1, None)],
-    "train.eval_every": [NONE, Interval(int, 1, None)],
-    "train.patience": [NONE, Interval(int, 1, None)],
-    "train.time_budget": [NONE, Interval(float, 1, None)],
-    "train.log_every": [Interval(int, 1, None)],
-    "train.checkpoint_every": [Interval(int, 1, None)],
+    "train.max_steps": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.eval_every": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.patience": [NONE, Capped(int, 1, MAX_STEPS)],
+    "train.time_budget": [NONE, Capped(float, 1, MAX_SECONDS)],
+    "train.log_every": [Capped(int, 1, MAX_STEPS)],
+    "train.checkpoint_every": [Capped(int, 1, MAX_STEPS)],
     "train.device": [Matches(r"auto|cpu|cuda|cuda:\d+", "one of 'auto', 'cpu', 'cuda', 'cuda:N' (N a GPU index)")],
     "train.mixed_precision": [Options(("none", "bf16", "fp16", "auto"))],
     "train.on_nonfinite": [Options(("stop", "skip"))],
@@ -365,9 +390,9 @@ CONSTRAINTS: dict[str, list] = {
     "train.cache_views": [NONE, Interval(int, 1, None)],
     "train.loggers": [ListOf(OptionsFrom("dmlkit.engine.loggers", "LOGGERS"),
                              "a list of tracker names from {'tensorboard', 'mlflow', 'wandb'}")],
-    "eval.ks": [ListOf(Interval(int, 1, None), "a non-empty list of ints >= 1", 1)],
+    "eval.ks": [ListOf(Capped(int, 1, MAX_BATCH), f"a non-empty list of ints >= 1, at most {MAX_BATCH}", 1)],
     "eval.backend": [OptionsFrom("dmlkit.evaluation._checks", "BACKENDS")],
-    "eval.batch_size": [Interval(int, 1, None)],
+    "eval.batch_size": [Capped(int, 1, MAX_BATCH)],
     "asap.proximal_lambda": [Interval(float, 0, None)],
     "asap.proxies_per_class": [Interval(int, 1, None)],
     "asap.pool_size": [Interval(int, 1, None)],
@@ -439,6 +464,10 @@ EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]
 DECIMAL_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$")
 
 
+#: The largest int any field holds: what a 64-bit counter (torch, numpy) can.
+MAX_INT = 2**63 - 1
+
+
 def as_float(text: str) -> float | None:
     """``text`` as a float when it is written as a decimal number (``3e-4``, ``.5``, ``1_000``), else None."""
     text = text.strip()
@@ -464,10 +493,16 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], path, problems)
+    number = None
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str) and as_float(value) is not None:
-        return as_float(value)  # "3e-4" from a YAML 1.1 reader, a quoted value or a Python caller
+        number = value
+    elif tp is float and isinstance(value, str) and as_float(value) is not None:
+        number = as_float(value)  # "3e-4" from a YAML 1.1 reader, a quoted value or a Python caller
+    if number is not None:
+        if (isinstance(number, int) and abs(number) > MAX_INT) or not math.isfinite(number):  # .inf, nan, 1e999
+            problems.append(f"{path} must be a finite number. Got {short_repr(value)}.")
+            return dataclasses.MISSING
+        return float(number)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp is bool and isinstance(value, bool):
@@ -517,6 +552,9 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
             items = [c.item for c in constraints if isinstance(c, ListOf)]
             problems.append(f"{path} must be {' or '.join(c.describe() for c in constraints)}. Got {short_repr(coerced)}."
                             + suggest_value(wrong, [*constraints, *items]))
+            continue
+        if isinstance(coerced, int) and not isinstance(coerced, bool) and abs(coerced) > MAX_INT:  # no cap of its own
+            problems.append(f"{path} must be an int of at most {MAX_INT} (a 64-bit count). Got {short_repr(coerced)}.")
             continue
         setattr(obj, key, coerced)
     return obj

@@ -4,6 +4,7 @@ optional ``is_query,is_gallery,category`` columns)."""
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import random
@@ -148,6 +149,29 @@ def _split_of(manifest: _Manifest, number: int, row: list[str]) -> str:
     return "test" if flagged else "train"
 
 
+def read_csv_rows(csv_path: Path) -> list[list[str]]:
+    """The rows of ``csv_path``: UTF-8 with or without a byte-order mark (spreadsheet programs write one); another
+    encoding, a NUL byte or a field past the csv module's limit is a DataError naming the file and the line."""
+    try:
+        data = csv_path.read_bytes()
+    except OSError as err:
+        raise DataError(f"csv: '{csv_path}' cannot be read ({err.strerror or err}).") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        found = "UTF-16 (it starts with UTF-16's byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else \
+            f"another encoding (byte 0x{data[err.start]:02x} on line {line}; Latin-1 or a Windows code page?)"
+        raise DataError(f"csv: '{csv_path}' is not UTF-8 text: it is {found}. dmlkit reads CSV files as UTF-8, with "
+                        "or without a byte-order mark: save it as UTF-8 (a spreadsheet's 'CSV UTF-8').") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as err:  # a field over csv.field_size_limit(), a NUL byte
+        raise DataError(f"csv: line {reader.line_num} of '{csv_path}' cannot be read: {err} (fields hold at most "
+                        f"{csv.field_size_limit():,} characters; a path or a label is far shorter).") from None
+
+
 def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_root: bool = False,
                       class_split: str = "random", split_seed: int = 0) -> dict[str, SplitSource]:
     """Rows ``path,label[,split][,is_query,is_gallery][,category]`` (any column order, by header); paths
@@ -165,8 +189,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
     if not csv_path.is_file():
         raise missing_file_error("csv", csv_path, CSV_LAYOUT)
     base = csv_path.parent
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        manifest = _Manifest(csv_path, list(csv.reader(f)))
+    manifest = _Manifest(csv_path, read_csv_rows(csv_path))
     query_gallery = manifest.has("is_query")
     parts = ("train", "query", "gallery") if query_gallery else ("train", "test")
     kinds = ("class", "category") if manifest.has("category") else ("class",)

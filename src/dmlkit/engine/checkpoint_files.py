@@ -13,13 +13,14 @@ import io
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dmlkit.exceptions import CheckpointError, StorageError
+from dmlkit.exceptions import CheckpointError, RecordError, StorageError
 
 
 def _umask() -> int:
@@ -79,6 +80,38 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def open_for_append(path: str | Path) -> io.TextIOWrapper:
+    """``path`` opened to append UTF-8 text (created if absent), only when it is a plain file of its own: a
+    symbolic link, a folder, a FIFO or device, or a file with other hard links is a :class:`RecordError`
+    naming it, so a run never writes through a link into a file it did not create."""
+    path = Path(path)
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # POSIX flags; Windows has none of them (and no FIFOs or links to fear)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | nonblocking | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RecordError(f"{str(path)!r} is a symbolic link; dmlkit writes this file itself and never through "
+                              "a link (it could be someone's file). Remove the link and run again.") from None
+        if err.errno == errno.EISDIR:
+            raise RecordError(f"{str(path)!r} is a folder where dmlkit writes a file; move it away and run "
+                              "again.") from None
+        if err.errno == errno.ENXIO:  # a FIFO no one reads (O_NONBLOCK: never waits for a reader)
+            raise RecordError(f"{str(path)!r} is not a plain file; dmlkit writes there only a file of its own. "
+                              "Remove it and run again.") from None
+        raise_if_out_of_space(err, path)
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        what = "has other hard links (it is also another file)" if stat.S_ISREG(info.st_mode) else "is not a plain file"
+        raise RecordError(f"{str(path)!r} {what}; dmlkit writes there only a file of its own. Remove it and run "
+                          "again.")
+    if nonblocking:
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

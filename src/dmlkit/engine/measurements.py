@@ -34,7 +34,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from dmlkit.exceptions import ConfigError
+from dmlkit._paths import expand_home
+from dmlkit.engine import plan_records
 
 _log = logging.getLogger(__name__)
 
@@ -118,8 +119,8 @@ def _key(data: Any) -> str:
 def _cache_root() -> Path:
     root = os.environ.get("DMLKIT_CACHE")
     if root:
-        return Path(root).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dmlkit"
+        return expand_home(root, "DMLKIT_CACHE")
+    return expand_home(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "XDG_CACHE_HOME") / "dmlkit"
 
 
 class PlanStore:
@@ -134,24 +135,14 @@ class PlanStore:
         where = os.environ.get(STORE_VARIABLE, "")
         if where.strip().lower() in ("off", "0", "false", "no"):
             return None
-        return cls(Path(where).expanduser() if where else _cache_root() / "plans")
+        return cls(expand_home(where, STORE_VARIABLE) if where else _cache_root() / "plans")
 
     def path(self, machine: dict, request: dict) -> Path:
         return self.root / _key(machine) / f"{_key(request)}.json"
 
     def load(self, machine: dict, request: dict) -> list[dict] | None:
         """The kept tape of ``request`` on ``machine``, or None (none kept, or a file that does not read)."""
-        path = self.path(machine, request)
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("format") != TAPE_FORMAT or data.get("machine") != machine:
-                return None
-            return list(data["measurements"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            _log.warning("kept plan %s does not read (%s): measuring again", path, err)
-            return None
+        return plan_records.kept_tape(self.path(machine, request), machine, request, TAPE_FORMAT)
 
     def keep(self, machine: dict, request: dict, tape: list[dict]) -> Path | None:
         """Write ``tape`` for ``request`` on ``machine``; the path, or None when the folder cannot be written
@@ -159,7 +150,8 @@ class PlanStore:
         from dmlkit.engine.checkpoint_files import atomic_write_json
 
         path = self.path(machine, request)
-        record = {"format": TAPE_FORMAT, "machine": machine, "kept_at": _now(), "measurements": tape}
+        record = {"format": TAPE_FORMAT, "machine": machine, "kept_at": _now(), "measurements": tape,
+                  "seal": plan_records.seal(request, tape)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, record)
@@ -223,21 +215,9 @@ class Measurements:
     def from_run(cls, path: str | Path) -> tuple[dict, Measurements]:
         """The request (config as asked) and a replay of the measurements of a run's ``resolved.json``
         (``path``: the file or its run folder), for ``dmlkit train --plan``."""
-        path = Path(path)
-        file = path / "resolved.json" if path.is_dir() else path
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"--plan {str(path)!r}: no such file; give a run folder or its resolved.json.") from None
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"--plan {str(file)!r} is not a readable resolved.json ({err}).") from None
-        measured = data.get("measurements") if isinstance(data, dict) else None
-        if not isinstance(measured, dict) or measured.get("format") != TAPE_FORMAT \
-                or not isinstance(data.get("request"), dict):
-            raise ConfigError(f"--plan {str(file)!r} records no replayable plan (a run of an older dmlkit, or not "
-                              "a dmlkit resolved.json): expected its 'request' and 'measurements'.")
-        replay = cls(list(measured["tape"]), source=f"replayed from {file}", check_speed=False)
-        return data["request"], replay.forgo("a replay of --plan keeps nothing")
+        request, tape, file = plan_records.replay_record(path, TAPE_FORMAT)  # checked whole, before any replay
+        replay = cls(list(tape), source=f"replayed from {file}", check_speed=False)
+        return request, replay.forgo("a replay of --plan keeps nothing")
 
     # -- reading numbers --------------------------------------------------------------------------------------------
 
@@ -256,7 +236,7 @@ class Measurements:
         """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
         into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine."""
         replayed, kept = self._next(name)
-        value = decode(kept) if replayed else measure()
+        value = plan_records.decoded(decode, kept, name, self.source) if replayed else measure()
         if not replayed and timings is not None:
             for repeated in timings(value):
                 spread = spread_of(repeated)
@@ -275,7 +255,7 @@ class Measurements:
         steps take :data:`SLOWER` times the kept ones (then the replay ends here, said)."""
         replayed, kept = self._next(name)
         if replayed:
-            value = decode(kept)
+            value = plan_records.decoded(decode, kept, name, self.source)
             now, then = step_seconds(live), step_seconds(value)
             if self.check_speed and then > 0 and now > SLOWER * then:
                 self.stop_replaying(f"this run's steps take {now * 1000:.1f} ms, {now / then:.1f}x the kept "

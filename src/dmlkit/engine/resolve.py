@@ -32,6 +32,7 @@ from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
+from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
 from dmlkit.engine.run_layout import RESOLVED_FILE
@@ -148,6 +149,7 @@ class ResolvedRun:
 
     def summary(self) -> dict:
         """A JSON-able record of :meth:`parts` and :attr:`choices` (``resolved.json`` in the run folder)."""
+        record = self.measurements.record() if self.measurements is not None else None
         return {
             "name": self.cfg.name,
             "parts": self.parts(),
@@ -155,7 +157,8 @@ class ResolvedRun:
             "choices": {path: {"value": _plain(value), "reason": reason}
                         for path, (value, reason) in self.choices.items()},
             "request": self.request,
-            "measurements": self.measurements.record() if self.measurements is not None else None,
+            "measurements": record,
+            SEAL_KEY: seal(self.request, record["tape"] if record is not None else None),  # an edit is said on replay
         }
 
 

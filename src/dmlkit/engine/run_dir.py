@@ -16,10 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dmlkit._json_files import parse_json, read_json
 from dmlkit.engine import run_layout as layout
-from dmlkit.engine.checkpoint_files import atomic_write_bytes, atomic_write_json, atomic_write_text, raise_if_out_of_space
+from dmlkit.engine.checkpoint_files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    open_for_append,
+    raise_if_out_of_space,
+)
 from dmlkit.engine.run_layout import CLAIM_FILE
-from dmlkit.exceptions import ConfigError
+from dmlkit.exceptions import ConfigError, RecordError
 
 #: What a folder written before claims existed holds when it is a run of each kind (so it may be resumed):
 #: any one of the groups, each group's files all present.
@@ -135,8 +142,8 @@ def claim_directory(path: str | Path, kind: str, *, resume: bool = False, option
     claimed = None
     if marker.is_file():
         try:
-            claimed = json.loads(marker.read_text(encoding="utf-8")).get("kind")
-        except (ValueError, OSError, AttributeError):
+            claimed = read_json(marker).get("kind")
+        except (RecordError, OSError):
             claimed = "unreadable"
         if claimed != kind:
             raise ConfigError(f"{option} {str(path)!r} holds a {claimed} folder, not a {kind} run "
@@ -150,7 +157,12 @@ def claim_directory(path: str | Path, kind: str, *, resume: bool = False, option
         raise ConfigError(f"{option} {str(path)!r} already holds a run; {hint} or choose another {option} "
                           f"(it holds {_listing(path)}).")
     if claimed is None:
-        atomic_write_json(marker, {"kind": kind, "pid": os.getpid(), "command": sys.argv})
+        try:
+            atomic_write_json(marker, {"kind": kind, "pid": os.getpid(), "command": sys.argv})
+        except OSError as err:  # a read-only mount, a folder of another user
+            raise_if_out_of_space(err, marker)
+            raise ConfigError(f"{option} {str(path)!r}: cannot write there ({err.strerror or err}); choose a folder "
+                              f"this user can write, e.g. {option} runs/NAME.") from None
     return Claim(path, fresh=not entries, created=created)
 
 
@@ -206,7 +218,7 @@ class RunDirectory:
         Returns those new paths.
         """
         manifest_path = self.path / layout.MANIFEST_FILE
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
+        manifest = read_json(manifest_path) if manifest_path.exists() else {}
         known = list(manifest.get("skipped_images", {}).get("paths", []))
         new = sorted({str(p) for p in paths} - set(known))
         if not new:
@@ -221,7 +233,7 @@ class RunDirectory:
         """Append one JSON line (flushed) to ``log.jsonl``."""
         line = json.dumps(record) + "\n"
         try:
-            with open(self.log_path, "a", encoding="utf-8") as f:
+            with open_for_append(self.log_path) as f:  # never through a link
                 f.write(line)
                 f.flush()
         except OSError as err:
@@ -237,8 +249,8 @@ class RunDirectory:
         out = []
         for line in self.log_path.read_text(encoding="utf-8").splitlines():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                out.append(parse_json(line, repr(str(self.log_path))))
+            except RecordError:
                 continue
         return out
 

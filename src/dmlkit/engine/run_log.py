@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dmlkit._messages import LOGGER_NAME
+from dmlkit.engine.checkpoint_files import open_for_append
 from dmlkit.engine.run_layout import MESSAGES_FILE
 
 #: The run's messages, beside ``log.jsonl`` (the metrics) in the run directory.
@@ -29,7 +30,7 @@ class RunLog(logging.Handler):
         super().__init__(logging.DEBUG)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         self.held: list[logging.LogRecord] = []
-        self.file: logging.FileHandler | None = None
+        self.file: logging.StreamHandler | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.file is None:
@@ -38,9 +39,13 @@ class RunLog(logging.Handler):
             self.file.handle(record)
 
     def open(self, path: str | Path) -> None:
-        """Write the held records to ``path`` (appended: a resumed run continues its log), then each as it comes."""
+        """Write the held records to ``path`` (appended: a resumed run continues its log), then each as it comes.
+
+        Never through a symbolic link, into a folder or into another file's hard link: a
+        :class:`~dmlkit.exceptions.RecordError` names the file instead (:func:`open_for_append`).
+        """
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.file = logging.FileHandler(path, encoding="utf-8")
+        self.file = logging.StreamHandler(open_for_append(path))
         self.file.setFormatter(self.formatter)
         for record in self.held:
             self.file.handle(record)
@@ -49,6 +54,7 @@ class RunLog(logging.Handler):
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+            self.file.stream.close()  # a StreamHandler leaves its stream open
         super().close()
 
 

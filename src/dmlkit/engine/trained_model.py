@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -10,10 +9,11 @@ from typing import Any
 
 from torch import nn
 
+from dmlkit._json_files import read_json
 from dmlkit.config import RunConfig, load_config
 from dmlkit.engine.checkpoint_files import config_fingerprint, load_checkpoint
 from dmlkit.engine.run_layout import CONFIG_FILE, MANIFEST_FILE, checkpoint_file
-from dmlkit.exceptions import CheckpointError, ConfigError
+from dmlkit.exceptions import CheckpointError, ConfigError, RecordError
 
 
 def load_run_config(run_dir: str | Path, overrides=()) -> RunConfig:
@@ -69,7 +69,7 @@ def read_eval_input(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     of older dmlkit versions, which can still embed their own splits but not new images)."""
     path = Path(run_dir) / MANIFEST_FILE
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        info = read_json(path)
+    except (OSError, RecordError) as exc:
         raise ConfigError(f"cannot read {str(path)!r} (written by `dmlkit train`): {exc}") from None
     return info.get("eval_input")

@@ -17,7 +17,6 @@ The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.Resolve
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from dmlkit._json_files import read_json
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget_planner as budget
@@ -35,6 +35,7 @@ from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
+from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.timing import synchronize
@@ -53,7 +54,7 @@ from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the 
 from dmlkit.engine.training.step_capture import CaptureDecision, CapturedStep, worth_capturing
 from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_device
 from dmlkit.engine.training.time_budget import TimeBudgetMixin
-from dmlkit.exceptions import NonFiniteError
+from dmlkit.exceptions import NonFiniteError, RecordError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
 from dmlkit.seeds import derive_generator
 
@@ -369,10 +370,11 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         of it stays as resolved: a replay starts from the run's request and these numbers)."""
         path = self.run.path / SUMMARY_FILE
         try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # a resumed run of an older dmlkit: nothing to add to
+            summary = read_json(path)
+        except (OSError, RecordError):  # a resumed run of an older dmlkit, or an unreadable file: nothing to add to
             return
         summary["measurements"] = tape.record()
+        summary[SEAL_KEY] = seal(summary.get("request"), summary["measurements"]["tape"])
         atomic_write_json(path, summary)
 
     def _train(self) -> TrainResult:

@@ -7,15 +7,15 @@ The files are those the training engine writes (:mod:`dmlkit.engine.run_layout`)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from dmlkit._json_files import parse_json, read_json
 from dmlkit.engine.run_layout import CONFIG_FILE, ENV_FILE, LOG_FILE, MANIFEST_FILE, METRICS_FILE, TEST_EMBEDDINGS_FILE
-from dmlkit.exceptions import DataError
+from dmlkit.exceptions import DataError, RecordError
 
 REQUIRED_FILES = (CONFIG_FILE, METRICS_FILE, LOG_FILE)
 
@@ -111,13 +111,10 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """Parse a JSON file whose top level must be an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise DataError(f"{str(path)!r} must hold a JSON object. Got {type(value).__name__}.")
-    return value
+    try:  # the one reader of records: nesting depth and finite numbers checked
+        return read_json(path)
+    except RecordError as exc:
+        raise DataError(str(exc)) from None
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -133,11 +130,11 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
+            record = parse_json(line, f"{str(path)!r} line {i + 1}")
+        except RecordError as exc:
             if i == last:
                 break
-            raise DataError(f"{str(path)!r} line {i + 1} is not valid JSON: {exc}") from exc
+            raise DataError(str(exc)) from None
         if not isinstance(record, dict):
             raise DataError(f"{str(path)!r} line {i + 1} must be a JSON object. Got {type(record).__name__}.")
         records.append(record)

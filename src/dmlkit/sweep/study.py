@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from dmlkit._extras import require
+from dmlkit._json_files import read_json
 from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.callbacks import Callback
@@ -370,7 +371,7 @@ def load_sweep(sweep_dir: str | Path) -> dict:
     path = Path(sweep_dir) / "sweep.json"
     if not path.is_file():
         raise ConfigError(f"{str(sweep_dir)!r} is not a dmlkit sweep directory (no sweep.json).")
-    data = json.loads(path.read_text())
+    data = read_json(path)
     if data.get("format") != SWEEP_FORMAT:
         raise ConfigError(f"{path} is not a dmlkit sweep summary (format {data.get('format')!r}).")
     return data

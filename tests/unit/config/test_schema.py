@@ -40,7 +40,7 @@ def test_all_problems_collected():
     problems = info.value.problems
     assert len(problems) == 3
     assert any("Did you mean 'optimizer'" in p for p in problems)
-    assert any("model.embedding_size must be None or an int > 0. Got -3." in p for p in problems)
+    assert any("model.embedding_size must be None or an int > 0, at most 1048576. Got -3." in p for p in problems)
     assert any("divisible by sampler.m" in p for p in problems)
 
 
