@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -47,10 +48,8 @@ def run_crossval(
     echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
-    from dmlkit.engine.run_log import LOG_FILE, run_log
-    from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
-    from dmlkit.recipe import prepare_run
+    from dmlkit.launch import launch
 
     out_dir, echo = Path(out_dir), messages(echo, log)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
@@ -68,10 +67,9 @@ def run_crossval(
             if not metrics_path.exists():
                 resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                with run_log() as kept:  # each fold's messages in its train.log
-                    trainer = Trainer(prepare_run(fold_cfg), run_dir, resume=resume)
-                    if trainer.dist.is_main:
-                        kept.open(run_dir / LOG_FILE)
+                if not resume and run_dir.exists():
+                    shutil.rmtree(run_dir)  # a fold stopped before its first checkpoint: nothing to keep
+                with launch(fold_cfg, run_dir, resume=resume, report=False) as trainer:  # claimed; its train.log
                     trainer.fit()
             metrics = json.loads(metrics_path.read_text())
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})

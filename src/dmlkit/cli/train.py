@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.measurements import Measurements
 from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError
@@ -80,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
     elif args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
+        if not (run_dir / layout.CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {str(run_dir)!r}: no {layout.CONFIG_FILE} there; not a dmlkit run directory.")
         args.overrides = [*args.overrides, *flag_overrides(args)]
         device_only = all(o.split("=", 1)[0].strip() == "train.device" for o in args.overrides)
         if args.preset or args.config or not device_only or args.from_sweep:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             option = "--seed" if args.seed is not None else "--out"
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
-        cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        cfg = load_config(path=run_dir / layout.CONFIG_FILE, overrides=args.overrides)
         measurements = Measurements.live().forgo("a resumed run")  # it plans from its own speeds
         if args.dry_run:
             raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
@@ -141,10 +143,23 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
         raise ConfigError("--plan replays an earlier run's config and measurements as they were; only --device (or "
                           "--set train.device=...), --out and the output options may be added to it. To change the "
                           "run, start from its config: --config RUN/config.yaml.")
-    request, measurements = Measurements.from_run(args.plan)
+    request, measurements = Measurements.from_run(_plan_file(Path(args.plan)))
     for override in extra:
         request = {**request, "train": {**request.get("train", {}), "device": override.split("=", 1)[1].strip()}}
     return config_from_dict(request), measurements
+
+
+def _plan_file(plan: Path) -> Path:
+    """What ``--plan RUN`` replays: the run's training record when training kept its measurements there (the time
+    budget's included), else ``plan`` itself (a run folder's ``resolved.json``, or the file given)."""
+    record = plan / layout.TRAINING_RECORD_FILE
+    if plan.is_dir() and record.is_file():
+        try:
+            if "measurements" in json.loads(record.read_text(encoding="utf-8")):
+                return record
+        except (OSError, ValueError):
+            pass
+    return plan
 
 
 def list_backbones() -> int:
