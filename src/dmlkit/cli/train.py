@@ -30,7 +30,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "and saves in config.yaml, each choice with its reason in resolved.json and train.log (shown\n"
         "with -v; docs/recipes.md).\n"
         "The run directory gets config.yaml, resolved.json, metrics.json, log.jsonl (the metrics),\n"
-        "train.log (every message of the run), checkpoints/, embeddings/ and report.html."
+        "training.json (what training measured and decided), train.log (every message of the run),\n"
+        "checkpoints/, embeddings/ and report.html."
     )
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory: a new or empty folder, never one holding other "
@@ -42,9 +43,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
-    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder or RUN/resolved.json): its "
-                   "config as asked and the machine's measurements it planned from, so the same steps, backbone and "
-                   "choices, on any machine (only --device, --out and the output options may be added)")
+    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder, or its training.json or "
+                   "resolved.json): its config as asked and the machine's measurements it planned from, so the same "
+                   "steps, backbone and choices, on any machine (only --device, --out and the output options may be added)")
     p.add_argument("--replan", action="store_true", help="measure this machine again instead of replaying what an "
                    "earlier run of the same config kept here, and keep the new measurements")
     add_verbosity_options(p)
