@@ -11,9 +11,8 @@ share one step budget, one data split and one selection protocol. Runs go to
 resumed from its last checkpoint, so the command can be repeated until everything is done.
 Per claim the script writes ``OUT/CLAIM/summary.json`` (mean and std over seeds of every metric,
 wall time, steps), ``OUT/CLAIM/summary.md`` (the table) and PNG figures into ``docs/figures/``.
-Runs are sequential on ``--threads`` torch threads (default 1; the first quick-mode tables of
-docs/results.md used 2). Claims with ``folds=k`` use the class-disjoint k-fold protocol of ASAP
-Table 1 instead (``dmlkit.crossval``): one model per fold, selected on its held-out fold,
+Runs are sequential on ``--threads`` torch threads (default 1). Claims with ``folds=k`` use the
+class-disjoint k-fold protocol of ASAP Table 1 instead (``dmlkit.crossval``): one model per fold, selected on its held-out fold,
 reported as the fold-model average and the concatenated-embedding ensemble.
 ``--core`` runs only the arms each verdict rests on (``all --quick --core`` is the short check).
 

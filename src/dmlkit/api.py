@@ -26,6 +26,7 @@ from dmlkit._messages import LOGGER_NAME, console
 from dmlkit._validation import short_repr
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
 from dmlkit.data.user import UserDataset, user_splits
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.loggers import flat_params
@@ -108,7 +109,7 @@ def config_for_objects(model: nn.Module | str, loss: nn.Module | None, splits, s
 
 
 #: What a ``fit`` call asked for, kept in its run directory: a later call resumes only the same request.
-REQUEST_FILE = "fit_request.json"
+REQUEST_FILE = layout.REQUEST_FILE
 _PLAIN = (int, float, str, bool, type(None))
 
 
@@ -207,7 +208,7 @@ def fit(
     cfg = config_for_objects(model, loss, splits, sections, miner=miner)
     run_dir = Path(out)
     if resume is None:
-        resume = (run_dir / "checkpoints" / "last.pt").exists()
+        resume = (run_dir / layout.LAST_CHECKPOINT).exists()
     request = fit_request(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
                           optimizer=optimizer)
     if resume:

@@ -10,6 +10,7 @@ ensemble"), then mean and std over seeds.
 from __future__ import annotations
 
 import logging
+import shutil
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,15 @@ def _mean_std(values: list[float]) -> dict:
     }
 
 
+def _stopped_before_a_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a fold's training run claimed by dmlkit that ended before its first checkpoint."""
+    try:
+        claim = json.loads((run_dir / layout.CLAIM_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(claim, dict) and claim.get("kind") == "train" and not (run_dir / layout.LAST_CHECKPOINT).exists()
+
+
 def run_crossval(
     cfg: RunConfig,
     out_dir: str | Path,
@@ -47,10 +57,8 @@ def run_crossval(
     echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Train every (seed, fold) model into ``out_dir/seed<S>/fold<F>`` and summarise; resumable."""
-    from dmlkit.engine.run_log import LOG_FILE, run_log
-    from dmlkit.engine.trainer import Trainer
     from dmlkit.evaluation import ensemble_retrieval_metrics
-    from dmlkit.recipe import prepare_run
+    from dmlkit.launch import launch
 
     out_dir, echo = Path(out_dir), messages(echo, log)
     folds = list(range(cfg.protocol.num_folds)) if folds is None else folds
@@ -68,10 +76,9 @@ def run_crossval(
             if not metrics_path.exists():
                 resume = (run_dir / layout.LAST_CHECKPOINT).exists()
                 echo(f"{'resuming' if resume else 'training'} seed {seed} fold {fold} -> {run_dir}")
-                with run_log() as kept:  # each fold's messages in its train.log
-                    trainer = Trainer(prepare_run(fold_cfg), run_dir, resume=resume)
-                    if trainer.dist.is_main:
-                        kept.open(run_dir / LOG_FILE)
+                if not resume and _stopped_before_a_checkpoint(run_dir):
+                    shutil.rmtree(run_dir)  # nothing to keep; any other folder is left to launch's claim to refuse
+                with launch(fold_cfg, run_dir, resume=resume, report=False) as trainer:  # claimed; its train.log
                     trainer.fit()
             metrics = read_json(metrics_path)
             runs.append({"seed": seed, "fold": fold, "run_dir": str(run_dir), **{k: metrics[k] for k in REPORTED}})
@@ -96,12 +103,13 @@ def run_crossval(
             ensemble = ensemble_retrieval_metrics(parts, labels)
         for k in REPORTED:
             per_ensemble[k].append(float(ensemble[k]))
+    width = int(parts[0].shape[1])  # the fold models' embedding size (the recipe fills it in when the config leaves it)
     summary = {
         "name": cfg.name,
         "seeds": seeds,
         "folds": folds,
-        "embedding_size": cfg.model.embedding_size,
-        "ensemble_size": cfg.model.embedding_size * len(folds),
+        "embedding_size": width,
+        "ensemble_size": width * len(folds),
         "average": {k: _mean_std(v) for k, v in per_model.items()},
         "ensemble": {k: _mean_std(v) for k, v in per_ensemble.items()},
         "runs": runs,

@@ -23,7 +23,7 @@ from dmlkit.recipe import prepare_run
 @contextmanager
 def launch(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, option: str = "--out", report: bool = True,
            callbacks: Iterable[Callback] = (), echo: Callable[[str], None] | None = None, started: float | None = None,
-           **options) -> Iterator[Trainer]:
+           evaluate_test: bool = True, **options) -> Iterator[Trainer]:
     """The :class:`Trainer` of ``cfg`` in ``run_dir``, with ``RUN/train.log`` written while inside.
 
     ``run_dir`` is claimed for a training run (new, or this run being resumed: ``resume``; ``option``
@@ -31,7 +31,7 @@ def launch(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, option:
     before ``callbacks``; ``options`` go to :func:`~dmlkit.recipe.prepare_run`: the objects that replace
     the config's (``model``, ``loss``, ``miner``, ``data``, ``optimizer``), ``measurements``, ``replan``;
     ``started`` is when the run began (the time budget counts from it). ``echo`` takes every message instead
-    of the loggers.
+    of the loggers. ``evaluate_test=False``: the run ends after training and selection (a sweep's trial).
     """
     run_dir = Path(run_dir)
     first: list[Callback] = []
@@ -43,7 +43,8 @@ def launch(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, option:
         claim = claim_directory(run_dir, "train", resume=resume, option=option)
         try:
             resolved = prepare_run(cfg, echo=echo, started=started, **options)
-            trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks])
+            trainer = Trainer(resolved, run_dir, resume=resume, echo=echo, callbacks=[*first, *callbacks],
+                              evaluate_test=evaluate_test)
         except BaseException:
             claim.release()  # nothing was written: the folder is as it was
             raise

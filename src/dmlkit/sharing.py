@@ -18,6 +18,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -240,8 +241,8 @@ def load_shared(folder: str | Path, overrides=()):
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{folder / WEIGHTS} cannot be read: {exc}") from None
     # the weights file holds every weight: no download or cache is needed to rebuild the model
-    saved.model.pretrained = bool(saved.model.pretrained) and has_offline_weights(saved.model.name)
-    saved.model.weights = None
+    pretrained = bool(saved.model.pretrained) and has_offline_weights(saved.model.name)
+    saved = replace(saved, model=replace(saved.model, pretrained=pretrained, weights=None))
     model = build_model(saved)
     try:
         model.load_state_dict(weights)

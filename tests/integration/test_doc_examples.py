@@ -209,9 +209,8 @@ OWN_IMAGES = "path/to/images"
 
 #: README.md's shell lines that are not ``dmlkit`` commands, and why this test does not run them.
 README_NOT_RUN = {
-    "pip install dmlkit": "installs from PyPI (the network); CI installs the checkout with `make env`",
-    'pip install "dmlkit[hub,onnx]"': "installs from PyPI (the network); the extras are in `.[test]`",
     "pip install .": "what `make env` runs (as `pip install -e '.[test]'`) before this test",
+    'pip install ".[hub,onnx]"': "the extras are in `.[test]`, which `make env` installs before this test",
     "make train": "the default job itself, run by CI's own `make train`",
     "make test": "runs this test",
 }

@@ -35,7 +35,8 @@ def test_kept_measurements_replay_and_plan_reproduces_a_run(tmp_path, store, cap
     assert main(["train", "--out", str(first), *BUDGETED]) == 0
     assert "measurements: kept in" in (first / "train.log").read_text()  # a message: logged (--quiet hides it)
     resolved = json.loads((first / "resolved.json").read_text())
-    names = [entry["name"] for entry in resolved["measurements"]["tape"]]
+    recorded = json.loads((first / "training.json").read_text())  # what training measured too: --plan replays it
+    names = [entry["name"] for entry in recorded["measurements"]["tape"]]
     assert "training speeds" in names and any(name.startswith("glyph step") for name in names)
     planned, metrics = steps_and_metrics(first)
     assert planned and planned[0][1] < 1250  # the budget bound: steps from measured speeds

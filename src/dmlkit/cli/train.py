@@ -6,11 +6,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from dmlkit._json_files import read_json
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
 from dmlkit.config.schema import RunConfig
+from dmlkit.engine import run_layout as layout
 from dmlkit.engine.measurements import Measurements
 from dmlkit.evaluation.metrics import TABLE_KEYS
-from dmlkit.exceptions import ConfigError
+from dmlkit.exceptions import ConfigError, RecordError
 
 DEFAULT_PRESET = "mnist-proxy-anchor"
 
@@ -28,7 +30,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "and saves in config.yaml, each choice with its reason in resolved.json and train.log (shown\n"
         "with -v; docs/recipes.md).\n"
         "The run directory gets config.yaml, resolved.json, metrics.json, log.jsonl (the metrics),\n"
-        "train.log (every message of the run), checkpoints/, embeddings/ and report.html."
+        "training.json (what training measured and decided), train.log (every message of the run),\n"
+        "checkpoints/, embeddings/ and report.html."
     )
     add_config_options(p)
     p.add_argument("--out", metavar="DIR", help="run directory: a new or empty folder, never one holding other "
@@ -40,9 +43,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "only --set train.device=... may be added, e.g. to continue a GPU run on another device)",
     )
     p.add_argument("--from-sweep", metavar="SWEEP_DIR", help="rerun the best trial of `dmlkit sweep` (later --set still apply)")
-    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder or RUN/resolved.json): its "
-                   "config as asked and the machine's measurements it planned from, so the same steps, backbone and "
-                   "choices, on any machine (only --device, --out and the output options may be added)")
+    p.add_argument("--plan", metavar="RUN", help="replay the plan of an earlier run (its folder, or its training.json or "
+                   "resolved.json): its config as asked and the machine's measurements it planned from, so the same "
+                   "steps, backbone and choices, on any machine (only --device, --out and the output options may be added)")
     p.add_argument("--replan", action="store_true", help="measure this machine again instead of replaying what an "
                    "earlier run of the same config kept here, and keep the new measurements")
     add_verbosity_options(p)
@@ -80,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
     elif args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there; not a dmlkit run directory.")
+        if not (run_dir / layout.CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {str(run_dir)!r}: no {layout.CONFIG_FILE} there; not a dmlkit run directory.")
         args.overrides = [*args.overrides, *flag_overrides(args)]
         device_only = all(o.split("=", 1)[0].strip() == "train.device" for o in args.overrides)
         if args.preset or args.config or not device_only or args.from_sweep:
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             option = "--seed" if args.seed is not None else "--out"
             raise ConfigError(f"--resume continues the run in {str(run_dir)!r} with its own seed and folder; {option} "
                               "cannot be combined with it (start a new run with --out instead).")
-        cfg = load_config(path=run_dir / "config.yaml", overrides=args.overrides)
+        cfg = load_config(path=run_dir / layout.CONFIG_FILE, overrides=args.overrides)
         measurements = Measurements.live().forgo("a resumed run")  # it plans from its own speeds
         if args.dry_run:
             raise ConfigError("--dry-run resolves a new run; it cannot be combined with --resume.")
@@ -142,13 +145,26 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
         raise ConfigError("--plan replays an earlier run's config and measurements as they were; only --device (or "
                           "--set train.device=...), --out and the output options may be added to it. To change the "
                           "run, start from its config: --config RUN/config.yaml.")
-    request, measurements = Measurements.from_run(args.plan)
+    request, measurements = Measurements.from_run(_plan_file(Path(args.plan)))
     for override in extra:  # train.device=VALUE; a key without '=' is a ConfigError saying how to write it
         device = parse_override(override)[1]
         train = request.get("train", {})
         if isinstance(train, dict):  # else config_from_dict says what 'train' must be
             request = {**request, "train": {**train, "device": device}}
     return config_from_dict(request), measurements
+
+
+def _plan_file(plan: Path) -> Path:
+    """What ``--plan RUN`` replays: the run's training record when training kept its measurements there (the time
+    budget's included), else ``plan`` itself (a run folder's ``resolved.json``, or the file given)."""
+    record = plan / layout.TRAINING_RECORD_FILE
+    if plan.is_dir() and record.is_file():
+        try:
+            if "measurements" in read_json(record):
+                return record
+        except (OSError, RecordError, TypeError):  # the replay reads it again and says what is wrong
+            pass
+    return plan
 
 
 def list_backbones() -> int:

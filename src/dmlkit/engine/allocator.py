@@ -4,7 +4,7 @@ A training step allocates and frees the same multi-MB tensors every time (a ``[B
 against a 44,800-entry cross-batch memory is 5.7 MB; the logits against 11,318 proxies are as
 large). glibc serves allocations above its mmap threshold with fresh ``mmap`` pages and returns
 them on ``free``, so every step pays the kernel's page faults again (a large share of an XBM
-step; the measured effect is in ``docs/results.md``). PyTorch's CPU
+step: ``benchmarks/bench_pair_losses.py --allocator default`` against ``tuned``). PyTorch's CPU
 performance guide addresses the same cost by preloading jemalloc or tcmalloc; this does the
 glibc equivalent in-process: a high mmap threshold (32 MiB, glibc's maximum for it) and a trim
 threshold that keeps freed heap memory mapped for the next step. Memory use stays bounded by

@@ -1,6 +1,6 @@
 """The run directory's layout: the one table of the names of a run's files.
 
-The engine writes them (``run_dir.py``, ``training/selection.py``, ``resolve.py``); the report,
+The engine writes them (``run_dir.py``, ``training/selection.py``, ``trainer.py``); the report,
 inference, sharing, cross-validation, sweeps and the CLI read them. Every name is relative to the
 run directory (``run_dir / LAST_CHECKPOINT``). This module imports nothing of dmlkit, so any
 package may read it.
@@ -8,7 +8,12 @@ package may read it.
 Layout::
 
     RUN_DIR/config.yaml            resolved config
-    RUN_DIR/resolved.json          what the recipe chose and why (ResolvedRun.summary)
+    RUN_DIR/resolved.json          what the recipe chose and why (ResolvedRun.summary), written once before training
+    RUN_DIR/training.json          what the run did while training that was not resolved before it: the step-capture
+                                   decision taken after timing, and every measurement the plans read (the time
+                                   budget's included) with the request they answer (a replayable plan: --plan RUN)
+    RUN_DIR/fit_request.json       what a dmlkit.fit call asked for (its config and objects): a later call resumes
+                                   only the same request
     RUN_DIR/env.json               versions, git commit, seed, command line, device
     RUN_DIR/manifest.json          paths and labels per split (audit which data was used), unreadable files
                                    skipped, eval_input (how evaluation reads an image: inference does the same),
@@ -29,6 +34,8 @@ from __future__ import annotations
 
 CONFIG_FILE = "config.yaml"
 RESOLVED_FILE = "resolved.json"
+TRAINING_RECORD_FILE = "training.json"
+REQUEST_FILE = "fit_request.json"
 ENV_FILE = "env.json"
 MANIFEST_FILE = "manifest.json"
 LOG_FILE = "log.jsonl"
@@ -47,6 +54,8 @@ CLAIM_FILE = ".dmlkit-claim.json"
 CROSSVAL_SUMMARY_FILE = "crossval.json"
 #: A sweep folder's Optuna study (``dmlkit sweep``).
 SWEEP_STUDY_FILE = "study.db"
+#: A sweep trial's run folder: its validation score, selected step and schedule (``dmlkit sweep``).
+TRIAL_FILE = "trial.json"
 
 
 def checkpoint_file(name: str) -> str:

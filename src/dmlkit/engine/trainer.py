@@ -38,6 +38,7 @@ from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
+from dmlkit.engine.run_layout import TRAINING_RECORD_FILE
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.resume import CheckpointingMixin
 from dmlkit.engine.training.schedule import TrainingSchedule
@@ -130,9 +131,10 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         # train.step_capture: forward, loss and backward compiled (CUDA graphs on a card); auto decides after timing
         self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
+        # what this run did beyond what was resolved (training.json): resolved.json stays the resolution
+        self.training_record: dict[str, Any] = {}
         if self.step_capture.mode != "off" and overrides_hook(self.hooks, "on_batch_embeddings"):
-            self.step_capture = run.step_capture = CaptureDecision(
-                "off", "the given hooks read each batch's embeddings on the host")
+            self._note_capture(CaptureDecision("off", "the given hooks read each batch's embeddings on the host"))
         self.captured_step: CapturedStep | None = None
         if self.step_capture.mode == "compile":
             self.start_capture(self.step_capture)
@@ -350,7 +352,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 self.echo(f"pretrained weights: {weights.tag} from {weights.source} (SHA-256 {weights.sha256[:12]}...)")
             self.run.prepare(cfg, self.splits, device=str(self.device),
                              weights=weights.record() if weights is not None else None)
-            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml
+            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml, once
+            if self.training_record:
+                self._write_training_record()
         distributed.barrier()
         finished = False
         try:
@@ -366,16 +370,33 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                     getattr(callback, "close", lambda: None)()
 
     def _record_measurements(self, tape) -> None:
-        """``resolved.json`` with every number the plans read, the time budget's while training included (the rest
-        of it stays as resolved: a replay starts from the run's request and these numbers)."""
-        path = self.run.path / SUMMARY_FILE
+        """Every number the plans read, the time budget's while training included, with the request they answer
+        (``resolved.json``'s), into the run's training record: a replay (``--plan RUN``) starts from them."""
         try:
-            summary = read_json(path)
-        except (OSError, RecordError):  # a resumed run of an older dmlkit, or an unreadable file: nothing to add to
+            request = read_json(self.run.path / SUMMARY_FILE)["request"]
+        except (OSError, RecordError, KeyError, TypeError):  # a resumed run of an older dmlkit: no request to replay
             return
-        summary["measurements"] = tape.record()
-        summary[SEAL_KEY] = seal(summary.get("request"), summary["measurements"]["tape"])
-        atomic_write_json(path, summary)
+        measurements = tape.record()
+        self.training_record.update(request=request, measurements=measurements,
+                                    **{SEAL_KEY: seal(request, measurements["tape"])})
+        self._write_training_record()
+
+    def _note_capture(self, decision: CaptureDecision) -> None:
+        """Train with ``decision`` (``train.step_capture``) from here on, recorded beside what was resolved."""
+        self.start_capture(decision)
+        self.training_record.setdefault("choices", {})["train.step_capture"] = {
+            "value": self.cfg.train.step_capture, "reason": decision.describe()}
+
+    def _write_training_record(self) -> None:
+        """``training.json``: what the run did while training (:attr:`training_record`), kept with an earlier
+        session's (a resumed run)."""
+        path = self.run.path / TRAINING_RECORD_FILE
+        try:
+            earlier = read_json(path) if path.is_file() else {}
+        except (OSError, RecordError):
+            earlier = {}
+        choices = {**earlier.get("choices", {}), **self.training_record.get("choices", {})}
+        atomic_write_json(path, {**earlier, **self.training_record, **({"choices": choices} if choices else {})})
 
     def _train(self) -> TrainResult:
         """The loop of :meth:`fit`, then :meth:`finish` on rank 0."""
@@ -478,15 +499,15 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         """``train.step_capture=auto``: capture when the steps left at the measured speed pay the compilation back."""
         if self.step_capture.mode != "pending" or speeds is None:
             return False
-        self.start_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
+        self._note_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
         self.echo(f"step capture: {self.step_capture.describe()}")
-        if self.dist.is_main:  # the decision joins the run's other choices
-            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())
+        if self.dist.is_main:  # the decision is recorded beside the resolved choices, which stay as resolved
+            self._write_training_record()
         return self.captured_step is not None
 
     def start_capture(self, decision: CaptureDecision) -> None:
         """Take ``decision`` (``train.step_capture``) from the next step on: ``compile`` captures, else eager."""
-        self.step_capture = self.resolved.step_capture = decision
+        self.step_capture = decision
         self.captured_step = CapturedStep(self._forward_loss, self.device) if decision.mode == "compile" else None
 
     def _training_batches(self):

@@ -21,9 +21,10 @@ import logging
 import math
 import shutil
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
@@ -33,11 +34,10 @@ from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
-from dmlkit.engine.run_layout import LAST_CHECKPOINT, SWEEP_STUDY_FILE
+from dmlkit.engine.run_layout import CLAIM_FILE, LAST_CHECKPOINT, MESSAGES_FILE, SWEEP_STUDY_FILE, TRIAL_FILE
 from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
-from dmlkit.recipe import prepare_run
 from dmlkit.sweep.space import ParamSpec, apply_params, check_space, check_validation_split, render_value
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class TrialReport(Callback):
         record = {"selected_on": "val", "best_step": result.best_step, "steps": result.steps,
                   f"val_{OBJECTIVE}": trainer.best_score if math.isfinite(trainer.best_score) else None,
                   "train_seconds": round(trainer.elapsed, 3), "schedule": trainer.schedule.record(result.steps)}
-        atomic_write_json(trainer.run.path / "trial.json", record)
+        atomic_write_json(trainer.run.path / TRIAL_FILE, record)
 
 
 def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
@@ -190,8 +190,8 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
         try:
             cfg = trial_config(base, params, trial.number)
             report = TrialReport(trial, prune)
-            trainer = _trainer_for(cfg, run_dir, sweep_dir, trial, report, echo)
-            result = trainer.fit()
+            with _trial_run(cfg, run_dir, sweep_dir, trial, report, echo) as trainer:
+                result = trainer.fit()
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)
             raise
@@ -213,10 +213,13 @@ def make_objective(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], prun
     return objective
 
 
-def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: TrialReport, echo) -> Trainer:
-    """A fresh trial trainer (no test split; ``report`` among its callbacks), or one continuing the interrupted
-    trial this one replaces (its directory is moved)."""
+@contextmanager
+def _trial_run(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: TrialReport, echo) -> Iterator[Trainer]:
+    """A trial's trainer, started as every run is (:func:`~dmlkit.launch.launch`: the folder claimed, ``train.log``
+    kept), with no test split and ``report`` among its callbacks: fresh, or continuing the interrupted trial this
+    one replaces (its folder is moved here)."""
     from dmlkit.engine.checkpoint_files import load_checkpoint
+    from dmlkit.launch import launch
 
     quiet = lambda text: None  # noqa: E731 - trial runs are summarised by the sweep
     source = trial.user_attrs.get("resume_from")
@@ -225,21 +228,29 @@ def _trainer_for(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: 
         if (old / LAST_CHECKPOINT).is_file() and not run_dir.exists():
             old.rename(run_dir)
     resumable = (run_dir / LAST_CHECKPOINT).is_file() and source is not None
-    trainer = Trainer(prepare_run(cfg, echo=quiet), run_dir, resume=resumable, echo=quiet, callbacks=[report],
-                      evaluate_test=False)
-    if resumable:
-        try:
-            state = load_checkpoint(trainer.run.last_checkpoint)
-            if state.get("fingerprint") != trainer.fingerprint:
-                raise CheckpointError("it was written by another configuration")
-            echo(f"trial {trial.number}: continuing interrupted trial {source} from step {int(state['step'])}")
-            return trainer
-        except CheckpointError as exc:
-            echo(f"trial {trial.number}: cannot continue trial {source} ({exc}); training from scratch")
-            trainer.resume = False
-    if run_dir.exists():
+    if not resumable and run_dir.exists():
         shutil.rmtree(run_dir)  # leftovers without a result in the database
-    return trainer
+    with launch(cfg, run_dir, resume=resumable, report=False, callbacks=[report], echo=quiet,
+                evaluate_test=False) as trainer:
+        if resumable:
+            try:
+                state = load_checkpoint(trainer.run.last_checkpoint)
+                if state.get("fingerprint") != trainer.fingerprint:
+                    raise CheckpointError("it was written by another configuration")
+                echo(f"trial {trial.number}: continuing interrupted trial {source} from step {int(state['step'])}")
+            except CheckpointError as exc:
+                echo(f"trial {trial.number}: cannot continue trial {source} ({exc}); training from scratch")
+                trainer.resume = False
+                _clear_run_files(run_dir)
+        yield trainer
+
+
+def _clear_run_files(run_dir: Path) -> None:
+    """Remove what an earlier run wrote into ``run_dir``, keeping its claim and the messages being logged."""
+    for entry in run_dir.iterdir():
+        if entry.name in (CLAIM_FILE, MESSAGES_FILE):
+            continue
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
 def run_sweep(

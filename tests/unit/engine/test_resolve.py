@@ -9,6 +9,7 @@ import torch
 
 from dmlkit.engine import trainer as trainer_module
 from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
+from dmlkit.engine.run_layout import TRAINING_RECORD_FILE
 from dmlkit.recipe import Trainer, prepare_run
 
 QUIET = dict(echo=lambda _: None)
@@ -90,9 +91,11 @@ def test_a_resolved_run_trains_as_the_config_does_and_its_summary_is_saved(tmp_p
     for name, tensor in from_config.model.state_dict().items():
         assert torch.equal(tensor, from_resolved.model.state_dict()[name]), name
     saved = json.loads((tmp_path / "resolved" / SUMMARY_FILE).read_text())
-    # rewritten at the end with the measurements the time budget read while training, after those resolved
-    tape_before, tape_saved = before_training.pop("measurements")["tape"], saved.pop("measurements")["tape"]
-    assert saved == before_training and tape_saved[:len(tape_before)] == tape_before
+    assert saved == before_training  # written once, before training; never rewritten
+    # what training measured (the time budget's numbers, after those resolved) is in the run's training record
+    record = json.loads((tmp_path / "resolved" / TRAINING_RECORD_FILE).read_text())
+    tape_before, tape_recorded = before_training["measurements"]["tape"], record["measurements"]["tape"]
+    assert record["request"] == before_training["request"] and tape_recorded[:len(tape_before)] == tape_before
     assert (tmp_path / "resolved" / "config.yaml").is_file()
     assert set(torch.load(tmp_path / "resolved" / "checkpoints" / "last.pt", weights_only=True)) == CHECKPOINT_KEYS
 

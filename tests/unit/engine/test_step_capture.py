@@ -108,7 +108,8 @@ def test_a_compiled_step_trains_as_the_eager_one(tmp_path, tiny_config):
 
 
 def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_config, monkeypatch):
-    """On a card, auto times the first steps; a run whose steps left do not pay stays eager, in resolved.json."""
+    """On a card, auto times the first steps; a run whose steps left do not pay stays eager, in the run's training
+    record (training.json); resolved.json keeps what was resolved."""
     from dmlkit.recipe import Trainer
 
     pending = step_capture.CaptureDecision("pending", "auto: decided after the first steps")
@@ -117,7 +118,10 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
     trainer.finish = lambda has_val: None
     trainer.fit()
     assert trainer.captured_step is None and trainer.step_capture.mode == "off"
-    saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    assert trainer.resolved.step_capture is pending  # the trainer writes nothing back into the resolved run
+    resolved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    assert resolved["reason"].startswith("decided after the first steps")
+    saved = json.loads((trainer.run.path / "training.json").read_text())["choices"]["train.step_capture"]
     assert saved["value"] == "auto" and saved["reason"].startswith("eager: ") and "steps left at" in saved["reason"]
 
 
@@ -132,4 +136,5 @@ def test_hooks_that_read_the_batchs_embeddings_keep_the_step_eager(tmp_path, tin
     trainer = Trainer(tiny_config("train.step_capture=compile"), tmp_path / "run", hooks=Reader(),
                       echo=lambda _: None)
     assert trainer.captured_step is None and "given hooks" in trainer.step_capture.reason
-    assert trainer.resolved.summary()["choices"]["train.step_capture"]["reason"].startswith("eager: the given hooks")
+    assert trainer.resolved.summary()["choices"]["train.step_capture"]["reason"].startswith("captured")  # as resolved
+    assert trainer.training_record["choices"]["train.step_capture"]["reason"].startswith("eager: the given hooks")
