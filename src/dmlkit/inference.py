@@ -181,7 +181,7 @@ def tensor_to_pil(image: torch.Tensor):
 
 def array_to_pil(image, what: str = "a numpy image"):
     """An ``[H, W]`` or ``[H, W, C]`` (C = 1 or 3) numpy array, uint8 (0-255) or float ([0, 1]), as an 8-bit PIL image."""
-    pixels = torch.from_numpy(image[..., None] if image.ndim == 2 else image)
+    pixels = torch.tensor(image[..., None] if image.ndim == 2 else image)  # a copy: np.asarray(PIL image) is read-only
     if pixels.dim() != 3 or pixels.shape[2] not in (1, 3):
         raise DataError(f"{what} must be [H, W] or [H, W, C] with C = 1 or 3 (channels last, as PIL and OpenCV "
                         f"store them). Got {tuple(image.shape)}.")

@@ -7,10 +7,12 @@ import itertools
 import re
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from dmlkit.config import RunConfig
 
 #: The options every user touches, as flags: ``--flag`` -> the config field it sets (``--lr 3e-4`` is
 #: ``--set optimizer.lr=3e-4``); ``(dest, metavar, help)`` in the order they are listed.
@@ -80,6 +82,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = [*args.overrides, *flag_overrides(args)]
     if getattr(args, "seed", None) is not None:
         overrides.append(f"seed={args.seed}")
+    from dmlkit.config import load_config
+
     return load_config(preset=args.preset, path=args.config, overrides=overrides)
 
 
