@@ -102,8 +102,8 @@ def pml_end_to_end(run_dir, paths, queries):
     from PIL import Image
     from pytorch_metric_learning.utils.inference import FaissKNN, InferenceModel
 
+    from dmlkit import load
     from dmlkit.data.transforms import small_image_transform
-    from dmlkit.engine.trained_model import load
 
     model = load(run_dir)
     transform = small_image_transform(model.pretrained_cfg)  # decode -> tensor -> normalise, per image

@@ -15,13 +15,18 @@ _LAZY = {
 }
 
 
-def load(source, checkpoint: str = "best"):
+def load(source, checkpoint: str = "best", *, token: str | None = None):
     """The trained embedding model, with its preprocessing, of a run directory, of a folder written by
-    ``dmlkit push --local``, or of a pushed model repository ``"hf://user/name[@revision]"``
-    (see :mod:`dmlkit.engine.trained_model` and :mod:`dmlkit.sharing`)."""
-    from dmlkit.sharing import load_source
+    ``dmlkit push --local``, or of a pushed model repository ``"hf://user/name[@revision]"``.
 
-    return load_source(source, checkpoint)
+    An ``nn.Module`` in eval mode on the CPU (``checkpoint``: ``"best"`` or ``"last"``): ``model(batch)``
+    embeds preprocessed pixels ``[B, C, H, W]`` (``model.preprocess``), and ``model.embed(images)`` embeds
+    image files, PIL images, numpy arrays or tensors, one or a list, as the run embedded its test split
+    (:class:`dmlkit.inference.RunEmbedder`, :mod:`dmlkit.sharing`).
+    """
+    from dmlkit.inference import RunEmbedder
+
+    return RunEmbedder.from_run(source, checkpoint, device="cpu", token=token).model
 
 
 def __getattr__(name: str):

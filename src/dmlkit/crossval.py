@@ -25,6 +25,7 @@ from dmlkit.config.schema import RunConfig
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS
+from dmlkit.exceptions import RecordError
 
 REPORTED = RETRIEVAL_SUMMARY_KEYS
 
@@ -42,8 +43,8 @@ def _mean_std(values: list[float]) -> dict:
 def _stopped_before_a_checkpoint(run_dir: Path) -> bool:
     """Whether ``run_dir`` is a fold's training run claimed by dmlkit that ended before its first checkpoint."""
     try:
-        claim = json.loads((run_dir / layout.CLAIM_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        claim = read_json(run_dir / layout.CLAIM_FILE)
+    except (OSError, RecordError):
         return False
     return isinstance(claim, dict) and claim.get("kind") == "train" and not (run_dir / layout.LAST_CHECKPOINT).exists()
 

@@ -22,15 +22,17 @@ from torch import nn
 from dmlkit.engine.trained_model import read_eval_input
 from dmlkit.exceptions import ConfigError, DataError
 
-ImageLike = Any  # a path, a PIL image, or a tensor [C, H, W]
+ImageLike = Any  # a path, a PIL image, a numpy array [H, W] / [H, W, C], or a tensor [C, H, W]
 
 
 class RunEmbedder:
     """A trained run's model with its evaluation preprocessing: images in, embeddings ``[N, D]`` out.
 
-    Build it with :meth:`from_run`. ``embed(images)`` takes image files, PIL images, or a tensor
-    ``[N, C, H, W]`` / ``[C, H, W]`` of pixels (uint8 0-255 or float in [0, 1]; read as 8-bit
-    pixels, as image files are); ``embed_dataset(split)`` embeds one of the run's splits.
+    Build it with :meth:`from_run` (``dmlkit.load`` does, and returns its ``model``, whose ``embed`` is
+    this one's). ``embed(images)`` takes image files, PIL images, numpy arrays (``[H, W]``, ``[H, W, C]``;
+    ``[N, H, W, C]`` for many) or tensors (``[C, H, W]``; ``[N, C, H, W]`` for many) of pixels (uint8
+    0-255 or float in [0, 1]; read as 8-bit pixels, as image files are), one or a list of them;
+    ``embed_dataset(split)`` embeds one of the run's splits.
     ``fingerprint`` identifies the model (config fingerprint and weights digest), which an
     :class:`dmlkit.index.Index` checks before it answers queries.
     """
@@ -51,16 +53,19 @@ class RunEmbedder:
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str = "best", *, device: str = "auto",
-                 progress: bool = False, batch_size: int | None = None, overrides: Sequence[str] = ()) -> "RunEmbedder":
+                 progress: bool = False, batch_size: int | None = None, overrides: Sequence[str] = (),
+                 token: str | None = None) -> "RunEmbedder":
         """The run's model (``checkpoint`` = ``"best"`` or ``"last"``) and evaluation preprocessing.
 
-        ``run_dir`` may also be a shared model: ``"hf://user/name"`` or a folder of ``dmlkit push --local``."""
+        ``run_dir`` may also be a shared model: ``"hf://user/name"`` (``token``: the Hub's, if not the
+        logged-in one) or a folder of ``dmlkit push --local``. The model keeps this embedder as
+        ``model.run_embedder``, so ``model.embed(images)`` is :meth:`embed`."""
         from dmlkit.engine.builders import resolve_device
         from dmlkit.engine.trained_model import load_run
         from dmlkit.sharing import HF_PREFIX, download, is_shared_folder, load_shared, shared_identity
 
         if isinstance(run_dir, str) and run_dir.startswith(HF_PREFIX):
-            run_dir = download(run_dir)
+            run_dir = download(run_dir, token=token)
         run_dir = Path(run_dir)
         if is_shared_folder(run_dir):
             cfg, model = load_shared(run_dir, overrides)
@@ -71,7 +76,12 @@ class RunEmbedder:
         model.to(resolve_device(device))
         embedder = cls(model, cfg, eval_input, fingerprint=fingerprint, progress=progress, batch_size=batch_size)
         embedder.run_dir = run_dir.resolve()
+        model.run_embedder = embedder
         return embedder
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled or deep-copied (with its model) without the inference copy, which is made again when needed."""
+        return {**self.__dict__, "_copy": None}
 
     @property
     def input_size(self) -> tuple[int, int, int]:
@@ -127,16 +137,36 @@ class RunEmbedder:
                              progress=self.progress)
 
 
-def as_image_list(images: Sequence[ImageLike] | torch.Tensor) -> list:
-    """Paths and PIL images as given; pixel tensors ``[N, C, H, W]`` / ``[C, H, W]`` as PIL images."""
-    if isinstance(images, (str, os.PathLike)):
+def as_image_list(images: Sequence[ImageLike] | ImageLike) -> list:
+    """One image or many as a list of paths and PIL images: paths and PIL images as given, pixel tensors
+    ``[N, C, H, W]`` / ``[C, H, W]`` and numpy arrays ``[N, H, W, C]`` / ``[H, W, C]`` / ``[H, W]`` as PIL images."""
+    import numpy as np
+    from PIL import Image
+
+    if isinstance(images, (str, os.PathLike, Image.Image)):
         return [images]
     if isinstance(images, torch.Tensor):
         batch = images[None] if images.dim() == 3 else images
         if batch.dim() != 4 or batch.shape[1] not in (1, 3):
             raise DataError(f"image tensors must be [N, C, H, W] or [C, H, W] with C = 1 or 3. Got {tuple(images.shape)}.")
         return [tensor_to_pil(x) for x in batch]
-    return [tensor_to_pil(x) if isinstance(x, torch.Tensor) else x for x in images]
+    if isinstance(images, np.ndarray):
+        return [array_to_pil(x) for x in images] if images.ndim == 4 else [array_to_pil(images)]
+    if not isinstance(images, Sequence):
+        raise DataError(f"images must be a path, a PIL image, a numpy array, a tensor or a list of them. "
+                        f"Got {type(images).__name__}.")
+    items = []
+    for i, item in enumerate(images):
+        if isinstance(item, torch.Tensor):
+            if item.dim() != 3 or item.shape[0] not in (1, 3):
+                raise DataError(f"image {i}: a tensor must be [C, H, W] with C = 1 or 3. Got {tuple(item.shape)}.")
+            item = tensor_to_pil(item)
+        elif isinstance(item, np.ndarray):
+            item = array_to_pil(item, f"image {i}")
+        elif not isinstance(item, (str, os.PathLike, Image.Image)):
+            raise DataError(f"image {i}: expected a path, a PIL image, a numpy array or a tensor. Got {type(item).__name__}.")
+        items.append(item)
+    return items
 
 
 def tensor_to_pil(image: torch.Tensor):
@@ -147,6 +177,15 @@ def tensor_to_pil(image: torch.Tensor):
         image = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
     arr = image.cpu().permute(1, 2, 0).numpy()
     return Image.fromarray(arr[..., 0], mode="L") if arr.shape[2] == 1 else Image.fromarray(arr, mode="RGB")
+
+
+def array_to_pil(image, what: str = "a numpy image"):
+    """An ``[H, W]`` or ``[H, W, C]`` (C = 1 or 3) numpy array, uint8 (0-255) or float ([0, 1]), as an 8-bit PIL image."""
+    pixels = torch.tensor(image[..., None] if image.ndim == 2 else image)  # a copy: np.asarray(PIL image) is read-only
+    if pixels.dim() != 3 or pixels.shape[2] not in (1, 3):
+        raise DataError(f"{what} must be [H, W] or [H, W, C] with C = 1 or 3 (channels last, as PIL and OpenCV "
+                        f"store them). Got {tuple(image.shape)}.")
+    return tensor_to_pil(pixels.permute(2, 0, 1))
 
 
 def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, str]:

@@ -7,9 +7,9 @@ model card (``README.md``) written from them, and ``dmlkit.json`` (format, dmlki
 fingerprint and the weights' digest, so a folder whose files do not belong together is refused).
 
 ``push_run(run_dir, repo_id)`` writes that folder and uploads it through ``huggingface_hub``;
-``load_source("hf://user/repo")`` downloads a snapshot (the Hub's own cache) and builds the model, and
-``load_source(folder)`` does the same for a folder already on disk. The Hub client is passed in
-(``api=`` / ``download=``), so tests run against a local directory and never touch the network.
+``download("hf://user/repo")`` fetches a snapshot (the Hub's own cache) and ``load_shared(folder)`` builds the
+model of a folder on disk; ``dmlkit.load`` and :class:`dmlkit.inference.RunEmbedder` do both. The Hub client is
+passed in (``api=`` / ``snapshot=``), so tests run against a local directory and never touch the network.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
-
-from torch import nn
 
 from dmlkit.engine import run_layout as layout
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
@@ -259,14 +257,3 @@ def shared_identity(folder: str | Path) -> tuple[dict[str, Any] | None, dict[str
     info = _read_json(folder / INFO)
     fingerprint = {"config": str(info.get("fingerprint")), "weights": str(info.get("weights_sha256", ""))[:16]}
     return _read_json(folder / PREPROCESSING).get("eval_input"), fingerprint
-
-
-def load_source(source: str | Path, checkpoint: str = "best", *, token: str | None = None) -> nn.Module:
-    """The model of ``hf://user/name``, of a shared folder, or of a run directory (``dmlkit.load``)."""
-    from dmlkit.engine.trained_model import load as load_run_model
-
-    if isinstance(source, str) and source.startswith(HF_PREFIX):
-        return load_shared(download(source, token=token))[1]
-    if is_shared_folder(source):
-        return load_shared(source)[1]
-    return load_run_model(source, checkpoint)

@@ -42,7 +42,10 @@ def test_default_shows_the_run_in_a_few_lines_and_not_each_choice(shown):
     assert "recipe: training split: 2500 images, 5 classes" in stderr
     assert "run: small_cnn (64-D embedding), loss proxy_anchor, on cpu" in stderr
     assert "recipe:   " not in stderr and "map_at_r" in stdout
-    assert len(stderr.strip().splitlines()) <= 4, stderr  # the split, the run, the report's or plan's line
+    # before the first step: the classes and images that train and test (MNIST-5k: digits 0-4 train, 5-9 test)
+    assert "split: 5 classes (2,500 images) train, 5 classes (" in stderr
+    assert stderr.index("\nrun: ") < stderr.index("\nsplit: ") and "images train" in stderr
+    assert len(stderr.strip().splitlines()) <= 4, stderr  # the training split, the run, the split, the plan's line
 
 
 def test_verbose_shows_every_choice_of_the_recipe_with_its_reason(shown):
@@ -57,3 +60,4 @@ def test_train_log_keeps_every_message_whatever_the_console_showed(shown, mode):
     assert "INFO dmlkit.recipe.planner: recipe: training split: 2500 images" in log
     assert "DEBUG dmlkit.recipe.planner: recipe:   sampler.m = 16  (a fifth of 500 images per class" in log
     assert "run: small_cnn (64-D embedding)" in log
+    assert "INFO dmlkit.engine.resolve: split: 5 classes (2,500 images) train" in log

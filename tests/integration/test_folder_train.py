@@ -24,8 +24,9 @@ def test_folder_data_set_trains_with_the_default_recipe(tmp_path, capsys):
                  "--no-report", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().err  # -v: every choice of the recipe with its reason, on stderr
-    assert "recipe:   sampler.m = 2" in printed and "recipe:   sampler.batch_size = 8" in printed
+    assert "recipe:   sampler.m = 2" in printed and "recipe:   sampler.batch_size = 10" in printed  # 5 of 8 classes train
+    assert "split: 5 classes (30 images) train, 3 classes (18 images) test" in printed  # said before training
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 240 and 0.0 < metrics["map_at_r"] <= 1.0
     saved = (out / "config.yaml").read_text()
-    assert "m: 2" in saved and "batch_size: 8" in saved and "augment: translate" in saved  # resolved values saved
+    assert "m: 2" in saved and "batch_size: 10" in saved and "augment: translate" in saved  # resolved values saved

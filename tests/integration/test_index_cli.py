@@ -34,7 +34,7 @@ RUNS = {
     # small CNN at the images' own 28 px (grey files decoded into memory)
     "cnn28": (dict(classes=6, per_class=5, size=28, mode="L", seed=0), ["--set", "train.max_steps=3"]),
     # a folder of 24-px colour images trained at data.image_size=16
-    "folder16": (dict(classes=6, per_class=5, size=24, mode="RGB", seed=1),
+    "folder16": (dict(classes=8, per_class=5, size=24, mode="RGB", seed=1),  # 3 test classes: a gallery of 15
                  ["--set", "data.image_size=16", "--set", "train.max_steps=3"]),
     # a pretrained photo backbone on photos of different sizes (read per file, resize + centre crop)
     "photo": (dict(classes=4, per_class=3, size=40, mode="RGB", seed=2, vary=True),

@@ -127,3 +127,65 @@ def test_push_of_a_folder_that_is_not_a_run_says_so(tmp_path, local_hub, capsys)
     assert main(["push", str(tmp_path), "me/digits"]) == 2
     assert "not a dmlkit run directory" in capsys.readouterr().err
     assert local_hub.created == []
+
+
+def digit_pixels() -> torch.Tensor:
+    """One 8x8 grey image, uint8 ``[1, 8, 8]``."""
+    return torch.randint(0, 256, (1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+
+
+def test_a_loaded_model_embeds_files_pil_images_arrays_and_tensors_as_its_run_embedder(tiny_run, tmp_path):
+    from PIL import Image
+
+    pixels = digit_pixels()
+    image = Image.fromarray(pixels[0].numpy(), mode="L")
+    image.save(tmp_path / "digit.png")
+    model = dmlkit.load(tiny_run)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    given = [str(tmp_path / "digit.png"), image, pixels[0].numpy(), pixels, pixels.float() / 255]
+    got = model.embed(given)
+    assert got.shape == (5, model.embedding_size) and got.dtype == torch.float32
+    assert torch.allclose(got, got[:1].expand_as(got), atol=1e-6)  # the same pixels, however given
+    assert torch.equal(got, RunEmbedder.from_run(tiny_run).embed(given))  # the one implementation: RunEmbedder's
+    assert model.embed(image).shape == (1, model.embedding_size)  # one image, not a list
+    batch = torch.stack([pixels, 255 - pixels])  # [2, 1, 8, 8]
+    assert torch.allclose(model.embed(batch.permute(0, 2, 3, 1).numpy()), model.embed(batch), atol=1e-6)  # [N, H, W, C]
+    assert model.fingerprint == RunEmbedder.from_run(tiny_run).fingerprint and model.run_dir == tiny_run.resolve()
+    from dmlkit.index import Index
+
+    index = Index.build(model, [image, 255 - pixels], labels=["a", "b"])  # an index takes the loaded model
+    assert index.query(RunEmbedder.from_run(tiny_run), [image], k=1).ids[0, 0] == 0
+
+
+def test_a_loaded_model_survives_a_deep_copy_and_a_hub_round_trip(tiny_run, local_hub):
+    import copy
+
+    model = dmlkit.load(tiny_run)
+    expected = model.embed(images())
+    twin = copy.deepcopy(model)
+    assert twin.run_embedder.model is twin and twin.run_embedder is not model.run_embedder
+    assert torch.equal(twin.embed(images()), expected)
+    assert main(["push", str(tiny_run), "me/digits-embed"]) == 0
+    assert torch.equal(dmlkit.load("hf://me/digits-embed").embed(images()), expected)
+
+
+def test_a_built_model_says_embed_needs_a_loaded_one():
+    from dmlkit.exceptions import InvalidParameterError
+    from dmlkit.models import create_model
+
+    model = create_model("small_cnn", embedding_size=8, in_chans=1)
+    with pytest.raises(ConfigError, match=r"built, not loaded from a run.*dmlkit\.load"):
+        model.embed(images())
+    with pytest.raises(InvalidParameterError, match=r"embedded by a loaded model's embed: dmlkit\.load"):
+        model.preprocess([images()[0]])
+    assert model.run_dir is None
+
+
+def test_embed_refuses_unknown_items_and_channel_counts(tiny_run):
+    from dmlkit.exceptions import DataError
+
+    model = dmlkit.load(tiny_run)
+    with pytest.raises(DataError, match="image 1: expected a path, a PIL image, a numpy array or a tensor. Got dict"):
+        model.embed([images()[0], {}])
+    with pytest.raises(DataError, match=r"image 0 must be \[H, W\] or \[H, W, C\] with C = 1 or 3.*Got \(8, 8, 2\)"):
+        model.embed([torch.zeros(8, 8, 2).numpy()])

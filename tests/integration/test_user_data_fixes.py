@@ -33,16 +33,16 @@ def test_skip_bad_images_skips_files_decoded_into_memory_and_records_them(tmp_pa
     data = make_folder(tmp_path / "data", 8, 6)
     truncated = data / "c01" / "2.png"
     truncated.write_bytes(truncated.read_bytes()[:100])
-    (data / "c05" / "0.png").write_text("not an image")
+    (data / "c06" / "0.png").write_text("not an image")  # 8 classes: c00..c04 train, c05..c07 test (sorted)
     out = tmp_path / "run"
     with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
         code = main(["train", "--out", str(out), *QUICK, "--set", "data.name=folder",
                      "--set", f"data.root={data}", "--set", "data.skip_bad_images=true", "--set", "data.class_split=sorted"])
     assert code == 0
-    skipped = sorted([str(truncated), str(data / "c05" / "0.png")])
+    skipped = sorted([str(truncated), str(data / "c06" / "0.png")])
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["skipped_images"]["paths"]) == skipped and manifest["skipped_images"]["count"] == 2
-    assert manifest["train"]["size"] == 23 and manifest["test"]["size"] == 23  # 24 each, one file left out of each
+    assert manifest["train"]["size"] == 29 and manifest["test"]["size"] == 17  # 30 and 18, one file left out of each
     assert str(truncated) not in manifest["train"]["paths"]
     record = json.loads((out / "log.jsonl").read_text().splitlines()[0])
     assert record["kind"] == "data" and record["skipped_images"] == 2 and sorted(record["paths"]) == skipped
@@ -52,26 +52,26 @@ def test_skip_bad_images_counts_files_read_per_item_in_the_log_and_manifest(tmp_
     import io
 
     data = make_folder(tmp_path / "data", 8, 8, size=lambda c, k: 20 + k)  # mixed sizes: read per item
-    truncated = data / "c01" / "2.png"  # c00..c03 train, c04..c07 test (data.class_split=sorted)
+    truncated = data / "c01" / "2.png"  # c00..c04 train, c05..c07 test (data.class_split=sorted)
     truncated.write_bytes(truncated.read_bytes()[:100])
     (data / "c01" / "7.png").unlink()
     text = data / "c01" / "7.jpg"
     text.write_text("not an image")
     jpeg = io.BytesIO()
     Image.fromarray(np.full((24, 24, 3), 90, dtype=np.uint8)).save(jpeg, format="JPEG")
-    cut = data / "c05" / "8.jpg"
+    cut = data / "c06" / "8.jpg"
     cut.write_bytes(jpeg.getvalue()[:120])
     out = tmp_path / "run"
     # one batch of every class with all its 8 images reads the whole training split in the one step
     with pytest.warns(RuntimeWarning, match="Skipping unreadable image"):
         code = main(["train", "--out", str(out), *QUICK, "--set", "train.max_steps=1", "--set", "sampler.m=8",
-                     "--set", "sampler.batch_size=32", "--set", "data.name=folder", "--set", f"data.root={data}",
+                     "--set", "sampler.batch_size=40", "--set", "data.name=folder", "--set", f"data.root={data}",
                      "--set", "data.skip_bad_images=true", "--set", "data.class_split=sorted"])
     assert code == 0
     skipped = sorted([str(truncated), str(text), str(cut)])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["skipped_images"] == {"count": 3, "paths": skipped}
-    assert manifest["train"]["size"] == 32 and manifest["test"]["size"] == 33  # read per item: kept, replaced
+    assert manifest["train"]["size"] == 40 and manifest["test"]["size"] == 25  # read per item: kept, replaced
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     data_records = [r for r in records if r["kind"] == "data"]
     assert data_records == [{"kind": "data", "step": 1, "skipped_images": 3, "paths": skipped}]
@@ -104,7 +104,7 @@ def test_one_image_per_class_trains_with_batches_of_distinct_classes(tmp_path, c
     assert code == 0
     printed = (tmp_path / "run" / "train.log").read_text()  # the recipe's reasons, whatever the console showed
     assert "recipe:   sampler.m = 1  (1 image per class: batches of distinct classes" in printed
-    assert "recipe:   sampler.batch_size = 4" in printed
+    assert "recipe:   sampler.batch_size = 5" in printed  # 8 classes: 5 train
 
 
 def test_evaluate_and_embed_the_validation_classes_the_recipe_chose(tmp_path, capsys):

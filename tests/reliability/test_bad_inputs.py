@@ -335,7 +335,7 @@ CASES: dict[str, Api | Cli] = {
         lambda c: ["train", "--out", "run", *TRAIN_QUICK, *_set(
             "data.name=folder", f"data.root={folder_with(c.tmp / 'imgs', {}, classes=8, per_class=2)}",
             "sampler.batch_size=16", "sampler.m=2")],
-        r"The training split has 8 images, fewer than one batch of sampler\.batch_size=16",
+        r"The training split has 10 images, fewer than one batch of sampler\.batch_size=16",  # 5 of the 8 classes
         also=no_run_left(Path("run"))),
     "cli-evaluate-val-of-a-run-without-one": Cli(
         lambda c: ["evaluate", str(c.run), "--split", "val", *_set("protocol.val_fraction=0")],
@@ -404,7 +404,7 @@ CASES: dict[str, Api | Cli] = {
     "ckpt-not-dmlkit": Api(
         lambda c: (torch.save({"weight": torch.ones(2)}, c.tmp / "other.pt"), _load_checkpoint(c.tmp / "other.pt")),
         CheckpointError, r"other\.pt' is not a dmlkit checkpoint \(missing format tag\)"),
-    "ckpt-load-from-non-run": Api(lambda c: __import__("dmlkit.engine.trained_model", fromlist=["x"]).load(c.tmp),
+    "ckpt-load-from-non-run": Api(lambda c: __import__("dmlkit").load(c.tmp),
                                   ConfigError, r"is not a dmlkit run directory \(no config\.yaml\)"),
     # --- embeddings given to the evaluation API ---------------------------------------------
     "eval-labels-are-strings": Api(lambda c: _retrieval(E, ["a"] * 8), InvalidParameterError,

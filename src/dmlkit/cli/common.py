@@ -7,11 +7,12 @@ import itertools
 import re
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from dmlkit._validation import short_repr
-from dmlkit.config import RunConfig, load_config
 from dmlkit.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from dmlkit.config import RunConfig
 
 #: The options every user touches, as flags: ``--flag`` -> the config field it sets (``--lr 3e-4`` is
 #: ``--set optimizer.lr=3e-4``); ``(dest, metavar, help)`` in the order they are listed.
@@ -81,6 +82,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = [*args.overrides, *flag_overrides(args)]
     if getattr(args, "seed", None) is not None:
         overrides.append(f"seed={args.seed}")
+    from dmlkit.config import load_config
+
     return load_config(preset=args.preset, path=args.config, overrides=overrides)
 
 
@@ -114,6 +117,8 @@ def new_output_dir(parent: str | Path, name: str) -> Path:
     Creating it claims it: a second command started in the same second (one after the other, or in
     parallel) gets ``...-<name>-2``, then ``-3``, instead of finding the first one's run there.
     """
+    from dmlkit._validation import short_repr  # imports torch: not for --help
+
     try:
         Path(parent).mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -6,9 +6,6 @@ import argparse
 from pathlib import Path
 
 from dmlkit.engine.run_layout import METRICS_FILE
-from dmlkit.evaluation.metrics import SUMMARY_KEYS
-
-KEYS = SUMMARY_KEYS
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -19,6 +16,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def comparison_table(run_dirs: list[str]) -> str:
     """Text table: one row per run, final test metrics as columns."""
     from dmlkit._json_files import read_json
+    from dmlkit.evaluation.metrics import SUMMARY_KEYS as KEYS
     from dmlkit.exceptions import DataError
 
     rows = []

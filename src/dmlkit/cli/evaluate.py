@@ -6,7 +6,6 @@ import argparse
 import json
 
 from dmlkit.cli.common import new_output_file, require_split
-from dmlkit.cli.train import TABLE_KEYS
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -31,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.engine.run_layout import EVALUATIONS_DIR
     from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows, per_category_metrics
     from dmlkit.evaluation import evaluate
+    from dmlkit.evaluation.metrics import TABLE_KEYS
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
     from dmlkit.models.embedder import shift_radius

@@ -12,9 +12,10 @@ import time
 from dmlkit import __version__
 from dmlkit._messages import console
 from dmlkit.cli.common import console_level
-from dmlkit.engine.allocator import tune_cpu_allocator
-from dmlkit.engine.timing import process_started
 from dmlkit.exceptions import DmlkitError
+
+# Help (`dmlkit --help`, `dmlkit VERB --help`) builds every verb's parser: the modules of cli/ import torch,
+# numpy and the rest of dmlkit inside the functions that run a verb, never at the top (tests/unit/cli/test_cli_startup.py).
 
 #: verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -80,9 +81,13 @@ def unknown_option_message(unknown: list[str], verb_parser: argparse.ArgumentPar
 def main(argv: list[str] | None = None) -> int:
     # a command from the shell (argv None) counts its time budget from the process's start; one called in a
     # running Python process (main([...])) from this call
-    started = process_started() if argv is None else time.perf_counter()
+    started = None if argv is None else time.perf_counter()
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(argv)  # --help prints and exits here, before torch is imported
+    if started is None:
+        from dmlkit.engine.timing import process_started  # the process's start, whenever it is read
+
+        started = process_started()
     if unknown:
         verb_parser = parser.verb_parsers.get(getattr(args, "verb", None) or "")
         (verb_parser or parser).error(unknown_option_message(unknown, verb_parser) if verb_parser
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "verb", None):
         parser.print_help()
         return 2
+    from dmlkit.engine.allocator import tune_cpu_allocator  # ctypes: not needed for help
+
     tune_cpu_allocator()
     try:
         with console(console_level(args)):  # the library's messages: the one place a command shows them

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dmlkit._json_files import read_json
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
-from dmlkit.config.schema import RunConfig
 from dmlkit.engine import run_layout as layout
-from dmlkit.engine.measurements import Measurements
-from dmlkit.evaluation.metrics import TABLE_KEYS
 from dmlkit.exceptions import ConfigError, RecordError
+
+if TYPE_CHECKING:
+    from dmlkit.config.schema import RunConfig
+    from dmlkit.engine.measurements import Measurements
 
 DEFAULT_PRESET = "mnist-proxy-anchor"
 
@@ -68,7 +70,9 @@ def defer_dynamo_unless_compiling(cfg) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
+    from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.trainer import format_metrics_table
+    from dmlkit.evaluation.metrics import TABLE_KEYS
     from dmlkit.launch import launch
     from dmlkit.recipe import prepare_run
 
@@ -138,6 +142,7 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
     """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
     from dmlkit.config.loading import parse_override
     from dmlkit.config.schema import config_from_dict
+    from dmlkit.engine.measurements import Measurements
 
     extra = [*args.overrides, *flag_overrides(args)]
     if args.resume or args.preset or args.config or args.from_sweep or args.replan or args.seed is not None \

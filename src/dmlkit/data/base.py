@@ -341,6 +341,19 @@ class DataSplits:
         order = ("train", "val", "test", "query", "gallery")
         return [(k, getattr(self, k)) for k in order if getattr(self, k) is not None]
 
+    def describe(self) -> str:
+        """Classes and images of every split in one line, with the share of the images that train and why a
+        folder's test split took the classes it took: ``6 classes (150 images) train, 2 classes (50 images)
+        validate, 4 classes (100 images) test; 50% of the 300 images train``."""
+        verbs = {"train": "train", "val": "validate", "test": "test", "query": "query", "gallery": "gallery"}
+        parts = [f"{len(torch.unique(ds.labels))} classes ({len(ds):,} images) {verbs[name]}" for name, ds in self.items()]
+        line = ", ".join(parts)
+        if self.eval_mode != "query_gallery":  # query and gallery may share images: no share of a total
+            total = sum(len(ds) for _, ds in self.items())
+            line += f"; {len(self.train) / max(total, 1):.0%} of the {total:,} images train"
+        reason = (self.info.get("class_split") or {}).get("test_classes")
+        return line + (f" ({reason})" if reason else "")
+
     def skipped_per_item(self) -> list[str]:
         """Sorted paths of the unreadable files that splits read per item have skipped so far
         (``skip_bad_images``; see :class:`ImageFileDataset`). Files left out when decoding into

@@ -16,8 +16,9 @@ from dmlkit.exceptions import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 FOLDER_LAYOUT = (
-    "<root>/<class>/<image> (class-disjoint halves: a seeded random half of the classes trains, "
-    "data.class_split=sorted for the first half by name) or <root>/train/<class>/... + <root>/test/<class>/..."
+    "<root>/<class>/<image> (class-disjoint: a seeded random half of the classes tests, a third below 20 classes, "
+    "the others train; data.class_split=sorted: the first classes by name train) or "
+    "<root>/train/<class>/... + <root>/test/<class>/..."
 )
 CSV_LAYOUT = (
     "a CSV file with a header naming 'path', 'label' and optionally 'split' (train, or test / validation for "
@@ -25,8 +26,12 @@ CSV_LAYOUT = (
     "'category' (per-category metrics), other columns ignored (open-metric-learning's format reads as it is); "
     "paths relative to the CSV's folder"
 )
-#: How the classes of one pool of images are divided into train and test halves (``data.class_split``).
+#: How the classes of one pool of images are divided into train and test classes (``data.class_split``).
 CLASS_SPLITS = ("random", "sorted")
+#: Below this many classes the test split takes a third of them, not half: half of few classes, less the
+#: validation classes, leaves too few to train on (12 classes: 8 train and 4 test, not 6 and 6, of which the
+#: recipe holds 2 out for validation with a pretrained backbone).
+FEW_CLASSES = 20
 logger = logging.getLogger("dmlkit.data")
 
 
@@ -46,18 +51,29 @@ def _scan_classes(base: Path) -> SplitSource:
     return SplitSource(names={"class": names}, paths=paths)
 
 
-def half_split(source: SplitSource, kind: str = "class", mode: str = "sorted", seed: int = 0) -> dict[str, SplitSource]:
-    """Class-disjoint split into train and test halves (half the classes, rounded down, train).
+def classes_tested(num_classes: int) -> int:
+    """How many of ``num_classes`` classes a class-disjoint split tests: half (rounded up) of
+    :data:`FEW_CLASSES` or more, the benchmarks' protocol; a third of fewer (at least 2, at most all but one)."""
+    if num_classes >= FEW_CLASSES:
+        return num_classes - num_classes // 2
+    return min(num_classes - 1, max(2, round(num_classes / 3)))
 
-    ``mode="sorted"``: the first half by sorted class name (the benchmarks' protocols); ``"random"``: a
-    half drawn with ``random.Random(seed)`` from the sorted names, so one seed gives one split anywhere."""
+
+def class_disjoint_split(source: SplitSource, kind: str = "class", mode: str = "sorted",
+                         seed: int = 0) -> dict[str, SplitSource]:
+    """Class-disjoint split into train and test classes, :func:`classes_tested` of them testing (half of 20 or
+    more classes, half rounded down training; a third of fewer).
+
+    ``mode="sorted"``: the first classes by sorted name train (the benchmarks' protocols); ``"random"``: the
+    training classes drawn with ``random.Random(seed)`` from the sorted names, so one seed gives one split anywhere."""
     if mode not in CLASS_SPLITS:
         raise DataError(f"data.class_split must be one of {CLASS_SPLITS}. Got {mode!r}.")
     classes = sorted(set(source.names[kind]))
     if len(classes) < 2:
         raise DataError(f"A class-disjoint train/test split needs at least 2 classes; found {len(classes)}.")
     chosen = classes if mode == "sorted" else random.Random(seed).sample(classes, len(classes))
-    train = set(chosen[: len(classes) // 2])
+    tested = classes_tested(len(classes))
+    train = set(chosen[: len(classes) - tested])
     out = {}
     for split, want in (("train", True), ("test", False)):
         keep = [(n in train) == want for n in source.names[kind]]
@@ -66,19 +82,23 @@ def half_split(source: SplitSource, kind: str = "class", mode: str = "sorted", s
             paths=[p for p, ok in zip(source.paths, keep) if ok],
         )
     out["train"].class_split = {"mode": mode, "seed": seed} if mode == "random" else {"mode": mode}
+    if len(classes) < FEW_CLASSES:  # said with the split before training (DataSplits.describe)
+        out["train"].class_split["test_classes"] = (
+            f"{tested} of the {len(classes)} classes test: a third, not half, below {FEW_CLASSES} classes, "
+            "so that enough classes are left to train on")
     return out
 
 
 def read_folder(root, label="class", eval_label="class", *, class_split: str = "random",
                 split_seed: int = 0) -> dict[str, SplitSource]:
-    """``root/train`` + ``root/test`` when both exist, else class-disjoint halves of ``root/<class>``
-    (:func:`half_split` with ``class_split`` and ``split_seed``)."""
+    """``root/train`` + ``root/test`` when both exist, else a class-disjoint split of ``root/<class>``
+    (:func:`class_disjoint_split` with ``class_split`` and ``split_seed``)."""
     base = Path(root)
     if not base.is_dir():
         raise DataError(f"folder: '{base}' is not a directory. Expected layout: {FOLDER_LAYOUT}")
     if (base / "train").is_dir() and (base / "test").is_dir():
         return {"train": _scan_classes(base / "train"), "test": _scan_classes(base / "test")}
-    return half_split(_scan_classes(base), mode=class_split, seed=split_seed)
+    return class_disjoint_split(_scan_classes(base), mode=class_split, seed=split_seed)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -177,7 +197,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
     """Rows ``path,label[,split][,is_query,is_gallery][,category]`` (any column order, by header); paths
     resolve against the CSV's folder and may not leave it.
 
-    Without a ``split`` column the classes are split class-disjointly in halves (:func:`half_split` with
+    Without a ``split`` column the classes are split class-disjointly (:func:`class_disjoint_split` with
     ``class_split`` and ``split_seed``), or, with
     ``is_query``/``is_gallery``, rows flagged as either are the test split and the others train. With
     those flags the test split becomes ``query`` and ``gallery`` sources (a row flagged both is in both);
@@ -218,7 +238,7 @@ def read_csv_manifest(root, label="class", eval_label="class", *, allow_outside_
     if not manifest.has("split") and not query_gallery:
         if not out["train"].paths:
             raise DataError(f"csv: '{csv_path}' has no rows.")
-        return half_split(out["train"], mode=class_split, seed=split_seed)
+        return class_disjoint_split(out["train"], mode=class_split, seed=split_seed)
     empty = [part for part in parts if not out[part].paths]
     if empty:
         what = f"split {empty[0]!r}" if empty[0] in ("train", "test") else f"{empty[0]} rows (is_{empty[0]} = 1)"

@@ -17,12 +17,14 @@ reason; :meth:`ResolvedRun.format` prints them with the objects (``dmlkit train 
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
 from dmlkit.engine.callbacks import Callback, EarlyStopping
@@ -44,6 +46,8 @@ from dmlkit.methods.hooks import MethodHooks
 
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
 SUMMARY_FILE = RESOLVED_FILE
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,7 +102,6 @@ class ResolvedRun:
     def parts(self) -> dict[str, str]:
         """One line per object of the run: what it is and its main settings."""
         cfg, splits = self.cfg, self.splits
-        sizes = {name: f"{len(ds)} images, {len(torch.unique(ds.labels))} classes" for name, ds in splits.items()}
         parameters = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         objective = self.objective
@@ -109,8 +112,7 @@ class ResolvedRun:
         return {
             "device": f"{self.device}" + (f" (rank {self.dist.rank} of {self.dist.world_size})"
                                            if self.dist.enabled else "") + f"; train.device={cfg.train.device}",
-            "data": f"{cfg.data.name}" + (f" at {cfg.data.root}" if cfg.data.root else "") + "; "
-                    + "; ".join(f"{name}: {size}" for name, size in sizes.items()),
+            "data": f"{cfg.data.name}" + (f" at {cfg.data.root}" if cfg.data.root else "") + "; " + splits.describe(),
             "model": f"{cfg.model.name} ({type(self.model).__name__}), embedding size {cfg.model.embedding_size}, "
                      f"{parameters:,} parameters ({trainable:,} trained)"
                      + ("; channels_last" if self.channels_last else ""),
@@ -220,6 +222,8 @@ def resolve_run(
     forward_model = _forward_model(cfg, built, dist)
     step_capture = _step_capture(cfg, device, dist, method=bool(methods), objective=objective, optimizer=optimizer,
                                  scaler=scaler)
+    if dist.is_main:  # before the first step: which classes and how many images train, validate and test
+        messages(echo, log)(f"split: {splits.describe()}")
     return ResolvedRun(
         cfg=cfg, started=planned.started, device=device, dist=dist, loggers=loggers, splits=splits, recipe=planned,
         model=built, channels_last=channels_last, label_map=label_map, objective=objective, optimizer=optimizer,

@@ -1,4 +1,4 @@
-"""Load a trained model back from a run directory (``dmlkit.load``)."""
+"""Rebuild a run's trained model from its directory (``dmlkit.load`` goes through :class:`dmlkit.inference.RunEmbedder`)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,6 @@ def load_run_config(run_dir: str | Path, overrides=()) -> RunConfig:
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a dmlkit run directory (no {CONFIG_FILE}).")
     return load_config(path=path, overrides=overrides)
-
-
-def load(run_dir: str | Path, checkpoint: str = "best") -> nn.Module:
-    """The embedding model of a run with its selected weights, in eval mode.
-
-    The model carries its preprocessing: ``model.pretrained_cfg`` and ``model.preprocess(images)``.
-    ``checkpoint`` is ``"best"`` (the selected weights) or ``"last"``.
-    """
-    return load_run(run_dir, checkpoint)[1]
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tuple[RunConfig, nn.Module]:

@@ -11,7 +11,7 @@ from torch import nn
 from dmlkit._validation import Interval, Options, validate_params
 from dmlkit.distances import normalize
 from dmlkit.distances.normalization import NORMALIZATIONS
-from dmlkit.exceptions import InvalidParameterError
+from dmlkit.exceptions import ConfigError, InvalidParameterError
 from dmlkit.models.preprocessing import check_cfg, preprocess
 
 POOLINGS = ("avg", "max", "avg+max", "gem")
@@ -80,7 +80,44 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
-class Embedder(nn.Module):
+class EmbedsImages:
+    """``embed(images)`` for a model loaded from a run (``dmlkit.load``): image files, PIL images, numpy arrays or
+    pixel tensors in, embeddings ``[N, E]`` out, prepared as the run prepared its test split.
+
+    The work is done by the :class:`dmlkit.inference.RunEmbedder` that loaded the model (``run_embedder``), the
+    same object ``dmlkit embed``, ``index`` and ``export`` use; a model built here (``create_model``) has none.
+    """
+
+    #: The loading run's embedder (set by :meth:`dmlkit.inference.RunEmbedder.from_run`); None for a built model.
+    run_embedder = None
+
+    def _loaded(self):
+        if self.run_embedder is None:
+            raise ConfigError(
+                f"This {type(self).__name__} was built, not loaded from a run: `embed` prepares images as a run "
+                "evaluated them, which only a loaded model knows (model = dmlkit.load(RUN_DIR or 'hf://user/name')). "
+                "A batch of pixels runs as model(model.preprocess(pixels))."
+            )
+        return self.run_embedder
+
+    def embed(self, images) -> torch.Tensor:
+        """Embeddings ``[N, E]`` (float32, CPU, eval mode) of ``images``, in order: a path, PIL image, numpy array
+        (``[H, W]`` / ``[H, W, C]``, or ``[N, H, W, C]`` for many) or tensor (``[C, H, W]`` / ``[N, C, H, W]``),
+        or a list of them (pixels uint8 0-255 or float in [0, 1])."""
+        return self._loaded().embed(images)
+
+    @property
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies the loaded weights (config fingerprint, weights digest), as an index checks it."""
+        return self._loaded().fingerprint
+
+    @property
+    def run_dir(self):
+        """The run directory (or shared folder) the model was loaded from; None for a built model."""
+        return None if self.run_embedder is None else self.run_embedder.run_dir
+
+
+class Embedder(EmbedsImages, nn.Module):
     """Map images ``[B, C, H, W]`` to embeddings ``[B, embedding_size]``.
 
     ``trunk`` returns a feature map ``[B, F, h, w]`` (or features ``[B, F]``), ``pool`` reduces it

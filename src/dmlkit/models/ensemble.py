@@ -15,17 +15,18 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from dmlkit.models.embedder import Embedder
+from dmlkit.models.embedder import Embedder, EmbedsImages
 
 
-class EmbedderEnsemble(nn.Module):
+class EmbedderEnsemble(EmbedsImages, nn.Module):
     """``N`` :class:`Embedder` members: ``[B, C, H, W] -> [B, sum of member sizes]``.
 
     The output is ``cat(member_1(x), ..., member_N(x)) / sqrt(N)``: with L2-normalised members it
     has unit norm, and its cosine similarity is the mean of the members' similarities.
     :func:`split_embeddings` undoes the concatenation for the per-member losses.
     ``pretrained_cfg`` and :meth:`preprocess` are the first member's (all members share one
-    backbone name, so one preprocessing).
+    backbone name, so one preprocessing); a loaded ensemble embeds image files as a loaded
+    :class:`Embedder` does (:class:`~dmlkit.models.embedder.EmbedsImages`).
 
     With ``member_batches=True``, a training-mode batch is ``N`` blocks of equal size, block ``i``
     member ``i``'s own batch: the output is block-diagonal, ``[N x b, sum of member sizes]``, with

@@ -97,7 +97,10 @@ def preprocess(x: torch.Tensor, cfg: Mapping[str, Any], *, resize: bool = False)
     """
     check_cfg(cfg)
     if not isinstance(x, torch.Tensor):
-        raise InvalidParameterError(f"preprocess expects a torch.Tensor image batch. Got {type(x).__name__}.")
+        raise InvalidParameterError(
+            f"preprocess expects a torch.Tensor image batch. Got {type(x).__name__}. Image files, PIL images and "
+            "numpy arrays are embedded by a loaded model's embed: dmlkit.load(RUN_DIR).embed([...])."
+        )
     squeeze = x.dim() == 3
     if squeeze:
         x = x.unsqueeze(0)

@@ -10,7 +10,9 @@ Every field below is ``None`` (or ``"auto"``) in the schema until the recipe fil
 field                              rule
 =================================  ============================================================
 ``protocol.val_class_fraction``    0.2 of the training classes (at least 2) are held out for
-                                   checkpoint choice when there are >= 20 classes; else none
+                                   checkpoint choice when there are >= 20 classes; with a
+                                   pretrained backbone a third of 4 to 19, rounded down (at least 2);
+                                   else none
 ``sampler.m``                      a fifth of a class's images (median), between 2 and 16
 ``sampler.batch_size``             ``m`` x classes per batch: 64 // m classes, or all of them
 ``train.max_steps``                ``epochs * images / batch_size``; epochs from the data size
@@ -430,16 +432,20 @@ def _photo_size_choices(cfg: Any, profile: DataProfile) -> dict[str, tuple[Any, 
 
 
 def val_class_fraction_for(profile: DataProfile, pretrained: bool = False) -> float:
-    """A fifth of 20 or more classes; with a pretrained backbone also a third (at least 2) of 4 to 19 classes.
+    """A fifth of 20 or more classes; with a pretrained backbone also a third, rounded down, of 4 to 19 classes
+    (at least 2).
 
     A pretrained backbone's untrained embedding is a candidate like every checkpoint, and only
     classes held out of training can say whether training helped; so it gets validation classes
-    even when there are few (at least 2 held out, at least 2 left to train on).
+    even when there are few: 2 at least (one class ranks nothing), and rounded down, so that the
+    classes left to train on are as many as that allows (8 classes: 2 held out, 6 trained on).
+    The fraction is exact (held-out classes / classes), so the split holds out that many.
     """
-    if profile.num_classes >= 20:
+    classes = profile.num_classes
+    if classes >= 20:
         return 0.2
-    if pretrained and profile.num_classes >= 4:
-        return max(1 / 3, 2 / profile.num_classes)  # 4 classes: 2 held out, 2 trained on
+    if pretrained and classes >= 4:
+        return max(2, classes // 3) / classes  # 4 classes: 2 held out, 2 trained on; 18: 6 and 12
     return 0.0
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from dmlkit.cli.index import not_indexed
 from dmlkit.config import load_config
-from dmlkit.data.folder import read_csv_manifest, read_folder
+from dmlkit.data.folder import classes_tested, read_csv_manifest, read_folder
 from dmlkit.data.splits import build_splits
 from dmlkit.engine.builders import build_batch_sampler, survey_data
 from dmlkit.engine.run_dir import split_manifest
@@ -39,26 +39,52 @@ def train_classes(sources) -> set[str]:
     return set(sources["train"].names["class"])
 
 
-def test_a_folder_splits_a_seeded_random_half_of_its_classes(tmp_path):
-    folder(tmp_path)
+def test_a_folder_splits_a_seeded_random_draw_of_its_classes(tmp_path):
+    folder(tmp_path)  # 6 classes, fewer than 20: a third of them (2) test, 4 train
     drawn = train_classes(read_folder(tmp_path, split_seed=0))
-    assert drawn == set(random.Random(0).sample(sorted(CLASSES), 6)[:3])
-    assert drawn != {"abyssinian", "beagle", "boxer"}  # not the alphabetical half (all cats here would train)
+    assert drawn == set(random.Random(0).sample(sorted(CLASSES), 6)[:4])
+    assert drawn != {"abyssinian", "beagle", "boxer", "persian"}  # not the alphabetical first ones
     assert drawn == train_classes(read_folder(tmp_path, split_seed=0))  # one seed, one split
-    assert train_classes(read_folder(tmp_path, class_split="sorted")) == {"abyssinian", "beagle", "boxer"}
+    assert train_classes(read_folder(tmp_path, class_split="sorted")) == {"abyssinian", "beagle", "boxer", "persian"}
 
 
 def test_the_split_follows_protocol_seed_and_is_recorded(tmp_path):
     folder(tmp_path)
     cfg = load_config(overrides=[f"data.root={tmp_path}", "protocol.seed=3"])
     splits = survey_data(cfg)
-    assert splits.info["class_split"] == {"mode": "random", "seed": 3}
+    few = "2 of the 6 classes test: a third, not half, below 20 classes, so that enough classes are left to train on"
+    assert splits.info["class_split"] == {"mode": "random", "seed": 3, "test_classes": few}
     manifest = split_manifest(splits)
-    assert manifest["class_split"] == {"mode": "random", "seed": 3}
-    expected = set(random.Random(3).sample(sorted(CLASSES), 6)[:3])
+    assert manifest["class_split"] == {"mode": "random", "seed": 3, "test_classes": few}
+    expected = set(random.Random(3).sample(sorted(CLASSES), 6)[:4])
     assert set(manifest["train"]["class_names"]) == expected
     sorted_cfg = load_config(overrides=[f"data.root={tmp_path}", "data.class_split=sorted"])
-    assert set(survey_data(sorted_cfg).train.class_names) == {"abyssinian", "beagle", "boxer"}
+    assert set(survey_data(sorted_cfg).train.class_names) == {"abyssinian", "beagle", "boxer", "persian"}
+
+
+@pytest.mark.parametrize("classes, tested", [(2, 1), (3, 2), (4, 2), (6, 2), (12, 4), (19, 6), (20, 10), (37, 19),
+                                             (81, 41)])
+def test_fewer_than_20_classes_test_a_third_of_them_and_more_test_half(tmp_path, classes, tested):
+    """Half the classes test from 20 up (the benchmarks' protocol: Pets' 37 breeds 18 + 19, as before); below,
+    a third (at least 2, at least 1 left to train), so 12 classes train on 8, not 6."""
+    names = [f"c{i:02d}" for i in range(classes)]
+    for name in names:  # the split reads names only; nothing is decoded
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "0.png").touch()
+    sources = read_folder(tmp_path, class_split="sorted")
+    assert len(set(sources["test"].names["class"])) == tested == classes_tested(classes)
+    assert train_classes(sources) == set(names[: classes - tested])  # the first ones by name train, as before
+    assert ("test_classes" in sources["train"].class_split) == (classes < 20)  # the reason, said with the split
+
+
+def test_a_small_folder_says_its_split_before_training(tmp_path):
+    """12 classes of 5 photos: 8 train, 4 test; the split line says classes, images and the share that trains."""
+    names = [f"class{i:02d}" for i in range(12)]
+    folder(tmp_path, names, per_class=5)
+    splits = build_splits("folder", tmp_path, class_split="sorted")
+    assert splits.describe() == ("8 classes (40 images) train, 4 classes (20 images) test; 67% of the 60 images train "
+                                 "(4 of the 12 classes test: a third, not half, below 20 classes, so that enough classes "
+                                 "are left to train on)")
 
 
 def test_an_oml_csv_reads_with_validation_rows_and_extra_columns(tmp_path, caplog):

@@ -87,6 +87,9 @@ def test_validation_classes_for_a_pretrained_backbone_even_when_few():
     assert val_class_fraction_for(profile(18, 10, 300), pretrained=False) == 0.0
     assert val_class_fraction_for(profile(3, 10, 300), pretrained=True) == 0.0
     assert val_class_fraction_for(profile(4, 10, 300), pretrained=True) == 0.5  # 2 held out, 2 left
+    # a third rounded down, at least 2: 8 classes hold out 2 and train on 6 (a third rounded would hold out 3)
+    assert [round(val_class_fraction_for(profile(c, 10, 300), pretrained=True) * c) for c in (5, 8, 12, 14, 19)] \
+        == [2, 2, 4, 4, 6]
     assert val_class_fraction_for(profile(40, 10, 300), pretrained=True) == 0.2
 
 
