@@ -55,7 +55,7 @@ def status():
 work, n, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 options = json.loads(sys.argv[4])
 gallery = np.memmap(f"{work}/gallery-{n}.f32", dtype=np.float32, mode="r", shape=(n, 128))
-queries, truth = np.load(f"{work}/queries-{n}.npy"), np.load(f"{work}/truth-{n}.npy")
+queries = np.load(f"{work}/queries-{n}.npy")
 before = status()
 t0 = time.perf_counter()
 index = Index.from_embeddings(gallery if kind == "compressed" else np.array(gallery), kind=kind,
@@ -67,6 +67,12 @@ index.save(path)
 params, training = dict(index.params), index.training
 del index
 gc.collect()
+truth = None
+while truth is None:  # the exact neighbours may still be computed beside the build
+    try:
+        truth = np.load(f"{work}/truth-{n}.npy")
+    except (OSError, ValueError):
+        time.sleep(10)
 base = status()
 index = Index.load(path)
 gc.collect()
@@ -128,7 +134,8 @@ def make_data(work: Path, n: int, seed: int = 0) -> None:
         t = time.perf_counter()
         _, rows = exact_top_k(np.load(queries), np.memmap(gallery, dtype=np.float32, mode="r", shape=(n, DIM)), 10,
                               chunk=CHUNK)
-        np.save(truth, rows)
+        np.save(truth.with_suffix(".tmp.npy"), rows)
+        truth.with_suffix(".tmp.npy").rename(truth)
         log(f"exact search took {time.perf_counter() - t:.0f} s")
 
 

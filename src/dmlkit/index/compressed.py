@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 #: The file beside an index file that holds the compressed kind's float vectors.
 VECTORS_SUFFIX = ".vectors"
-#: Fewest vectors the first add of a compressed index trains on (its PQ needs codebooks of at least 16 entries).
-MIN_TRAIN = 256
+#: Fewest vectors the first add of a compressed index trains on: twice the smallest PQ codebook (4 bits, 16 entries).
+MIN_TRAIN = 32
 #: Largest default code size in bytes per vector (64 bytes = 64 MB per million vectors).
 MAX_DEFAULT_CODE_SIZE = 64
 #: OPQ is kept when it lowers the PQ reconstruction error of held-out gallery vectors by at least this fraction.

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from dmlkit.exceptions import DataError, InvalidParameterError
-from dmlkit.index import Index
-from dmlkit.index import compressed
+from dmlkit.index import Index, compressed
 from dmlkit.index.compressed import default_code_size, exact_top_k, vectors_path
 
 
@@ -130,8 +129,10 @@ def test_bad_parameters_found_at_the_first_add_are_rejected_before_anything_is_s
         Index.from_embeddings(x, kind="compressed", nlist=10, nprobe=11)
     with pytest.raises(InvalidParameterError, match=r"'nlist' parameter of Index must be at most the number of vectors of the first add \(400\)"):
         Index.from_embeddings(x, kind="compressed", nlist=500)
-    with pytest.raises(DataError, match="needs at least 256 .* use kind 'flat'"):
-        Index.from_embeddings(x[:100], kind="compressed")
+    with pytest.raises(DataError, match="needs at least 32 .* use kind 'flat'"):
+        Index.from_embeddings(x[:31], kind="compressed")
+    with pytest.raises(DataError, match=r"cannot train on 40 vectors"):  # 256 centroids per sub-quantiser
+        Index.from_embeddings(x[:40], kind="compressed", pq_bits=8)
     with pytest.raises(InvalidParameterError, match="apply to kind 'compressed' only"):
         Index(32, "ivf", code_size=8)
     bad = x.copy()
