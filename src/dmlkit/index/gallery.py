@@ -525,7 +525,7 @@ class Index:
                 faiss.downcast_index(index.faiss_index.index).hnsw.efSearch = int(p["ef_search"])
             elif index.kind == "ivf":
                 index.faiss_index.nprobe = int(p["nprobe"])
-            else:
+            elif index.kind == "compressed":
                 from dmlkit.index.compressed import FloatStore, set_nprobe, vectors_path
 
                 set_nprobe(index.faiss_index, p["nprobe"])
