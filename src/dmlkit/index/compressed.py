@@ -46,6 +46,11 @@ ADD_CHUNK = 262_144
 RERANK_CHUNK = 256
 
 
+def default_nlist(n: int) -> int:
+    """Inverted lists for ``n`` vectors: about ``sqrt(n)``, at least 39 training points each (as the ivf kind)."""
+    return max(1, min(int(round(math.sqrt(n))), n // 39))
+
+
 def default_code_size(dim: int) -> int:
     """Bytes per vector: the largest divisor of ``dim`` not above ``min(64, dim / 4)`` (32 for 128-d):
     PQ sub-vectors of at least 4 dimensions, 8-bit codes."""
@@ -120,14 +125,12 @@ def new_compressed_index(vectors, params: dict, unit_rows) -> tuple[object, dict
     with what training measured (the factory string, the OPQ measurement)."""
     import faiss
 
-    from dmlkit.index.gallery import ivf_lists
-
     n, dim = len(vectors), vectors.shape[1]
     if n < MIN_TRAIN:
         raise DataError(f"the compressed index kind trains its quantisers on the first vectors added and needs at "
                         f"least {MIN_TRAIN} of them. Got {n}; use kind 'flat' for a gallery this small.")
     p = params
-    p["nlist"] = int(p["nlist"] or ivf_lists(n))
+    p["nlist"] = int(p["nlist"] or default_nlist(n))
     p["nprobe"] = int(p["nprobe"] or default_nprobe(p["nlist"]))
     p["code_size"] = int(p["code_size"] or default_code_size(dim))
     p["pq_bits"] = int(p["pq_bits"] or default_pq_bits(n))

@@ -58,7 +58,9 @@ def _unit_rows(x: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def ivf_lists(n: int) -> int:
     """Default number of IVF lists for ``n`` vectors: about ``sqrt(n)``, at least 39 training points each."""
-    return max(1, min(int(round(math.sqrt(n))), n // 39))
+    from dmlkit.index.compressed import default_nlist
+
+    return default_nlist(n)
 
 
 @dataclass
