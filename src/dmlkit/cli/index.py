@@ -65,10 +65,25 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                             "unlabelled) or a CSV file with columns path[,label]")
     build.add_argument("--out", required=True, metavar="INDEX",
                        help="index file to write (a new file, or an index to replace; never a folder or another file)")
-    build.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
+    build.add_argument("--kind", choices=["flat", "ivf", "hnsw", "compressed"], default="flat",
                        help="flat: exact; ivf (about sqrt(N) lists, 32 probed) / hnsw (M=20, efConstruction=64, "
-                            "efSearch=256): approximate, their recall@10 against exact search is printed "
-                            "(default: flat)")
+                            "efSearch=256): approximate; compressed: IVF lists of product-quantised codes (OPQ when "
+                            "measured to help), the shortlist re-ranked exactly from float vectors kept on disk in "
+                            "INDEX.vectors (memory grows with the codes, for millions of images). Approximate kinds "
+                            "print their recall@10 against exact search (default: flat)")
+    tuning = build.add_argument_group("approximate kinds (default: chosen from the gallery size, recorded in the index)")
+    tuning.add_argument("--nlist", type=int, metavar="N", help="ivf, compressed: inverted lists (default about sqrt(N))")
+    tuning.add_argument("--nprobe", type=int, metavar="N",
+                        help="ivf, compressed: lists scanned per query (default 32; compressed: nlist/64 when more)")
+    tuning.add_argument("--code-size", type=int, metavar="BYTES",
+                        help="compressed: PQ sub-quantisers = bytes per vector at 8-bit codes, a divisor of the "
+                             "embedding size (default: the largest divisor up to min(64, size/4))")
+    tuning.add_argument("--pq-bits", type=int, metavar="BITS", help="compressed: bits per PQ code, 4-8 (default 8)")
+    tuning.add_argument("--opq", choices=["auto", "on", "off"], default="auto",
+                        help="compressed: an OPQ rotation before quantising (auto: kept when it lowers the "
+                             "quantisation error of the gallery by 5%%)")
+    tuning.add_argument("--shortlist", type=int, metavar="N",
+                        help="compressed: candidates re-ranked exactly per query (default 100; 200 from 2M vectors)")
     build.add_argument("--threshold-fmr", type=float, metavar="FMR",
                        help="store the cosine threshold at this false match rate on the labelled gallery's pairs "
                             "(e.g. 1e-3); queries then print match=yes/no")
@@ -162,6 +177,22 @@ def _is_index_file(path) -> bool:
     return True
 
 
+def _kind_options(args: argparse.Namespace) -> dict:
+    """The build's index parameters given on the command line; one given for a kind that has no use
+    for it is refused rather than ignored."""
+    from dmlkit.exceptions import InvalidParameterError
+
+    given = {"nlist": args.nlist, "nprobe": args.nprobe, "code_size": args.code_size, "pq_bits": args.pq_bits,
+             "opq": {"auto": None, "on": True, "off": False}[args.opq], "shortlist": args.shortlist}
+    given = {key: value for key, value in given.items() if value is not None}
+    takes = {"flat": (), "hnsw": (), "ivf": ("nlist", "nprobe"), "compressed": tuple(given)}[args.kind]
+    unused = [f"--{key.replace('_', '-')}" for key in given if key not in takes]
+    if unused:
+        raise InvalidParameterError(f"{', '.join(unused)}: not used by --kind {args.kind} (--nlist and --nprobe are "
+                                    "for ivf and compressed, --code-size, --pq-bits, --opq and --shortlist for compressed).")
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     from dmlkit.index.gallery import Index, gallery_images
     from dmlkit.inference import RunEmbedder
@@ -172,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.out, "--out", replaceable=_is_index_file, what="a dmlkit index file")
         paths, labels = gallery_images(args.images)
         embedder = RunEmbedder.from_run(args.run_dir, args.checkpoint, progress=True)
-        index = Index.build(embedder, paths, labels=labels, kind=args.kind)
+        index = Index.build(embedder, paths, labels=labels, kind=args.kind, **_kind_options(args))
         print(f"indexed {len(index)} images ({index.kind}, embeddings of size {index.dim})")
         if index.build_recall_at_10 is not None:
             print(f"recall@10 against exact search: {index.build_recall_at_10:.4f}")

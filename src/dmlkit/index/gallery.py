@@ -4,7 +4,9 @@ Scores are cosine similarities of L2-normalised embeddings (faiss inner product)
 printed is ``1 - score``. Ids are stable: each item keeps the id it was given when added, removed
 ids are never reused (``faiss.IndexIDMap2``). The whole index is one file (an uncompressed
 ``.npz`` holding the serialised faiss index, ids, paths, labels and a JSON header), written to a
-temporary name and renamed, so an interrupted ``save`` leaves the previous file intact.
+temporary name and renamed, so an interrupted ``save`` leaves the previous file intact. The
+``compressed`` kind (:mod:`dmlkit.index.compressed`) keeps its float vectors in a second file beside
+it, ``<index>.vectors``, read memory-mapped.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from dmlkit.exceptions import ConfigError, DataError, InvalidParameterError
 from dmlkit.index.classify import Classification
 
-KINDS = ("flat", "ivf", "hnsw")
+KINDS = ("flat", "ivf", "hnsw", "compressed")
 FORMAT = "dmlkit-index-1"
 #: The arrays of an index file (:meth:`Index.save`).
 INDEX_ARRAYS = ("header", "faiss", "ids", "paths", "has_path", "labels", "has_label")
@@ -56,7 +58,9 @@ def _unit_rows(x: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def ivf_lists(n: int) -> int:
     """Default number of IVF lists for ``n`` vectors: about ``sqrt(n)``, at least 39 training points each."""
-    return max(1, min(int(round(math.sqrt(n))), n // 39))
+    from dmlkit.index.compressed import default_nlist
+
+    return default_nlist(n)
 
 
 @dataclass
@@ -102,17 +106,31 @@ class Index:
 
     ``ivf`` takes ``nlist`` (default about ``sqrt(N)``) and ``nprobe`` (default 32, at most
     ``nlist``); ``hnsw`` takes ``hnsw_m`` (default 20), ``ef_construction`` (64) and ``ef_search``
-    (256). The parameters are stored in the index file, so an index loads with the ones it was
-    built with.
+    (256). ``compressed`` (IVF + product quantisation, exact re-rank of a shortlist from float
+    vectors on disk) takes ``nlist``, ``nprobe``, ``code_size`` (bytes per vector), ``pq_bits``,
+    ``opq`` (None: measured) and ``shortlist``; None picks each from the first add's size
+    (:mod:`dmlkit.index.compressed`). The parameters are stored in the index file, so an index
+    loads with the ones it was built with.
     """
 
     def __init__(self, dim: int, kind: str = "flat", *, fingerprint: dict | None = None, run_dir: str | None = None,
                  nlist: int | None = None, nprobe: int | None = None, hnsw_m: int = HNSW_M,
-                 ef_search: int = HNSW_EF_SEARCH, ef_construction: int = HNSW_EF_CONSTRUCTION):
+                 ef_search: int = HNSW_EF_SEARCH, ef_construction: int = HNSW_EF_CONSTRUCTION,
+                 code_size: int | None = None, pq_bits: int | None = None, opq: bool | None = None,
+                 shortlist: int | None = None):
+        from dmlkit.index import compressed
+
         if kind not in KINDS:
             raise InvalidParameterError(f"The 'kind' parameter of Index must be one of {KINDS}. Got {kind!r} instead.")
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise InvalidParameterError(f"The 'dim' parameter of Index must be an int >= 1. Got {dim!r} instead.")
+        own = {"code_size": code_size, "pq_bits": pq_bits, "opq": opq, "shortlist": shortlist}
+        if kind == "compressed":
+            compressed.check_params(dim, **own)
+        elif any(v is not None for v in own.values()):
+            given = ", ".join(name for name, v in own.items() if v is not None)
+            raise InvalidParameterError(f"The {given} parameter(s) of Index apply to kind 'compressed' only. "
+                                        f"Got kind {kind!r}.")
         self.dim, self.kind = dim, kind
         self.fingerprint = dict(fingerprint) if fingerprint else None
         self.run_dir = run_dir
@@ -120,6 +138,10 @@ class Index:
         self.threshold_fmr: float | None = None
         self.params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
                        "ef_construction": ef_construction}
+        if kind == "compressed":
+            self.params.update(own)
+        self.store: compressed.FloatStore | None = None  # the compressed kind's float vectors on disk
+        self.training: dict | None = None  # what training the compressed kind measured
         self.ids = np.zeros(0, dtype=np.int64)
         self.paths: list[str | None] = []
         self.labels: list[str | None] = []
@@ -157,8 +179,11 @@ class Index:
     def from_embeddings(cls, embeddings, *, labels: Sequence[str | None] | None = None,
                         paths: Sequence[str | None] | None = None, kind: str = "flat", measure_recall: bool = True,
                         **options) -> "Index":
-        """An index over ``embeddings [N, D]`` (ids 0..N-1); approximate kinds measure recall@10."""
-        vectors = _unit_rows(embeddings)
+        """An index over ``embeddings [N, D]`` (ids 0..N-1); approximate kinds measure recall@10.
+        The compressed kind reads ``embeddings`` in chunks (a memory-mapped array stays on disk)."""
+        vectors = embeddings if kind == "compressed" and isinstance(embeddings, np.ndarray) else _unit_rows(embeddings)
+        if vectors.ndim != 2:
+            raise DataError(f"embeddings must be [N, D]. Got shape {vectors.shape}.")
         index = cls(vectors.shape[1], kind, **options)
         index.add_embeddings(vectors, labels=labels, paths=paths)
         if kind != "flat" and measure_recall:
@@ -176,6 +201,8 @@ class Index:
 
     def add_embeddings(self, embeddings, *, labels=None, paths=None) -> np.ndarray:
         """Add ``embeddings [n, D]``; returns the new items' ids (consecutive, never reused)."""
+        if self.kind == "compressed":
+            return self._add_compressed(embeddings, labels, paths)
         vectors = _unit_rows(embeddings)
         n = vectors.shape[0]
         if vectors.shape[1] != self.dim:
@@ -190,6 +217,39 @@ class Index:
             self.faiss_index = self._new_faiss_index(vectors)
         ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         self.faiss_index.add_with_ids(vectors, ids)
+        self.ids = np.concatenate([self.ids, ids])
+        self.paths += paths
+        self.labels += labels
+        self.next_id += n
+        return ids
+
+    def _add_compressed(self, embeddings, labels, paths) -> np.ndarray:
+        """The compressed kind's add: chunk by chunk, normalised rows go to the float file and their
+        codes to faiss, so a memory-mapped gallery is never loaded whole."""
+        from dmlkit.index import compressed
+
+        vectors = embeddings if isinstance(embeddings, np.ndarray) else _unit_rows(embeddings)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise DataError(f"embeddings must be [N, {self.dim}] (the index's size). Got shape {vectors.shape}.")
+        n = vectors.shape[0]
+        labels = [None] * n if labels is None else [None if v is None else str(v) for v in labels]
+        paths = [None] * n if paths is None else [None if v is None else str(v) for v in paths]
+        if len(labels) != n or len(paths) != n:
+            raise DataError(f"embeddings has {n} rows but labels has {len(labels)} and paths {len(paths)}.")
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        for start in range(0, n, compressed.ADD_CHUNK):  # every row checked before anything changes
+            if not np.isfinite(vectors[start:start + compressed.ADD_CHUNK]).all():
+                raise DataError("embeddings contain NaN or infinite values.")
+        if self.faiss_index is None:
+            self.faiss_index, self.training = compressed.new_compressed_index(vectors, self.params, _unit_rows)
+        if self.store is None:
+            self.store = compressed.FloatStore(self.dim)
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        for start in range(0, n, compressed.ADD_CHUNK):
+            chunk = _unit_rows(vectors[start:start + compressed.ADD_CHUNK])
+            self.store.append(chunk)  # row = id
+            self.faiss_index.add_with_ids(chunk, ids[start:start + len(chunk)])
         self.ids = np.concatenate([self.ids, ids])
         self.paths += paths
         self.labels += labels
@@ -228,6 +288,8 @@ class Index:
         """The indexed unit vectors ``[N, D]`` in the order of ``self.ids``."""
         if len(self.ids) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self.kind == "compressed":  # the float rows from disk: all of them are read into memory
+            return self.store.rows_of(self.ids)
         return np.asarray(self.faiss_index.reconstruct_batch(self.ids), dtype=np.float32).reshape(-1, self.dim)
 
     # ----- thresholds -------------------------------------------------------------------------
@@ -296,7 +358,7 @@ class Index:
         if kk == 0:
             raise DataError("the index is empty.")
         if not (query_expansion or database_augmentation or k_reciprocal):
-            scores, ids = self.faiss_index.search(q, kk)
+            scores, ids = self._search(q, kk)
             distances = np.maximum(1 - scores, 0)
             rows = _rows_of(self.ids, ids)
         else:
@@ -322,6 +384,15 @@ class Index:
         match = None if self.threshold is None else (scores >= self.threshold) & valid
         return QueryResult(np.where(valid, ids, -1), scores.astype(np.float32), distances.astype(np.float32),
                            paths, labels, match)
+
+    def _search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """faiss's ``k`` nearest ids of unit queries ``q``; the compressed kind re-ranks its shortlist exactly."""
+        if self.kind != "compressed":
+            return self.faiss_index.search(q, k)
+        from dmlkit.index.compressed import rerank
+
+        _, candidates = self.faiss_index.search(q, max(k, int(self.params["shortlist"])))
+        return rerank(q, candidates, self.store, k)
 
     # ----- classifying ------------------------------------------------------------------------
     def classify(self, embedder, images, k: int = 5, *, fmr: float | None = None,
@@ -359,14 +430,19 @@ class Index:
         """Mean fraction of the exact 10 nearest items (flat inner product) that this index returns,
         over up to ``sample`` seeded rows of ``queries``."""
         faiss = _faiss()
+        if len(queries) > sample:
+            queries = queries[np.sort(np.random.default_rng(0).choice(len(queries), sample, replace=False))]
         q = _unit_rows(queries)
-        if len(q) > sample:
-            q = q[np.sort(np.random.default_rng(0).choice(len(q), sample, replace=False))]
         k = min(10, len(self))
-        exact = faiss.IndexFlatIP(self.dim)
-        exact.add(self.vectors())
-        _, truth = exact.search(q, k)
-        _, found = self.faiss_index.search(q, k)
+        if self.kind == "compressed":  # exact search over the float file, a chunk at a time
+            from dmlkit.index.compressed import exact_top_k
+
+            truth = _rows_of(self.ids, exact_top_k(q, self.store.array, k, ids=self.ids)[1])
+        else:
+            exact = faiss.IndexFlatIP(self.dim)
+            exact.add(self.vectors())
+            _, truth = exact.search(q, k)
+        _, found = self._search(q, k)
         found_rows = _rows_of(self.ids, found)
         hits = [len(set(t.tolist()) & set(f.tolist())) for t, f in zip(truth, found_rows)]
         return float(np.mean(hits) / k)
@@ -375,13 +451,19 @@ class Index:
     def header(self) -> dict[str, Any]:
         return {"format": FORMAT, "dim": self.dim, "kind": self.kind, "fingerprint": self.fingerprint,
                 "run_dir": self.run_dir, "threshold": self.threshold, "threshold_fmr": self.threshold_fmr,
-                "params": self.params, "next_id": self.next_id, "build_recall_at_10": self.build_recall_at_10}
+                "params": self.params, "next_id": self.next_id, "build_recall_at_10": self.build_recall_at_10,
+                **({"training": self.training} if self.kind == "compressed" else {})}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the index to one file atomically (temp file + rename); returns the path."""
         from dmlkit.engine.checkpoint_files import atomic_write_bytes
 
         faiss = _faiss()
+        path = Path(path)
+        if self.store is not None:  # the float file first: the index file that points at it is renamed last
+            from dmlkit.index.compressed import vectors_path
+
+            self.store.save_as(vectors_path(path))
         buf = io.BytesIO()
         np.savez(
             buf,
@@ -393,7 +475,6 @@ class Index:
             labels=np.asarray(["" if v is None else v for v in self.labels], dtype=str),
             has_label=np.asarray([v is not None for v in self.labels], dtype=bool),
         )
-        path = Path(path)
         atomic_write_bytes(path, buf.getvalue())
         return path
 
@@ -446,6 +527,12 @@ class Index:
                 faiss.downcast_index(index.faiss_index.index).hnsw.efSearch = int(p["ef_search"])
             elif index.kind == "ivf":
                 index.faiss_index.nprobe = int(p["nprobe"])
+            elif index.kind == "compressed":
+                from dmlkit.index.compressed import FloatStore, set_nprobe, vectors_path
+
+                set_nprobe(index.faiss_index, p["nprobe"])
+                index.training = header.get("training")
+                index.store = FloatStore.open(vectors_path(path), index.dim, index.next_id, where)
         elif len(index.ids):
             raise DataError(f"{where} is damaged: it lists {len(index.ids)} items but holds no vectors.")
         return index
