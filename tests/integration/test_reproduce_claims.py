@@ -64,3 +64,18 @@ def test_a_photo_arm_fine_tunes_the_pretrained_backbone_and_scores_its_starting_
     assert len(classes[0]) == len(classes[1]) == 32 and not classes[0] & classes[1]
     assert all((split / "test" / c).iterdir() for c in classes[1]) and (split / "test").joinpath(
         next(iter(classes[1]))).iterdir().__next__().is_symlink()
+
+
+def test_claims_refuse_an_out_that_is_a_file_and_the_cli_exits_2(tmp_path, capsys, script_loader):
+    from dmlkit.claims import run_claims
+    from dmlkit.exceptions import DataError
+
+    out = tmp_path / "out"
+    out.write_text("mine")
+    with pytest.raises(DataError, match="is a file; expected a folder"):
+        run_claims(["proxy-anchor-accuracy"], out, "unused", quick=True)
+    assert out.read_text() == "mine"
+    reproduce = script_loader("reproduce")
+    assert reproduce.main(["claims", "proxy-anchor-accuracy", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file; expected a folder" in err and "Traceback" not in err

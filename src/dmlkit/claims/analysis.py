@@ -256,7 +256,8 @@ def claim_markdown(summary: dict) -> str:
         nmi_cells = "".join(f" {_fmt(a['clustering'].get(k))} |" for k in nmi)
         lines.append(
             f"| {a['arm']} | {_point(a)} | {_fmt(a['start_val'])} | {_fmt(a['selected_val'])} | "
-            f"{a['selected_steps']} ({a['at_cap']}){proj} | {_fmt(a['mean'], scale, digits)} [{_fmt(a['ci_low'], scale, digits)}, "
+            f"{a['selected_steps']} ({a['at_cap']}){proj} | {_fmt(a['mean'], scale, digits)} "
+            f"[{_fmt(a['ci_low'], scale, digits)}, "
             f"{_fmt(a['ci_high'], scale, digits)}]{extra}{not_learned} | {_fmt(a['start_mean'], scale, digits)} |{nmi_cells}")
     lines += ["", "| comparison | seeds | test | difference [CI] | MDD (80% power) | p | Holm p (claim) | Holm p (all claims) "
               "| verdict (claim Holm) | verdict (all claims) |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -16,7 +16,7 @@ from dmlkit.exceptions import DataError
 
 #: Fields every record has, with the type each must have (numbers are finite).
 RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "arm": str, "seed": (int, str), "point": dict, "steps": int, "budget_steps": int, "best_step": int,
+    "arm": str, "seed": int, "point": dict, "steps": int, "budget_steps": int, "best_step": int,
     "start": dict, "val_curve": list, "selected_val_map_at_r": float, "test": dict, "projections": list,
     "wall_seconds": float,
 }

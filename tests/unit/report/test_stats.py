@@ -106,7 +106,6 @@ def test_minimal_detectable_difference_has_80_percent_power_by_noncentral_t_and_
 def test_exact_signed_rank_test_matches_scipy_without_ties_and_enumerates_with_ties():
     import itertools
 
-
     from dmlkit.report.stats import signed_rank_test
 
     rng = np.random.default_rng(0)
