@@ -4,7 +4,8 @@ PML vs paper: Sohn uses raw inner products plus an L2 penalty on the embeddings;
 default distance is a dot product of L2-normalised embeddings (a cosine) and no penalty.
 dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity(normalize_embeddings=False)`` for
 the paper's logits. ``scale`` (default 1: PML's and the paper's logits) multiplies the similarities
-before the softmax (an inverse temperature: cosine logits span only [-1, 1]). The pair of a class is its first sample and that sample's first positive
+before the softmax (an inverse temperature: cosine logits span only [-1, 1]).
+The pair of a class is its first sample and that sample's first positive
 (batch order), as in PML, so the values match.
 
 float16 batches: the anchor-positive block is computed in float16 and each class's term rounded to
