@@ -804,6 +804,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _verify_claims(path: Path) -> int:
+    """``claims --verify FILE``: 0 when every statistic recomputes, 1 listing the disagreements, 2 for an unreadable file."""
+    from dmlkit.claims.verify import verify
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        problems = verify(data)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: {str(path)!r} is not a claims.json the claims runner wrote ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem)
+    rows = sum(len(s["comparisons"]) for s in data["claims"].values())
+    print(f"{rows} comparisons of {len(data['claims'])} claims: "
+          + ("every statistic recomputes" if not problems else f"{len(problems)} disagreements"))
+    return 1 if problems else 0
+
+
 def claims_main(argv: list[str]) -> int:
     """``reproduce.py claims``: the five papers' claims on Omniglot glyphs and grocery photos (:mod:`dmlkit.claims`)."""
     from dmlkit.claims import CLAIMS, UNTESTED, run_claims
@@ -827,7 +846,11 @@ def claims_main(argv: list[str]) -> int:
                         help="runs trained at once, each on --threads torch threads (results do not depend on it)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2, or 1 with workers)")
     parser.add_argument("--list", action="store_true", help="list the claims, their arms and the untested claims")
+    parser.add_argument("--verify", metavar="CLAIMS_JSON", default=None,
+                        help="recompute every printed statistic of a claims.json from its per-seed values (scipy alone)")
     args = parser.parse_args(argv)
+    if args.verify:
+        return _verify_claims(Path(args.verify))
     if args.list:
         for c in CLAIMS.values():
             photos = " (photos)" if is_photo_claim(c.name) else ""

@@ -162,9 +162,12 @@ def minimal_detectable_difference(sd: float, n: int, power: float = 0.8, alpha: 
     from scipy.optimize import brentq
 
     high = sd
-    while paired_t_power(high, sd, n, alpha) < power:
+    while paired_t_power(high, sd, n, alpha) < power and high < 1e6 * sd:
         high *= 2
-    return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd))
+    try:
+        return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd))
+    except ValueError:  # the noncentral t is not finite that far out (n = 2: df = 1): no size to give
+        return float("nan")
 
 
 @dataclass(frozen=True)
