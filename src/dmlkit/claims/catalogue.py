@@ -112,8 +112,10 @@ _C2_PAIR = {"name": "contrastive", "args": {"distance": "euclidean", "pos_margin
 _ASAP_K, _ASAP_B = 8, 12
 _C2_PROXY_LOSS = {"name": "proxy_pair", "args": {"pair_loss": _C2_PAIR, "reduction": "mean",
                                                  "proxies_per_class": _ASAP_K}}
+#: The one-problem control: one projection that ends by early stopping after 8 validations without a gain (the
+#: patience of every other glyph run), so that it trains to convergence, not to the cap.
 _C2_ONE_PROBLEM = {"enabled": True, "proxies_per_class": _ASAP_K, "pool_size": _ASAP_B, "proximal_lambda": 0.0,
-                   "max_projections": 1, "patience": 1000}
+                   "max_projections": 1, "patience": 8}
 _C2_ASAP = {"enabled": True, "proxies_per_class": _ASAP_K, "pool_size": _ASAP_B, "proximal_lambda": 2e-4,
             "patience": 3, "max_projections": 20, "projections_without_improvement": 3}
 

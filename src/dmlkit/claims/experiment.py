@@ -110,9 +110,11 @@ def run_costs(out: Path) -> dict[str, dict]:
             continue
         record = read_record(path)
         kind = ("photo" if ARMS[record["arm"]].setting in PHOTO_SETTINGS else "glyph") if record["arm"] in ARMS else "other"
-        entry = costs.setdefault(f"{kind}/{record.get('purpose', 'result')}", {"runs": 0, "seconds": 0.0, "steps": 0})
+        entry = costs.setdefault(f"{kind}/{record.get('purpose', 'result')}",
+                                 {"runs": 0, "seconds": 0.0, "cpu_seconds": 0.0, "steps": 0})
         entry["runs"] += 1
         entry["seconds"] = round(entry["seconds"] + record["wall_seconds"], 2)
+        entry["cpu_seconds"] = round(entry["cpu_seconds"] + float(record.get("cpu_seconds", 0.0)), 2)
         entry["steps"] += record["steps"]
     return costs
 
@@ -120,7 +122,8 @@ def run_costs(out: Path) -> dict[str, dict]:
 def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
     """Every claim's tables, under the protocol and cost of the run, then the claims this data cannot test."""
     b = meta["budget"]
-    cost = ", ".join(f"{k}: {v['runs']} runs, {v['seconds']:.0f} s" for k, v in meta["costs"].items())
+    cost = ", ".join(f"{k}: {v['runs']} runs, {v['seconds']:.0f} s ({v['cpu_seconds']:.0f} CPU-s)"
+                     for k, v in meta["costs"].items())
     head = [
         "## Claims tested on Omniglot glyphs and grocery photos" + (" (quick check: not a result)" if meta["quick"] else ""),
         "",
