@@ -832,7 +832,8 @@ def claims_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="reproduce.py claims", description=run_claims.__doc__.split("\n")[0])
     parser.add_argument("claims", nargs="*", help=f"claims to run (default: all): {', '.join(CLAIMS)}")
     parser.add_argument("--quick", action="store_true",
-                        help="one grid point, 30 glyph steps, 4 photo steps, seeds 0 1: every arm end to end, not a result")
+                        help="one grid point, 20 glyph steps on 5 drawings a character, 2 photo steps on 4 photos a product, "
+                             "seeds 0 1: every arm end to end, not a result")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="glyph seeds (default 0-7; photos take the first 5; quick: 0 1)")
     parser.add_argument("--out", default=None, help="output folder (default runs/claims or runs/claims-quick)")

@@ -19,7 +19,7 @@ from dmlkit.claims.analysis import LEARN_MARGIN, LOWER_IS_BETTER, add_global_hol
 from dmlkit.claims.catalogue import ARMS, CLAIMS, COMMON_LEARNING_RATE, LEARNING_RATES, PHOTO_SETTINGS, UNTESTED
 from dmlkit.claims.figures import convergence_figure
 from dmlkit.claims.records import check_out_folder, read_record
-from dmlkit.claims.runner import FULL, QUICK, Budget, budget_dict, run_arms
+from dmlkit.claims.runner import FULL, QUICK, QUICK_DRAWINGS, Budget, budget_dict, run_arms
 from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
 from dmlkit.exceptions import ConfigError
 
@@ -58,6 +58,7 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
         raise ConfigError(f"A paired comparison needs at least 2 seeds; got {seeds}.")
     budget = budget or (QUICK if quick else FULL)
     learning_rates = (COMMON_LEARNING_RATE,) if quick else LEARNING_RATES
+    subset = QUICK_DRAWINGS if quick and subset is None else subset
     check_out_folder(Path(out))
     t0 = time.perf_counter()
     arms = arms_of(claim_names)

@@ -97,8 +97,10 @@ class Budget:
 
 FULL = Budget()
 #: ``--quick``: every arm end to end on two seeds, one grid point (a check that everything runs, not a result).
-QUICK = Budget(steps=30, eval_every=10, patience=None, curve_steps=20, curve_every=5, photo_steps=4,
-               photo_eval_every=2, photo_patience=None, photo_cap=8, photo_size=96, extend=False)
+QUICK = Budget(steps=20, eval_every=10, patience=None, curve_steps=10, curve_every=5, photo_steps=2,
+               photo_eval_every=2, photo_patience=None, photo_cap=4, photo_size=96, extend=False)
+#: ``--quick`` keeps this many drawings of each character (the full run keeps all 20).
+QUICK_DRAWINGS = 5
 
 
 def grid_axes(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> dict[str, list]:
