@@ -36,6 +36,11 @@ from dmlkit.exceptions import DataError
 PHOTO_SETS: dict[str, str] = {"grocery": "grocery/images", "grocery-coarse": "grocery/images"}
 COARSE_FILE = "grocery/coarse_classes.csv"
 BACKBONE = "efficientnet_lite0"
+#: One choice for every photo arm: the embedding size, the frozen feature stages (timm's feature_info, highest
+#: resolution first) and the augmented views cached of their outputs.
+PHOTO_EMBEDDING_SIZE = 128
+FROZEN_STAGES = 3
+CACHE_VIEWS = 4
 #: Fraction of the classes in the tuning pool, and the draw of the pool and of the tuning runs' training classes.
 PHOTO_TUNING_FRACTION = 0.2
 PHOTO_TUNING_SEED = 1_000_003
@@ -132,7 +137,10 @@ def photo_overrides(setting_root: Path, arm, point: dict, seed: int, budget) -> 
         f"train.eval_every={budget.photo_eval_every}", f"train.checkpoint_every={budget.photo_eval_every}",
         "train.time_budget=1000000", f"train.patience={patience}",
         f"data.image_size={budget.photo_size}", f"data.crop_size={budget.photo_size}",
-        f"model.normalization={arm.normalization}",
+        f"model.normalization={arm.normalization}", f"model.embedding_size={PHOTO_EMBEDDING_SIZE}",
+        # fine-tuned as the photo recipe does on a CPU: the stages up to stride 8 frozen, their outputs cached
+        # for a few augmented views, the stride-16 and -32 stages and the head trained
+        f"model.frozen_stages={FROZEN_STAGES}", "train.feature_cache=on", f"train.cache_views={CACHE_VIEWS}",
         # pooling and mirror averaging fixed: the recipe's measured choice costs more than a short run
         "model.pooling=avg", "model.flip_average=false", "protocol.val_class_fraction=0.2",
         "train.progress=false", f"train.num_threads={budget.threads}", f"train.device={budget.device}",
