@@ -179,9 +179,6 @@ class SignedRankTest:
     statistic: float
     p: float
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def signed_rank_test(differences: Sequence[float]) -> SignedRankTest:
     """Two-sided exact Wilcoxon signed-rank test of ``differences`` (``+inf`` / ``-inf`` allowed: the largest ranks).
