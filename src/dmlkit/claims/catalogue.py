@@ -329,11 +329,11 @@ def default_claims(device: str = "cpu") -> list[str]:
 
 #: Claims this data cannot test, with the reason (docs/claims.md lists them).
 UNTESTED: dict[str, str] = {
-    "Proxy-Anchor Fig. 5 (embedding size)": "a trend across 64-1024 dimensions at CUB scale; on about 40 training "
+    "Proxy-Anchor Fig. 5 (embedding size)": "a trend across 64-1024 dimensions at CUB scale; on 44 training "
     "characters a 128-D embedding is not the bottleneck, so the trend cannot show (not run)",
     "Proxy-Anchor Fig. 6 (alpha, delta)": "a sensitivity surface, not a comparison: left to `dmlkit sweep`",
     "Proxy-Anchor Tables 5-6, DRO Fig. 1 (batch size)": "need batches of 30-640 drawn from >= 100 classes; the "
-    "glyph runs have about 40 training characters and the grocery runs about 26 training products, which cap a "
+    "glyph runs have 44 training characters and the grocery runs about 26 training products, which cap a "
     "batch's classes far below the papers' range",
     "Proxy-NCA (more proxies than classes, Proxy-Triplet)": "the paper reports them without numbers that a small "
     "set can contrast; both are implemented (proxies_per_class > 1, ProxyTripletLoss)",
