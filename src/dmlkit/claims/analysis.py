@@ -67,8 +67,14 @@ def time_to_threshold(curve: Sequence[dict], start: float, threshold: float, key
 
 
 def run_value(record: dict, claim: Claim, threshold: float | None = None) -> tuple[float, bool]:
-    """The claim's metric for one run, and whether it is observed (False: a censored time, given as the cap)."""
+    """The claim's metric for one run, and whether it is observed (False: a censored time, given as the cap).
+
+    Times: to the claim's fixed ``threshold``, or, for a claim with a ``threshold_fraction``, to the seed's own
+    step-0 validation MAP@R plus ``threshold`` (a gain: every arm of a seed starts from the same network on the
+    same validation classes, so the level is common to the arms compared)."""
     threshold = claim.threshold if threshold is None else threshold
+    if claim.metric in LOWER_IS_BETTER and claim.threshold_fraction is not None:
+        threshold = float(record["start"]["val"]["map_at_r"]) + threshold
     if claim.metric == "steps_to_threshold":
         return time_to_threshold(record["val_curve"], record["start"]["val"]["map_at_r"], threshold, "step",
                                  float(record["budget_steps"]))
@@ -219,7 +225,7 @@ def summarise_claim(claim: Claim, records: dict[str, list[dict]], *, threshold: 
     return {
         "claim": claim.name + (f"@{variant}" if variant else ""), "paper": claim.paper, "source": claim.source,
         "statement": claim.statement + (f" ({variant})" if variant else ""), "paper_numbers": claim.paper_numbers,
-        "metric": claim.metric, "threshold": threshold,
+        "metric": claim.metric, "threshold": threshold, "threshold_is_gain": claim.threshold_fraction is not None,
         "arms": [arm_summary(n, records[n], claim, threshold, tuning.get(n)) for n in claim.arms],
         "comparisons": compare(claim, records, threshold),
     }
@@ -240,7 +246,9 @@ def claim_markdown(summary: dict) -> str:
     """The claim's two tables: arms (with the untrained start), then comparisons with p-values and verdicts."""
     times = summary["metric"] in LOWER_IS_BETTER
     scale, digits = (1.0, 0) if times else (100.0, 1)
-    what = summary["metric"] + (f" (validation MAP@R {summary['threshold']:.3f})" if times else " (test, %)")
+    level = (f"step 0 + {summary['threshold']:.3f}" if summary.get("threshold_is_gain") else f"{summary['threshold']:.3f}"
+             ) if times else ""
+    what = summary["metric"] + (f" (validation MAP@R {level})" if times else " (test, %)")
     nmi = sorted({k for a in summary["arms"] for k in a["clustering"]})
     nmi_head = "".join(f" {k} (%) |" for k in nmi)
     lines = [f"### {summary['paper']}, {summary['source']}: {summary['statement']}", "",

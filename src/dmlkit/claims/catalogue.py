@@ -83,8 +83,8 @@ class Claim:
     comparisons: tuple[Comparison, ...]
     #: A fixed validation MAP@R that convergence claims (``metric='steps_to_threshold'``) time the arms to.
     threshold: float | None = None
-    #: Or, as the catalogue's claims do: the start plus this fraction of the smallest gain among the claim's
-    #: arms in their tuning runs (a level every arm crosses mid-curve, fixed before any seed trains).
+    #: Or, as the catalogue's claims do: each seed's step 0 plus this fraction of the smallest gain among the
+    #: claim's arms in their tuning runs (a level every arm crosses mid-curve, fixed before any seed trains).
     threshold_fraction: float | None = None
 
     @property

@@ -330,3 +330,18 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_link_coarse_labels(tmp_path
     assert {p.name for p in (root / "test").iterdir()} == set(test)
     assert sum(1 for _ in (root / "train").rglob("*.jpg")) == 2 * len(train)
     assert all(p.is_symlink() for p in (root / "test").rglob("*.jpg"))
+
+
+def test_a_mid_curve_threshold_is_each_seeds_step_zero_plus_a_gain_fixed_by_the_tuning_runs():
+    from dmlkit.claims.experiment import convergence_threshold
+
+    claim = CLAIMS["proxy-nca-convergence"]
+    tunings = {a: {"chosen": {"lr": 1e-3}, "grid": [{"point": {"lr": 1e-3}, "score": 0.3 + 0.1 * i, "start_val": 0.1}]}
+               for i, a in enumerate(claim.arms)}
+    gain = convergence_threshold(claim.name, tunings)
+    assert gain == pytest.approx(0.5 * 0.2)  # half the smallest tuning gain (0.3 - 0.1)
+    curve = [{"step": 5, "time": 1.0, "map_at_r": 0.3}, {"step": 10, "time": 2.0, "map_at_r": 0.5}]
+    low, high = _record("proxy-nca", 0, 0.5, curve=curve), _record("proxy-nca", 1, 0.5, curve=curve)
+    high["start"] = {"val": {"map_at_r": 0.35}, "test": {"map_at_r": 0.1}}
+    assert run_value(low, claim, gain) == (pytest.approx(5 * (0.3 - 0.2) / (0.3 - 0.2)), True)  # level 0.3: step 5
+    assert run_value(high, claim, gain) == (pytest.approx(5 + 5 * (0.45 - 0.3) / 0.2), True)  # level 0.45
