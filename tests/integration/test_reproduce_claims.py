@@ -51,8 +51,14 @@ def test_glyph_claims_run_end_to_end_write_tables_that_recompute_and_resume(tmp_
     for seed in (0, 1):
         record = json.loads(next((out / "runs" / "proxy-nca" / f"seed{seed}").glob("lr*.json")).read_text())
         assert record["purpose"] == "result" and not pool & set(record["test_classes"])
-    # a second call reads every finished run back instead of training it again
+    # a fresh clone holding only the committed records re-runs nothing: the run folders beside them are gone
+    import shutil
+
     import dmlkit
+
+    for folder in [d for d in (out / "runs").rglob("*") if d.is_dir() and d.parent.name.startswith(("seed", "tune"))]:
+        shutil.rmtree(folder)
+    shutil.rmtree(out / "data", ignore_errors=True)
 
     monkeypatch.setattr(dmlkit, "fit", lambda *a, **k: pytest.fail("a recorded run was trained again"))
     assert set(run_claims(["asap-vs-one-problem"], out, str(DATA), quick=True, budget=TINY, subset=4,
