@@ -259,6 +259,8 @@ def claim_markdown(summary: dict) -> str:
     for a in summary["arms"]:
         extra = f" ({a['censored']} never reached)" if a["censored"] else ""
         not_learned = "" if not a["not_learned_seeds"] else f" — did not learn in seeds {a['not_learned_seeds']}"
+        if not times and a["at_cap"] > 1:  # converged runs stop by patience: more than one seed at the cap is not
+            not_learned += f" — selected at the cap in {a['at_cap']} seeds: not converged, raise the cap"
         proj = ("" if not a["projections"] else
                 f"; projections completed {a['projections']}, selected in projection {a['selected_projection']}")
         nmi_cells = "".join(f" {_fmt(a['clustering'].get(k))} |" for k in nmi)

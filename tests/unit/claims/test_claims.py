@@ -201,6 +201,10 @@ def test_holm_p_is_printed_below_0001_never_as_zero_and_nmi_is_reported():
     table = claim_markdown(summary)
     assert "<0.001" in table and "0.000 " not in table
     assert " nmi (%) |" in table and "| 80.0 |" in table
+    assert "not converged, raise the cap" not in table  # best step 50 of a 75-step cap
+    for r in records["ms"][:2]:
+        r["best_step"] = r["budget_steps"]
+    assert "selected at the cap in 2 seeds: not converged, raise the cap" in claim_markdown(summarise_claim(_claim(), records))
 
 
 def test_global_holm_runs_over_every_claim_with_untestable_rows_at_one():
