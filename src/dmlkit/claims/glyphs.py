@@ -1,10 +1,15 @@
 """Omniglot glyphs for the claims tests: seeded class-disjoint splits, a network trained from scratch.
 
-Two settings, both re-drawn for every seed (the seed picks the test classes, so a verdict covers
-the class draw as well as the initialisation):
+A fifth of every alphabet's characters is set aside once as the tuning pool (:func:`tuning_pool`): the
+validation classes of the tuning runs, never used by any seed. Three settings, drawn from the other
+characters and re-drawn for every seed (the seed picks the test classes, so a verdict covers the
+class draw as well as the initialisation):
 
 * ``characters``: characters are the classes; half of them test, a fifth of the rest validate,
   the others train (Proxy-Anchor, Proxy-NCA, DRO and ASAP claims).
+* ``alphabets-disjoint``: EPS on disjoint alphabets: per seed 3 of the 5 alphabets train (alphabet
+  labels; a fifth of their characters validate) and the characters of the other 2 are the test
+  classes (scored on character labels: a set EPS's training never saw a character or alphabet of).
 * ``alphabets``: EPS Sec. 5.2 as far as 5 alphabets allow: the network trains on *alphabet*
   labels only; half the characters of every alphabet are held out as test characters and a fifth
   of the rest validate (selection on their alphabet labels: the labels training has). The test
@@ -29,7 +34,12 @@ IMAGE_SIZE = 28
 TEST_FRACTION = 0.5
 #: Fraction of the remaining classes held out for validation (checkpoint and learning-rate choice).
 VAL_FRACTION = 0.2
-SETTINGS = ("characters", "alphabets")
+#: Fraction of every alphabet's characters set aside once (a fixed draw) as the tuning pool: the validation
+#: classes of every tuning run, never a train, validation or test class of any seed.
+TUNING_FRACTION = 0.2
+#: The draw of the tuning pool and of the tuning runs' training classes (fixed: one tuning for every seed).
+TUNING_SEED = 1_000_003
+SETTINGS = ("characters", "alphabets", "alphabets-disjoint")
 
 
 @dataclass(frozen=True)
@@ -103,22 +113,53 @@ def split_characters(characters: list[str], seed: int) -> tuple[set[str], set[st
     return set(rest[n_val:]), set(rest[:n_val]), set(order[:n_test])
 
 
-def build_splits(pool: GlyphPool, setting: str, seed: int) -> GlyphSplits:
-    """The splits of ``setting`` (:data:`SETTINGS`) for ``seed``."""
+def tuning_pool(pool: GlyphPool) -> set[str]:
+    """The characters no seed ever trains, validates or tests on: :data:`TUNING_FRACTION` of every alphabet's."""
+    chosen: set[str] = set()
+    for index, alphabet in enumerate(sorted(set(pool.alphabets))):
+        chars = sorted({c for c, a in zip(pool.characters, pool.alphabets) if a == alphabet})
+        order = _permuted(chars, torch.Generator().manual_seed(TUNING_SEED + index))
+        chosen |= set(order[: max(1, int(round(len(chars) * TUNING_FRACTION)))])
+    return chosen
+
+
+def build_splits(pool: GlyphPool, setting: str, seed: int, *, tuning: bool = False) -> GlyphSplits:
+    """The splits of ``setting`` (:data:`SETTINGS`) for ``seed``, drawn from the characters outside the tuning pool.
+
+    ``tuning``: the tuning split instead: the training classes of a fixed draw (:data:`TUNING_SEED`) and the
+    tuning pool as validation classes (``seed`` is ignored), so that no seed's test class chooses a setting.
+    """
     if setting not in SETTINGS:
         raise DataError(f"claims: unknown glyph setting {setting!r}; expected one of {SETTINGS}.")
+    reserved = tuning_pool(pool)
+    kept = [(c, a) for c, a in zip(pool.characters, pool.alphabets) if c not in reserved]
+    seed = TUNING_SEED if tuning else seed
     if setting == "characters":
-        train_c, val_c, test_c = split_characters(list(pool.characters), seed)
+        train_c, val_c, test_c = split_characters([c for c, _ in kept], seed)
         train_names = val_names = pool.characters
+    elif setting == "alphabets-disjoint":  # 3 alphabets train (and validate), the other 2 test
+        alphabets = _permuted(sorted({a for _, a in kept}), torch.Generator().manual_seed(seed))
+        n_test = max(1, len(alphabets) * 2 // 5)
+        test_c = {c for c, a in kept if a in alphabets[:n_test]}
+        train_c, val_c = set(), set()
+        for index, alphabet in enumerate(alphabets[n_test:]):
+            chars = sorted({c for c, a in kept if a == alphabet})
+            order = _permuted(chars, torch.Generator().manual_seed(seed * 1009 + index))
+            n_val = max(1, int(round(len(chars) * VAL_FRACTION)))
+            val_c |= set(order[:n_val])
+            train_c |= set(order[n_val:])
+        train_names = val_names = pool.alphabets
     else:  # alphabets: characters held out within every alphabet, trained and validated on alphabet labels
         train_c, val_c, test_c = set(), set(), set()
-        for index, alphabet in enumerate(sorted(set(pool.alphabets))):
-            chars = [c for c, a in zip(pool.characters, pool.alphabets) if a == alphabet]
+        for index, alphabet in enumerate(sorted({a for _, a in kept})):
+            chars = [c for c, a in kept if a == alphabet]
             tr, va, te = split_characters(chars, seed * 1009 + index)  # an independent draw per alphabet
             train_c |= tr
             val_c |= va
             test_c |= te
         train_names = val_names = pool.alphabets
+    if tuning:  # validation on the pool; the draw's own validation and test classes are not used
+        val_c, test_c = reserved, reserved
     rows = {key: [i for i, c in enumerate(pool.characters) if c in chars]
             for key, chars in (("train", train_c), ("val", val_c), ("test", test_c))}
     test = _dataset(pool, rows["test"], pool.characters, "test")

@@ -1,15 +1,26 @@
-"""Training the arms: one resumable run per (arm, seed, learning rate), learning rates chosen on validation.
+"""Training the arms: one resumable run per (arm, purpose, seed, grid point), settings chosen on tuning classes.
 
-Every run trains the glyph CNN from the seed's initial weights (the same for every arm) with
-``dmlkit.fit`` (m-per-class batches, affine augmentation, Adam-W), validates every ``eval_every``
-steps on the seed's validation classes and keeps the best validation MAP@R (Musgrave et al.'s
-protocol); the starting point (the untrained network) is scored on the same splits first. A run's
-record is ``OUT/runs/<arm>/seed<S>/<tag>.json``; a finished record is never recomputed and an
-interrupted run resumes from its checkpoint in ``OUT/runs/<arm>/seed<S>/<tag>/``.
+Three kinds of run, each recorded in its own file (a finished record is never recomputed, also on
+another machine that has the committed records; an interrupted run resumes from its checkpoint in
+the folder beside its record):
 
-Tuning: on the tuning seed (the first one) every arm trains once per grid point (learning rate x
-its tuned loss arguments) and keeps the point with the best selected validation MAP@R; the other
-seeds train that point only. Test classes never enter the choice.
+* ``tune`` (``OUT/runs/<arm>/tune/<point>.json``): the tuning split (:func:`dmlkit.claims.glyphs.build_splits`
+  with ``tuning=True``; photos: :func:`dmlkit.claims.photos.seed_folder` with ``tuning=True``), scored on
+  the tuning pool, classes no seed ever trains, validates or tests on. Every arm trains its grid: the
+  learning rates times the three values of its one tuned parameter; a chosen value at a grid edge adds
+  the next value beyond it (the grid's own ratio) until it is interior or meets a hard limit
+  (:func:`tune_arms`). The grids, scores and the choice go to ``OUT/runs/<arm>/tuning.json``.
+* ``result`` (``OUT/runs/<arm>/seed<S>/<point>.json``): the chosen point on seed ``S``'s splits, trained
+  until validation has not improved for ``patience`` validations, up to the cap; a tuning run is never
+  a result.
+* ``curve`` (``OUT/runs/<arm>/seed<S>/curve-<point>.json``): the convergence claims' early curves,
+  validated every ``curve_every`` steps for ``curve_steps`` steps, at the arm's own chosen point and at
+  one common learning rate.
+
+Every glyph run trains the glyph CNN from the seed's initial weights (the same for every arm) with
+``dmlkit.fit`` (m-per-class batches, affine augmentation, Adam-W), validates every ``eval_every`` steps
+and keeps the best validation MAP@R (Musgrave et al.'s protocol); the starting point (the untrained
+network) is scored on the same splits first.
 """
 
 from __future__ import annotations
@@ -17,55 +28,116 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from dmlkit.claims.catalogue import ARMS, EMBEDDING_SIZE, LEARNING_RATES, PHOTO_SETTINGS, Arm, learning_rates_for
-from dmlkit.claims.glyphs import GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.claims.catalogue import (
+    ARMS,
+    COMMON_LEARNING_RATE,
+    EMBEDDING_SIZE,
+    LEARNING_RATES,
+    LR_LIMITS,
+    PHOTO_SETTINGS,
+    Arm,
+    learning_rates_for,
+)
+from dmlkit.claims.glyphs import TUNING_SEED, GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.claims.records import read_record
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, LOG_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.evaluation.embed import embed_dataset
 from dmlkit.exceptions import ConfigError
 
+PURPOSES = ("tune", "result", "curve")
+#: Grid extensions per arm at most (each adds one point beyond an edge); past it the edge is reported.
+MAX_EXTENSIONS = 4
+
 
 @dataclass(frozen=True)
 class Budget:
-    """Steps and validations of every run (equal for every arm)."""
+    """Steps, validations and stopping of every run (equal for every arm)."""
 
-    steps: int = 400
+    steps: int = 1500  # the cap (times the arm's steps_scale)
     eval_every: int = 25
+    #: Validations without improvement before a run stops (None: train to the cap).
+    patience: int | None = 8
+    #: Convergence curves: steps and the validation interval of their dense early curve.
+    curve_steps: int = 150
+    curve_every: int = 5
     batch_size: int = 64
     m: int = 4
     alphabet_batch: int = 60  # 5 alphabets x 12 drawings
     threads: int = 2
-    #: Photo runs: steps and validations (the photo recipe's batches).
-    photo_steps: int = 500
-    photo_eval_every: int = 50
-    photo_cap: int | None = None  # photos a class (None: the set's own cap)
+    #: Photo runs: cap, validations, patience, photos a class (None: all) and the training resolution.
+    photo_steps: int = 300
+    photo_eval_every: int = 25
+    photo_patience: int | None = 4
+    photo_cap: int | None = None
+    photo_size: int = 128
+    #: Extend a grid whose chosen point sits at an edge (off for ``--quick``'s one-point grids).
+    extend: bool = True
     device: str = "cpu"
 
+    def plan(self, arm: Arm, purpose: str) -> dict:
+        """What a run of ``arm`` for ``purpose`` trains: its record must agree to be read back."""
+        if arm.setting in PHOTO_SETTINGS:
+            return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
+                    "photo_cap": self.photo_cap, "photo_size": self.photo_size}
+        if purpose == "curve":
+            return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None}
+        return {"steps": self.steps * arm.steps_scale, "eval_every": self.eval_every, "patience": self.patience}
 
-FULL = Budget(steps=300, eval_every=25)
-#: ``--quick``: every arm end to end on two seeds, one learning rate (a check that everything runs, not a result).
-QUICK = Budget(steps=40, eval_every=20, photo_steps=4, photo_eval_every=2, photo_cap=10)
+
+FULL = Budget()
+#: ``--quick``: every arm end to end on two seeds, one grid point (a check that everything runs, not a result).
+QUICK = Budget(steps=20, eval_every=10, patience=None, curve_steps=10, curve_every=5, photo_steps=2,
+               photo_eval_every=2, photo_patience=None, photo_cap=4, photo_size=96, extend=False)
+#: ``--quick`` keeps this many drawings of each character (the full run keeps all 20).
+QUICK_DRAWINGS = 5
+
+
+def grid_axes(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> dict[str, list]:
+    """The tuning axes: ``lr`` and the arm's tuned parameter (``narrow``: each axis's middle value only)."""
+    axes = {"lr": list(learning_rates), **{k: list(v) for k, v in arm.tuned.items()}}
+    return {k: [v[len(v) // 2]] for k, v in axes.items()} if narrow else axes
 
 
 def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> list[dict]:
-    """Every ``{"lr": ..., <tuned arg>: ...}`` point of the arm's tuning grid (``narrow``: each tuned argument's middle value)."""
-    keys = sorted(arm.tuned)
-    values = [(arm.tuned[k][len(arm.tuned[k]) // 2],) if narrow else arm.tuned[k] for k in keys]
-    return [{"lr": lr, **dict(zip(keys, combo))} for lr in learning_rates for combo in itertools.product(*values)]
+    """Every ``{"lr": ..., <tuned arg>: ...}`` point of the arm's starting grid."""
+    axes = grid_axes(arm, learning_rates, narrow)
+    keys = list(axes)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*axes.values())]
 
 
 def point_tag(point: dict) -> str:
     """A file-name tag for a grid point: ``lr0.001`` or ``lr0.001-softmax_scale8``."""
     return "-".join(f"{k}{point[k]:g}" for k in ["lr", *sorted(k for k in point if k != "lr")])
+
+
+def apply_point(loss: dict, point: dict) -> dict:
+    """The loss section with the point's method parameter set (``a+b``: both; ``pair_loss.x``: the nested loss's
+    ``x``); a miner that has the same argument (a triplet margin) gets the value too."""
+    loss = copy.deepcopy(loss)
+    for key, value in point.items():
+        if key == "lr":
+            continue
+        for name in key.split("+"):
+            *path, leaf = name.split(".")
+            target = loss.setdefault("args", {})
+            for part in path:
+                target = target[part].setdefault("args", {})
+            target[leaf] = value
+            miner_args = (loss.get("miner") or {}).get("args", {})
+            if not path and leaf in miner_args:
+                miner_args[leaf] = value
+    return loss
 
 
 def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: bool = False, over_cluster: int = 1,
@@ -82,10 +154,11 @@ def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: b
 
 
 def _test_scores(emb: torch.Tensor, splits: GlyphSplits, seed: int) -> dict:
-    """Test metrics: on characters; in the alphabets setting also on alphabets (``languages_*``, NMI+ at 30x)."""
-    scores = {f"letters_{k}" if splits.setting == "alphabets" else k: v
+    """Test metrics: on characters; in the alphabet settings also on alphabets (``languages_*``, NMI+ at 30x)."""
+    eps = splits.setting.startswith("alphabets")
+    scores = {f"letters_{k}" if eps else k: v
               for k, v in embeddings_metrics(emb, splits.test.labels, clustering=True, seed=seed).items()}
-    if splits.setting == "alphabets":
+    if eps:
         scores.update({f"languages_{k}": v for k, v in embeddings_metrics(
             emb, splits.test_alphabets, clustering=True, over_cluster=30, seed=seed).items()})
     return scores
@@ -102,55 +175,89 @@ def _val_curve(logs: list[dict]) -> list[dict]:
             for r in logs if r.get("kind") == "eval" and r.get("split") == "val" and r["step"] > 0]
 
 
+def record_path(out: Path, arm: str, seed: int, point: dict, purpose: str) -> Path:
+    """Where a run's record lives (see the module docstring)."""
+    if purpose == "tune":
+        return out / "runs" / arm / "tune" / f"{point_tag(point)}.json"
+    return out / "runs" / arm / f"seed{seed}" / f"{'curve-' if purpose == 'curve' else ''}{point_tag(point)}.json"
+
+
 def _save_record(record: dict, path: Path, echo: Callable[[str], None]) -> dict:
     """Write a run's record atomically and say what it learned."""
+    from dmlkit.claims.analysis import learned
+
+    record["learned"] = learned(record)
     atomic_write_json(path, record)
     echo(f"    val MAP@R {record['start']['val']['map_at_r']:.3f} -> {record['selected_val_map_at_r']:.3f} "
          f"(step {record['best_step']}), {record['wall_seconds']:.0f} s")
     return record
 
 
-def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: str, subset: int | None,
-              echo: Callable[[str], None]) -> dict:
-    """Train (or resume, or read back) one run; returns its record."""
-    import dmlkit
+def read_back(path: Path, plan: dict) -> dict | None:
+    """The record at ``path`` when it exists and was trained to ``plan`` (None: not trained yet)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    record = read_record(path)
+    if record.get("budget", plan) != plan:
+        raise ConfigError(f"claims: {path} was trained to {record['budget']}, this call plans {plan}; give another "
+                          "--out (or delete that run) to train the new budget.")
+    return record
 
-    record_path = out / "runs" / arm.name / f"seed{seed}" / f"{point_tag(point)}.json"
-    steps = budget.photo_steps if arm.setting in PHOTO_SETTINGS else budget.steps * arm.steps_scale
-    if record_path.exists():
-        record = json.loads(record_path.read_text())
-        if record.get("budget_steps", steps) != steps:
-            raise ConfigError(f"claims: {record_path} was trained for {record['budget_steps']} steps, this call plans "
-                              f"{steps}; give another --out (or delete that run) to train the new budget.")
-        return record
-    run_dir = record_path.with_suffix("")
+
+def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: str, subset: int | None,
+              echo: Callable[[str], None], purpose: str = "result") -> dict:
+    """Train (or resume, or read back) one run; returns its record."""
+    if purpose not in PURPOSES:
+        raise ConfigError(f"claims: unknown run purpose {purpose!r}; expected one of {PURPOSES}.")
+    seed = TUNING_SEED if purpose == "tune" else seed
+    path = record_path(out, arm.name, seed, point, purpose)
+    plan = budget.plan(arm, purpose)
+    done = read_back(path, plan)
+    if done is not None:
+        return done
+    run_dir = path.with_suffix("")
     resume = (run_dir / LAST_CHECKPOINT).exists()
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
     torch.set_num_threads(budget.threads)
+    echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} {purpose} seed {seed} {point_tag(point)}{' (resume)' if resume else ''}")
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if arm.setting in PHOTO_SETTINGS:
-        return _photo_run(arm, seed, point, budget, out, Path(data_root), record_path, echo)
-    splits = build_splits(load_pool(str(Path(data_root) / "omniglot"), subset), arm.setting, seed)
+        record = _photo_run(arm, seed, point, budget, out, Path(data_root), run_dir, purpose)
+    else:
+        record = _glyph_run(arm, seed, point, budget, plan, run_dir, data_root, subset, purpose)
+    record.update(arm=arm.name, seed=seed, point=point, purpose=purpose, budget=plan, budget_steps=plan["steps"],
+                  wall_seconds=round(time.perf_counter() - t0, 2),
+                  # the work itself (this process's CPU time): the wall time of a shared machine is not
+                  cpu_seconds=round(time.process_time() - cpu0, 2))
+    return _save_record(record, path, echo)
+
+
+def _glyph_run(arm: Arm, seed: int, point: dict, budget: Budget, plan: dict, run_dir: Path, data_root: str,
+               subset: int | None, purpose: str) -> dict:
+    import dmlkit
+
+    splits = build_splits(load_pool(str(Path(data_root) / "omniglot"), subset), arm.setting, seed,
+                          tuning=purpose == "tune")
     model = create_glyph_model(seed, EMBEDDING_SIZE, arm.normalization)
     start = {"val": embeddings_metrics(*embed_dataset(model, splits.val), seed=seed),
              "test": _test_scores(embed_dataset(model, splits.test)[0], splits, seed)}
-    batch = budget.alphabet_batch if arm.setting == "alphabets" else budget.batch_size
-    m = batch // len(splits.train.class_names) if arm.setting == "alphabets" else budget.m
-    loss = copy.deepcopy(arm.loss)
-    loss["args"] = {**loss.get("args", {}), **{k: v for k, v in point.items() if k != "lr"}}
-    echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed} {point_tag(point)}{' (resume)' if resume else ''}")
-    t0 = time.perf_counter()
+    batch = budget.alphabet_batch if arm.setting.startswith("alphabets") else budget.batch_size
+    m = batch // len(splits.train.class_names) if arm.setting.startswith("alphabets") else budget.m
+    # checkpoints only at validations (the resume points); a curve's dense validations checkpoint every 25
+    checkpoint_every = max(plan["eval_every"], 25 // plan["eval_every"] * plan["eval_every"])
     result = dmlkit.fit(
-        model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir, resume=resume,
+        model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir,
+        resume=(run_dir / LAST_CHECKPOINT).exists(),
         report=False, echo=lambda s: None,
         config={
-            "seed": seed, "loss": loss, "asap": arm.asap,
+            "seed": seed, "loss": apply_point(arm.loss, point), "asap": arm.asap,
             "optimizer": {"name": "adamw", "lr": point["lr"]},
             "sampler": {"batch_size": batch, "m": m},
             "data": {"augment": "affine"},
             "protocol": {"selection": "best"},
-            "train": {"max_steps": steps, "eval_every": budget.eval_every, "checkpoint_every": budget.eval_every,
-                      "progress": False, "num_threads": budget.threads, "patience": None, "time_budget": None,
+            "train": {"max_steps": plan["steps"], "eval_every": plan["eval_every"], "checkpoint_every": checkpoint_every,
+                      "progress": False, "num_threads": budget.threads, "patience": plan["patience"], "time_budget": None,
                       "mixed_precision": "none", "device": budget.device},
             "eval": {"save_embeddings": True},
         },
@@ -159,55 +266,49 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
     val_curve = _val_curve(logs)
     projections = [r for r in logs if r.get("kind") == "projection"]
     emb = torch.from_numpy(np.load(run_dir / TEST_EMBEDDINGS_FILE)["embeddings"])
-    selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step), default=float("nan"))
-    record = {
-        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "budget_steps": steps,
-        "best_step": result.best_step, "start": start, "val_curve": val_curve, "selected_val_map_at_r": selected_val,
-        "learned": bool(selected_val > start["val"]["map_at_r"]),
-        "test": _test_scores(emb, splits, seed),
+    selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
+                       default=start["val"]["map_at_r"])
+    test = _test_scores(emb, splits, seed)
+    return {
+        "steps": result.steps, "best_step": result.best_step, "start": start, "val_curve": val_curve,
+        "selected_val_map_at_r": selected_val, "test": test,
+        # tuning runs validate on the tuning pool: their selected validation MAP@R is the tuning score
+        "tuning_score": selected_val,
         "projections": [{"projection": p["projection"], "step": p["step"], "complete": p["complete"],
                          "best_map_at_r": p["best_map_at_r"]} for p in projections],
-        "wall_seconds": round(time.perf_counter() - t0, 2),
         "test_classes": splits.test_classes,
     }
-    return _save_record(record, record_path, echo)
 
 
-def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: Path, record_path: Path,
-               echo: Callable[[str], None]) -> dict:
-    """A photo arm's run (:mod:`dmlkit.claims.photos`) and its record; learning = a significant gain over step 0."""
+def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: Path, run_dir: Path,
+               purpose: str) -> dict:
+    """A photo arm's run (:mod:`dmlkit.claims.photos`) and the pieces of its record."""
     from dmlkit.claims.photos import train_photo_run
 
-    run_dir = record_path.with_suffix("")
-    echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed} {point_tag(point)}")
-    t0 = time.perf_counter()
-    done = train_photo_run(arm.setting, copy.deepcopy(arm.loss), point, seed, run_dir, data_root, out,
-                           budget.photo_steps, budget.photo_eval_every, budget.threads, budget.device,
-                           budget.photo_cap)
+    done = train_photo_run(arm, point, seed, run_dir, data_root, out, budget, tuning=purpose == "tune")
     result = done["result"]
     val_curve = _val_curve(_log_records(run_dir))
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
                        default=done["start"]["val"]["map_at_r"])
-    record = {
-        "arm": arm.name, "seed": seed, "point": point, "steps": result.steps, "budget_steps": budget.photo_steps,
-        "best_step": result.best_step, "start": done["start"], "val_curve": val_curve, "selected_val_map_at_r": selected_val,
-        "learned": bool(result.best_step > 0 and selected_val > done["start"]["val"]["map_at_r"]),
-        "test": done["test"], "projections": [], "wall_seconds": round(time.perf_counter() - t0, 2),
-        "test_classes": done["test_classes"],
+    score_key = "fine_map_at_r" if "fine_map_at_r" in done["test"] else "map_at_r"
+    return {
+        "steps": result.steps, "best_step": result.best_step, "start": done["start"], "val_curve": val_curve,
+        "selected_val_map_at_r": selected_val, "test": done["test"], "projections": [],
+        # tuning runs test on the tuning pool (their validation classes come from their training classes)
+        "tuning_score": done["test"][score_key], "test_classes": done["test_classes"],
     }
-    return _save_record(record, record_path, echo)
 
 
 def _train_job(job: tuple) -> dict:
-    """``train_run`` of one ``(arm name, seed, point, budget, out, data_root, subset)`` job (a worker process's entry)."""
-    name, seed, point, budget, out, data_root, subset = job
-    return train_run(ARMS[name], seed, point, budget, out, data_root, subset, print)
+    """``train_run`` of one ``(arm name, seed, point, budget, out, data_root, subset, purpose)`` job (a worker's entry)."""
+    name, seed, point, budget, out, data_root, subset, purpose = job
+    return train_run(ARMS[name], seed, point, budget, out, data_root, subset, print, purpose)
 
 
 def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> list[dict]:
     """Train ``jobs`` in order, or on ``workers`` processes (each with ``budget.threads`` torch threads)."""
     if workers <= 1 or len(jobs) <= 1:
-        return [train_run(ARMS[j[0]], *j[1:], echo) for j in jobs]
+        return [train_run(ARMS[j[0]], *j[1:7], echo, j[7]) for j in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -216,31 +317,114 @@ def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> 
         return list(pool.map(_train_job, jobs))
 
 
-def choose_point(records: list[dict], out: Path) -> dict:
-    """The grid point whose run has the best selected validation MAP@R (written to ``runs/<arm>/tuning.json``)."""
-    best = max(records, key=lambda r: r["selected_val_map_at_r"])
-    atomic_write_json(out / "runs" / best["arm"] / "tuning.json",
-                 {"seed": best["seed"], "chosen": best["point"],
-                  "grid": [{"point": r["point"], "selected_val_map_at_r": r["selected_val_map_at_r"]} for r in records]})
-    return best["point"]
+def _next_value(values: list, chosen: float, limits: tuple[float, float]) -> float | None:
+    """The value beyond ``chosen`` at an edge of ``values`` (the grid's own ratio), or None inside the limits' reach."""
+    ordered = sorted(set(values))
+    if len(ordered) < 2 or ordered[0] < chosen < ordered[-1]:
+        return None
+    ratio = ordered[1] / ordered[0] if chosen == ordered[0] else ordered[-1] / ordered[-2]
+    new = chosen / ratio if chosen == ordered[0] else chosen * ratio
+    new = int(round(new)) if all(isinstance(v, int) for v in ordered) else float(f"{new:.6g}")
+    return new if limits[0] <= new <= limits[1] and new not in ordered else None
+
+
+def _edge_notes(arm: Arm, axes: dict[str, list], chosen: dict, extensions: int, budget: Budget) -> dict[str, str]:
+    """Why a chosen value still sits at its grid's edge (``{axis: reason}``; interior values are not listed)."""
+    notes = {}
+    for axis, values in axes.items():
+        ordered = sorted(set(values))
+        if ordered[0] < chosen[axis] < ordered[-1]:
+            continue
+        if len(ordered) == 1:
+            notes[axis] = "one value (--quick)"
+        elif not budget.extend:
+            notes[axis] = "grid edge, not extended"
+        elif extensions >= MAX_EXTENSIONS:
+            notes[axis] = f"grid edge after {MAX_EXTENSIONS} extensions"
+        else:
+            low, high = LR_LIMITS if axis == "lr" else arm.limits.get(axis, (1e-6, 1e6))
+            notes[axis] = f"hard limit [{low:g}, {high:g}]"
+    return notes
+
+
+def tune_arms(arm_names: list[str], budget: Budget, out: Path, data_root: str, *,
+              learning_rates: tuple[float, ...] = LEARNING_RATES, narrow: bool = False, subset: int | None = None,
+              workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, dict]:
+    """Train every arm's grid on the tuning split, extending edges, and choose its point; ``{arm: tuning}``.
+
+    A tuning is ``{"chosen", "grid": [{"point", "score", "selected_step", "steps", "start_val"}], "edges"}``, also
+    written to ``OUT/runs/<arm>/tuning.json``. Arms ``tuned_with`` another take that arm's point.
+    """
+    tuned = [n for n in arm_names if not ARMS[n].tuned_with]
+    axes = {n: grid_axes(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
+    points = {n: grid_points(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
+    records: dict[str, list[dict]] = {n: [] for n in tuned}
+    extensions = {n: 0 for n in tuned}
+    pending = {n: list(points[n]) for n in tuned}
+    while any(pending.values()):
+        jobs = [(n, 0, p, budget, out, data_root, subset, "tune") for n in tuned for p in pending[n]]
+        for job, record in zip(jobs, _train_all(jobs, workers, echo)):
+            records[job[0]].append(record)
+        pending = {n: [] for n in tuned}
+        for n in tuned:
+            if not budget.extend or extensions[n] >= MAX_EXTENSIONS:
+                continue
+            best = max(records[n], key=lambda r: r["tuning_score"])["point"]
+            for axis, values in axes[n].items():
+                limits = LR_LIMITS if axis == "lr" else ARMS[n].limits.get(axis, (1e-6, 1e6))
+                new = _next_value(values, best[axis], limits)
+                if new is not None and extensions[n] < MAX_EXTENSIONS:
+                    values.append(new)
+                    pending[n].append({**best, axis: new})
+                    extensions[n] += 1
+    tunings = {}
+    for n in tuned:
+        best = max(records[n], key=lambda r: r["tuning_score"])
+        tunings[n] = {
+            "chosen": best["point"], "extensions": extensions[n],
+            "edges": _edge_notes(ARMS[n], axes[n], best["point"], extensions[n], budget),
+            "grid": [{"point": r["point"], "score": r["tuning_score"], "selected_step": r["best_step"],
+                      "steps": r["steps"], "start_val": r["start"]["val"]["map_at_r"]} for r in records[n]],
+        }
+        atomic_write_json(out / "runs" / n / "tuning.json", tunings[n])
+    for n in arm_names:
+        if ARMS[n].tuned_with:
+            tunings[n] = {**tunings[ARMS[n].tuned_with], "tuned_with": ARMS[n].tuned_with}
+    return tunings
 
 
 def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, data_root: str, *,
              learning_rates: tuple[float, ...] = LEARNING_RATES, narrow: bool = False, subset: int | None = None,
-             workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, list[dict]]:
-    """Tune every arm on ``seeds[0]``, then train the other seeds; the records of the chosen point, by arm.
+             curve_arms: tuple[str, ...] = (), workers: int = 1,
+             echo: Callable[[str], None] = print) -> tuple[dict[str, list[dict]], dict[str, dict], dict[str, dict]]:
+    """Tune every arm, then train every seed at the chosen point; ``curve_arms`` also train their early curves.
 
-    An arm ``tuned_with`` another trains at that arm's chosen point. ``workers > 1`` trains that many runs at once
-    (results do not depend on it: each run is seeded by its own arguments)."""
-    tuned = [n for n in arm_names if not ARMS[n].tuned_with]
-    grids = {n: grid_points(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
-    jobs = [(n, seeds[0], p, budget, out, data_root, subset) for n in tuned for p in grids[n]]
-    done = iter(_train_all(jobs, workers, echo))
-    chosen = {n: choose_point([next(done) for _ in grids[n]], out) for n in tuned}
-    chosen.update({n: chosen[ARMS[n].tuned_with] for n in arm_names if ARMS[n].tuned_with})
+    Returns ``(records, curves, tunings)``: result records by arm; curve records by ``"own"`` / ``"common"``
+    then arm; the tunings (:func:`tune_arms`). Results do not depend on ``workers``: each run is seeded by its
+    own arguments.
+    """
+    tunings = tune_arms(arm_names, budget, out, data_root, learning_rates=learning_rates, narrow=narrow,
+                        subset=subset, workers=workers, echo=echo)
+    chosen = {n: tunings[n]["chosen"] for n in arm_names}
     # seed-major: every arm has seed s before any has seed s + 1
-    jobs = [(n, seed, chosen[n], budget, out, data_root, subset) for seed in seeds for n in arm_names]
+    jobs = [(n, seed, chosen[n], budget, out, data_root, subset, "result") for seed in seeds for n in arm_names]
+    for rate in ("own", "common"):
+        for seed in seeds:
+            for n in curve_arms:
+                point = chosen[n] if rate == "own" else {**chosen[n], "lr": COMMON_LEARNING_RATE}
+                jobs.append((n, seed, point, budget, out, data_root, subset, "curve"))
     records: dict[str, list[dict]] = {name: [] for name in arm_names}
-    for job, record in zip(jobs, _train_all(jobs, workers, echo)):
-        records[job[0]].append(record)
-    return records
+    curves: dict[str, dict[str, list[dict]]] = {"own": {n: [] for n in curve_arms}, "common": {n: [] for n in curve_arms}}
+    n_results = len(seeds) * len(arm_names)
+    for i, (job, record) in enumerate(zip(jobs, _train_all(jobs, workers, echo))):
+        if i < n_results:
+            records[job[0]].append(record)
+        else:
+            rate = "own" if i - n_results < len(seeds) * len(curve_arms) else "common"
+            curves[rate][job[0]].append(record)
+    return records, curves, tunings
+
+
+def budget_dict(budget: Budget) -> dict:
+    """The budget as JSON (``claims.json``'s meta)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(budget).items()}

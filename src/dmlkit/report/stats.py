@@ -130,6 +130,117 @@ def equivalence_verdict(p_adjusted: float, margin: float, alpha: float = ALPHA, 
     return f"equivalent {within}" if p_adjusted < alpha else f"equivalence {within} not shown"
 
 
+def format_p(p: float | None) -> str:
+    """A p-value as tables print it: three decimals, ``<0.001`` below that (never ``0.000``), ``–`` when missing."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def paired_t_power(diff: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` when the true mean difference is ``diff``.
+
+    ``T = mean / (sd / sqrt(n))`` follows a noncentral t with ``n - 1`` degrees of freedom and
+    noncentrality ``diff * sqrt(n) / sd``; power is ``P(|T| > t_{1 - alpha/2, n-1})``.
+    """
+    if n < 2 or not sd > 0:
+        raise InvalidParameterError(f"Power needs n >= 2 seeds and a spread sd > 0; got n={n}, sd={sd}.")
+    df = n - 1
+    crit = float(_scipy_stats.t.ppf(1 - alpha / 2, df))
+    nc = diff * math.sqrt(n) / sd
+    return float(_scipy_stats.nct.sf(crit, df, nc) + _scipy_stats.nct.cdf(-crit, df, nc))
+
+
+def minimal_detectable_difference(sd: float, n: int, power: float = 0.8, alpha: float = ALPHA) -> float:
+    """The smallest true mean difference the two-sided paired t-test detects with ``power`` (exact noncentral t).
+
+    ``sd`` is the standard deviation of the per-seed differences (the observed spread); ``nan`` when it is 0
+    or ``n < 2`` (no spread to size a test by).
+    """
+    if n < 2 or not sd > 0 or not math.isfinite(sd):
+        return float("nan")
+    from scipy.optimize import brentq
+
+    high = sd
+    while paired_t_power(high, sd, n, alpha) < power and high < 1e6 * sd:
+        high *= 2
+    try:
+        return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd))
+    except ValueError:  # the noncentral t is not finite that far out (n = 2: df = 1): no size to give
+        return float("nan")
+
+
+@dataclass(frozen=True)
+class SignedRankTest:
+    """Wilcoxon's signed-rank test of paired differences (zeros dropped, ties at their average rank), exact p."""
+
+    n: int
+    n_nonzero: int
+    statistic: float
+    p: float
+
+
+def signed_rank_test(differences: Sequence[float]) -> SignedRankTest:
+    """Two-sided exact Wilcoxon signed-rank test of ``differences`` (``+inf`` / ``-inf`` allowed: the largest ranks).
+
+    Zero differences are dropped (Wilcoxon's convention); ``|d|`` is ranked with ties at their average rank;
+    the statistic is the sum of the positive differences' ranks and ``p`` counts, over all ``2^n`` sign
+    assignments, those at least as far from the mean ``n(n+1)/4`` (exact also with ties).
+    """
+    d = [float(v) for v in differences if float(v) != 0.0]
+    n = len(d)
+    if any(math.isnan(v) for v in d):
+        raise InvalidParameterError(f"A signed-rank test needs numbers; got {list(differences)}.")
+    if n == 0:
+        return SignedRankTest(len(differences), 0, 0.0, 1.0)
+    if n > 20:
+        raise InvalidParameterError(f"The exact signed-rank test enumerates 2^n sign assignments; n = {n} > 20.")
+    ranks = _scipy_stats.rankdata([abs(v) for v in d])  # inf ranks last; equal infinities tie
+    statistic = float(sum(r for r, v in zip(ranks, d) if v > 0))
+    centre = float(sum(ranks)) / 2
+    import itertools
+
+    distance = abs(statistic - centre) - 1e-9
+    extreme = sum(1 for signs in itertools.product((0, 1), repeat=n)
+                  if abs(sum(r for r, s in zip(ranks, signs) if s) - centre) >= distance)
+    return SignedRankTest(len(differences), n, statistic, min(1.0, extreme / 2 ** n))
+
+
+def censored_differences(a: Sequence[float], a_observed: Sequence[bool], b: Sequence[float],
+                         b_observed: Sequence[bool]) -> list[float]:
+    """Per-seed ``b - a`` of times (lower is better) where a censored time ("never reached") is the worst rank.
+
+    A censored time is worse than every observed one: one censored arm gives ``+inf`` (``b`` censored: ``a``
+    wins) or ``-inf``; both censored give 0 (a tie, dropped by the signed-rank test).
+    """
+    out = []
+    for x, xo, y, yo in zip(a, a_observed, b, b_observed):
+        if xo and yo:
+            out.append(float(y) - float(x))
+        elif xo or yo:
+            out.append(math.inf if xo else -math.inf)
+        else:
+            out.append(0.0)
+    return out
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Geometric-mean ratio ``b / a`` over seeds with its t confidence interval (paired log ratios).
+
+    Times are floored at 1 (a step) so that a threshold reached at the start does not divide by 0.
+    """
+    logs = [math.log(max(float(y), 1.0) / max(float(x), 1.0)) for x, y in zip(a, b)]
+    n = len(logs)
+    mean = sum(logs) / n
+    if n < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
+    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 __all__ = [
-    "ALPHA", "PairedTest", "equivalence_p", "equivalence_verdict", "holm", "paired_t_test", "superiority_verdict",
+    "ALPHA", "PairedTest", "SignedRankTest", "censored_differences", "equivalence_p", "equivalence_verdict", "format_p",
+    "holm", "minimal_detectable_difference", "paired_t_power", "paired_t_test", "ratio_interval", "signed_rank_test",
+    "superiority_verdict",
 ]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from scipy import stats
 
 from dmlkit.claims import ARMS, CLAIMS, Claim, Comparison
 from dmlkit.claims.analysis import claim_markdown, compare, run_value, summarise_claim, time_to_threshold
@@ -19,6 +20,33 @@ def _pool(alphabets=3, chars_per_alphabet=10, drawings=4) -> GlyphPool:
     return GlyphPool(images, tuple(chars), tuple(alphas))
 
 
+def test_tuning_pool_is_never_a_seed_class_and_tuning_validates_on_it():
+    from dmlkit.claims.glyphs import tuning_pool
+
+    pool = _pool(alphabets=5, chars_per_alphabet=10)
+    reserved = tuning_pool(pool)
+    assert len(reserved) == 10 and {c.split("/")[0] for c in reserved} == {f"A{a}" for a in range(5)}
+    for setting in ("characters", "alphabets", "alphabets-disjoint"):
+        for seed in range(6):
+            splits = build_splits(pool, setting, seed)
+            assert not reserved & set(splits.test_classes)
+            if setting == "characters":  # the alphabet settings label train and validation rows by alphabet
+                assert not reserved & set(splits.train.class_names) and not reserved & set(splits.val.class_names)
+            else:
+                assert len(splits.train) + len(splits.val) + len(splits.test) == 4 * (50 - len(reserved))
+        tune = build_splits(pool, setting, 0, tuning=True)
+        assert set(tune.test_classes) == reserved
+        assert build_splits(pool, setting, 5, tuning=True).test_classes == tune.test_classes  # one tuning for all seeds
+
+
+def test_disjoint_alphabets_test_on_alphabets_never_trained():
+    pool = _pool(alphabets=5, chars_per_alphabet=10)
+    splits = build_splits(pool, "alphabets-disjoint", seed=2)
+    test_alphabets = {c.split("/")[0] for c in splits.test_classes}
+    assert len(test_alphabets) == 2 and not test_alphabets & set(splits.train.class_names)
+    assert len(splits.train.class_names) == 3 and splits.val.class_names == splits.train.class_names
+
+
 def test_character_split_is_disjoint_seeded_and_redrawn_per_seed():
     chars = [f"c{i}" for i in range(136)]
     train, val, test = split_characters(chars, seed=0)
@@ -32,14 +60,14 @@ def test_characters_setting_labels_characters_in_disjoint_splits():
     splits = build_splits(_pool(), "characters", seed=3)
     names = [set(s.class_names) for s in (splits.train, splits.val, splits.test)]
     assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
-    assert len(names[2]) == 15 and splits.test.labels.max() == 14
+    assert len(names[2]) == 12 and splits.test.labels.max() == 11  # half of the 24 outside the tuning pool
 
 
 def test_alphabets_setting_trains_on_alphabets_and_holds_out_characters_of_every_alphabet():
     pool = _pool()
     splits = build_splits(pool, "alphabets", seed=0)
     assert splits.train.class_names == ["A0", "A1", "A2"] and splits.val.class_names == ["A0", "A1", "A2"]
-    assert len(splits.test.class_names) == 15  # half of each alphabet's 10 characters
+    assert len(splits.test.class_names) == 12  # half of each alphabet's 8 characters outside the tuning pool
     assert {c.split("/")[0] for c in splits.test.class_names} == {"A0", "A1", "A2"}
     train_rows = {i for i, c in enumerate(pool.characters) if c in set(splits.test_classes)}
     assert len(train_rows) == len(splits.test)
@@ -57,17 +85,48 @@ def test_catalogue_is_consistent():
             assert ARMS[comp.a].setting == ARMS[comp.b].setting, comp
             assert comp.kind in ("superior", "equivalent") and (comp.kind == "superior") == (comp.margin is None)
         if claim.metric.endswith("_to_threshold"):
-            assert claim.threshold is not None
+            assert (claim.threshold is None) != (claim.threshold_fraction is None)
     assert set(papers) == {"Proxy-Anchor", "Proxy-NCA", "DRO", "EPS", "ASAP"} and min(papers.values()) >= 2
+    photo_papers = {c.paper for c in CLAIMS.values() if ARMS[c.comparisons[0].a].setting.startswith("grocery")}
+    assert photo_papers == set(papers)  # at least one photo claim of each paper
     for arm in ARMS.values():
         assert arm.tuned_with is None or ARMS[arm.tuned_with].setting == arm.setting
 
 
-def test_grid_points_cross_the_learning_rates_with_tuned_arguments():
+def test_every_arm_tunes_the_learning_rate_and_one_parameter_on_grids_of_equal_size():
+    for arm in ARMS.values():
+        if arm.tuned_with or arm.name.endswith("@paper"):
+            assert not arm.tuned, arm.name
+            continue
+        assert len(arm.tuned) == 1 and all(len(v) == 3 for v in arm.tuned.values()), arm.name
+        assert len(grid_points(arm, (3e-4, 1e-3, 3e-3))) == 9
     points = grid_points(ARMS["proxy-nca"], (1e-3, 3e-3))
     assert len(points) == 6 and {"lr": 1e-3, "softmax_scale": 8.0} in points
     assert grid_points(ARMS["proxy-nca"], (1e-3,), narrow=True) == [{"lr": 1e-3, "softmax_scale": 8.0}]
     assert point_tag({"lr": 0.001, "softmax_scale": 8.0}) == "lr0.001-softmax_scale8"
+    assert ARMS["proxy-nca@paper"].loss["args"]["softmax_scale"] == 1.0  # the paper's unscaled Proxy-NCA
+
+
+def test_a_point_sets_its_parameter_in_the_loss_the_miner_and_nested_losses():
+    from dmlkit.claims.runner import apply_point
+
+    loss = apply_point(ARMS["triplet-semihard"].loss, {"lr": 1e-3, "margin": 0.4})
+    assert loss["args"]["margin"] == 0.4 and loss["miner"]["args"]["margin"] == 0.4
+    assert ARMS["triplet-semihard"].loss["args"]["margin"] == 0.2  # the catalogue is untouched
+    loss = apply_point(ARMS["dro-topk-pn"].loss, {"lr": 1e-3, "k_pos+k_neg": 32})
+    assert loss["args"]["k_pos"] == loss["args"]["k_neg"] == 32
+    loss = apply_point(ARMS["c2-asap"].loss, {"lr": 1e-3, "pair_loss.neg_margin": 0.6})
+    assert loss["args"]["pair_loss"]["args"]["neg_margin"] == 0.6
+
+
+def test_a_grid_edge_extends_the_grid_until_interior_or_a_hard_limit():
+    from dmlkit.claims.runner import _next_value
+
+    assert _next_value([3e-4, 1e-3, 3e-3], 3e-3, (1e-5, 3e-2)) == pytest.approx(9e-3)
+    assert _next_value([3e-4, 1e-3, 3e-3], 3e-4, (1e-5, 3e-2)) == pytest.approx(9e-5, rel=1e-5)
+    assert _next_value([3e-4, 1e-3, 3e-3], 1e-3, (1e-5, 3e-2)) is None  # interior
+    assert _next_value([0.1, 0.2, 0.4], 0.4, (0.0125, 0.5)) is None  # 0.8 is past the hard limit
+    assert _next_value([32, 64, 128], 32, (4, 4096)) == 16 and isinstance(_next_value([32, 64, 128], 32, (4, 4096)), int)
 
 
 def test_time_to_threshold_interpolates_from_step_zero_and_censors():
@@ -79,7 +138,7 @@ def test_time_to_threshold_interpolates_from_step_zero_and_censors():
 
 
 def _record(arm, seed, test_map, learned=True, curve=None):
-    return {"arm": arm, "seed": seed, "point": {"lr": 1e-3}, "steps": 50, "best_step": 50,
+    return {"arm": arm, "seed": seed, "point": {"lr": 1e-3}, "steps": 50, "best_step": 50, "budget_steps": 75,
             "start": {"val": {"map_at_r": 0.2}, "test": {"map_at_r": 0.1}},
             "val_curve": curve or [{"step": 25, "time": 1.0, "map_at_r": 0.5}, {"step": 50, "time": 2.0, "map_at_r": 0.7}],
             "selected_val_map_at_r": 0.7 if learned else 0.1, "learned": learned, "test": {"map_at_r": test_map},
@@ -102,7 +161,72 @@ def test_verdicts_from_seed_paired_records():
     records["ms"][2] = _record("ms", 2, 0.5, learned=False)
     rows = compare(_claim(), records)
     assert rows[0]["verdict"] == "no verdict: ms did not learn (seeds [2])"
-    assert rows[1]["p_holm"] == pytest.approx(rows[1]["p"])  # one comparison left in the family
+    # the comparison without a verdict stays in the family with p = 1: Holm still multiplies by 2
+    assert rows[0]["p_family"] == 1.0 and rows[1]["p_holm"] == pytest.approx(min(1.0, 2 * rows[1]["p"]))
+
+
+def test_learned_means_a_validation_gain_of_the_stated_margin_after_step_zero():
+    from dmlkit.claims.analysis import LEARN_MARGIN, learned
+
+    base = _record("ms", 0, 0.5)
+    assert learned({**base, "selected_val_map_at_r": 0.2 + LEARN_MARGIN})
+    assert not learned({**base, "selected_val_map_at_r": 0.2 + LEARN_MARGIN / 2})  # beats step 0, but not by the margin
+    assert not learned({**base, "best_step": 0})
+
+
+def test_equivalence_rows_give_tost_with_its_90_percent_interval_and_rows_give_the_mdd():
+    from dmlkit.report.stats import minimal_detectable_difference
+
+    equal = {k: [_record(k, s, 0.5 + 0.004 * (s % 3)) for s in range(6)] for k in ("proxy-anchor", "ms", "triplet-semihard")}
+    equal["ms"] = [_record("ms", s, 0.5 + 0.003 * (s % 2)) for s in range(6)]
+    row = compare(_claim(kind="equivalent", margin=0.02), equal)[0]
+    d = [a - b for a, b in zip(row["values_a"], row["values_b"])]
+    half = stats.t.ppf(0.95, 5) * stats.tstd(d) / 6 ** 0.5
+    assert row["test"] == "TOST" and row["confidence"] == 0.90
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((sum(d) / 6 - half, sum(d) / 6 + half))
+    assert row["mdd"] == pytest.approx(minimal_detectable_difference(stats.tstd(d), 6))
+    table = claim_markdown(summarise_claim(_claim(kind="equivalent", margin=0.02), equal))
+    assert "| TOST | " in table and "[90%: " in table
+
+
+def test_holm_p_is_printed_below_0001_never_as_zero_and_nmi_is_reported():
+    gains = [0.10, 0.11, 0.12, 0.105, 0.115, 0.108]
+    records = {"proxy-anchor": [_record("proxy-anchor", s, 0.5 + g) for s, g in enumerate(gains)],
+               "ms": [_record("ms", s, 0.5) for s in range(6)],
+               "triplet-semihard": [_record("triplet-semihard", s, 0.5) for s in range(6)]}
+    for runs in records.values():
+        for r in runs:
+            r["test"]["nmi"] = 0.8
+    summary = summarise_claim(_claim(), records)
+    table = claim_markdown(summary)
+    assert "<0.001" in table and "0.000 " not in table
+    assert " nmi (%) |" in table and "| 80.0 |" in table
+    assert "not converged, raise the cap" not in table  # best step 50 of a 75-step cap
+    for r in records["ms"][:2]:
+        r["best_step"] = r["budget_steps"]
+    assert "selected at the cap in 2 seeds: not converged, raise the cap" in claim_markdown(summarise_claim(_claim(), records))
+
+
+def test_global_holm_runs_over_every_claim_with_untestable_rows_at_one():
+    from dmlkit.claims.analysis import add_global_holm
+
+    gains = [0.03, 0.05, 0.04, 0.06, 0.05]
+    records = {"proxy-anchor": [_record("proxy-anchor", s, 0.5 + g) for s, g in enumerate(gains)],
+               "ms": [_record("ms", s, 0.5) for s in range(5)],
+               "triplet-semihard": [_record("triplet-semihard", s, 0.5, learned=s != 1) for s in range(5)]}
+    summaries = {"one": summarise_claim(_claim(), records), "two": summarise_claim(_claim(), records)}
+    add_global_holm(summaries)
+    rows = [r for s in summaries.values() for r in s["comparisons"]]
+    ps = [r["p_family"] for r in rows]
+    assert ps[1] == ps[3] == 1.0
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    running, expected = 0.0, [0.0] * m
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        expected[i] = running
+    assert [r["p_holm_global"] for r in rows] == pytest.approx(expected)
+    assert rows[0]["p_holm_global"] >= rows[0]["p_holm"]
 
 
 def test_convergence_claims_count_fewer_steps_as_better_and_equivalence_uses_the_margin():
@@ -114,7 +238,14 @@ def test_convergence_claims_count_fewer_steps_as_better_and_equivalence_uses_the
     claim = _claim("steps_to_threshold", threshold=0.6)
     assert run_value(records["proxy-anchor"][0], claim) == (pytest.approx(20.0), True)
     rows = compare(claim, records)
-    assert rows[0]["verdict"] == "holds" and rows[0]["ratio"] > 1
+    assert rows[0]["test"] == "signed-rank" and rows[0]["ratio"] > 1 and rows[0]["ratio_low"] <= rows[0]["ratio"]
+    # every difference has one sign but all are equal: the exact two-sided signed-rank p of 5 seeds is 2/32
+    assert rows[0]["p"] == pytest.approx(2 / 32) and rows[0]["verdict"] == "not separable"
+    # a seed that never reaches the threshold is the worst rank, and its time enters the ratio as the cap
+    never = [{"step": 25, "time": 1.0, "map_at_r": 0.3}, {"step": 50, "time": 2.0, "map_at_r": 0.4}]
+    records["ms"][0] = _record("ms", 0, 0.5, curve=never)
+    row = compare(claim, records)[0]
+    assert row["observed_b"][0] is False and row["values_b"][0] == 75 and row["censored"]
     equal = {k: [_record(k, s, 0.5 + 0.001 * (s % 2)) for s in range(5)] for k in records}
     rows = compare(_claim(kind="equivalent", margin=0.02), equal)
     assert rows[0]["verdict"] == "equivalent within ±2 points"
@@ -142,8 +273,79 @@ def test_a_recorded_run_of_another_budget_is_refused(tmp_path):
 
     path = tmp_path / "runs" / "proxy-anchor" / "seed0" / "lr0.001.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"budget_steps": 300}))
-    with pytest.raises(ConfigError, match="trained for 300 steps, this call plans 40"):
+    budget = Budget(steps=300)
+    record = {**_record("proxy-anchor", 0, 0.5), "budget": budget.plan(ARMS["proxy-anchor"], "result"),
+              "wall_seconds": 1.0}
+    path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="'steps': 300.*this call plans .*'steps': 40"):
         train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, Budget(steps=40), tmp_path, "unused", None, print)
-    assert train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, Budget(steps=300), tmp_path, "unused", None, print) == {
-        "budget_steps": 300}
+    assert train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, budget, tmp_path, "unused", None, print) == record
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list; expected a JSON object"),
+    ("steps", "is not valid JSON"),
+    ("STEPS_STRING", "'steps' must be an integer; got str"),
+    ("FOLDER", "is a folder; expected a JSON file"),
+    ("[" * 100_000, "nested too deeply"),
+])
+def test_a_broken_record_is_refused_naming_the_file_and_what_was_expected(tmp_path, content, expected):
+    import json
+
+    from dmlkit.claims.runner import Budget, train_run
+    from dmlkit.exceptions import DataError
+
+    path = tmp_path / "runs" / "proxy-anchor" / "seed0" / "lr0.001.json"
+    path.parent.mkdir(parents=True)
+    if content == "FOLDER":
+        path.mkdir()
+    elif content == "STEPS_STRING":
+        path.write_text(json.dumps({**_record("proxy-anchor", 0, 0.5), "steps": "40", "wall_seconds": 1.0}))
+    else:
+        path.write_text(content)
+    with pytest.raises(DataError, match=expected) as info:
+        train_run(ARMS["proxy-anchor"], 0, {"lr": 1e-3}, Budget(steps=40), tmp_path, "unused", None, print)
+    assert str(path) in str(info.value)
+
+
+def test_photo_splits_keep_the_tuning_pool_apart_and_link_coarse_labels(tmp_path):
+    from dmlkit.claims.photos import photo_tuning_pool, seed_folder, split_classes
+
+    classes = [f"Kind{i % 4}-p{i}" for i in range(20)]
+    pool = photo_tuning_pool(classes)
+    assert len(pool) == 4 and photo_tuning_pool(list(reversed(classes))) == pool
+    for seed in range(5):
+        train, test = split_classes(classes, seed)
+        assert not set(train) & set(test) and not pool & (set(train) | set(test)) and len(train) + len(test) == 16
+    assert split_classes(classes, 0)[1] != split_classes(classes, 1)[1]
+    tune_train, tune_test = split_classes(classes, 3, tuning=True)
+    assert set(tune_test) == pool and split_classes(classes, 0, tuning=True) == (tune_train, tune_test)
+    images = tmp_path / "grocery" / "images"
+    for c in classes:
+        (images / c).mkdir(parents=True)
+        for j in range(3):
+            (images / c / f"train_{c}_{j}.jpg").write_bytes(b"")
+    (tmp_path / "grocery" / "coarse_classes.csv").write_text(
+        "class,coarse_class\n" + "".join(f"{c},{c.split('-')[0]}\n" for c in classes))
+    root = seed_folder(tmp_path, "grocery-coarse", 2, tmp_path / "out", cap=2)
+    train, test = split_classes(classes, 2)
+    assert {p.name for p in (root / "train").iterdir()} == {c.split("-")[0] for c in train}
+    assert {p.name for p in (root / "test").iterdir()} == set(test)
+    assert sum(1 for _ in (root / "train").rglob("*.jpg")) == 2 * len(train)
+    assert all(p.is_symlink() for p in (root / "test").rglob("*.jpg"))
+
+
+def test_a_mid_curve_threshold_is_each_seeds_step_zero_plus_a_gain_fixed_by_the_tuning_runs():
+    from dmlkit.claims.experiment import convergence_threshold
+
+    claim = CLAIMS["proxy-nca-convergence"]
+    tunings = {a: {"chosen": {"lr": 1e-3}, "grid": [{"point": {"lr": 1e-3}, "score": 0.3 + 0.1 * i, "start_val": 0.1}]}
+               for i, a in enumerate(claim.arms)}
+    gain = convergence_threshold(claim.name, tunings)
+    assert gain == pytest.approx(0.5 * 0.2)  # half the smallest tuning gain (0.3 - 0.1)
+    curve = [{"step": 5, "time": 1.0, "map_at_r": 0.3}, {"step": 10, "time": 2.0, "map_at_r": 0.5}]
+    low, high = _record("proxy-nca", 0, 0.5, curve=curve), _record("proxy-nca", 1, 0.5, curve=curve)
+    high["start"] = {"val": {"map_at_r": 0.35}, "test": {"map_at_r": 0.1}}
+    assert run_value(low, claim, gain) == (pytest.approx(5 * (0.3 - 0.2) / (0.3 - 0.2)), True)  # level 0.3: step 5
+    assert run_value(high, claim, gain) == (pytest.approx(5 + 5 * (0.45 - 0.3) / 0.2), True)  # level 0.45

@@ -33,3 +33,24 @@ def test_reference_set_is_rejected_and_no_pair_gives_zero():
     loss = NPairsLoss()(x, torch.arange(4))
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_scale_multiplies_the_logits_of_the_cross_entropy_and_its_gradient():
+    import torch
+
+    from dmlkit.losses import NPairsLoss
+
+    torch.manual_seed(0)
+    emb = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    loss = NPairsLoss(scale=7.0)(emb, labels)
+    x = torch.nn.functional.normalize(emb, dim=1)
+    logits = 7.0 * x[0::2] @ x[1::2].T  # anchors: each class's first sample; positives: its second
+    reference = torch.nn.functional.cross_entropy(logits, torch.arange(4))
+    assert torch.allclose(loss, reference)
+    (g,) = torch.autograd.grad(loss, emb)
+    (g_ref,) = torch.autograd.grad(reference, emb)
+    assert torch.allclose(g, g_ref)
+    assert torch.allclose(NPairsLoss()(emb, labels), NPairsLoss(scale=1.0)(emb, labels))
+    with pytest.raises(ValueError, match="scale"):
+        NPairsLoss(scale=0.0)

@@ -3,7 +3,9 @@
 PML vs paper: Sohn uses raw inner products plus an L2 penalty on the embeddings; PML's
 default distance is a dot product of L2-normalised embeddings (a cosine) and no penalty.
 dmlkit follows PML (``distance=CosineSimilarity()``); pass ``DotProductSimilarity(normalize_embeddings=False)`` for
-the paper's logits. The pair of a class is its first sample and that sample's first positive
+the paper's logits. ``scale`` (default 1: PML's and the paper's logits) multiplies the similarities
+before the softmax (an inverse temperature: cosine logits span only [-1, 1]).
+The pair of a class is its first sample and that sample's first positive
 (batch order), as in PML, so the values match.
 
 float16 batches: the anchor-positive block is computed in float16 and each class's term rounded to
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from dmlkit._validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
@@ -32,10 +35,12 @@ class NPairsLoss(PairLoss):
     reductions = ("mean", "sum")
     supports_references = False
     requires_labels = True
-    _repr_keys = ("reduction",)
+    _repr_keys = ("reduction", "scale")
+    _parameter_constraints = {"scale": [Interval(float, 0, None, closed="neither")]}
 
     def __init__(
-        self, *, distance: BaseDistance | None = None, miner: object | None = None, reduction: str = "mean",
+        self, *, scale: float = 1.0, distance: BaseDistance | None = None, miner: object | None = None,
+        reduction: str = "mean",
         reducer: object | None = None,
         embedding_regularizer: object | None = None,
         embedding_reg_weight: float = 1.0,
@@ -46,6 +51,7 @@ class NPairsLoss(PairLoss):
             embedding_regularizer=embedding_regularizer,
             embedding_reg_weight=embedding_reg_weight,
         )
+        self.scale = float(scale)
 
     def default_distance(self) -> BaseDistance:
         return CosineSimilarity()
@@ -60,12 +66,13 @@ class NPairsLoss(PairLoss):
         # Cross-entropy of row c over the N positives with target c; d/d(logits) = softmax - I.
         sign = 1.0 if self.distance.is_inverted else -1.0
         mat = in_input_precision(pairs.mat, self.distance, batch, anchors, positives)
-        log_soft = torch.log_softmax(mat if sign > 0 else -mat, 1)
+        logits = mat if sign > 0 else -mat
+        log_soft = torch.log_softmax(logits if self.scale == 1.0 else logits * self.scale, 1)
         scale = 1.0 / max(self.reducer.divisor(anchors.numel(), anchors.numel()), 1)
         value = rounded_to_input(-log_soft.diagonal(), batch).sum() * scale
         soft = log_soft.exp_()
         soft.diagonal().sub_(1.0)
-        return pairs.attach(value, soft.mul_(sign * scale))
+        return pairs.attach(value, soft.mul_(sign * scale * self.scale))
 
     @staticmethod
     def _pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
