@@ -154,6 +154,8 @@ def plan(
     if measurements is None:
         measurements = _measurements_for(request, device, given=(model, loss, miner, data), replan=replan)
     measurements.start()
+    if measurements.progress is None:  # no silent minute: each measurement taken now is said before it runs
+        measurements.progress = echo
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
@@ -171,6 +173,9 @@ def plan(
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
+    shared = measurements.shared()
+    if shared:  # the load the plan saw, in one line: its costs are CPU time, so the plan is an idle machine's
+        echo(shared)
     _say_run(cfg, device, dist, echo)
     return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
