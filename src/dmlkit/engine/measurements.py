@@ -257,14 +257,15 @@ class Measurements:
 
     def measure(self, name: str, measure: Callable[[], T], *, encode: Callable[[T], Any] = lambda v: v,
                 decode: Callable[[Any], T] = lambda v: v, timings: Callable[[T], Sequence[Sequence[float]]] | None
-                = None) -> T:
+                = None, announce: bool = True) -> T:
         """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
-        into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine."""
+        into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine;
+        ``announce``: tell :attr:`progress` before measuring (a reading of the clock is not announced)."""
         replayed, kept = self._next(name)
         if replayed:
             value = decode(kept)
         else:
-            if self.progress is not None:
+            if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
                 self.progress(f"plan: measuring {name} ...")
             cpu, thread_wall = timing.LOAD.snapshot()
             value = measure()
@@ -280,7 +281,7 @@ class Measurements:
 
     def seconds(self, name: str, live: float) -> float:
         """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""
-        return float(self.measure(name, lambda: float(live)))
+        return float(self.measure(name, lambda: float(live), announce=False))
 
     def speeds(self, name: str, live: T, step_seconds: Callable[[T], float], encode: Callable[[T], Any],
                decode: Callable[[Any], T]) -> T:

@@ -1,0 +1,50 @@
+"""Costs are work, not wall time: CPU time per thread on the CPU, so other processes do not change them."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dmlkit.engine import timing
+
+
+class RunningWallClock:
+    """A wall clock that runs ``seconds`` ahead at every reading: other processes hold the cores meanwhile."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds = time.perf_counter(), seconds
+
+    def __call__(self) -> float:
+        self.now += self.seconds
+        return self.now
+
+
+def busy_work() -> None:
+    x = torch.ones(200, 200)
+    for _ in range(20):
+        x = (x @ x).clamp_(max=1.0)
+
+
+def test_work_seconds_are_cpu_time_per_thread_and_the_share_sees_the_lost_wall_time(monkeypatch):
+    monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=RunningWallClock(5.0),
+                                                        process_time=time.process_time))
+    seconds = timing.timings(busy_work, "cpu", repeats=3)
+    assert all(0 < s < 1.0 for s in seconds)  # 5 s of wall time per pass did not count
+    cpu, thread_wall = timing.LOAD.snapshot()
+    assert thread_wall >= 3 * 5.0 * timing.threads_used()
+    assert timing.load_share(cpu, thread_wall) < 0.1  # the process got almost none of its threads' time
+
+
+def test_a_test_clock_times_what_it_says():
+    ticks = iter(range(100))
+    assert timing.timings(lambda: None, "cpu", repeats=2, clock=lambda: float(next(ticks))) == [1.0, 1.0]
+
+
+def test_load_share_needs_something_timed():
+    assert timing.load_share(0.0, 0.0) is None
+    assert timing.load_share(3.0, 2.0) == 1.0  # helper threads beyond torch's: capped
+    assert timing.load_share(1.0, 2.0) == pytest.approx(0.5)
