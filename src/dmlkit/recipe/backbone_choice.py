@@ -81,6 +81,10 @@ MAX_MEASUREMENTS = 3
 #: Timed repeats of each pass within one measurement (the fastest kept).
 TIMED_REPEATS = 3
 
+#: A budget below this many seconds measures each candidate once (no second or third measurement): the probes
+#: stay a small share of a small budget, and CPU-time costs do not grow with the load anyway.
+SMALL_BUDGET = 300.0
+
 #: Validation MAP@R fine-tuning is expected to add to a pretrained EfficientNet-Lite within a CPU budget: on the
 #: 84-px development set Lite0 went from 0.3732 untrained to 0.4078 test MAP@R in 720 s (+0.035); on the Pets
 #: development set no fine-tuning validation beat the untrained embedding (+0). A larger candidate's untrained
@@ -371,7 +375,8 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     else:
         name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
                                     images_to_embed=to_embed, time_budget=float(budget), costs=costs,
-                                    candidates=available, spent=spent, measure_again=costs.measure_again)
+                                    candidates=available, spent=spent,
+                                    measure_again=costs.measure_again if budget >= SMALL_BUDGET else None)
     missing = [f"{candidate} ({here[candidate][1]})" for candidate in CANDIDATES if candidate not in available]
     why += f"; weights: {here[name][1]}"
     if missing:

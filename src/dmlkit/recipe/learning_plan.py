@@ -119,8 +119,8 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
         why = (f"SHORT OF {target} STEPS: no frozen-stage count buys them on this machine (the embeddings alone take "
                f"{embedding:.0f} s); {chosen} frozen buys the most")
     if steps == 0:  # said before the budget is spent: what the budget buys instead, and what would train
-        cost = next(c for c in costs if c.frozen_stages == chosen)
-        needed = (time_budget - left + target * batch * (cost.prefix + cost.step)) / (1.0 - budget.SAFETY_MARGIN)
+        per_step = min(batch * (c.prefix + c.step) for c in costs)  # the cheapest step, without a cache
+        needed = (time_budget - left + target * per_step) / (1.0 - budget.SAFETY_MARGIN)
         too_small = (f"the {time_budget:.0f}-s budget is too small to train here ({spent:.0f} s spent before the plan, "
                      f"{embedding:.0f} s of embeddings): the pretrained backbone alone, evaluated in about "
                      f"{val_images * 2 * embed_seconds + test_images * embed_seconds:.0f} s, is what it buys; "

@@ -177,6 +177,10 @@ def plan(
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
+    budget = cfg.train.time_budget
+    if budget is not None and model is None:  # the budget counts the planning: how much of it went there
+        echo(f"plan: {time.perf_counter() - started:.0f} s of the {budget:.0f}-s budget spent reading the data and "
+             "planning")
     shared = measurements.shared()
     if shared:  # the load the plan saw, in one line: its costs are CPU time, so the plan is an idle machine's
         echo(shared)
@@ -213,7 +217,8 @@ def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.d
                                                                       time.perf_counter() - started),
                                    measurements=measurements)
     probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
-    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device))  # photos
+    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
+                                           progress=measurements.progress))
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
                                                spent=time.perf_counter() - started, measurements=measurements,
                                                planned=learning))

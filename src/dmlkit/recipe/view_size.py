@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -121,7 +121,8 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
 
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                      device: torch.device) -> dict[str, tuple[Any, str]]:
+                      device: torch.device, progress: Callable[[str], None] | None = None
+                      ) -> dict[str, tuple[Any, str]]:
     """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
     (small photos), and ``model.pooling`` / ``model.flip_average`` (photos), as
     ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
@@ -129,7 +130,8 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
 
     Runs between building the model and decoding the splits (``survey`` is
     :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reasons
-    hold the measured tables (validation MAP@R, seconds) and the decisions.
+    hold the measured tables (validation MAP@R, seconds) and the decisions. ``progress`` is told before the
+    embedding starts (it takes a while on a CPU).
     """
     sizing = measures_view_size(cfg, survey, model_choices)
     pooling = measures_pooling(cfg, survey, model, model_choices)
@@ -145,6 +147,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     if val is None:
         return {}
     configurations = pooling_choice.candidates(model_choices, model) if pooling else None
+    if progress is not None:
+        progress(f"plan: measuring the view size{' and pooling' if pooling else ''} on the validation classes "
+                 f"({', '.join(map(str, sizes))} px) ...")
     state = rng_state()
     try:
         table = distributed.broadcast_object(
