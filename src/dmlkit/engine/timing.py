@@ -2,11 +2,15 @@
 
 Two kinds of seconds are read here:
 
-* **work** (:func:`timings`, what plans are made from): on the CPU the process's CPU time divided by the
-  threads it computes with (:func:`threads_used`), which is the wall time the same work takes with those
-  threads on idle cores, and which other processes on the machine do not lengthen (they take wall time from
-  this one, not CPU time); on a GPU the device time between two CUDA events around the work. A plan made from
-  work is the plan of an idle machine, whatever else runs.
+* **work** (:func:`timings`, what plans are made from): on the CPU the process's CPU time of the work run on
+  one thread, divided by the threads the run computes with (:func:`threads_used`): the wall time the same work
+  takes with those threads on idle cores (a little less: the plan errs towards more steps, and the trainer's
+  live budget cuts them). Other processes do not lengthen it: they take wall time from this one, not CPU
+  time. One thread, because on several threads a loaded machine inflates CPU time too: a thread that finished
+  its share spins waiting for one that was descheduled (beside 15 other processes on 2 cores, an
+  EfficientNet-Lite0 image cost 35 ms of CPU time on one thread and 160 ms on two). On a GPU: the device
+  time between two CUDA events around the work. A plan made from work is the plan of an idle machine,
+  whatever else runs.
 * **wall** (:func:`device_clock`, what the live time budget follows): CUDA kernels are queued, so a host clock
   read right after a call measures the queueing, not the work; the clock is read after :func:`synchronize`,
   which waits for the device's queued work and does nothing on the CPU.
@@ -82,8 +86,9 @@ def load_share(cpu: float, thread_wall: float) -> float | None:
 
 def timings(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2,
             clock: Callable[[], float] | None = None) -> list[float]:
-    """Seconds of work of each of ``repeats`` calls of ``fn``, sorted: on the CPU the process's CPU time per
-    thread used (:func:`threads_used`), on a GPU the device time between CUDA events (module docstring).
+    """Seconds of work of each of ``repeats`` calls of ``fn``, sorted: on the CPU the process's CPU time of
+    ``fn`` on one thread over the threads the run uses (:func:`threads_used`), on a GPU the device time between
+    CUDA events (module docstring).
 
     ``clock`` (a test's, or ``time.perf_counter`` for wall seconds): each call timed on it instead, from an idle to
     an idle ``device``. On the CPU each pass's CPU and wall seconds go to :data:`LOAD`.
@@ -98,14 +103,18 @@ def timings(fn: Callable[[], Any], device: torch.device | str | None, repeats: i
         return sorted(out)
     if device is not None and torch.device(device).type == "cuda":
         return sorted(_event_seconds(fn, torch.device(device)) for _ in range(repeats))
-    threads = threads_used()
+    threads, own = threads_used(), torch.get_num_threads()  # what the run computes with; the work is timed on one
     out = []
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        fn()
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        LOAD.add(cpu, wall, threads)
-        out.append(cpu / threads)
+    torch.set_num_threads(1)
+    try:
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            LOAD.add(cpu, wall, 1)
+            out.append(cpu / threads)
+    finally:
+        torch.set_num_threads(own)
     return sorted(out)
 
 

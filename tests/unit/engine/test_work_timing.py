@@ -32,11 +32,25 @@ def test_work_seconds_are_cpu_time_per_thread_and_the_share_sees_the_lost_wall_t
     monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=RunningWallClock(5.0),
                                                         process_time=time.process_time))
+    threads = torch.get_num_threads()
     seconds = timing.timings(busy_work, "cpu", repeats=3)
     assert all(0 < s < 1.0 for s in seconds)  # 5 s of wall time per pass did not count
+    assert torch.get_num_threads() == threads  # timed on one thread, the run's threads given back
     cpu, thread_wall = timing.LOAD.snapshot()
-    assert thread_wall >= 3 * 5.0 * timing.threads_used()
+    assert thread_wall >= 3 * 5.0  # each pass on one thread
     assert timing.load_share(cpu, thread_wall) < 0.1  # the process got almost none of its threads' time
+
+
+def test_work_is_one_threads_cpu_time_over_the_runs_threads(monkeypatch):
+    """The run computes with 4 threads: the work of one thread's CPU time is a quarter of it in wall time."""
+    readings = iter([0.0, 2.0])  # 2 s of CPU time between the two readings
+    monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
+    monkeypatch.setattr(timing, "threads_used", lambda: 4)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=time.perf_counter,
+                                                        process_time=lambda: next(readings)))
+    seen = []
+    assert timing.timings(lambda: seen.append(torch.get_num_threads()), "cpu", repeats=1) == [0.5]
+    assert seen == [1]
 
 
 def test_a_test_clock_times_what_it_says():
