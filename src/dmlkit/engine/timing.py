@@ -134,6 +134,13 @@ def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats
     return timings(fn, device, repeats)[0]
 
 
+def work_since(started: float) -> float:
+    """Seconds of the run's own work since ``started`` (a ``time.perf_counter`` reading): the wall time, or the
+    process's CPU time when that is less (other processes held the cores meanwhile). What a plan counts as spent
+    before it, so that its choices are those of an idle machine; the live budget counts the wall clock."""
+    return max(0.0, min(time.perf_counter() - started, time.process_time()))
+
+
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
     """The reading of ``clock`` at which this process started (Linux: ``/proc/self/stat``), so a time budget
     counts the interpreter's start and the imports too; elsewhere, the reading now."""

@@ -38,6 +38,7 @@ from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
@@ -214,13 +215,13 @@ def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.d
         cfg, survey, echo, accelerator=device.type == "cuda")
     backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
                                    spent=lambda: measurements.seconds("seconds spent before the backbone choice",
-                                                                      time.perf_counter() - started),
+                                                                      work_since(started)),
                                    measurements=measurements)
     probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
     model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
                                            progress=measurements.progress))
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
-                                               spent=time.perf_counter() - started, measurements=measurements,
+                                               spent=work_since(started), measurements=measurements,
                                                planned=learning))
     return probe, model_choices
 
@@ -249,7 +250,7 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     member_objective = (None if not own_objective else  # a member's step is timed with it
                         lambda classes: builders.build_member_objective(cfg, classes))
     planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
-                                                 spent=time.perf_counter() - started, objective=member_objective,
+                                                 spent=work_since(started), objective=member_objective,
                                                  augment=augment, measurements=measurements)
     resolved.choices.update(planned)
     if planned:
