@@ -21,6 +21,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setattr(measurements, "load_problem", lambda: None)
     monkeypatch.setattr(measurements, "BUSY_SPREAD", float("inf"))
     monkeypatch.setattr(measurements, "SLOWER", float("inf"))
+    monkeypatch.setattr(measurements, "SHARED_BELOW", 0.0)  # nor its share of the cores
     return tmp_path / "plans"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         defer_dynamo_unless_compiling(cfg)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
-            resolved = prepare_run(cfg, echo=lambda _line: None, replan=args.replan)  # measurements are kept
+            resolved = prepare_run(cfg, echo=_progress_only, replan=args.replan)  # measurements are kept
             print(resolved.format())
             print(resolved.measurements.keep())
             return 0
@@ -136,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
     print(format_metrics_table(result.test_metrics, [k for k in TABLE_KEYS if k in result.test_metrics]))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _progress_only(line: str) -> None:
+    """A dry run's messages while it plans: only what it measures now (stderr), so no minute passes in silence;
+    the plan itself is printed whole at the end."""
+    if line.startswith(("plan: measuring", "plan: machine is shared")):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:

@@ -38,6 +38,10 @@ CALIBRATION_STEPS = 3
 #: Share of the budget kept back for what the speeds do not foresee (the process start, writing results).
 SAFETY_MARGIN = 0.03
 
+#: At most this share of the budget goes to the plan's own measurements beyond the timings (backbone by budget's
+#: comparison of untrained candidates on the validation classes): a comparison that would cost more is not made.
+MEASUREMENT_SHARE = 0.10
+
 #: At most this share of the budget goes to validation evaluations when the budget binds; their number
 #: stays within EVALUATIONS (enough to see whether validation still rises, few enough to train).
 EVALUATION_SHARE = 0.15

@@ -8,11 +8,15 @@ object, in the order the run reads them (a tape):
 
 * the first run of a request (its config as asked, before the recipe) on a machine measures, and keeps
   what it measured in ``<cache>/plans/<machine>/<request>.json`` (:class:`PlanStore`) unless the machine
-  looked busy while it measured (repeated timings that disagree, or a load average above its cores);
+  looked shared while it measured (:data:`SHARED_BELOW`: the process got less than that share of its threads'
+  time; repeated timings that disagree; or a load average above its cores). The costs are work, not wall time
+  (:func:`dmlkit.engine.timing.timings`: CPU time per thread, or CUDA event time), so a shared machine plans as an
+  idle one would; it only keeps no tape;
 * a later run of the same request on the same machine (same CPU or GPU, threads, torch and dmlkit
   versions) replays the kept numbers instead of measuring: the same backbone, steps, members and
-  validations, and no measuring time; if its own training steps run much slower than the kept ones
-  (:data:`SLOWER`, a busy or changed machine), it says so and plans from then on from what it measures;
+  validations, and no measuring time; if its own training steps run much slower or faster than the kept ones
+  (:data:`SLOWER`: a busy or changed machine now, or a tape measured under load), it says so and plans from then on
+  from what it measures;
 * every run records its tape in ``resolved.json``; ``dmlkit train --plan RUN`` replays that tape
   anywhere, without the speed check (the same steps and choices, whatever the budget says).
 
@@ -35,7 +39,8 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 
 from dmlkit._paths import expand_home
-from dmlkit.engine import plan_records
+from dmlkit.engine import plan_records, timing
+from dmlkit.engine.timing import usable_cpus
 
 _log = logging.getLogger(__name__)
 
@@ -48,8 +53,13 @@ TAPE_FORMAT = "dmlkit-measurements-1"
 #: three or fewer) mean other work shared the machine: the measurements are not kept.
 BUSY_SPREAD = 1.5
 
-#: A replayed run whose measured training steps take this many times the kept step time stops replaying.
+#: A replayed run whose measured training steps take this many times the kept step time, or this many times less,
+#: stops replaying.
 SLOWER = 1.3
+
+#: A load share (the measuring passes' CPU time over their wall time x threads) below this means other work took
+#: the cores while this process measured: the machine is shared (said, and nothing kept).
+SHARED_BELOW = 0.8
 
 #: ``train`` settings that change what a run shows, not what it plans: the same request with or without them.
 OUTPUT_ONLY = ("progress", "loggers", "log_every", "checkpoint_every")
@@ -68,14 +78,6 @@ def spread_of(timings: Sequence[float]) -> float:
     if len(times) <= 3:
         return times[1] / times[0]
     return times[(3 * len(times)) // 4] / max(times[len(times) // 4], 1e-12)
-
-
-def usable_cpus() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def load_problem() -> str | None:
@@ -188,6 +190,8 @@ class Measurements:
         self.busy: list[str] = []
         self.notes: list[str] = []
         self._load_checked = False
+        self._load = [0.0, 0.0]  # CPU seconds, wall seconds x threads of the timed passes measured through this tape
+        self.progress: Callable[[str], None] | None = None  # told before each measurement taken live
         self.unkept = "a run given objects" if store is None else ""  # why nothing is kept, when so
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -232,11 +236,20 @@ class Measurements:
 
     def measure(self, name: str, measure: Callable[[], T], *, encode: Callable[[T], Any] = lambda v: v,
                 decode: Callable[[Any], T] = lambda v: v, timings: Callable[[T], Sequence[Sequence[float]]] | None
-                = None) -> T:
+                = None, announce: bool = True) -> T:
         """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
-        into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine."""
+        into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine;
+        ``announce``: tell :attr:`progress` before measuring (a reading of the clock is not announced)."""
         replayed, kept = self._next(name)
-        value = plan_records.decoded(decode, kept, name, self.source) if replayed else measure()
+        if replayed:
+            value = plan_records.decoded(decode, kept, name, self.source)
+        else:
+            if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
+                self.progress(f"plan: measuring {name} ...")
+            cpu, thread_wall = timing.LOAD.snapshot()
+            value = measure()
+            self._load[0] += timing.LOAD.cpu - cpu
+            self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
             for repeated in timings(value):
                 spread = spread_of(repeated)
@@ -247,7 +260,7 @@ class Measurements:
 
     def seconds(self, name: str, live: float) -> float:
         """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""
-        return float(self.measure(name, lambda: float(live)))
+        return float(self.measure(name, lambda: float(live), announce=False))
 
     def speeds(self, name: str, live: T, step_seconds: Callable[[T], float], encode: Callable[[T], Any],
                decode: Callable[[Any], T]) -> T:
@@ -260,6 +273,9 @@ class Measurements:
             if self.check_speed and then > 0 and now > SLOWER * then:
                 self.stop_replaying(f"this run's steps take {now * 1000:.1f} ms, {now / then:.1f}x the kept "
                                     f"{then * 1000:.1f} ms (a busy or changed machine)")
+            elif self.check_speed and now > 0 and then > SLOWER * now:  # the tape was measured under load
+                self.stop_replaying(f"this run's steps take {now * 1000:.1f} ms, {then / now:.1f}x faster than the "
+                                    f"kept {then * 1000:.1f} ms (kept from a loaded machine)", busy=False)
             else:
                 self.tape.append({"name": name, "value": kept})
                 return value
@@ -271,15 +287,33 @@ class Measurements:
         self.tape.append({"name": name, "value": encode(live)})
         return live
 
-    def stop_replaying(self, why: str, *, quietly: bool = False) -> None:
-        """Measure from here on (what was replayed so far stays), and say why (a warning unless ``quietly``)."""
+    def stop_replaying(self, why: str, *, quietly: bool = False, busy: bool | None = None) -> None:
+        """Measure from here on (what was replayed so far stays), and say why (a warning unless ``quietly``).
+        ``busy`` (default: not ``quietly``): what this run measures now is not kept either (a slower machine)."""
         if self.replaying:
             self.replaying = False
             note = f"plan replay ended after {self.replayed} kept number(s): {why}; planning from measurements now"
             self.notes.append(note)
-            if not quietly:  # a replay cut short by a slower machine: what it measures now is not kept either
+            if (not quietly) if busy is None else busy:
                 self.busy.append(why)
             _log.log(logging.INFO if quietly else logging.WARNING, note)
+
+    @property
+    def load_share(self) -> float | None:
+        """The share of its threads' time this process got while it measured (None: nothing timed live)."""
+        return timing.load_share(*self._load)
+
+    def shared(self) -> str | None:
+        """One line when the machine was shared while measuring (:data:`SHARED_BELOW`), else None; the first call
+        marks the measurements busy (not kept)."""
+        share = self.load_share
+        if share is None or share >= SHARED_BELOW:
+            return None
+        why = (f"machine is shared: this process got {share:.0%} of its {timing.threads_used()} thread(s)' time while "
+               f"measuring (CPU share {share:.2f} < {SHARED_BELOW})")
+        if why not in self.busy:
+            self.busy.append(why)
+        return (f"plan: {why}; the plan reads CPU-time costs, as on an idle machine; its measurements are not kept")
 
     def forgo(self, why: str) -> Measurements:
         """Keep nothing of this run (``why`` is said at the end); returns ``self``."""
@@ -298,7 +332,13 @@ class Measurements:
 
     def keep(self) -> str:
         """Keep this run's tape for its request (when it measured something, on a machine that was not busy);
-        a line saying what happened."""
+        a line saying what happened (with the load share while measuring, when something was timed)."""
+        self.shared()  # a shared machine keeps nothing
+        share = self.load_share
+        line = self._kept()
+        return line if share is None else f"{line} (CPU share while measuring: {share:.2f})"
+
+    def _kept(self) -> str:
         if self.replaying and not self.busy:
             return f"measurements: replayed ({self.replayed} number(s) {self.source})"
         if self.store is None or self.request is None or self.machine is None:
@@ -318,5 +358,5 @@ class Measurements:
                 "busy": list(self.busy), "notes": list(self.notes), "tape": list(self.tape)}
 
 
-__all__ = ["BUSY_SPREAD", "Measurements", "PlanStore", "SLOWER", "STORE_VARIABLE", "TAPE_FORMAT",
-           "load_problem", "machine_description", "spread_of"]
+__all__ = ["BUSY_SPREAD", "Measurements", "PlanStore", "SHARED_BELOW", "SLOWER", "STORE_VARIABLE", "TAPE_FORMAT",
+           "load_problem", "machine_description", "spread_of", "usable_cpus"]

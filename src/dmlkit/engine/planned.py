@@ -45,6 +45,8 @@ class PlannedRun:
     field_order: tuple[str, ...] = ()  # the order the recipe prints its fields in (others after them)
     splits: Any = None  # the splits the plan read from the config's data (not a user's), validation held out
     splits_read_as: dict | None = None  # what they were read with (engine.builders.split_reading)
+    planned_steps: int | None = None  # the steps the recipe's plan expects the time budget to buy (train.max_steps
+    # is then their ceiling; the trainer fits the steps to the budget from the speeds it times)
 
 
 __all__ = ["PlannedRun"]

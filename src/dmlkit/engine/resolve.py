@@ -123,8 +123,7 @@ class ResolvedRun:
             "optimizer": f"{type(self.optimizer).__name__} ({groups}); schedule {type(self.scheduler).__name__}",
             "sampler": f"{type(self.sampler).__name__}, batch size {cfg.sampler.batch_size}"
                        + (f", m={cfg.sampler.m}" if cfg.sampler.name == "m_per_class" else ""),
-            "steps": f"train.max_steps={cfg.train.max_steps}, train.eval_every={cfg.train.eval_every}, "
-                     f"train.time_budget={cfg.train.time_budget}",
+            "steps": self._steps_line(),
             "augmentation": f"data.augment={cfg.data.augment}"
                             + (f" ({type(self.augment).__name__})" if self.augment is not None else ""),
             "precision": f"train.mixed_precision={cfg.train.mixed_precision}"
@@ -135,6 +134,19 @@ class ResolvedRun:
             "method": self.method.__name__,
             "fingerprint": self.fingerprint,
         }
+
+    def _steps_line(self) -> str:
+        """The steps the run will take: the plan's, where it predicted fewer than the ceiling, with the ceiling."""
+        cfg, planned = self.cfg, getattr(self.recipe, "planned_steps", None)
+        asked = (f"train.max_steps={cfg.train.max_steps}, train.eval_every={cfg.train.eval_every}, "
+                 f"train.time_budget={cfg.train.time_budget}")
+        if planned is None or cfg.train.max_steps is None or planned >= cfg.train.max_steps:
+            return asked
+        if planned == 0:
+            return (f"no training step fits the {cfg.train.time_budget:.0f}-s budget: the pretrained backbone is "
+                    f"evaluated alone ({asked}: the ceiling, if the first steps run faster than measured)")
+        return (f"about {planned} steps (what the {cfg.train.time_budget:.0f}-s budget buys at the measured costs; "
+                f"the trainer fits them to the steps it times), ceiling {asked}")
 
     def format(self) -> str:
         """The resolved run as text: its objects, then what the recipe chose and why."""

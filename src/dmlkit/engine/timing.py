@@ -1,15 +1,30 @@
-"""Wall-clock timing of work that may run asynchronously on a GPU.
+"""Timing work: its cost (what the load does not change) and the wall time it took.
 
-CUDA kernels are queued: a host clock read right after a call measures the queueing, not the work.
-Every timing the engine decides on (the time budget's step and validation speeds, backbone-by-budget's
-costs) reads the clock after :func:`synchronize`, which waits for the device's queued work and
-does nothing on the CPU.
+Two kinds of seconds are read here:
+
+* **work** (:func:`timings`, what plans are made from): on the CPU the process's CPU time of the work run on
+  one thread, divided by the threads the run computes with (:func:`threads_used`): the wall time the same work
+  takes with those threads on idle cores (a little less: the plan errs towards more steps, and the trainer's
+  live budget cuts them). Other processes do not lengthen it: they take wall time from this one, not CPU
+  time. One thread, because on several threads a loaded machine inflates CPU time too: a thread that finished
+  its share spins waiting for one that was descheduled (beside 15 other processes on 2 cores, an
+  EfficientNet-Lite0 image cost 35 ms of CPU time on one thread and 160 ms on two). On a GPU: the device
+  time between two CUDA events around the work. A plan made from work is the plan of an idle machine,
+  whatever else runs.
+* **wall** (:func:`device_clock`, what the live time budget follows): CUDA kernels are queued, so a host clock
+  read right after a call measures the queueing, not the work; the clock is read after :func:`synchronize`,
+  which waits for the device's queued work and does nothing on the CPU.
+
+Every timed pass on the CPU also adds its CPU and wall seconds to a process-wide :class:`LoadMeter`
+(:data:`LOAD`): their ratio per thread, the *load share*, says how much of its threads' time this process got
+while it measured (about 1 on an idle machine, 0.5 beside one process as busy on 2 cores).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -32,21 +47,98 @@ def device_clock(device: torch.device | str | None, clock: Callable[[], float] =
     return read
 
 
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_used() -> int:
+    """Threads this process computes with on the CPU: torch's intra-op threads, at most the usable cores."""
+    return max(1, min(torch.get_num_threads(), usable_cpus()))
+
+
+@dataclass
+class LoadMeter:
+    """CPU seconds and wall seconds x threads of the timed CPU passes so far (:func:`timings` adds to it)."""
+
+    cpu: float = 0.0
+    thread_wall: float = 0.0
+
+    def add(self, cpu: float, wall: float, threads: int) -> None:
+        self.cpu += max(0.0, cpu)
+        self.thread_wall += max(0.0, wall) * threads
+
+    def snapshot(self) -> tuple[float, float]:
+        return self.cpu, self.thread_wall
+
+
+#: The process's timed CPU passes (a plan's measurements read the share of their own stretch of it).
+LOAD = LoadMeter()
+
+
+def load_share(cpu: float, thread_wall: float) -> float | None:
+    """CPU time over wall time x threads (1: the threads ran all the time; None: too little timed to say)."""
+    return min(1.0, cpu / thread_wall) if thread_wall > 0.05 else None
+
+
 def timings(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2,
-            clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``fn``, sorted, each timed from an idle to an idle ``device``."""
-    read = device_clock(device, clock)
+            clock: Callable[[], float] | None = None) -> list[float]:
+    """Seconds of work of each of ``repeats`` calls of ``fn``, sorted: on the CPU the process's CPU time of
+    ``fn`` on one thread over the threads the run uses (:func:`threads_used`), on a GPU the device time between
+    CUDA events (module docstring).
+
+    ``clock`` (a test's, or ``time.perf_counter`` for wall seconds): each call timed on it instead, from an idle to
+    an idle ``device``. On the CPU each pass's CPU and wall seconds go to :data:`LOAD`.
+    """
+    if clock is not None:
+        read = device_clock(device, clock)
+        out = []
+        for _ in range(repeats):
+            start = read()
+            fn()
+            out.append(read() - start)
+        return sorted(out)
+    if device is not None and torch.device(device).type == "cuda":
+        return sorted(_event_seconds(fn, torch.device(device)) for _ in range(repeats))
+    threads, own = threads_used(), torch.get_num_threads()  # what the run computes with; the work is timed on one
     out = []
-    for _ in range(repeats):
-        start = read()
-        fn()
-        out.append(read() - start)
+    torch.set_num_threads(1)
+    try:
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            LOAD.add(cpu, wall, 1)
+            out.append(cpu / threads)
+    finally:
+        torch.set_num_threads(own)
     return sorted(out)
 
 
+def _event_seconds(fn: Callable[[], Any], device: torch.device) -> float:
+    """Device seconds of ``fn``'s work on ``device`` (CUDA events recorded around it on the current stream)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    synchronize(device)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0
+
+
 def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2) -> float:
-    """Seconds of the fastest of ``repeats`` calls of ``fn`` (a shared machine's interruptions only ever add time)."""
+    """Work seconds of the fastest of ``repeats`` calls of ``fn`` (:func:`timings`)."""
     return timings(fn, device, repeats)[0]
+
+
+def work_since(started: float) -> float:
+    """Seconds of the run's own work since ``started`` (a ``time.perf_counter`` reading): the wall time, or the
+    process's CPU time when that is less (other processes held the cores meanwhile). What a plan counts as spent
+    before it, so that its choices are those of an idle machine; the live budget counts the wall clock."""
+    return max(0.0, min(time.perf_counter() - started, time.process_time()))
 
 
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:

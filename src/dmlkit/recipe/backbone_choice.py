@@ -16,6 +16,15 @@ the fallback, is never measured): a few seconds per candidate on 2 CPU cores, ca
 more per image than the run's batches of about 64, so the estimate errs towards the smaller backbone.
 A user's ``model.name`` is never changed; Lite0 is the fallback when nothing larger fits.
 
+Fitting is not the whole question: a larger backbone untrained can embed better than a smaller one fine-tuned
+(an 84-px photo set: Lite0 fine-tuned to 0.552 test MAP@R, Lite2 untrained 0.586). So when the budget fine-tunes
+only a smaller candidate, :func:`prefer_untrained` compares what each would give: every larger candidate's
+untrained validation MAP@R (the recipe's pooling, on the validation classes the view-size step embeds anyway:
+:func:`untrained_scores`) beside the fine-tunable one's plus :data:`FINETUNE_GAIN`, the gain fine-tuning is
+expected to add. Fine-tuning the smaller one is kept only when it is expected to beat the best untrained candidate;
+else the larger backbone is taken, trained as far as the budget allows, and validation keeps whichever is better
+(the untrained embedding is the step-0 candidate, as always).
+
 A shared machine's interruptions only ever add time, and one slow measurement used to flip the choice
 (the same code measured an embedded Lite2 image at 17.0 ms in one run and 35.8 ms in the next, and
 the second run took Lite0). So a candidate that misses the budget by less than :data:`REMEASURE_WITHIN` times
@@ -34,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET
+from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import timings
 
@@ -71,6 +80,33 @@ MAX_MEASUREMENTS = 3
 
 #: Timed repeats of each pass within one measurement (the fastest kept).
 TIMED_REPEATS = 3
+
+#: A budget below this many seconds measures each candidate once (no second or third measurement): the probes
+#: stay a small share of a small budget, and CPU-time costs do not grow with the load anyway.
+SMALL_BUDGET = 300.0
+
+#: Validation MAP@R fine-tuning is expected to add to a pretrained EfficientNet-Lite within a CPU budget: on the
+#: 84-px development set Lite0 went from 0.3732 untrained to 0.4078 test MAP@R in 720 s (+0.035); on the Pets
+#: development set no fine-tuning validation beat the untrained embedding (+0). A larger candidate's untrained
+#: embedding that beats the fine-tunable one's by more than this is taken instead.
+FINETUNE_GAIN = 0.035
+
+
+def prefer_untrained(finetuned: str, scores: Mapping[str, float], *, gain: float = FINETUNE_GAIN
+                     ) -> tuple[str, str]:
+    """The backbone to take, and why: ``finetuned`` (the largest candidate the budget fine-tunes) unless a candidate
+    of ``scores`` (``{name: untrained validation MAP@R}``, ``finetuned``'s included) beats its score by more than
+    ``gain``; then the best of those untrained."""
+    base = scores[finetuned]
+    table = ", ".join(f"{name} {score:.4f}" for name, score in scores.items())
+    better = {name: score for name, score in scores.items() if name != finetuned and score > base + gain}
+    if not better:
+        return finetuned, (f"untrained validation MAP@R {table}: fine-tuning {finetuned} (expected +{gain:.3f}, "
+                           f"{base + gain:.4f}) is expected to beat every untrained candidate")
+    name = max(better, key=better.__getitem__)
+    return name, (f"untrained validation MAP@R {table}: {name} untrained ({better[name]:.4f}) beats {finetuned} "
+                  f"fine-tuned as expected ({base:.4f} + {gain:.3f}), so {name} is taken and trained as far as the "
+                  "budget allows (validation keeps the better of it untrained and fine-tuned)")
 
 
 @dataclass(frozen=True)
@@ -339,11 +375,15 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     else:
         name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
                                     images_to_embed=to_embed, time_budget=float(budget), costs=costs,
-                                    candidates=available, spent=spent, measure_again=costs.measure_again)
+                                    candidates=available, spent=spent,
+                                    measure_again=costs.measure_again if budget >= SMALL_BUDGET else None)
     missing = [f"{candidate} ({here[candidate][1]})" for candidate in CANDIDATES if candidate not in available]
     why += f"; weights: {here[name][1]}"
     if missing:
         why += "; not considered, no weights here: " + ", ".join(missing)
+    if len(available) > 1:
+        name, why = _compare_untrained(cfg, survey, model_choices, device, name, why, available, costs,
+                                       budget=float(budget), spent=spent, measurements=measurements)
     cfg.model.name = name
     model_choices["model.name"] = (name, f"photos: {why}")
     if "model.pretrained" in model_choices:  # its reason names the backbone
@@ -351,5 +391,86 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
         model_choices["model.pretrained"] = (value, reason.replace(chosen, name))
 
 
-__all__ = ["CANDIDATES", "DISAGREEMENT", "MAX_MEASUREMENTS", "REMEASURE_WITHIN", "BackboneCost", "MeasuredCosts",
-           "choose_backbone", "choose_for_run", "measure_costs"]
+def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch.device, name: str, why: str,
+                       available: Sequence[str], costs: MeasuredCosts, *, budget: float, spent: Callable[[], float],
+                       measurements: Measurements | None) -> tuple[str, str]:
+    """``name`` (the largest candidate the budget fine-tunes) against the larger candidates untrained
+    (:func:`prefer_untrained`): the backbone and the reason with the comparison, or why none was made."""
+    larger = [c for c in available if available.index(c) > available.index(name)]
+    if not larger:
+        return name, why
+    size = int(cfg.data.image_size or 224)
+    usable = USABLE_SHARE * max(0.0, budget - spent())
+    val_and_test = _untrained_images(cfg, survey)
+    fits = [c for c in larger if val_and_test * costs[c].embed_at(size) <= usable]  # its evaluation alone fits
+    if not fits:
+        return name, why + f"; no larger candidate's untrained evaluation fits either ({val_and_test:,} images)"
+    from dmlkit.recipe import view_size
+
+    images = min(view_size.MEASURED_IMAGES, val_and_test)
+    extra = sum(images * costs[c].embed_at(size) for c in fits)
+    if extra > MEASUREMENT_SHARE * budget:
+        return name, why + (f"; larger candidates untrained not compared: embedding the validation classes with them "
+                            f"would take about {extra:.0f} s, more than {MEASUREMENT_SHARE:.0%} of the budget")
+    scores = untrained_scores(cfg, survey, model_choices, device, [name, *fits], measurements=measurements)
+    if scores is None:
+        return name, why + "; larger candidates untrained not compared (no validation classes of photo files)"
+    chosen, compared = prefer_untrained(name, scores)
+    if chosen == name:
+        return name, f"{why}; {compared}"
+    return chosen, f"{compared}; by cost alone: {why}"
+
+
+def _untrained_images(cfg: Any, survey: Any) -> int:
+    """Images an untrained run embeds: the validation classes twice (step 0 and the end) and the test split."""
+    from dmlkit.recipe import rules as recipe
+
+    _, to_embed = _images_to_embed(cfg, survey)
+    evaluations = 1 + recipe.FINETUNE_EVALUATIONS
+    test = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
+               if getattr(survey, split, None) is not None)
+    val = (to_embed - test) // evaluations
+    return 2 * val + test
+
+
+def untrained_scores(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[Any, str]], device: torch.device,
+                     names: Sequence[str], *, measurements: Measurements | None = None) -> dict[str, float] | None:
+    """Each of ``names``' untrained validation MAP@R at ``data.image_size`` with the recipe's pooling (the pooling
+    and mirror :func:`~dmlkit.recipe.pooling_choice.choose_pooling` would keep, where the recipe chooses them), on
+    the validation classes the view-size step measures (:func:`~dmlkit.recipe.view_size.measure_sizes`, which
+    reuses these embeddings for the backbone taken); None where the run has no validation classes of photo files.
+    The scores go through ``measurements`` (kept and replayed: a replay embeds nothing)."""
+    import copy
+
+    from dmlkit.engine import builders
+    from dmlkit.recipe import pooling_choice, view_size
+    from dmlkit.recipe import rules as recipe
+
+    if not view_size._photo_files(cfg, survey):
+        return None
+    val = view_size.validation_split(cfg, survey, recipe.profile_split(survey.train))
+    if val is None:
+        return None
+    size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
+    tape = measurements if measurements is not None else Measurements.live()
+
+    def score(name: str) -> float:
+        candidate = copy.deepcopy(cfg)
+        candidate.model.name = name
+        with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
+            model = builders.build_model(candidate)
+        configurations = pooling_choice.candidates(model_choices, model) \
+            if pooling_choice.is_embedder(model) else None
+        measured = view_size.measure_sizes(candidate, model, val, [size], device=device,
+                                           configurations=configurations)[size]
+        kept = pooling_choice.choose_pooling(measured.per_query, measured.labels)[0] \
+            if configurations is not None else None
+        return float(measured.per_query[kept].nanmean())
+
+    return {name: float(tape.measure(f"untrained validation MAP@R of {name} at {size} px", lambda n=name: score(n)))
+            for name in names}
+
+
+__all__ = ["CANDIDATES", "DISAGREEMENT", "FINETUNE_GAIN", "MAX_MEASUREMENTS", "REMEASURE_WITHIN", "BackboneCost",
+           "MeasuredCosts", "choose_backbone", "choose_for_run", "measure_costs", "prefer_untrained",
+           "untrained_scores"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -159,7 +158,7 @@ def plan_glyphs(*, time_budget: float, spent: float, steps: int, members: int, e
 
 def measure_glyph_costs(model: nn.Module, batch: int, shape: tuple[int, int, int], *, views: int,
                         device: torch.device, dtype: torch.dtype | None,
-                        clock: Callable[[], float] = time.perf_counter, objective: nn.Module | None = None,
+                        clock: Callable[[], float] | None = None, objective: nn.Module | None = None,
                         labels: torch.Tensor | None = None, augment: Callable | None = None,
                         passes: list[list[float]] | None = None) -> GlyphCosts:
     """:class:`GlyphCosts` of one member (``model``, a single embedder) on random images of ``shape`` ``[C, H, W]``:

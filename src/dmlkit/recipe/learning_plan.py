@@ -61,6 +61,8 @@ class LearningPlan:
     views: int
     steps: int
     reason: str
+    embedding_seconds: float = 0.0  # the validations and the test split, untrained or not
+    too_small: str = ""  # a budget that trains nothing: what it buys instead, in one line (else empty)
 
 
 def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
@@ -110,12 +112,20 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     head = (f"{val_images} validation images x {1 + evaluations} evaluations and "
             f"{test_images} test images take {embedding:.0f} s ({embed_seconds * 1000:.1f} ms an image), "
             f"{max(left, 0.0):.0f} s of the {time_budget:.0f}-s budget are left to train")
+    too_small = ""
     if enough:
         why = f"the fewest frozen stages whose plan buys {target} steps"
     else:
         why = (f"SHORT OF {target} STEPS: no frozen-stage count buys them on this machine (the embeddings alone take "
                f"{embedding:.0f} s); {chosen} frozen buys the most")
-    return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows))
+    if steps == 0:  # said before the budget is spent: what the budget buys instead, and what would train
+        per_step = min(batch * (c.prefix + c.step) for c in costs)  # the cheapest step, without a cache
+        needed = (time_budget - left + target * per_step) / (1.0 - budget.SAFETY_MARGIN)
+        too_small = (f"the {time_budget:.0f}-s budget is too small to train here ({spent:.0f} s spent before the plan, "
+                     f"{embedding:.0f} s of embeddings): the pretrained backbone alone, evaluated in about "
+                     f"{val_images * 2 * embed_seconds + test_images * embed_seconds:.0f} s, is what it buys; "
+                     f"train.time_budget={needed:.0f} would train {target} steps")
+    return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows), embedding, too_small)
 
 
 def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bool]) -> None:
@@ -194,15 +204,16 @@ def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple
 
 
 def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                 device: torch.device, spent: float, measurements: Measurements | None = None
-                 ) -> dict[str, tuple[Any, str]]:
+                 device: torch.device, spent: float, measurements: Measurements | None = None,
+                 planned: list | None = None) -> dict[str, tuple[Any, str]]:
     """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the
     frozen stages into ``model``) that :func:`plan_learning` chooses from costs measured now; ``{}`` when
     :func:`plans_learning` says no. ``spent``: seconds of the run gone so far. When the plan keeps the recipe's
     frozen stages, the cached views stay with the budget's first plan (``feature_cache``: epochs the run trains,
     the recipe's step ceiling included); with more frozen stages the plan's views are built before the first step
     (timed without them, steps would run the frozen stages and look too slow to cache). ``measurements``: the
-    run's (the costs and ``spent`` kept and replayed through them)."""
+    run's (the costs and ``spent`` kept and replayed through them); ``planned``: the :class:`LearningPlan` is
+    appended to it (the steps it predicts, and whether the budget trains at all)."""
     from dmlkit.engine import distributed
     from dmlkit.recipe import backbone_choice
     from dmlkit.recipe import rules as recipe
@@ -233,6 +244,8 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
     plan = plan_learning(time_budget=budget_s, spent=spent, train_images=max(train_images, 1),
                          batch=int(cfg.sampler.batch_size or 64), val_images=val_images, test_images=test_images,
                          embed_seconds=per_image, costs=costs)
+    if planned is not None:
+        planned.append(plan)
     choices: dict[str, tuple[Any, str]] = {"model.frozen_stages": (plan.frozen_stages, f"planned for learning: {plan.reason}")}
     if plan.views and plan.frozen_stages != own:  # the recipe's own count: the cache follows the budget's first plan
         choices["train.cache_views"] = (plan.views, f"the plan's {plan.steps} steps from {plan.views} cached views "

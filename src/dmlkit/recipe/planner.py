@@ -38,6 +38,7 @@ from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
@@ -154,11 +155,17 @@ def plan(
     if measurements is None:
         measurements = _measurements_for(request, device, given=(model, loss, miner, data), replan=replan)
     measurements.start()
+    if measurements.progress is None:  # no silent minute: each measurement taken now is said before it runs
+        measurements.progress = echo
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
     survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
-    probe, model_choices = _plan_model(cfg, survey, model, device, echo, started=started, measurements=measurements)
+    learning: list = []  # the learning plan, when the frozen stages were planned: the steps it predicts
+    probe, model_choices = _plan_model(cfg, survey, model, device, echo, started=started, measurements=measurements,
+                                       learning=learning)
+    if learning and learning[0].too_small:  # said before the budget is spent on a run that cannot train
+        echo(f"plan: {learning[0].too_small}")
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
     augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
     embed_seconds = None
@@ -171,11 +178,19 @@ def plan(
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
+    budget = cfg.train.time_budget
+    if budget is not None and model is None:  # the budget counts the planning: how much of it went there
+        echo(f"plan: {time.perf_counter() - started:.0f} s of the {budget:.0f}-s budget spent reading the data and "
+             "planning")
+    shared = measurements.shared()
+    if shared:  # the load the plan saw, in one line: its costs are CPU time, so the plan is an idle machine's
+        echo(shared)
     _say_run(cfg, device, dist, echo)
     return PlannedRun(cfg=cfg, choices=resolved.choices, profile=resolved.profile, started=started,
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
                       measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
-                      splits=splits if read_as is not None else None, splits_read_as=read_as)
+                      splits=splits if read_as is not None else None, splits_read_as=read_as,
+                      planned_steps=_planned_steps(cfg, learning))
 
 
 def _measurements_for(request: dict, device: torch.device, *, given: tuple, replan: bool) -> Measurements:
@@ -184,20 +199,30 @@ def _measurements_for(request: dict, device: torch.device, *, given: tuple, repl
         Measurements.for_request(request, device, replan=replan)
 
 
+def _planned_steps(cfg: RunConfig, learning: list) -> int | None:
+    """The steps the learning plan predicts the budget buys, when it planned and they are fewer than the ceiling."""
+    if not learning or cfg.train.max_steps is None:
+        return None
+    return min(int(learning[0].steps), int(cfg.train.max_steps))
+
+
 def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.device, echo, *, started: float,
-                measurements: Measurements) -> tuple[nn.Module, dict]:
+                measurements: Measurements, learning: list) -> tuple[nn.Module, dict]:
     """The model rules, the backbone the budget buys, the view size and the frozen stages: the probe model they
-    were measured with (``model`` when given) and the choices (``{field: (value, reason)}``)."""
+    were measured with (``model`` when given) and the choices (``{field: (value, reason)}``); the learning plan
+    appended to ``learning`` when the frozen stages were planned."""
     model_choices = {} if model is not None else apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
     backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
                                    spent=lambda: measurements.seconds("seconds spent before the backbone choice",
-                                                                      time.perf_counter() - started),
+                                                                      work_since(started)),
                                    measurements=measurements)
     probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
-    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device))  # photos
+    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
+                                           progress=measurements.progress))
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
-                                               spent=time.perf_counter() - started, measurements=measurements))
+                                               spent=work_since(started), measurements=measurements,
+                                               planned=learning))
     return probe, model_choices
 
 
@@ -225,7 +250,7 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     member_objective = (None if not own_objective else  # a member's step is timed with it
                         lambda classes: builders.build_member_objective(cfg, classes))
     planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
-                                                 spent=time.perf_counter() - started, objective=member_objective,
+                                                 spent=work_since(started), objective=member_objective,
                                                  augment=augment, measurements=measurements)
     resolved.choices.update(planned)
     if planned:

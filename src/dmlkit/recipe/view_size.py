@@ -15,8 +15,9 @@ with the view on the development sets), and their time is saved.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -120,7 +121,8 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
 
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                      device: torch.device) -> dict[str, tuple[Any, str]]:
+                      device: torch.device, progress: Callable[[str], None] | None = None
+                      ) -> dict[str, tuple[Any, str]]:
     """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
     (small photos), and ``model.pooling`` / ``model.flip_average`` (photos), as
     ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
@@ -128,7 +130,8 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
 
     Runs between building the model and decoding the splits (``survey`` is
     :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reasons
-    hold the measured tables (validation MAP@R, seconds) and the decisions.
+    hold the measured tables (validation MAP@R, seconds) and the decisions. ``progress`` is told before the
+    embedding starts (it takes a while on a CPU).
     """
     sizing = measures_view_size(cfg, survey, model_choices)
     pooling = measures_pooling(cfg, survey, model, model_choices)
@@ -144,6 +147,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     if val is None:
         return {}
     configurations = pooling_choice.candidates(model_choices, model) if pooling else None
+    if progress is not None:
+        progress(f"plan: measuring the view size{' and pooling' if pooling else ''} on the validation classes "
+                 f"({', '.join(map(str, sizes))} px) ...")
     state = rng_state()
     try:
         table = distributed.broadcast_object(
@@ -201,7 +207,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     (:class:`~dmlkit.recipe.pooling_choice.PooledViews`); None: ``model`` as it is, under the key None.
     """
     mode = getattr(val, "mode", None) or "RGB"
-    images, labels = _decode(val, mode, MEASURED_IMAGES, cfg.data.skip_bad_images)
+    images, labels = _decoded(val, mode, cfg.data.skip_bad_images)
     model = model.to(device)
     preprocessing = getattr(model, "pretrained_cfg", None)
     precision = cfg.train.mixed_precision
@@ -211,14 +217,22 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     out: dict[int, Measured] = {}
     best: dict[int, torch.Tensor] = {}
     for size in sorted(sizes, reverse=True):
-        start = time.perf_counter()
-        split = view_split(images, size, cfg.data.name, preprocessing, mode)
-        embedded, _ = embed_dataset(probe if probe is not None else model, split, cfg.eval.batch_size, 0,
-                                    autocast_dtype(precision))
-        per_config = {None: embedded} if probe is None else pooling_choice.embeddings_by_configuration(
-            model, embedded, *configurations)
-        scored = {c: map_at_r_per_query(e, labels, backend=cfg.eval.backend) for c, e in per_config.items()}
-        out[size] = Measured(scored, time.perf_counter() - start, labels)
+        # the same backbone, images, size and poolings measured before (backbone by budget's comparison): reused
+        key = (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
+               cfg.data.name)
+        if key not in _SCORED:
+            start = time.perf_counter()
+            split = view_split(images, size, cfg.data.name, preprocessing, mode)
+            embedded, _ = embed_dataset(probe if probe is not None else model, split, cfg.eval.batch_size, 0,
+                                        autocast_dtype(precision))
+            per_config = {None: embedded} if probe is None else pooling_choice.embeddings_by_configuration(
+                model, embedded, *configurations)
+            scored = {c: map_at_r_per_query(e, labels, backend=cfg.eval.backend) for c, e in per_config.items()}
+            while len(_SCORED) >= KEPT_SCORES:  # the oldest out: a plan reads again only what it just measured
+                del _SCORED[next(iter(_SCORED))]
+            _SCORED[key] = Measured(scored, time.perf_counter() - start, labels)
+        out[size] = _SCORED[key]
+        scored = out[size].per_query
         best[size] = scored[pooling_choice.best_configuration(scored)]
         if not tolerated(best[size], best[best_size(best)])[0]:
             break  # smaller views are taken to lose too: their time is saved
@@ -235,6 +249,33 @@ def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[s
     view = {"in_memory": True, "view": "photo", "image_size": size, "crop_size": size, "size": [size, size],
             "interpolation": interpolation, "pipeline": "recipe", "resize": "pil", "mode": mode}
     return query_split(images, data_name, view, preprocessing)
+
+
+#: The last view sizes measured (keyed by backbone, size, images, poolings, precision, device): a plan that compared
+#: backbones on the validation classes measures the chosen one's view again at no cost.
+_SCORED: dict[tuple, Measured] = {}
+
+#: Measured views kept in :data:`_SCORED` (one per candidate backbone, and a spare).
+KEPT_SCORES = 4
+
+#: The validation images decoded last (keyed by their files): decoded once per plan.
+_DECODED: dict[tuple, tuple[list, torch.Tensor]] = {}
+
+
+def _images_key(dataset) -> str:
+    """The files and labels of a split of image files (what its decoded images depend on)."""
+    digest = hashlib.sha256("\n".join(map(str, dataset.paths)).encode())
+    digest.update(dataset.labels.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _decoded(dataset, mode: str, skip_bad_images: bool) -> tuple[list, torch.Tensor]:
+    """:func:`_decode` of :data:`MEASURED_IMAGES` of ``dataset``'s files, reused while the files are the same."""
+    key = (_images_key(dataset), mode, skip_bad_images)
+    if key not in _DECODED:
+        _DECODED.clear()
+        _DECODED[key] = _decode(dataset, mode, MEASURED_IMAGES, skip_bad_images)
+    return _DECODED[key]
 
 
 def _decode(dataset, mode: str, count: int, skip_bad_images: bool) -> tuple[list, torch.Tensor]:

@@ -158,16 +158,33 @@ def test_bf16_is_native_only_on_cards_that_compute_it(monkeypatch):
     assert asked == [{"including_emulation": False}]  # an emulated bf16 (before Ampere) is slower than fp32
 
 
-def test_device_clocks_wait_for_the_gpu(monkeypatch):
+class FakeEvent:
+    """A CUDA event on a card whose work takes 5 ms between any two events."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.recorded = False
+
+    def record(self) -> None:
+        self.recorded = True
+
+    def synchronize(self) -> None:
+        assert self.recorded
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return 5.0  # milliseconds
+
+
+def test_device_clocks_wait_for_the_gpu_and_costs_are_its_event_time(monkeypatch):
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     timing.device_clock(CUDA)()
     assert synced == [CUDA]
-    seconds = timing.fastest_of(lambda: None, CUDA, repeats=3)
-    assert len(synced) == 1 + 3 * 2 and 0 <= seconds < 1
+    seconds = timing.fastest_of(lambda: None, CUDA, repeats=3)  # the card's time between the events, not the host's
+    assert len(synced) == 1 + 3 and seconds == 0.005
     timing.synchronize(torch.device("cpu"))
     timing.fastest_of(lambda: None, "cpu")
-    assert len(synced) == 7
+    assert len(synced) == 4
 
 
 def test_the_training_loop_synchronises_where_the_budget_reads_its_clock(tmp_path, tiny_config, monkeypatch):

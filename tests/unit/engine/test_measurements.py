@@ -127,3 +127,46 @@ def test_from_run_reads_a_resolved_json_and_refuses_others(tmp_path):
     assert request == {"seed": 3}
     assert replay.seconds("spent", 99.0) == 1.5 and not replay.check_speed
     assert replay.keep().startswith("measurements: replayed (1 number(s) replayed from")
+
+
+def test_a_faster_replay_plans_live_and_keeps_its_own_numbers(tmp_path, idle):
+    """A tape measured under load replays slow steps: a run whose steps are SLOWER times faster plans live."""
+    store = m.PlanStore(tmp_path)
+    where = dict(store=store, machine={"cpu": "x"}, request={"seed": 0})
+    first = m.Measurements(**where)
+    speeds_of(first, Speeds(0.3))
+    first.keep()
+    fast = m.Measurements(store.load({"cpu": "x"}, {"seed": 0}), source="kept", **where)
+    assert speeds_of(fast, Speeds(0.3 / m.SLOWER / 1.2)) == Speeds(0.3 / m.SLOWER / 1.2)
+    assert not fast.replaying and "faster than the kept" in fast.notes[0]
+    assert "kept in" in fast.keep()  # the faster machine's numbers replace the loaded one's
+    assert store.load({"cpu": "x"}, {"seed": 0})[0]["value"] == [0.3 / m.SLOWER / 1.2, 0.0, 0.0]
+
+
+def test_a_shared_machine_says_its_share_in_one_line_and_keeps_nothing(tmp_path, idle, monkeypatch):
+    from dmlkit.engine import timing
+
+    monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
+    monkeypatch.setattr(timing, "threads_used", lambda: 2)
+    store = m.PlanStore(tmp_path)
+    tape = m.Measurements(store=store, machine={"cpu": "x"}, request={"seed": 0})
+    said = []
+    tape.progress = said.append
+    # 1 s of wall time on 2 threads, of which the process got 0.9 s of CPU: the other work took the rest
+    assert tape.measure("cost", lambda: timing.LOAD.add(0.9, 1.0, 2) or 0.25) == 0.25
+    assert said == ["plan: measuring cost ..."]
+    assert tape.load_share == pytest.approx(0.45)
+    line = tape.shared()
+    assert line.startswith("plan: machine is shared") and "CPU share 0.45 < 0.8" in line and "\n" not in line
+    kept = tape.keep()
+    assert kept.startswith("measurements: NOT kept") and "(CPU share while measuring: 0.45)" in kept
+    assert store.load({"cpu": "x"}, {"seed": 0}) is None
+
+
+def test_an_idle_share_keeps_the_tape(tmp_path, idle, monkeypatch):
+    from dmlkit.engine import timing
+
+    monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
+    tape = m.Measurements(store=m.PlanStore(tmp_path), machine={"cpu": "x"}, request={"seed": 0})
+    tape.measure("cost", lambda: timing.LOAD.add(1.9, 1.0, 2) or 0.25)
+    assert tape.shared() is None and "kept in" in tape.keep()

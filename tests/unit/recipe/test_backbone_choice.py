@@ -270,3 +270,18 @@ def test_the_run_measures_a_slow_candidate_again_and_says_so(monkeypatch):
     choose_for_run(cfg, splits, choices, torch.device("cpu"))
     assert cfg.model.name == LITE2 and len(machine.taken[LITE2]) == 2
     assert "measured 2 times, the fastest kept" in choices["model.name"][1]
+
+
+def test_a_larger_backbone_untrained_beats_a_smaller_one_fine_tuned():
+    """The 84-px photo set of the issue: Lite0 fine-tuned reached 0.552, Lite2 untrained 0.586."""
+    scores = {LITE0: 0.50, LITE1: 0.53, LITE2: 0.56}
+    name, why = backbone_choice.prefer_untrained(LITE0, scores)
+    assert name == LITE2 and "efficientnet_lite2 untrained (0.5600) beats efficientnet_lite0 fine-tuned" in why
+    assert "efficientnet_lite0 0.5000, efficientnet_lite1 0.5300, efficientnet_lite2 0.5600" in why
+
+
+def test_fine_tuning_is_kept_when_it_is_expected_to_beat_every_untrained_candidate():
+    gain = backbone_choice.FINETUNE_GAIN
+    name, why = backbone_choice.prefer_untrained(LITE0, {LITE0: 0.50, LITE2: 0.50 + gain * 0.9})
+    assert name == LITE0 and "is expected to beat every untrained candidate" in why
+    assert backbone_choice.prefer_untrained(LITE1, {LITE1: 0.5, LITE2: 0.5 + gain * 1.1})[0] == LITE2

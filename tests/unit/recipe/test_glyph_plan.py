@@ -228,3 +228,24 @@ def test_members_set_by_hand_are_timed_one_at_a_time(monkeypatch, tiny_config):
     assert isinstance(resolved.model, EmbedderEnsemble) and len(resolved.model.members) == 3
     assert len(timed) == 1 and not isinstance(timed[0], EmbedderEnsemble)
     assert timed[0].embedding_size * 3 == resolved.model.embedding_size
+
+
+def test_the_plan_reads_cpu_time_so_wall_time_lost_to_other_processes_leaves_it_unchanged(monkeypatch, tiny_config):
+    """Every timed pass's wall time runs 0.5 s on (other processes hold the cores) while its CPU time does not:
+    the same plan as without, and the load it saw said in one line."""
+    import time
+    from types import SimpleNamespace
+
+    from dmlkit.engine import timing
+
+    left_to_recipe = ("train.max_steps=null", "train.eval_every=null", "train.time_budget=80")
+    plan_of = lambda resolved: (resolved.cfg.train.max_steps, resolved.cfg.train.eval_every,  # noqa: E731
+                                resolved.cfg.model.ensemble)
+    idle = prepare_run(tiny_config(*left_to_recipe), echo=lambda _line: None)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=TickClock(0.5), process_time=time.process_time))
+    lines = []
+    loaded = prepare_run(tiny_config(*left_to_recipe), echo=lines.append)
+    assert plan_of(loaded) == plan_of(idle)
+    assert not loaded.choices["train.max_steps"][1].startswith("planned to the time budget")  # the recipe's steps fit
+    shared = [line for line in lines if line.startswith("plan: machine is shared")]
+    assert len(shared) == 1 and "CPU share 0." in shared[0]

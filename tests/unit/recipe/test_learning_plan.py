@@ -56,6 +56,17 @@ def test_a_plan_short_of_the_target_says_so_and_why():
     assert plan.reason.startswith(f"SHORT OF {TARGET_STEPS} STEPS") and "the embeddings alone take" in plan.reason
 
 
+def test_a_budget_too_small_to_train_says_so_and_what_it_buys_instead():
+    """120 s on the slow machine: the embeddings alone take the budget; the plan says so before spending it."""
+    plan = plan_learning(time_budget=120, spent=30, embed_seconds=0.05, costs=SLOW, memory=2**33, **DEV_SET)
+    assert plan.steps == 0
+    assert plan.too_small.startswith("the 120-s budget is too small to train here (30 s spent before the plan")
+    assert "the pretrained backbone alone, evaluated in about 224 s" in plan.too_small  # (640 x 2 + 3200) x 0.05
+    needed = int(plan.too_small.rsplit("train.time_budget=", 1)[1].split()[0])
+    roomy = plan_learning(time_budget=needed, spent=30, embed_seconds=0.05, costs=SLOW, memory=2**33, **DEV_SET)
+    assert roomy.steps >= TARGET_STEPS * 0.9 and not roomy.too_small  # the budget it names trains about that
+
+
 def test_the_memory_cap_limits_the_cached_views():
     fast = [StageCost(2, 0.0015, 0.004, 24 * 56 * 56 * 2)]
     roomy = plan_learning(time_budget=720, spent=20, embed_seconds=0.0025, costs=fast, memory=2**33, **DEV_SET)

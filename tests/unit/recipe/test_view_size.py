@@ -215,3 +215,26 @@ def test_the_measurement_runs_down_from_224_and_stops_at_the_first_size_that_los
     assert float(measured[224][0][None].mean()) == float(measured[160][0][None].mean()) == 1.0  # colours tell apart
     assert float(measured[128][0][None].mean()) < 0.9 and all(m.seconds >= 0 for m in measured.values())
     assert choose_view_size({s: ap[None] for s, (ap, _, _) in measured.items()})[0] == 160
+
+
+def test_backbones_compared_untrained_are_not_embedded_again_for_the_view_size(small_photos, monkeypatch):
+    """Backbone by budget scores each candidate on the validation classes; the view-size step reuses the
+    chosen one's embeddings at that size instead of embedding them again."""
+    from dmlkit.recipe import backbone_choice, pooling_choice, view_size
+    from dmlkit.recipe.rules import profile_split
+
+    cfg = photo_config(small_photos, "train.mixed_precision=none")
+    survey = builders.survey_data(cfg)
+    choices = recipe_plan.apply_model_recipe(cfg, survey, echo=lambda _: None)
+    size = cfg.data.image_size
+    scores = backbone_choice.untrained_scores(cfg, survey, choices, torch.device("cpu"),
+                                              ["efficientnet_lite0", "efficientnet_lite1"])
+    assert list(scores) == ["efficientnet_lite0", "efficientnet_lite1"] and all(0 <= s <= 1 for s in scores.values())
+    monkeypatch.setattr(view_size, "embed_dataset", lambda *args, **kwargs: pytest.fail("embedded again"))
+    cfg.model.name = "efficientnet_lite0"
+    model = builders.build_model(cfg)
+    val = validation_split(cfg, survey, profile_split(survey.train))
+    measured = measure_sizes(cfg, model, val, [size], device=torch.device("cpu"),
+                             configurations=pooling_choice.candidates(choices, model))[size]
+    kept = pooling_choice.choose_pooling(measured.per_query, measured.labels)[0]
+    assert float(measured.per_query[kept].nanmean()) == scores["efficientnet_lite0"]
