@@ -15,6 +15,7 @@ learning rate (the headline Proxy-Anchor claim is tested both ways).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 #: The learning-rate grid every glyph arm starts from (Adam-W, from scratch).
@@ -346,3 +347,22 @@ UNTESTED: dict[str, str] = {
     "EPS margin and MS pairs on disjoint alphabets and on photos": "only the triplet pair runs there (the first "
     "row of the paper's Table 3), to keep the full run within 3 hours",
 }
+
+
+def apply_point(loss: dict, point: dict) -> dict:
+    """The loss section with the point's method parameter set (``a+b``: both; ``pair_loss.x``: the nested loss's
+    ``x``); a miner that has the same argument (a triplet margin) gets the value too."""
+    loss = copy.deepcopy(loss)
+    for key, value in point.items():
+        if key == "lr":
+            continue
+        for name in key.split("+"):
+            *path, leaf = name.split(".")
+            target = loss.setdefault("args", {})
+            for part in path:
+                target = target[part].setdefault("args", {})
+            target[leaf] = value
+            miner_args = (loss.get("miner") or {}).get("args", {})
+            if not path and leaf in miner_args:
+                miner_args[leaf] = value
+    return loss

@@ -125,7 +125,7 @@ class StartingPoint(Callback):
 
 def photo_overrides(setting_root: Path, arm, point: dict, seed: int, budget) -> list[str]:
     """The ``--set`` overrides of one photo run: the recipe's photo path with the claims' fixed choices."""
-    from dmlkit.claims.runner import apply_point
+    from dmlkit.claims.catalogue import apply_point
 
     loss = apply_point(arm.loss, point)
     miner = loss.pop("miner", None)

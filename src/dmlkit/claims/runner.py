@@ -25,7 +25,6 @@ network) is scored on the same splits first.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import math
@@ -46,6 +45,7 @@ from dmlkit.claims.catalogue import (
     LR_LIMITS,
     PHOTO_SETTINGS,
     Arm,
+    apply_point,
     learning_rates_for,
 )
 from dmlkit.claims.glyphs import TUNING_SEED, GlyphSplits, build_splits, create_glyph_model, load_pool
@@ -119,25 +119,6 @@ def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = Fals
 def point_tag(point: dict) -> str:
     """A file-name tag for a grid point: ``lr0.001`` or ``lr0.001-softmax_scale8``."""
     return "-".join(f"{k}{point[k]:g}" for k in ["lr", *sorted(k for k in point if k != "lr")])
-
-
-def apply_point(loss: dict, point: dict) -> dict:
-    """The loss section with the point's method parameter set (``a+b``: both; ``pair_loss.x``: the nested loss's
-    ``x``); a miner that has the same argument (a triplet margin) gets the value too."""
-    loss = copy.deepcopy(loss)
-    for key, value in point.items():
-        if key == "lr":
-            continue
-        for name in key.split("+"):
-            *path, leaf = name.split(".")
-            target = loss.setdefault("args", {})
-            for part in path:
-                target = target[part].setdefault("args", {})
-            target[leaf] = value
-            miner_args = (loss.get("miner") or {}).get("args", {})
-            if not path and leaf in miner_args:
-                miner_args[leaf] = value
-    return loss
 
 
 def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: bool = False, over_cluster: int = 1,

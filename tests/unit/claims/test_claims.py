@@ -108,7 +108,7 @@ def test_every_arm_tunes_the_learning_rate_and_one_parameter_on_grids_of_equal_s
 
 
 def test_a_point_sets_its_parameter_in_the_loss_the_miner_and_nested_losses():
-    from dmlkit.claims.runner import apply_point
+    from dmlkit.claims.catalogue import apply_point
 
     loss = apply_point(ARMS["triplet-semihard"].loss, {"lr": 1e-3, "margin": 0.4})
     assert loss["args"]["margin"] == 0.4 and loss["miner"]["args"]["margin"] == 0.4
