@@ -83,7 +83,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         help="compressed: an OPQ rotation before quantising (auto: kept when it lowers the "
                              "quantisation error of the gallery by 5%%)")
     tuning.add_argument("--shortlist", type=int, metavar="N",
-                        help="compressed: candidates re-ranked exactly per query (default 100; 200 from 2M vectors)")
+                        help="compressed: candidates re-ranked exactly per query (default one per 10,000 vectors, 100 to 2,000)")
     build.add_argument("--threshold-fmr", type=float, metavar="FMR",
                        help="store the cosine threshold at this false match rate on the labelled gallery's pairs "
                             "(e.g. 1e-3); queries then print match=yes/no")

@@ -70,9 +70,10 @@ def default_nprobe(nlist: int) -> int:
 
 
 def default_shortlist(n: int) -> int:
-    """Candidates re-ranked exactly per query: 100, 200 from two million vectors on (more items
-    share each neighbourhood, so the PQ order is noisier)."""
-    return 100 if n < 2_000_000 else 200
+    """Candidates re-ranked exactly per query: one per 10,000 vectors, at least 100 and at most 2,000 (more
+    items share each neighbourhood as the gallery grows, and the PQ order inside one is noise: at 10M a
+    shortlist of 200 kept recall@10 at 0.60, 1,000 at 0.9997)."""
+    return int(min(2_000, max(100, math.ceil(n / 10_000))))
 
 
 def check_params(dim: int, code_size, pq_bits, opq, shortlist) -> None:
