@@ -15,7 +15,7 @@ from dmlkit.exceptions import ConfigError, RecordError
 
 if TYPE_CHECKING:
     from dmlkit.config.schema import RunConfig
-    from dmlkit.engine.measurements import Measurements
+    from dmlkit.recipe.measurements import Measurements
 
 DEFAULT_PRESET = "mnist-proxy-anchor"
 
@@ -71,11 +71,11 @@ def defer_dynamo_unless_compiling(cfg) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
-    from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.trainer import format_metrics_table
     from dmlkit.evaluation.metrics import TABLE_KEYS
     from dmlkit.launch import launch
     from dmlkit.recipe import prepare_run
+    from dmlkit.recipe.measurements import Measurements
 
     if args.list_backbones:
         return list_backbones()
@@ -150,7 +150,7 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
     """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
     from dmlkit.config.loading import parse_override
     from dmlkit.config.schema import config_from_dict
-    from dmlkit.engine.measurements import Measurements
+    from dmlkit.recipe.measurements import Measurements
 
     extra = [*args.overrides, *flag_overrides(args)]
     if args.resume or args.preset or args.config or args.from_sweep or args.replan or args.seed is not None \

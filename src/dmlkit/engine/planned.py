@@ -11,11 +11,13 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.frozen_stage_cache import CachePlan
-from dmlkit.engine.measurements import Measurements
+
+if TYPE_CHECKING:  # the recipe's record, held and handed on: the engine never imports the recipe
+    from dmlkit.recipe.measurements import Measurements
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -31,7 +31,6 @@ from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint_files import config_fingerprint
 from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.loggers import build_loggers
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.plan_records import SEAL_KEY, seal
@@ -43,6 +42,9 @@ from dmlkit.engine.training.step_checks import checks_stay_on_device
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
+
+if TYPE_CHECKING:  # the recipe's record, held and handed on: the engine never imports the recipe
+    from dmlkit.recipe.measurements import Measurements
 
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
 SUMMARY_FILE = RESOLVED_FILE
@@ -84,7 +86,7 @@ class ResolvedRun:
     member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
     request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
-    measurements: Measurements | None = None  # the machine's numbers the plans read (engine/measurements.py)
+    measurements: Measurements | None = None  # the machine's numbers the plans read (recipe/measurements.py)
     step_capture: CaptureDecision | None = None  # train.step_capture resolved (engine/training/step_capture.py)
 
     def method_hooks(self, trainer) -> MethodHooks:

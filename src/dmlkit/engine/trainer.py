@@ -29,9 +29,7 @@ import torch
 from dmlkit._json_files import read_json
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
-from dmlkit.engine import budget_planner as budget
 from dmlkit.engine import builders, device_data, distributed
-from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
@@ -57,6 +55,8 @@ from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_
 from dmlkit.engine.training.time_budget import TimeBudgetMixin
 from dmlkit.exceptions import NonFiniteError, RecordError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.budget_planner import Speeds
 from dmlkit.seeds import derive_generator
 
 log = logging.getLogger(__name__)

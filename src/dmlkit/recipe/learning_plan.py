@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from dmlkit.engine import budget_planner as budget
 from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import timings
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.measurements import Measurements
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -88,7 +88,7 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     """The frozen-stage count and cached views that buy the most learning (module docstring), and why.
 
     ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
-    are the step-0 one and the evaluations :func:`dmlkit.engine.budget_planner.evaluation_count` spreads.
+    are the step-0 one and the evaluations :func:`dmlkit.recipe.budget_planner.evaluation_count` spreads.
     ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.frozen_stage_cache.memory_cap`).
     """
     if not costs:

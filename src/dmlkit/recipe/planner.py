@@ -1,6 +1,6 @@
 """The recipe's one entry point: a config as asked in, a finished config and the reasons for it out.
 
-:func:`plan` reads the data, measures the machine (through :class:`~dmlkit.engine.measurements.Measurements`,
+:func:`plan` reads the data, measures the machine (through :class:`~dmlkit.recipe.measurements.Measurements`,
 kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recipe.rules.RECIPE_FIELDS`): the
 backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
 batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
@@ -34,7 +34,6 @@ from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
@@ -44,6 +43,7 @@ from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def plan(
     logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
-    now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured again). A run given objects measures
+    now and kept (:mod:`dmlkit.recipe.measurements`; ``replan``: measured again). A run given objects measures
     and keeps nothing.
     """
     request = config_to_dict(cfg)  # before the recipe fills it in

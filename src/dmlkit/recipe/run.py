@@ -11,8 +11,8 @@ from torch import nn
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import trainer as engine_trainer
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.resolve import ResolvedRun, resolve_run
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.planner import plan
 
 

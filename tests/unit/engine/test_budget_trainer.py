@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from dmlkit.engine.budget_planner import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
 from dmlkit.recipe import Trainer
+from dmlkit.recipe.budget_planner import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
 
 
 class StepClock:

@@ -47,9 +47,9 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
     import dataclasses
 
     from dmlkit.engine import builders
-    from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.recipe import plan
+    from dmlkit.recipe.measurements import Measurements
 
     planned = plan(tiny_config(*DIGITS), measurements=Measurements.live(), **QUIET)
     assert planned.splits is not None and planned.splits.val is not None  # validation held out by the plan

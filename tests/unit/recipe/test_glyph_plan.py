@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.budget_planner import SAFETY_MARGIN
 from dmlkit.models import EmbedderEnsemble, create_model
 from dmlkit.recipe import Trainer, glyph_plan, prepare_run
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.budget_planner import SAFETY_MARGIN
 from dmlkit.recipe.glyph_plan import (
     MIN_STEP_SHARE,
     STEP_MARGIN,

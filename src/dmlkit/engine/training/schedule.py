@@ -12,13 +12,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dmlkit.engine.budget_planner import Plan
+
+@dataclass(frozen=True)
+class Plan:
+    """Steps and evaluation interval that end the run inside the budget; ``seconds`` is the predicted end
+    (from the run's start, the test evaluation included). The time budget makes them
+    (:func:`dmlkit.recipe.budget_planner.plan_run`); the schedule follows them."""
+
+    max_steps: int
+    eval_every: int
+    seconds: float
+    binds: bool
+    reason: str
 
 
 @dataclass
 class TrainingSchedule:
     """``max_steps`` to train and a validation every ``eval_every`` steps; ``requested``: the config's two numbers
-    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.engine.budget_planner.plan_run`),
+    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.recipe.budget_planner.plan_run`),
     None until one is made."""
 
     max_steps: int

@@ -1,6 +1,6 @@
 """The time budget's room: the trainer's :class:`~dmlkit.engine.training.schedule.TrainingSchedule` (steps and
 validation interval) fitted to ``train.time_budget`` from the speeds measured while the run trains (the pure
-planner is :mod:`dmlkit.engine.budget_planner`), and the feature cache whose building the budget's first plan decides
+planner is :mod:`dmlkit.recipe.budget_planner`), and the feature cache whose building the budget's first plan decides
 (``train.feature_cache=auto``). The config keeps what was asked; the schedule holds what is planned.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from dmlkit.engine import budget_planner as budget
 from dmlkit.engine import distributed
-from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
-from dmlkit.engine.measurements import Measurements
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.budget_planner import Speeds
+from dmlkit.recipe.measurements import Measurements
 
 
 class TimeBudgetMixin:
@@ -43,7 +43,7 @@ class TimeBudgetMixin:
         return Speeds(step_seconds, per_eval if has_val else 0.0, test_seconds)
 
     def _plan_to_budget(self, speeds: Speeds | None, has_val: bool, bar=None) -> None:
-        """Fit the schedule's steps and validation interval into ``train.time_budget`` (engine/budget_planner.py)."""
+        """Fit the schedule's steps and validation interval into ``train.time_budget`` (recipe/budget_planner.py)."""
         cfg, schedule = self.cfg, self.schedule
         if cfg.train.time_budget is None or speeds is None:
             return

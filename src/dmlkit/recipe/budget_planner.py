@@ -22,8 +22,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dmlkit.engine.training.schedule import Plan
+
 #: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
-#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget_planner plans to it).
+#: decoding, training, every validation and the test split's embedding (dmlkit.recipe.budget_planner plans to it).
 DEFAULT_TIME_BUDGET = 720.0
 
 
@@ -62,18 +64,6 @@ class Speeds:
     step_seconds: float
     eval_seconds: float = 0.0
     test_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Steps and evaluation interval that end the run inside the budget; ``seconds`` is the predicted end
-    (from the run's start, the test evaluation included)."""
-
-    max_steps: int
-    eval_every: int
-    seconds: float
-    binds: bool
-    reason: str
 
 
 def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: int, speeds: Speeds, *,
