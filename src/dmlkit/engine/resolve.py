@@ -88,6 +88,9 @@ class ResolvedRun:
     request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
     measurements: Measurements | None = None  # the machine's numbers the plans read (recipe/measurements.py)
     step_capture: CaptureDecision | None = None  # train.step_capture resolved (engine/training/step_capture.py)
+    # callbacks the plan attached (dmlkit.recipe.prepare_run: the time budget, the step capture's decision), which
+    # the trainer calls after the config's own
+    plan_callbacks: tuple[Callback, ...] = ()
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""

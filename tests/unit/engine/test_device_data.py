@@ -26,6 +26,7 @@ from dmlkit.data.transforms import (
     RandomTranslate,
 )
 from dmlkit.engine import builders, device_data, timing
+from dmlkit.engine.training.step_timing import CALIBRATION_STEPS
 from dmlkit.recipe import Trainer
 
 trainer_module = importlib.import_module("dmlkit.engine.trainer")
@@ -194,7 +195,7 @@ def test_the_training_loop_synchronises_where_the_budget_reads_its_clock(tmp_pat
     assert trainer.splits.val is not None
     monkeypatch.setattr(trainer_module, "synchronize", lambda device: steps.append(trainer.step))
     trainer.fit()
-    calibration = list(range(1, 2 + trainer_module.budget.CALIBRATION_STEPS))
+    calibration = list(range(1, 2 + CALIBRATION_STEPS))
     assert steps == [*calibration, 7, 9]  # the timed steps, and the last steps before a validation
 
 
