@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
     from dmlkit.engine.trainer import format_metrics_table
     from dmlkit.evaluation.metrics import TABLE_KEYS
-    from dmlkit.launch import launch
-    from dmlkit.recipe import prepare_run
+    from dmlkit.launch import dry_run, launch
     from dmlkit.recipe.measurements import Measurements
 
     if args.list_backbones:
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, measurements = _replayed(args)
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
         if args.dry_run:
-            print(prepare_run(cfg, echo=lambda _line: None, measurements=measurements).format())
+            print(dry_run(cfg, echo=lambda _line: None, measurements=measurements).format())
             return 0
     elif args.resume:
         run_dir = Path(args.resume)
@@ -118,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         defer_dynamo_unless_compiling(cfg)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
-            resolved = prepare_run(cfg, echo=_progress_only, replan=args.replan)  # measurements are kept
+            resolved = dry_run(cfg, echo=_progress_only, replan=args.replan)  # measurements are kept
             print(resolved.format())
             print(resolved.measurements.keep())
             return 0

@@ -33,14 +33,14 @@ from torch import nn
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
-from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
-from dmlkit.engine.member_folds import uses_member_folds
+from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
 from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.feature_cache_plan import cache_choices, plan_feature_cache
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
 from dmlkit.recipe.measurements import Measurements
@@ -289,6 +289,16 @@ def _say_run(cfg: RunConfig, device: torch.device, dist: distributed.DistInfo, e
          f"({precision}{processes})")
 
 
+def uses_member_folds(cfg, model, splits) -> bool:
+    """Whether the run trains its ensemble's members on their own folds (``protocol.member_folds``): asked for,
+    an ensemble built from the config, and validation classes held out of the training split."""
+    from dmlkit.models.ensemble import EmbedderEnsemble
+
+    return bool(cfg.protocol.member_folds) and isinstance(model, EmbedderEnsemble) \
+        and splits.val is not None and splits.before_holdout is not None \
+        and distributed.torchrun_local_rank() is None  # an all-gathered batch would mix the members' blocks
+
+
 def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> dict[str, tuple[Any, str]]:
     """``protocol.member_folds`` turned off (the recipe's choice) where the run has nothing to fold; a ConfigError
     where the user asked for folds the run cannot give."""
@@ -304,4 +314,4 @@ def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> di
     return unfolded
 
 
-__all__ = ["ResolvedRecipe", "apply_model_recipe", "apply_recipe", "plan"]
+__all__ = ["ResolvedRecipe", "apply_model_recipe", "apply_recipe", "plan", "uses_member_folds"]

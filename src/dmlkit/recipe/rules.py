@@ -86,7 +86,7 @@ RECIPE_FIELDS = (
     "protocol.member_folds",
     "data.num_workers",
     "train.mixed_precision",
-    "train.feature_cache",  # resolved by dmlkit.engine.frozen_stage_cache once the model and the batches exist
+    "train.feature_cache",  # resolved by dmlkit.recipe.feature_cache_plan once the model and the batches exist
     "train.cache_views",
 )
 

@@ -15,6 +15,7 @@ from dmlkit.engine import trainer as engine_trainer
 from dmlkit.engine.resolve import ResolvedRun, resolve_run
 from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.planner import plan
+from dmlkit.recipe.step_capture_plan import resolved_step_capture
 from dmlkit.recipe.time_budget import plan_callbacks
 
 
@@ -37,7 +38,8 @@ def prepare_run(
                    measurements=measurements, replan=replan)
     resolved = resolve_run(planned, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo)
     # what watches the run and decides from its timings is attached here, as the config attaches early stopping
-    return dataclasses.replace(resolved, plan_callbacks=plan_callbacks(resolved))
+    return dataclasses.replace(resolved, step_capture=resolved_step_capture(resolved),
+                               plan_callbacks=plan_callbacks(resolved))
 
 
 class Trainer(engine_trainer.Trainer):

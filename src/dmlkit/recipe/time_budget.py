@@ -20,13 +20,13 @@ from typing import Any, Callable
 from dmlkit._json_files import read_json
 from dmlkit.engine import distributed
 from dmlkit.engine.callbacks import Callback
-from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MIN_VIEWS, views_for_epochs
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.resolve import ResolvedRun
 from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.exceptions import RecordError
 from dmlkit.recipe import budget_planner as budget
 from dmlkit.recipe.budget_planner import Speeds
+from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MIN_VIEWS, views_for_epochs
 from dmlkit.recipe.measurements import Measurements
 
 
@@ -148,7 +148,7 @@ class TimeBudget(Callback):
 
     def _cache_after_first_plan(self, trainer) -> bool:
         """Under a time budget (``feature_cache=auto``): build the cache when the planned epochs make it pay
-        (:func:`~dmlkit.engine.frozen_stage_cache.views_for_epochs`); True when it was built."""
+        (:func:`~dmlkit.recipe.feature_cache_plan.views_for_epochs`); True when it was built."""
         if not (trainer.cache_deferred and self.cache_plan.enabled) or trainer.feature_cache is not None:
             return False
         trainer.cache_deferred = False

@@ -11,7 +11,7 @@ import torch
 import dmlkit._validation as validation
 from dmlkit.engine import optim
 from dmlkit.engine.training import step_capture
-from dmlkit.engine.training.step_capture import plan_step_capture, worth_capturing
+from dmlkit.recipe.step_capture_plan import plan_step_capture, worth_capturing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "losses"))
 from _host_syncs import count_host_syncs  # noqa: E402 - the loss tests' counter

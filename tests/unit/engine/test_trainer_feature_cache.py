@@ -84,7 +84,7 @@ def test_a_resumed_run_rebuilds_the_cache_and_ends_with_the_same_weights(tmp_pat
 
 
 def test_under_a_time_budget_the_cache_is_built_only_when_the_planned_epochs_make_it_pay(tmp_path, photo_root):
-    from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, views_for_epochs
+    from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, views_for_epochs
 
     assert [views_for_epochs(e, 8) for e in (2, 5.9, 6, 13, 100)] == [0, 0, 2, 4, 8]
     lines = []
