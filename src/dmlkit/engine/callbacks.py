@@ -2,7 +2,7 @@
 
 A callback subclasses :class:`Callback` and overrides the events it needs; each receives the
 trainer (``trainer.model``, ``trainer.step``, ``trainer.schedule``: the steps and validation interval
-as planned, ``trainer.cfg``: as asked, ``trainer.run``...), and the step
+as planned, ``trainer.cfg``: as asked, ``trainer.run_dir``...), and the step
 and metrics of the event. Setting ``trainer.should_stop = True`` ends training after the current
 step (the selected weights are still tested). A callback that holds state returns it from
 ``state_dict`` and takes it back in ``load_state_dict``: it is saved in every checkpoint, so a

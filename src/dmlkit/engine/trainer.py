@@ -60,6 +60,24 @@ from dmlkit.seeds import derive_generator
 log = logging.getLogger(__name__)
 
 
+class _OfTheRun:
+    """A trainer attribute that is a part of its resolved run (``trainer.resolved.<field>``), read, never copied or
+    written: the trainer holds the run it was given."""
+
+    def __init__(self, field: str | None = None):
+        self.field = field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        return self if trainer is None else getattr(trainer.resolved, self.field)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        raise AttributeError(f"Trainer.{self.field} is the resolved run's (trainer.resolved.{self.field}): the trainer "
+                             "never replaces a part of its run; build the trainer from a run that holds another one.")
+
+
 class Trainer(CheckpointingMixin, SelectionMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
 
@@ -74,6 +92,27 @@ class Trainer(CheckpointingMixin, SelectionMixin):
     Messages go to this module's logger
     (``dmlkit._messages``), or every one to ``echo`` when given.
     """
+
+    # the resolved run's parts, by the names methods, callbacks and tests read (``trainer.model``, ``trainer.cfg``)
+    cfg = _OfTheRun()  # the finished config: read, never written
+    device, dist = _OfTheRun(), _OfTheRun()
+    splits, recipe, label_map = _OfTheRun(), _OfTheRun(), _OfTheRun()
+    model, objective, optimizer, scheduler, sampler = _OfTheRun(), _OfTheRun(), _OfTheRun(), _OfTheRun(), _OfTheRun()
+    member_folds = _OfTheRun()  # protocol.member_folds: each member validates on its own fold
+    augment, autocast_dtype = _OfTheRun(), _OfTheRun()
+    scaler = _OfTheRun()  # fp16 only: gradients underflow without loss scaling
+    forward_model = _OfTheRun()  # DDP-wrapped under torchrun, compiled with train.compile
+    fingerprint = _OfTheRun()
+    _channels_last = _OfTheRun("channels_last")  # conv models on a GPU
+
+    @property
+    def autocast_device(self) -> str:
+        return self.device.type
+
+    @property
+    def _to_device(self) -> bool:
+        """Batches arrive on the CPU: anything else moves them."""
+        return self.device.type != "cpu"
 
     def __init__(
         self,
@@ -90,22 +129,15 @@ class Trainer(CheckpointingMixin, SelectionMixin):
             raise TypeError(f"The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)), not a "
                             f"{type(resolved).__name__}; dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, "
                             "planned and built first.")
-        run = self.resolved = resolved  # every part of the run (self.run is its directory)
-        self.cfg = run.cfg
-        self.device, self.dist = run.device, run.dist
+        # every part of the run, read where it is held (the attributes below that name a part are the run's own)
+        run = self.resolved = resolved
         self.echo = echo if self.dist.is_main else SILENT
-        self.run = RunDirectory(run_dir)
-        if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
-            self.run.log = lambda record: None
+        self.run_dir = RunDirectory(run_dir)  # the run folder (its files and its log)
+        if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run_dir too)
+            self.run_dir.log = lambda record: None
         self.resume = resume
         self.evaluate_test = evaluate_test  # False: no test split at the end (a sweep's trial)
-        self.splits, self.recipe, self.label_map = run.splits, run.recipe, run.label_map
-        self.model, self._channels_last = run.model, run.channels_last  # channels_last: conv models on a GPU
-        self.objective, self.optimizer, self.scheduler = run.objective, run.optimizer, run.scheduler
-        self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
-        self.sampler = run.sampler
-        self.member_folds = run.member_folds  # protocol.member_folds: each member validates on its own fold
         self.position = builders.BatchPosition()
         self.step = 0
         self.best_score = -math.inf
@@ -118,15 +150,10 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
         self.hooks = hooks if hooks is not None else run.method_hooks(self)  # a method's hooks see the trainer
         self.callbacks = CallbackList([*run.early_stopping, *callbacks, *run.loggers, *run.plan_callbacks])
-        self.run.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
-        self.augment = run.augment
-        self.autocast_dtype = run.autocast_dtype
-        self.autocast_device = self.device.type
-        self.scaler = run.scaler  # fp16 only: gradients underflow without loss scaling
+        self.run_dir.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
         # a fused optimiser skips a non-finite step on an accelerator: no host read per step (step_checks.py)
         self.step_checks = (DeviceStepChecks(self.device, stop=self.cfg.train.on_nonfinite == "stop")
                             if self.scaler is None and checks_stay_on_device(self.optimizer, self.device) else None)
-        self.forward_model = run.forward_model  # DDP-wrapped under torchrun, compiled with train.compile
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         # train.step_capture: forward, loss and backward compiled (CUDA graphs on a card); auto decides after timing
         self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
@@ -138,10 +165,8 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         if self.step_capture.mode == "compile":
             self.start_capture(self.step_capture)
         self.cache_deferred = run.cache_deferred  # auto under a time budget: the time budget decides after its first plan
-        self.cache_plan = run.cache_plan
-        self.cache_views = 0 if self.cache_deferred or not self.cache_plan.enabled else self.cache_plan.views
+        self.cache_views = 0 if self.cache_deferred or not run.cache_plan.enabled else run.cache_plan.views
         self.feature_cache: FrozenFeatureCache | None = None  # built by _train (again on resume: deterministic)
-        self.fingerprint = run.fingerprint
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
         self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
         self.last_eval_improved = False  # the last validation counted as progress (EarlyStopping reads it)
@@ -329,7 +354,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         )
 
     def _last_good_checkpoint(self) -> str:
-        last = self.run.last_checkpoint
+        last = self.run_dir.last_checkpoint
         return f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
 
     @property
@@ -350,9 +375,9 @@ class Trainer(CheckpointingMixin, SelectionMixin):
             weights = getattr(self.model, "pretrained_weights", None)
             if weights is not None:
                 self.echo(f"pretrained weights: {weights.tag} from {weights.source} (SHA-256 {weights.sha256[:12]}...)")
-            self.run.prepare(cfg, self.splits, device=str(self.device),
+            self.run_dir.prepare(cfg, self.splits, device=str(self.device),
                              weights=weights.record() if weights is not None else None)
-            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml, once
+            atomic_write_json(self.run_dir.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml, once
             if self.training_record:
                 self.write_training_record()
         distributed.barrier()
@@ -376,7 +401,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
     def write_training_record(self) -> None:
         """``training.json``: what the run did while training (:attr:`training_record`), kept with an earlier
         session's (a resumed run)."""
-        path = self.run.path / TRAINING_RECORD_FILE
+        path = self.run_dir.path / TRAINING_RECORD_FILE
         try:
             earlier = read_json(path) if path.is_file() else {}
         except (OSError, RecordError):
@@ -429,7 +454,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
                           "loss": loss_value, "lr": lr}
                 if self.scaler is not None:  # fp16: a falling scale means overflowing (skipped) steps
                     record["grad_scale"] = self.scaler.get_scale()
-                self.run.log(record)
+                self.run_dir.log(record)
                 if math.isfinite(loss_value):  # the bar's running loss: over the logged steps
                     running = loss_value if running is None else 0.9 * running + 0.1 * loss_value
                     if bar is not None:
@@ -456,7 +481,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.hooks.on_train_end(self)
         self.stopped_early = not schedule.finished(self.step)
         if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
-            return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
+            return TrainResult({}, self.best_step, self.step, "rank 0", self.run_dir.path)
         return self.finish(has_val)
 
     # ------------------------------------------------------------------ mechanisms the attached plans call

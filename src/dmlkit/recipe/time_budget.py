@@ -139,7 +139,7 @@ class TimeBudget(Callback):
         plan = distributed.broadcast_object(plan)  # every rank trains the same steps
         changed = trainer.follow(plan)
         if first or changed:
-            trainer.run.log({"kind": "plan", "step": trainer.step, "time": trainer.elapsed, "max_steps": plan.max_steps,
+            trainer.run_dir.log({"kind": "plan", "step": trainer.step, "time": trainer.elapsed, "max_steps": plan.max_steps,
                              "eval_every": plan.eval_every, "predicted_seconds": round(plan.seconds, 1),
                              "step_seconds": speeds.step_seconds, "eval_seconds": speeds.eval_seconds,
                              "test_seconds": speeds.test_seconds})
@@ -166,7 +166,7 @@ class TimeBudget(Callback):
         """Every number the plans read, the time budget's while training included, with the request they answer
         (``resolved.json``'s), into the run's training record: a replay (``--plan RUN``) starts from them."""
         try:
-            request = read_json(trainer.run.path / RESOLVED_FILE)["request"]
+            request = read_json(trainer.run_dir.path / RESOLVED_FILE)["request"]
         except (OSError, RecordError, KeyError, TypeError):  # a resumed run of an older dmlkit: no request to replay
             return
         measurements = tape.record()

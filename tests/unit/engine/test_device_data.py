@@ -9,6 +9,7 @@ checked. On the CPU every step of the path must leave the batch and its numbers 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 
 import pytest
@@ -146,7 +147,8 @@ def test_convolutional_models_run_channels_last_on_a_gpu_only(tmp_path, tiny_con
     monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
     trainer.training_step(images, trainer.label_map(raw))
     on_cpu, layouts[:] = list(layouts), []  # the CPU: the batch as it came (the model may reorder it itself)
-    trainer._channels_last = True  # as on CUDA: the batch goes in channels_last before the model sees it
+    trainer.resolved = dataclasses.replace(trainer.resolved, channels_last=True)  # as on CUDA: the batch goes in
+    # channels_last before the model sees it
     trainer.training_step(images, trainer.label_map(raw))
     assert layouts == [torch.channels_last, *on_cpu]
 
@@ -213,7 +215,7 @@ def test_evaluation_searches_the_embeddings_on_the_training_gpu(tmp_path, tiny_c
         return real_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", to)
-    trainer.device = CUDA
+    trainer.resolved = dataclasses.replace(trainer.resolved, device=CUDA)
     # (approx: where a real card is present, the search beside it may sum in another order)
     assert trainer.score(embeddings, labels, clustering=False) == pytest.approx(on_cpu, rel=1e-12)
     assert len(moved) == 1 and moved[0] is embeddings  # the k-NN search gets the embeddings on the card
