@@ -3,7 +3,7 @@
 The config says what was asked (``train.max_steps`` and ``train.eval_every``, filled in by the recipe and
 saved once in ``config.yaml``); the trainer's schedule starts from them and is what the loop, the progress
 bar, the learning-rate schedule's horizon, validations and checkpoints read. The time budget re-plans it
-(:mod:`~dmlkit.engine.training.time_budget`), a checkpoint keeps it (``planned``) and a resume restores it,
+(:class:`dmlkit.recipe.time_budget.TimeBudget`, a callback), a checkpoint keeps it (``planned``) and a resume restores it,
 and ``metrics.json`` records the plan the run ended with (``schedule``). Nothing writes the config.
 """
 
