@@ -14,9 +14,10 @@ from dmlkit.recipe import Trainer
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """An 8-wide CNN on scikit-learn's 8x8 digits, 2 steps, embedding without shifts (each embed is one pass)."""
     run_dir = tmp_path_factory.mktemp("run")
     cfg = load_config(overrides=[
-        "train.max_steps=2", "train.progress=false", "eval.clustering=false", "eval.save_embeddings=false",
+        "data.name=digits", "model.shift_average=0", "train.max_steps=2", "train.progress=false", "eval.clustering=false", "eval.save_embeddings=false",
         "model.args={width: 8}", "sampler.batch_size=32", "sampler.m=8",
     ])
     Trainer(cfg, run_dir, echo=lambda _: None).fit()
@@ -36,7 +37,7 @@ def test_parquet_round_trips_the_npz_output(tiny_run, tmp_path, capsys):
     emb = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
     assert emb.dtype == np.float32 and np.array_equal(emb, ref["embeddings"])
     assert np.array_equal(table.column("label").to_numpy(), ref["labels"])
-    assert table.column("path").null_count == table.num_rows  # MNIST is in memory: no files
+    assert table.column("path").null_count == table.num_rows  # the digits are in memory: no files
 
 
 def test_format_flag_overrides_the_extension_and_paths_are_kept(tmp_path):

@@ -23,10 +23,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:F
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """The small CNN on scikit-learn's 8x8 digits (MNIST's normalisation), 3 steps; eval-mode embeddings
+    average 9 shifts, so the exported graphs hold the shift loop (a third of the default job's 25: the export time
+    grows with the graph)."""
     run_dir = tmp_path_factory.mktemp("export") / "run"
     cfg = load_config(overrides=[
-        "train.max_steps=3", "train.progress=false", "eval.clustering=false", "eval.save_embeddings=false",
-        "train.num_threads=1",
+        "data.name=digits", "model.shift_average=1", "train.max_steps=3", "train.progress=false",
+        "eval.clustering=false", "eval.save_embeddings=false", "train.num_threads=1",
     ])
     Trainer(cfg, run_dir, echo=lambda text: None).fit()
     return run_dir
@@ -59,7 +62,7 @@ def test_torchscript_matches_loaded_model_on_test_images(tiny_run, test_images, 
     assert (got - expected).abs().max().item() <= TOLERANCE
     assert torch.allclose(got.norm(dim=1), torch.ones(64), atol=1e-5)  # L2-normalised like the original
     inside = json.loads(extra["dmlkit.json"])
-    assert inside["input"]["shape"] == ["batch", 1, 28, 28] and inside["include_preprocessing"] is False
+    assert inside["input"]["shape"] == ["batch", 1, 8, 8] and inside["include_preprocessing"] is False
     sidecar = json.loads(metadata_path_for(result.path).read_text())
     assert sidecar["preprocessing"]["mean"] == pytest.approx([0.1307])
     assert 0 <= sidecar["check"]["max_abs_difference"] <= TOLERANCE
