@@ -88,11 +88,12 @@ def test_under_a_time_budget_the_cache_is_built_only_when_the_planned_epochs_mak
 
     assert [views_for_epochs(e, 8) for e in (2, 5.9, 6, 13, 100)] == [0, 0, 2, 4, 8]
     lines = []
-    long = Trainer(photo_config(photo_root, "train.max_steps=12", "train.time_budget=100000"), tmp_path / "long",
+    # 20 steps of 6 of the 18 training images: about 6.7 epochs, enough for the fewest cached views (2)
+    long = Trainer(photo_config(photo_root, "train.max_steps=20", "train.time_budget=100000"), tmp_path / "long",
                    echo=lines.append)
     assert long.cache_deferred and long.feature_cache is None
     long.fit()
-    epochs = 12 * long.cfg.sampler.batch_size / len(long.splits.train)
+    epochs = 20 * long.cfg.sampler.batch_size / len(long.splits.train)
     assert long.feature_cache is not None and long.feature_cache.views == min(8, int(epochs // EPOCHS_PER_VIEW))
     plans = [r for r in long.run_dir.read_log() if r.get("kind") == "plan"]
     assert [p["step"] for p in plans] == [4, 8]  # planned, cache built, steps timed again and planned again
