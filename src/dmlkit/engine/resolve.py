@@ -3,10 +3,11 @@
 :func:`resolve_run` is the one way into the engine: ``dmlkit train``, ``dmlkit.fit``, ``sweep``, ``crossval`` and
 the claims runner plan a run with :func:`dmlkit.recipe.planner` (which decides every field left to the recipe), then
 call it; :class:`~dmlkit.engine.trainer.Trainer` receives its :class:`ResolvedRun` and builds nothing. It reads the
-config and never writes to it, and builds each object once, in the order the parts depend on each other (and the
-order the global RNG is drawn in, so the same seed gives the same numbers):
+config and never writes to it, takes over what the plan built (device and process group, the model, the random
+state after the seed and the model's build, the splits) and builds every other object once, in the order the parts
+depend on each other (and the order the global RNG is drawn in, so the same seed gives the same numbers):
 
-device -> process group -> loggers -> seed -> model -> splits -> batch augmentation -> label map -> objective
+(device -> process group) -> loggers -> (seed -> model) -> splits -> batch augmentation -> label map -> objective
 -> optimiser and schedule -> sampler -> autocast -> DDP / compile -> fingerprint.
 
 ``ResolvedRun.choices`` holds every value the recipe (and the measurements behind it) chose, with the
@@ -36,7 +37,7 @@ from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.planned import PlannedRun
-from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.rng_state import seed_everything, set_rng_state
 from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
 from dmlkit.engine.training.step_checks import checks_stay_on_device
@@ -203,17 +204,20 @@ def resolve_run(
     ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
     ``miner`` (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
     user's datasets) and ``optimizer`` replace the config's: the same objects the plan was made with. The
-    finished config ``planned.cfg`` is read, never written; each object is built once. The splits the plan read
+    finished config ``planned.cfg`` is read, never written; each object is built once: the device, process group
+    and model the plan built (``planned.device``, ``planned.model``) are the run's, which draws on from the random
+    state the plan left it (``planned.rng``); a plan without them has them built here. The splits the plan read
     (``planned.splits``) are the run's when this config and model read them the same way
     (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
     """
     cfg = planned.cfg
-    device, dist = builders.device_and_processes(cfg)
+    device, dist = (planned.device, planned.dist) if planned.device is not None and planned.dist is not None \
+        else builders.device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
-    seed_everything(cfg.seed)
-    built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
+    built = _run_model(planned, model)
     splits = _run_splits(planned, built, data)
-    planned = replace(planned, splits=None)  # the run keeps its own splits, never a second set beside them
+    # the run keeps its own splits and model, never a second reference beside them
+    planned = replace(planned, splits=None, model=None, rng=None)
     # the warp fills with the background as the model sees it: after the split's normalisation
     augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
     built, channels_last = _on_device(built, device)
@@ -246,6 +250,19 @@ def resolve_run(
         embed_seconds=planned.embed_seconds, member_folds=member_folds, request=planned.request,
         measurements=planned.measurements, step_capture=step_capture,
     )
+
+
+def _run_model(planned: PlannedRun, model: nn.Module | None) -> nn.Module:
+    """The run's model (the one given, else the plan's), with the global random state after the seed and the model's
+    build; a plan without them builds it here, from the seed (on the CPU: the same weights anywhere)."""
+    if model is None and planned.model is None:
+        seed_everything(planned.cfg.seed)
+        return builders.build_model(planned.cfg)
+    if planned.rng is not None:
+        set_rng_state(planned.rng)
+    else:
+        seed_everything(planned.cfg.seed)
+    return model if model is not None else planned.model
 
 
 def _run_splits(planned: PlannedRun, built: nn.Module, data) -> Any:

@@ -5,11 +5,12 @@ kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recip
 backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
 batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
 It works on its own copy of the config and returns it finished (:class:`~dmlkit.engine.planned.PlannedRun`);
-the config it was given is left as it was. It may build a throw-away probe model (to time, and to embed validation
-classes with); the run's own objects are built once, from the finished config, by
-:func:`~dmlkit.engine.resolve.resolve_run`. The splits it reads the training split from go with the plan
-(``PlannedRun.splits``, with what they were read with): the run builds on them where it would read its data the
-same way, so image files are decoded once.
+the config it was given is left as it was. What it builds to plan with goes with the plan, so the run builds
+nothing twice: the device and process group, the random state the run starts from, the probe model (timed, and
+embedding validation classes) as the model the run trains (``PlannedRun.model``: built from the seed alone, as
+:func:`~dmlkit.engine.resolve.resolve_run` would build it from the finished config), and the splits it reads the
+training split from (``PlannedRun.splits``, with what they were read with: the run builds on them where it would
+read its data the same way, so image files are decoded once).
 
 The steps run in the order they depend on each other:
 survey of the data -> model rules -> backbone by budget -> probe model -> view size and pooling -> learning plan
@@ -37,13 +38,14 @@ from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feat
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
-from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.rng_state import rng_state, seed_everything, set_rng_state
 from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
+from dmlkit.recipe.pooling_choice import is_embedder
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)
@@ -160,10 +162,11 @@ def plan(
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
+    seeded = rng_state()  # the run's random state where it builds no model (a model given)
     survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
     learning: list = []  # the learning plan, when the frozen stages were planned: the steps it predicts
-    probe, model_choices = _plan_model(cfg, survey, model, device, echo, started=started, measurements=measurements,
-                                       learning=learning)
+    probe, model_choices, build = _plan_model(cfg, survey, model, device, echo, started=started,
+                                              measurements=measurements, learning=learning, seeded=seeded)
     if learning and learning[0].too_small:  # said before the budget is spent on a run that cannot train
         echo(f"plan: {learning[0].too_small}")
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
@@ -172,7 +175,8 @@ def plan(
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
         embed_seconds = _fit_to_budget(cfg, splits, probe, resolved, device, echo, started=started, augment=augment,
                                        measurements=measurements, own_objective=loss is None and miner is None)
-        probe = _probe_as_planned(cfg, probe, resolved.choices)
+    # the member folds and the feature cache read the model the run will train
+    probe, run_rng = (model, seeded) if build is None else _run_model(cfg, probe, build)
     unfolded = _member_folds(cfg, probe, splits, resolved.choices)
     if unfolded:
         resolved.choices.update(unfolded)
@@ -190,7 +194,8 @@ def plan(
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
                       measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
                       splits=splits if read_as is not None else None, splits_read_as=read_as,
-                      planned_steps=_planned_steps(cfg, learning))
+                      planned_steps=_planned_steps(cfg, learning), model=None if model is not None else probe,
+                      rng=run_rng, device=device, dist=dist)
 
 
 def _measurements_for(request: dict, device: torch.device, *, given: tuple, replan: bool) -> Measurements:
@@ -206,24 +211,62 @@ def _planned_steps(cfg: RunConfig, learning: list) -> int | None:
     return min(int(learning[0].steps), int(cfg.train.max_steps))
 
 
+@dataclass
+class _ProbeBuild:
+    """How the probe was built: with ``arguments`` (``builders.model_arguments``) as ``ensemble`` members, from the
+    seed alone (``seeded``: nothing drew from the random generators before it), the random state after it (``rng``),
+    its buffers then (``buffers``: the running statistics the plan's measurements move) and which of its parameters
+    trained (``trainable``: the frozen stages the plan measures move)."""
+
+    arguments: dict
+    ensemble: int
+    seeded: bool
+    rng: dict
+    buffers: dict[str, torch.Tensor]
+    trainable: list[bool]
+
+
+def _build_probe(cfg: RunConfig, seeded: dict) -> tuple[nn.Module, _ProbeBuild]:
+    """The probe, built as the run builds its model (on the CPU, from the seed), and how it was built."""
+    fresh = _same_state(rng_state(), seeded)
+    probe = builders.build_model(cfg)
+    buffers = {name: buffer.detach().clone() for name, buffer in probe.named_buffers()}
+    return probe, _ProbeBuild(builders.model_arguments(cfg), int(cfg.model.ensemble or 1), fresh, rng_state(), buffers,
+                              [param.requires_grad for param in probe.parameters()])
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    """Whether two :func:`~dmlkit.engine.rng_state.rng_state` captures are the same state."""
+    def same(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and torch.equal(x, y)
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(same, x, y))
+        return x == y
+
+    return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+
+
 def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.device, echo, *, started: float,
-                measurements: Measurements, learning: list) -> tuple[nn.Module, dict]:
+                measurements: Measurements, learning: list,
+                seeded: dict) -> tuple[nn.Module, dict, _ProbeBuild | None]:
     """The model rules, the backbone the budget buys, the view size and the frozen stages: the probe model they
-    were measured with (``model`` when given) and the choices (``{field: (value, reason)}``); the learning plan
-    appended to ``learning`` when the frozen stages were planned."""
+    were measured with (``model`` when given), the choices (``{field: (value, reason)}``) and how the probe was
+    built (None for a given model); the learning plan appended to ``learning`` when the frozen stages were
+    planned."""
     model_choices = {} if model is not None else apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
     backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
                                    spent=lambda: measurements.seconds("seconds spent before the backbone choice",
                                                                       work_since(started)),
                                    measurements=measurements)
-    probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
+    probe, build = (model, None) if model is not None else _build_probe(cfg, seeded)
     model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
                                            progress=measurements.progress))
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
                                                spent=work_since(started), measurements=measurements,
                                                planned=learning))
-    return probe, model_choices
+    return probe, model_choices, build
 
 
 def _plan_on_splits(cfg: RunConfig, survey, data, probe: nn.Module, model_choices: dict, device: torch.device,
@@ -258,13 +301,52 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     return embed_seconds
 
 
-def _probe_as_planned(cfg: RunConfig, probe: nn.Module, choices: dict) -> nn.Module:
-    """The probe built again where the recipe asked for more (ensemble members, shift averaging): the member
-    folds and the feature cache read the model the run will train."""
-    chose = {key: value for key, (value, _) in choices.items()}
-    if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):
-        return builders.build_model(cfg)
-    return probe
+def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn.Module, dict]:
+    """The model the run trains, and the random state the run starts from (the seed's, after the model was built).
+
+    It is the probe where the finished config builds it from the seed: the probe was built from the seed alone and
+    with the finished config's arguments, but for what the plan set on it since (pooling, mirror and frozen stages,
+    read from the probe itself) and what is set without weights (shift averaging). Its buffers and trainable
+    parameters go back to what they were built as (then its frozen stages frozen, as ``create_model`` freezes them),
+    and the recipe's further ensemble members are built beside it (from their own seeds, as ``builders.build_model``
+    builds them). Anything else (the recipe changed an argument the probe cannot take on) is built again from the
+    seed, as the run would build it.
+    """
+    final = builders.model_arguments(cfg)
+    ensemble = int(cfg.model.ensemble or 1)
+    as_built = {**build.arguments, **_set_on_probe(probe, build)}
+    if build.ensemble == 1:  # an attribute read in eval mode: no weights, no random draw
+        as_built["shift_average"] = final["shift_average"]
+    if build.seeded and as_built == final and build.ensemble in (1, ensemble):
+        with torch.no_grad():
+            for name, buffer in probe.named_buffers():  # the running statistics as built, before any measurement
+                buffer.copy_(build.buffers[name])
+        for param, trainable in zip(probe.parameters(), build.trainable):
+            param.requires_grad_(trainable)
+        if build.arguments["frozen_stages"] == 0 and final["frozen_stages"]:
+            probe.trunk.freeze_stages(final["frozen_stages"])
+        if build.ensemble == 1:
+            probe.shift_average = final["shift_average"]
+            probe = builders.build_model(cfg, first_member=probe)  # the recipe's members beside it
+        return probe, build.rng
+    planning = rng_state()
+    seed_everything(cfg.seed)
+    model = builders.build_model(cfg)
+    run_rng = rng_state()
+    set_rng_state(planning)
+    return model, run_rng
+
+
+def _set_on_probe(probe: nn.Module, build: _ProbeBuild) -> dict:
+    """The model arguments the plan sets on a built single Embedder (pooling, mirror, frozen stages where it was
+    built with none), as the probe now has them."""
+    if build.ensemble != 1 or not is_embedder(probe):
+        return {}
+    now = {"pooling": probe.pool.pooling, "flip_average": bool(probe.flip_average)}
+    frozen = getattr(probe.trunk, "frozen_stages", None)
+    if frozen is not None and build.arguments["frozen_stages"] == 0:  # frozen again from the flags as built
+        now["frozen_stages"] = int(frozen)
+    return now
 
 
 def _plan_cache(cfg: RunConfig, probe: nn.Module, splits, augment, choices: dict, dist: distributed.DistInfo,
