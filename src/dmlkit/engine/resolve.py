@@ -31,6 +31,7 @@ from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint_files import config_fingerprint
 from dmlkit.engine.frozen_stage_cache import CachePlan
+from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
@@ -190,32 +191,27 @@ def _plain(value: Any) -> Any:
 
 def resolve_run(
     planned: PlannedRun,
+    given: GivenObjects = NOTHING_GIVEN,
     *,
-    model: nn.Module | None = None,
-    loss: nn.Module | None = None,
-    miner: nn.Module | None = None,
-    data=None,
-    optimizer: torch.optim.Optimizer | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> ResolvedRun:
     """Build the run ``planned`` describes (:func:`dmlkit.recipe.planner`); objects given replace what the config
     would build.
 
-    ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
-    ``miner`` (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
-    user's datasets) and ``optimizer`` replace the config's: the same objects the plan was made with. The
+    ``given`` (:class:`~dmlkit.engine.given.GivenObjects`: a model, loss, miner, the user's splits, an optimiser)
+    replaces the config's objects: the same objects the plan was made with. The
     finished config ``planned.cfg`` is read, never written; each object is built once: the device, process group
     and model the plan built (``planned.device``, ``planned.model``) are the run's, which draws on from the random
     state the plan left it (``planned.rng``); a plan without them has them built here. The splits the plan read
     (``planned.splits``) are the run's when this config and model read them the same way
     (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
     """
-    cfg = planned.cfg
+    cfg, model = planned.cfg, given.model
     device, dist = (planned.device, planned.dist) if planned.device is not None and planned.dist is not None \
         else builders.device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
     built = _run_model(planned, model)
-    splits = _run_splits(planned, built, data)
+    splits = _run_splits(planned, built, given.data)
     # the run keeps its own splits and model, never a second reference beside them
     planned = replace(planned, splits=None, model=None, rng=None)
     # the warp fills with the background as the model sees it: after the split's normalisation
@@ -224,9 +220,9 @@ def resolve_run(
     member_folds = _fold_members(cfg, splits, built) if cfg.protocol.member_folds else None
     train_labels = splits.train.labels
     label_map = builders.LabelMap(train_labels)
-    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner,
+    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=given.loss, miner=given.miner,
                                          member_folds=member_folds).to(device)
-    optimizer = optimizer if optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
+    optimizer = given.optimizer if given.optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.train.max_steps)  # the trainer's schedule from step 1
     sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,

@@ -35,6 +35,7 @@ from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
+from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
 from dmlkit.engine.planned import PlannedRun
@@ -126,11 +127,8 @@ def _warn_without_positive_pairs(cfg: RunConfig) -> None:
 
 def plan(
     cfg: RunConfig,
+    given: GivenObjects = NOTHING_GIVEN,
     *,
-    model: nn.Module | None = None,
-    loss: nn.Module | None = None,
-    miner: nn.Module | None = None,
-    data=None,
     echo: Callable[[str], None] | None = None,
     started: float | None = None,
     measurements: Measurements | None = None,
@@ -138,15 +136,16 @@ def plan(
 ) -> PlannedRun:
     """``cfg`` finished by the recipe (a new config; ``cfg`` is not written) with every choice and its reason.
 
-    ``model``, ``loss``, ``miner`` and ``data`` (:func:`dmlkit.data.user.user_splits`) are the objects the run
-    will be given instead of the config's: the recipe reads them (a given model is measured, never changed; given
-    splits are read through a copy) and leaves to them what they decide. The recipe's lines go to this module's
+    ``given`` (:class:`~dmlkit.engine.given.GivenObjects`): the objects the run will be given instead of the
+    config's: the recipe reads them (a given model is measured, never changed; given splits are read through a
+    copy) and leaves to them what they decide. The recipe's lines go to this module's
     logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
     now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured again). A run given objects measures
     and keeps nothing.
     """
+    model, data = given.model, given.data
     request = config_to_dict(cfg)  # before the recipe fills it in
     cfg = copy.deepcopy(cfg)  # the recipe writes into its own copy
     started = time.perf_counter() if started is None else started
@@ -155,7 +154,7 @@ def plan(
     device, dist = builders.device_and_processes(cfg)
     echo = messages(echo, log) if dist.is_main else SILENT
     if measurements is None:
-        measurements = _measurements_for(request, device, given=(model, loss, miner, data), replan=replan)
+        measurements = _measurements_for(request, device, given=given, replan=replan)
     measurements.start()
     if measurements.progress is None:  # no silent minute: each measurement taken now is said before it runs
         measurements.progress = echo
@@ -174,7 +173,8 @@ def plan(
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
         embed_seconds = _fit_to_budget(cfg, splits, probe, resolved, device, echo, started=started, augment=augment,
-                                       measurements=measurements, own_objective=loss is None and miner is None)
+                                       measurements=measurements,
+                                       own_objective=given.loss is None and given.miner is None)
     # the member folds and the feature cache read the model the run will train
     probe, run_rng = (model, seeded) if build is None else _run_model(cfg, probe, build)
     unfolded = _member_folds(cfg, probe, splits, resolved.choices)
@@ -198,9 +198,9 @@ def plan(
                       rng=run_rng, device=device, dist=dist)
 
 
-def _measurements_for(request: dict, device: torch.device, *, given: tuple, replan: bool) -> Measurements:
+def _measurements_for(request: dict, device: torch.device, *, given: GivenObjects, replan: bool) -> Measurements:
     """Live numbers for a run given objects (nothing kept); else what this machine kept for ``request``."""
-    return Measurements.live() if any(obj is not None for obj in given) else \
+    return Measurements.live() if given.read_by_the_plan else \
         Measurements.for_request(request, device, replan=replan)
 
 

@@ -16,7 +16,6 @@ with the view on the development sets), and their time is saved.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 
 from dmlkit.engine import builders, distributed
 from dmlkit.engine.rng_state import rng_state, set_rng_state
+from dmlkit.engine.timing import device_clock
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
 from dmlkit.recipe import pooling_choice
@@ -214,6 +214,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     if precision == "auto":  # as the recipe resolves it later
         precision = "bf16" if builders.native_bf16(device) else "none"
     probe = None if configurations is None else pooling_choice.PooledViews(model.trunk, configurations[0])
+    clock = device_clock(device)  # wall seconds once the device's queued work is done
     out: dict[int, Measured] = {}
     best: dict[int, torch.Tensor] = {}
     for size in sorted(sizes, reverse=True):
@@ -221,7 +222,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
         key = (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
                cfg.data.name)
         if key not in _SCORED:
-            start = time.perf_counter()
+            start = clock()
             split = view_split(images, size, cfg.data.name, preprocessing, mode)
             embedded, _ = embed_dataset(probe if probe is not None else model, split, cfg.eval.batch_size, 0,
                                         autocast_dtype(precision))
@@ -230,7 +231,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
             scored = {c: map_at_r_per_query(e, labels, backend=cfg.eval.backend) for c, e in per_config.items()}
             while len(_SCORED) >= KEPT_SCORES:  # the oldest out: a plan reads again only what it just measured
                 del _SCORED[next(iter(_SCORED))]
-            _SCORED[key] = Measured(scored, time.perf_counter() - start, labels)
+            _SCORED[key] = Measured(scored, clock() - start, labels)
         out[size] = _SCORED[key]
         scored = out[size].per_query
         best[size] = scored[pooling_choice.best_configuration(scored)]
