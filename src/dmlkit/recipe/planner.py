@@ -305,16 +305,16 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
     """The model the run trains, and the random state the run starts from (the seed's, after the model was built).
 
     It is the probe where the finished config builds it from the seed: the probe was built from the seed alone and
-    with the finished config's arguments, but for what the plan set on it since (pooling, mirror and frozen stages,
-    read from the probe itself) and what is set without weights (shift averaging). Its buffers and trainable
-    parameters go back to what they were built as (then its frozen stages frozen, as ``create_model`` freezes them),
-    and the recipe's further ensemble members are built beside it (from their own seeds, as ``builders.build_model``
-    builds them). Anything else (the recipe changed an argument the probe cannot take on) is built again from the
-    seed, as the run would build it.
+    with the finished config's arguments, but for what the plan set on it since (pooling and mirror, read from the
+    probe itself), what is set without weights (shift averaging, more frozen stages) and the embedding size the
+    recipe read from it. Its buffers and trainable parameters go back to what they were built as (then its frozen
+    stages frozen, as ``create_model`` freezes them), and the recipe's further ensemble members are built beside it
+    (from their own seeds, as ``builders.build_model`` builds them). Anything else (the recipe changed an argument
+    the probe cannot take on) is built again from the seed, as the run would build it.
     """
     final = builders.model_arguments(cfg)
     ensemble = int(cfg.model.ensemble or 1)
-    as_built = {**build.arguments, **_set_on_probe(probe, build)}
+    as_built = {**build.arguments, **_set_on_probe(probe, build, final)}
     if build.ensemble == 1:  # an attribute read in eval mode: no weights, no random draw
         as_built["shift_average"] = final["shift_average"]
     if build.seeded and as_built == final and build.ensemble in (1, ensemble):
@@ -323,7 +323,7 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
                 buffer.copy_(build.buffers[name])
         for param, trainable in zip(probe.parameters(), build.trainable):
             param.requires_grad_(trainable)
-        if build.arguments["frozen_stages"] == 0 and final["frozen_stages"]:
+        if final["frozen_stages"]:  # on the flags as built: the stages frozen then, and those up to this one
             probe.trunk.freeze_stages(final["frozen_stages"])
         if build.ensemble == 1:
             probe.shift_average = final["shift_average"]
@@ -337,15 +337,20 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
     return model, run_rng
 
 
-def _set_on_probe(probe: nn.Module, build: _ProbeBuild) -> dict:
-    """The model arguments the plan sets on a built single Embedder (pooling, mirror, frozen stages where it was
-    built with none), as the probe now has them."""
+def _set_on_probe(probe: nn.Module, build: _ProbeBuild, final: dict) -> dict:
+    """The model arguments of a built single Embedder that the plan sets on it, or that it can take on without being
+    built again: its pooling and mirror as it now has them; no embedding size as its backbone's feature size (what
+    ``create_model`` makes of None); the finished config's frozen stages where they are at least those it was built
+    with (freezing more of it is what ``create_model`` does)."""
     if build.ensemble != 1 or not is_embedder(probe):
         return {}
     now = {"pooling": probe.pool.pooling, "flip_average": bool(probe.flip_average)}
-    frozen = getattr(probe.trunk, "frozen_stages", None)
-    if frozen is not None and build.arguments["frozen_stages"] == 0:  # frozen again from the flags as built
-        now["frozen_stages"] = int(frozen)
+    if build.arguments["embedding_size"] is None:
+        now["embedding_size"] = int(probe.trunk.num_features)
+    built, frozen = build.arguments["frozen_stages"], final["frozen_stages"]
+    if hasattr(probe.trunk, "freeze_stages") and frozen >= built and (frozen or not getattr(probe.trunk,
+                                                                                            "frozen_stages", 0)):
+        now["frozen_stages"] = frozen
     return now
 
 

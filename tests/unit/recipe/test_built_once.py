@@ -2,6 +2,8 @@
 random state a model built by the run from the seed would have."""
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,3 +98,44 @@ def test_a_probe_changed_where_the_run_cannot_take_it_over_is_built_again_from_t
     torch.manual_seed(planned.cfg.seed)
     reference = builders.build_model(planned.cfg)
     assert all(torch.equal(a, b) for a, b in zip(planned.model.state_dict().values(), reference.state_dict().values()))
+
+
+def _test_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_photo_run_trains_the_pretrained_probe_the_plan_measured_and_froze(tmp_path, monkeypatch, constructions):
+    """Photos: the pretrained backbone is built once, its pooling and mirror measured, more of its stages frozen by the
+    learning plan (here from a slow machine's costs), its embedding size read from it: the run takes it over with
+    the weights, trainable parameters, modes and random state of a model built from the finished config."""
+    from dmlkit.config import load_config
+    from dmlkit.recipe import learning_plan
+
+    slow = _test_module("test_learning_plan").SLOW
+    root = _test_module("test_view_size").write_photos(tmp_path / "photos", 96, classes=8, per_class=5)
+    monkeypatch.setattr(learning_plan, "measure_stage_costs",
+                        lambda model, counts, crop, **_: [c for c in slow if c.frozen_stages in counts])
+    monkeypatch.setattr(learning_plan, "embed_seconds", lambda *args, **kwargs: 0.05)
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=[
+        "data.name=folder", f"data.root={root}", "train.progress=false", "eval.clustering=false",
+        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96"])
+    choose = planner.backbone_choice.choose_for_run
+    measured: list[str] = []  # the backbones the choice by budget built to measure (throw-away models)
+    monkeypatch.setattr(planner.backbone_choice, "choose_for_run",
+                        lambda *args, **kwargs: (choose(*args, **kwargs), measured.extend(constructions))[0])
+    planned = planner.plan(cfg, measurements=Measurements.live(), **QUIET)
+    assert constructions[len(measured):] == [planned.cfg.model.name]  # the probe, which is the run's model
+    assert planned.cfg.model.frozen_stages == 4 and planned.cfg.model.embedding_size == 1280
+    built_here = resolve_run(dataclasses.replace(planned, model=None, rng=None, device=None, dist=None), **QUIET)
+    after_built_here = torch.get_rng_state()
+    handed_over = resolve_run(planned, **QUIET)
+    assert handed_over.model is planned.model and torch.equal(torch.get_rng_state(), after_built_here)
+    ours, theirs = handed_over.model.state_dict(), built_here.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours)
+    assert [p.requires_grad for p in handed_over.model.parameters()] == \
+        [p.requires_grad for p in built_here.model.parameters()]
+    assert [m.training for m in handed_over.model.modules()] == [m.training for m in built_here.model.modules()]
+    assert repr(handed_over.model) == repr(built_here.model)
