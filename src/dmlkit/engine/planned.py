@@ -51,7 +51,7 @@ class PlannedRun:
     embed_seconds: float | None = None
     field_order: tuple[str, ...] = ()  # the order the recipe prints its fields in (others after them)
     splits: Any = None  # the splits the plan read from the config's data (not a user's), validation held out
-    splits_read_as: dict | None = None  # what they were read with (engine.builders.split_reading)
+    splits_read_as: dict | None = None  # what they were read with (engine.splits.split_reading)
     planned_steps: int | None = None  # the steps the recipe's plan expects the time budget to buy (train.max_steps
     # is then their ceiling; the trainer fits the steps to the budget from the speeds it times)
     model: nn.Module | None = None  # the run's model, built once (the probe the plan measured, where it is that model)

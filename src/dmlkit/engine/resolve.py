@@ -27,19 +27,25 @@ from torch import nn
 
 from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
+from dmlkit.engine import device_data, distributed, lazy_dynamo
+from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
+from dmlkit.engine.batches import LabelMap, build_batch_sampler
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint_files import config_fingerprint
+from dmlkit.engine.device import device_and_processes
 from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
+from dmlkit.engine.model import build_model
+from dmlkit.engine.objective import build_objective
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything, set_rng_state
 from dmlkit.engine.run_layout import RESOLVED_FILE
+from dmlkit.engine.splits import build_splits, hold_out_validation_classes, split_reading
 from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
 from dmlkit.engine.training.step_checks import checks_stay_on_device
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
@@ -69,7 +75,7 @@ class ResolvedRun:
     recipe: PlannedRun
     model: nn.Module
     channels_last: bool
-    label_map: builders.LabelMap
+    label_map: LabelMap
     objective: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -204,28 +210,28 @@ def resolve_run(
     and model the plan built (``planned.device``, ``planned.model``) are the run's, which draws on from the random
     state the plan left it (``planned.rng``); a plan without them has them built here. The splits the plan read
     (``planned.splits``) are the run's when this config and model read them the same way
-    (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
+    (:func:`~dmlkit.engine.splits.split_reading`); otherwise the config's data is read here.
     """
     cfg, model = planned.cfg, given.model
     device, dist = (planned.device, planned.dist) if planned.device is not None and planned.dist is not None \
-        else builders.device_and_processes(cfg)
+        else device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
     built = _run_model(planned, model)
     splits = _run_splits(planned, built, given.data)
     # the run keeps its own splits and model, never a second reference beside them
     planned = replace(planned, splits=None, model=None, rng=None)
     # the warp fills with the background as the model sees it: after the split's normalisation
-    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
+    augment = build_batch_augmentation(cfg, background_fill(splits, planned.profile.background))
     built, channels_last = _on_device(built, device)
     member_folds = _fold_members(cfg, splits, built) if cfg.protocol.member_folds else None
     train_labels = splits.train.labels
-    label_map = builders.LabelMap(train_labels)
-    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=given.loss, miner=given.miner,
+    label_map = LabelMap(train_labels)
+    objective = build_objective(cfg, num_classes=len(label_map), loss=given.loss, miner=given.miner,
                                          member_folds=member_folds).to(device)
     optimizer = given.optimizer if given.optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.train.max_steps)  # the trainer's schedule from step 1
-    sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
+    sampler = build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
                                            member_folds=member_folds)
     methods = enabled_methods(cfg)
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
@@ -253,7 +259,7 @@ def _run_model(planned: PlannedRun, model: nn.Module | None) -> nn.Module:
     build; a plan without them builds it here, from the seed (on the CPU: the same weights anywhere)."""
     if model is None and planned.model is None:
         seed_everything(planned.cfg.seed)
-        return builders.build_model(planned.cfg)
+        return build_model(planned.cfg)
     if planned.rng is not None:
         set_rng_state(planned.rng)
     else:
@@ -268,15 +274,15 @@ def _run_splits(planned: PlannedRun, built: nn.Module, data) -> Any:
     if data is not None:  # the user's splits: the validation classes the recipe chose are held out here
         splits = data
         if cfg.protocol.val_class_fraction and splits.val is None:
-            builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
+            hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
         return splits
-    if planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
+    if planned.splits is not None and planned.splits_read_as == split_reading(cfg, built):
         # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
         # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
         splits = copy.copy(planned.splits)
         splits.info = dict(splits.info)
         return splits
-    return builders.build_splits(cfg, built)  # transforms follow the model's preprocessing
+    return build_splits(cfg, built)  # transforms follow the model's preprocessing
 
 
 def _on_device(built: nn.Module, device: torch.device) -> tuple[nn.Module, bool]:
@@ -291,7 +297,7 @@ def _on_device(built: nn.Module, device: torch.device) -> tuple[nn.Module, bool]
 def _fold_members(cfg: RunConfig, splits, built: nn.Module) -> MemberFolds:
     """``protocol.member_folds``: each ensemble member's own fold of every training class, applied to ``splits``; the
     model then takes a batch per member."""
-    label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
+    label_map = LabelMap(splits.before_holdout.labels)  # every training class: members split them
     member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
                                       cfg.protocol.seed)
     built.member_batches = True

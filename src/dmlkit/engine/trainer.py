@@ -30,7 +30,8 @@ from dmlkit._json_files import read_json
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
 from dmlkit.engine import budget_planner as budget
-from dmlkit.engine import builders, device_data, distributed
+from dmlkit.engine import device_data, distributed
+from dmlkit.engine.batches import BatchPosition, iterate_training_batches
 from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint_files import atomic_write_json
@@ -107,7 +108,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
         self.sampler = run.sampler
         self.member_folds = run.member_folds  # protocol.member_folds: each member validates on its own fold
-        self.position = builders.BatchPosition()
+        self.position = BatchPosition()
         self.step = 0
         self.best_score = -math.inf
         self.best_step = 0
@@ -514,7 +515,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         """The batch stream from the current position: labels only once the cache holds the images' features."""
         source = (self.feature_cache.batch_source() if self.feature_cache
                   else device_data.resident_on(self.splits.train, self.device))  # in memory: on a GPU, moved there once
-        return builders.iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
+        return iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
                                                  pin_memory=self._pin)
 
 

@@ -314,7 +314,7 @@ def _images_to_embed(cfg: Any, survey: Any) -> tuple[int, int]:
 
 def _run_autocast_dtype(cfg: Any, device: torch.device) -> torch.dtype | None:
     """The autocast dtype the run will train under (``train.mixed_precision=auto`` resolved as the recipe does)."""
-    from dmlkit.engine.builders import native_bf16
+    from dmlkit.engine.device import native_bf16
     from dmlkit.evaluation.embed import autocast_dtype
 
     precision = cfg.train.mixed_precision
@@ -442,7 +442,7 @@ def untrained_scores(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[An
     The scores go through ``measurements`` (kept and replayed: a replay embeds nothing)."""
     import copy
 
-    from dmlkit.engine import builders
+    from dmlkit.engine.model import build_model
     from dmlkit.recipe import pooling_choice, view_size
     from dmlkit.recipe import rules as recipe
 
@@ -458,7 +458,7 @@ def untrained_scores(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[An
         candidate = copy.deepcopy(cfg)
         candidate.model.name = name
         with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
-            model = builders.build_model(candidate)
+            model = build_model(candidate)
         configurations = pooling_choice.candidates(model_choices, model) \
             if pooling_choice.is_embedder(model) else None
         measured = view_size.measure_sizes(candidate, model, val, [size], device=device,

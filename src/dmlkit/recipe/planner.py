@@ -33,13 +33,18 @@ from torch import nn
 
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import distributed
+from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
+from dmlkit.engine.device import device_and_processes, native_bf16
 from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
 from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import uses_member_folds
+from dmlkit.engine.model import build_model, model_arguments
+from dmlkit.engine.objective import build_member_objective
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import rng_state, seed_everything, set_rng_state
+from dmlkit.engine.splits import build_splits, hold_out_validation_classes, split_reading
 from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
@@ -47,6 +52,7 @@ from dmlkit.recipe import rules as recipe
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
 from dmlkit.recipe.pooling_choice import is_embedder
+from dmlkit.recipe.survey import survey_data
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)
@@ -99,7 +105,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:
-        builders.hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
+        hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     profile = recipe.profile_split(splits.train)
     choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
     recipe.apply(cfg, choices)
@@ -151,7 +157,7 @@ def plan(
     started = time.perf_counter() if started is None else started
     # the device first (a ConfigError for a missing GPU comes before anything heavy); under torchrun it is this
     # rank's GPU, and the process group is joined before any measurement is shared
-    device, dist = builders.device_and_processes(cfg)
+    device, dist = device_and_processes(cfg)
     echo = messages(echo, log) if dist.is_main else SILENT
     if measurements is None:
         measurements = _measurements_for(request, device, given=given, replan=replan)
@@ -162,14 +168,14 @@ def plan(
         echo(f"plan: the machine's measurements {measurements.source}")
     seed_everything(cfg.seed)
     seeded = rng_state()  # the run's random state where it builds no model (a model given)
-    survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+    survey = data if data is not None else survey_data(cfg)  # a first look: which model, which image size
     learning: list = []  # the learning plan, when the frozen stages were planned: the steps it predicts
     probe, model_choices, build = _plan_model(cfg, survey, model, device, echo, started=started,
                                               measurements=measurements, learning=learning, seeded=seeded)
     if learning and learning[0].too_small:  # said before the budget is spent on a run that cannot train
         echo(f"plan: {learning[0].too_small}")
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
-    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
+    augment = build_batch_augmentation(cfg, background_fill(splits, resolved.profile.background))
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
         embed_seconds = _fit_to_budget(cfg, splits, probe, resolved, device, echo, started=started, augment=augment,
@@ -213,7 +219,7 @@ def _planned_steps(cfg: RunConfig, learning: list) -> int | None:
 
 @dataclass
 class _ProbeBuild:
-    """How the probe was built: with ``arguments`` (``builders.model_arguments``) as ``ensemble`` members, from the
+    """How the probe was built: with ``arguments`` (``model_arguments``) as ``ensemble`` members, from the
     seed alone (``seeded``: nothing drew from the random generators before it), the random state after it (``rng``),
     its buffers then (``buffers``: the running statistics the plan's measurements move) and which of its parameters
     trained (``trainable``: the frozen stages the plan measures move)."""
@@ -229,9 +235,9 @@ class _ProbeBuild:
 def _build_probe(cfg: RunConfig, seeded: dict) -> tuple[nn.Module, _ProbeBuild]:
     """The probe, built as the run builds its model (on the CPU, from the seed), and how it was built."""
     fresh = _same_state(rng_state(), seeded)
-    probe = builders.build_model(cfg)
+    probe = build_model(cfg)
     buffers = {name: buffer.detach().clone() for name, buffer in probe.named_buffers()}
-    return probe, _ProbeBuild(builders.model_arguments(cfg), int(cfg.model.ensemble or 1), fresh, rng_state(), buffers,
+    return probe, _ProbeBuild(model_arguments(cfg), int(cfg.model.ensemble or 1), fresh, rng_state(), buffers,
                               [param.requires_grad for param in probe.parameters()])
 
 
@@ -274,13 +280,13 @@ def _plan_on_splits(cfg: RunConfig, survey, data, probe: nn.Module, model_choice
     """The splits read for the probe, the recipe's data rules applied from them (:func:`apply_recipe`), and what the
     splits were read with when the run may build on them (else None)."""
     # transforms follow the model's preprocessing; given splits are read through a copy (the run holds them out)
-    splits = copy.copy(data) if data is not None else builders.build_splits(cfg, probe, survey)
-    read_before = builders.split_reading(cfg, probe)
-    resolved = apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device), model=probe,
+    splits = copy.copy(data) if data is not None else build_splits(cfg, probe, survey)
+    read_before = split_reading(cfg, probe)
+    resolved = apply_recipe(cfg, splits, echo, bf16_native=native_bf16(device), model=probe,
                             model_choices=model_choices, accelerator=device.type == "cuda")
     # the validation classes the recipe chose are held out of them now, as build_splits holds out a given fraction:
     # they are what the finished config reads, unless the recipe changed anything else they were read with
-    read_as = builders.split_reading(cfg, probe)
+    read_as = split_reading(cfg, probe)
     if data is not None or {**read_as, "val_class_fraction": None} != {**read_before, "val_class_fraction": None}:
         read_as = None
     return splits, resolved, read_as
@@ -291,7 +297,7 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     """The glyph plan of a model from scratch (steps, members and validations from measured costs) written into
     ``resolved.choices``; the seconds an embedded image took, as measured."""
     member_objective = (None if not own_objective else  # a member's step is timed with it
-                        lambda classes: builders.build_member_objective(cfg, classes))
+                        lambda classes: build_member_objective(cfg, classes))
     planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
                                                  spent=work_since(started), objective=member_objective,
                                                  augment=augment, measurements=measurements)
@@ -309,10 +315,10 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
     probe itself), what is set without weights (shift averaging, more frozen stages) and the embedding size the
     recipe read from it. Its buffers and trainable parameters go back to what they were built as (then its frozen
     stages frozen, as ``create_model`` freezes them), and the recipe's further ensemble members are built beside it
-    (from their own seeds, as ``builders.build_model`` builds them). Anything else (the recipe changed an argument
+    (from their own seeds, as ``build_model`` builds them). Anything else (the recipe changed an argument
     the probe cannot take on) is built again from the seed, as the run would build it.
     """
-    final = builders.model_arguments(cfg)
+    final = model_arguments(cfg)
     ensemble = int(cfg.model.ensemble or 1)
     as_built = {**build.arguments, **_set_on_probe(probe, build, final)}
     if build.ensemble == 1:  # an attribute read in eval mode: no weights, no random draw
@@ -327,11 +333,11 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
             probe.trunk.freeze_stages(final["frozen_stages"])
         if build.ensemble == 1:
             probe.shift_average = final["shift_average"]
-            probe = builders.build_model(cfg, first_member=probe)  # the recipe's members beside it
+            probe = build_model(cfg, first_member=probe)  # the recipe's members beside it
         return probe, build.rng
     planning = rng_state()
     seed_everything(cfg.seed)
-    model = builders.build_model(cfg)
+    model = build_model(cfg)
     run_rng = rng_state()
     set_rng_state(planning)
     return model, run_rng

@@ -4,7 +4,7 @@ The recipe's photo rule (:func:`dmlkit.recipe.rules.photo_eval_size`) views ever
 at least, so an 84-px photo is upsampled to 224 px: most of such a run's time goes to embedding and
 training at a size the image cannot fill. For photos whose median shorter side is below
 :data:`MEASURED_BELOW`, the untrained pretrained model embeds the validation classes (held out as
-:func:`~dmlkit.engine.builders.apply_recipe` will hold them out) at each of a handful of view sizes
+:func:`~dmlkit.recipe.planner.apply_recipe` will hold them out) at each of a handful of view sizes
 (:func:`candidate_sizes`), and :func:`choose_view_size` keeps the smallest whose validation MAP@R is
 not worse than the best size's by more than :data:`TOLERATED_ERRORS` standard errors of the paired
 per-query AP@R differences. Training crops are then taken at that size too (``data.crop_size``).
@@ -21,8 +21,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import distributed
+from dmlkit.engine.device import native_bf16
 from dmlkit.engine.rng_state import rng_state, set_rng_state
+from dmlkit.engine.splits import hold_out_classes
 from dmlkit.engine.timing import device_clock
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
@@ -104,7 +106,7 @@ def measures_pooling(cfg: Any, survey: Any, model: nn.Module, model_choices: Map
 
 
 def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
-    """The validation classes :func:`~dmlkit.engine.builders.apply_recipe` will hold out of ``survey.train``
+    """The validation classes :func:`~dmlkit.recipe.planner.apply_recipe` will hold out of ``survey.train``
     (same function, fraction and seed), ``survey.val`` when the data has one (a fold), or None (no validation
     classes; ``protocol.val_fraction`` holds out images of the training classes instead)."""
     if survey.val is not None:
@@ -117,7 +119,7 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
         fraction = round(recipe.val_class_fraction_for(profile, recipe.uses_pretrained_weights(cfg)), 4)
     if not fraction:
         return None
-    return builders.hold_out_classes(survey.train, fraction, p.seed)[1]
+    return hold_out_classes(survey.train, fraction, p.seed)[1]
 
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
@@ -129,7 +131,7 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     recipe's rules stand.
 
     Runs between building the model and decoding the splits (``survey`` is
-    :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reasons
+    :func:`~dmlkit.recipe.survey.survey_data`); the random state is left as it was. The reasons
     hold the measured tables (validation MAP@R, seconds) and the decisions. ``progress`` is told before the
     embedding starts (it takes a while on a CPU).
     """
@@ -212,7 +214,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     preprocessing = getattr(model, "pretrained_cfg", None)
     precision = cfg.train.mixed_precision
     if precision == "auto":  # as the recipe resolves it later
-        precision = "bf16" if builders.native_bf16(device) else "none"
+        precision = "bf16" if native_bf16(device) else "none"
     probe = None if configurations is None else pooling_choice.PooledViews(model.trunk, configurations[0])
     clock = device_clock(device)  # wall seconds once the device's queued work is done
     out: dict[int, Measured] = {}
@@ -242,7 +244,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
 
 def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[str, Any] | None, mode: str = "RGB"):
     """Decoded photos (PIL) as a split of their ``size``-px evaluation views, normalised for the model, exactly as
-    :func:`~dmlkit.engine.builders.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
+    :func:`~dmlkit.engine.splits.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
     (:func:`dmlkit.data.splits.query_split` on the view the run records; labels -1)."""
     from dmlkit.data.splits import query_split
 

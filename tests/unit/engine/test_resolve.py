@@ -46,7 +46,7 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
                                                                                              monkeypatch):
     import dataclasses
 
-    from dmlkit.engine import builders
+    from dmlkit.engine import splits as splits_module
     from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.recipe import plan
@@ -54,8 +54,8 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
     planned = plan(tiny_config(*DIGITS), measurements=Measurements.live(), **QUIET)
     assert planned.splits is not None and planned.splits.val is not None  # validation held out by the plan
     reads = []
-    read = builders._read_splits
-    monkeypatch.setattr(builders, "_read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
+    read = splits_module.read_splits
+    monkeypatch.setattr(splits_module, "read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
     resolved = resolve_run(planned, **QUIET)
     assert reads == [] and resolved.splits is not planned.splits  # read once, by the plan; the run's own holder
     assert all(dataset is getattr(planned.splits, name) for name, dataset in resolved.splits.items())

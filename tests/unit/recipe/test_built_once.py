@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import dmlkit.models
-from dmlkit.engine import builders
 from dmlkit.engine.measurements import Measurements
+from dmlkit.engine.model import build_model
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.recipe import planner, prepare_run
 from dmlkit.recipe import rules as recipe
@@ -96,7 +96,7 @@ def test_a_probe_changed_where_the_run_cannot_take_it_over_is_built_again_from_t
     planned = planner.plan(tiny_config(), measurements=Measurements.live(), **QUIET)
     assert len(constructions) == 2 and planned.model.embedding_size == 16
     torch.manual_seed(planned.cfg.seed)
-    reference = builders.build_model(planned.cfg)
+    reference = build_model(planned.cfg)
     assert all(torch.equal(a, b) for a, b in zip(planned.model.state_dict().values(), reference.state_dict().values()))
 
 

@@ -63,10 +63,10 @@ def test_resolve_run_builds_from_the_finished_config_without_writing_to_it(tiny_
 
 
 def test_plan_reads_given_splits_without_changing_them(tiny_config):
-    from dmlkit.engine import builders
+    from dmlkit.recipe.survey import survey_data
 
     cfg = tiny_config("protocol.val_class_fraction=0.4", "sampler.batch_size=16")
-    data = builders.survey_data(cfg)
+    data = survey_data(cfg)
     train = data.train
     planned = plan(cfg, GivenObjects(data=data), measurements=Measurements.live(), **QUIET)
     assert data.train is train and data.val is None  # the run holds the validation classes out, not the plan
