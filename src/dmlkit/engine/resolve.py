@@ -212,11 +212,11 @@ def resolve_run(
     (``planned.splits``) are the run's when this config and model read them the same way
     (:func:`~dmlkit.engine.splits.split_reading`); otherwise the config's data is read here.
     """
-    cfg, model = planned.cfg, given.model
+    cfg = planned.cfg
     device, dist = (planned.device, planned.dist) if planned.device is not None and planned.dist is not None \
         else device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
-    built = _run_model(planned, model)
+    built = _run_model(planned, given.model)
     splits = _run_splits(planned, built, given.data)
     # the run keeps its own splits and model, never a second reference beside them
     planned = replace(planned, splits=None, model=None, rng=None)
@@ -227,12 +227,12 @@ def resolve_run(
     train_labels = splits.train.labels
     label_map = LabelMap(train_labels)
     objective = build_objective(cfg, num_classes=len(label_map), loss=given.loss, miner=given.miner,
-                                         member_folds=member_folds).to(device)
+                                member_folds=member_folds).to(device)
     optimizer = given.optimizer if given.optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.train.max_steps)  # the trainer's schedule from step 1
     sampler = build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
-                                           member_folds=member_folds)
+                                  member_folds=member_folds)
     methods = enabled_methods(cfg)
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none

@@ -516,7 +516,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         source = (self.feature_cache.batch_source() if self.feature_cache
                   else device_data.resident_on(self.splits.train, self.device))  # in memory: on a GPU, moved there once
         return iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
-                                                 pin_memory=self._pin)
+                                        pin_memory=self._pin)
 
 
 def _progress(cfg: RunConfig, total: int, initial: int, seconds_left: Callable[[], float | None] | None = None):

@@ -315,7 +315,7 @@ def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn
     probe itself), what is set without weights (shift averaging, more frozen stages) and the embedding size the
     recipe read from it. Its buffers and trainable parameters go back to what they were built as (then its frozen
     stages frozen, as ``create_model`` freezes them), and the recipe's further ensemble members are built beside it
-    (from their own seeds, as ``build_model`` builds them). Anything else (the recipe changed an argument
+    (from their own seeds, as ``engine.model.build_model`` builds them). Anything else (the recipe changed an argument
     the probe cannot take on) is built again from the seed, as the run would build it.
     """
     final = model_arguments(cfg)

@@ -126,7 +126,7 @@ def test_workers_decode_into_pinned_memory(monkeypatch):
     monkeypatch.setattr(torch.utils.data, "DataLoader", loader)
     sampler = type("Batches", (), {"batches": lambda self, epoch: torch.tensor([[0, 1], [2, 3]])})()
     stream = iterate_training_batches(Files(), sampler, BatchPosition(), num_workers=1,
-                                               pin_memory=True)
+                                      pin_memory=True)
     indices, images, labels, _ = next(stream)
     assert loaders == [True] and indices == [0, 1] and torch.equal(labels, torch.tensor([0, 1]))
 
