@@ -15,7 +15,7 @@ steps each ``k`` buys:
     steps = (left - V x images x prefix_k) / (batch x step_k)          (V cached views)
     steps = left / (batch x (prefix_k + step_k))                       (no cache)
 
-with ``V`` the most views that leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
+with ``V`` the most views that leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
 per view (one view when its steps make an epoch), or no cache when that buys more steps. The rule: the fewest
 frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps; when none does,
 the count that buys the most, and the plan says that it is short of the target and why.
@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from dmlkit.engine import budget_planner as budget
-from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import timings
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
+from dmlkit.recipe.measurements import Measurements
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -68,7 +68,7 @@ class LearningPlan:
 def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
                target: int) -> tuple[int, int]:
     """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of no cache and the most views
-    (up to ``most_views``) that still leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
+    (up to ``most_views``) that still leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
     per view (one view when the steps it buys make at least one epoch: it costs one pass, each epoch without it one)
     and, beyond one view, ``target`` steps (steps first, then the crops' variety)."""
     best = (int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12)), 0)
@@ -88,8 +88,8 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     """The frozen-stage count and cached views that buy the most learning (module docstring), and why.
 
     ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
-    are the step-0 one and the evaluations :func:`dmlkit.engine.budget_planner.evaluation_count` spreads.
-    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.frozen_stage_cache.memory_cap`).
+    are the step-0 one and the evaluations :func:`dmlkit.recipe.budget_planner.evaluation_count` spreads.
+    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.recipe.feature_cache_plan.memory_cap`).
     """
     if not costs:
         raise ValueError("plan_learning needs the cost of at least one frozen-stage count.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -12,9 +13,11 @@ from torch import nn
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import trainer as engine_trainer
 from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.resolve import ResolvedRun, resolve_run
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.planner import plan
+from dmlkit.recipe.step_capture_plan import resolved_step_capture
+from dmlkit.recipe.time_budget import plan_callbacks
 
 
 def prepare_run(
@@ -31,7 +34,8 @@ def prepare_run(
     replan: bool = False,
 ) -> ResolvedRun:
     """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects
-    (``model``, ``loss``, ``miner``, ``data``, ``optimizer``: :class:`~dmlkit.engine.given.GivenObjects`)."""
+    (``model``, ``loss``, ``miner``, ``data``, ``optimizer``: :class:`~dmlkit.engine.given.GivenObjects`); the run
+    holds the callbacks that watch it while it trains (:func:`~dmlkit.recipe.time_budget.plan_callbacks`)."""
     given = GivenObjects(model=model, loss=loss, miner=miner, data=data, optimizer=optimizer)
     return prepare(cfg, given, echo=echo, started=started, measurements=measurements, replan=replan)
 
@@ -40,7 +44,10 @@ def prepare(cfg: RunConfig, given: GivenObjects = NOTHING_GIVEN, *, echo: Callab
             started: float | None = None, measurements: Measurements | None = None, replan: bool = False) -> ResolvedRun:
     """:func:`prepare_run` with the given objects as one record."""
     planned = plan(cfg, given, echo=echo, started=started, measurements=measurements, replan=replan)
-    return resolve_run(planned, given, echo=echo)
+    resolved = resolve_run(planned, given, echo=echo)
+    # what watches the run and decides from its timings is attached here, as the config attaches early stopping
+    return dataclasses.replace(resolved, step_capture=resolved_step_capture(resolved),
+                               plan_callbacks=plan_callbacks(resolved))
 
 
 class Trainer(engine_trainer.Trainer):
