@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import dmlkit.models
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.model import build_model
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.recipe import planner, prepare_run
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.measurements import Measurements
 
 QUIET = dict(echo=lambda _: None)
 
