@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -192,6 +193,9 @@ class Measurements:
         self._load_checked = False
         self._load = [0.0, 0.0]  # CPU seconds, wall seconds x threads of the timed passes measured through this tape
         self.progress: Callable[[str], None] | None = None  # told before each measurement taken live
+        self.allowance: float | None = None  # wall seconds the live measurements may take (None: no bound)
+        self.measuring = 0.0  # wall seconds the live measurements took so far
+        self.left_out: list[str] = []  # what the allowance left unmeasured, said with the plan
         self.unkept = "a run given objects" if store is None else ""  # why nothing is kept, when so
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -247,7 +251,9 @@ class Measurements:
             if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
                 self.progress(f"plan: measuring {name} ...")
             cpu, thread_wall = timing.LOAD.snapshot()
+            wall = time.perf_counter()
             value = measure()
+            self.measuring += time.perf_counter() - wall
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
@@ -257,6 +263,34 @@ class Measurements:
                     self.busy.append(f"{name}: repeated timings {spread:.2f}x apart")
         self.tape.append({"name": name, "value": kept if replayed else encode(value)})
         return value
+
+    def allowance_spent(self) -> bool:
+        """Whether the live measurements have taken the whole :attr:`allowance`."""
+        return self.allowance is not None and self.measuring >= self.allowance
+
+    def wall_for(self, work: float) -> float:
+        """Wall seconds ``work`` seconds of work (:func:`~dmlkit.engine.timing.timings`) take at the load seen while
+        measuring so far (an idle machine: the same)."""
+        return work / max(self.load_share or 1.0, 0.05)
+
+    def affords(self, what: str, seconds: float) -> bool:
+        """Whether what is left of :attr:`allowance` pays for measuring ``what`` in about ``seconds`` (wall); when
+        it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay takes the
+        same measurements."""
+        def fits() -> bool:
+            return self.allowance is None or self.measuring + max(0.0, seconds) <= self.allowance
+
+        fits_now = bool(self.measure(f"the measuring allowance affords {what}", fits, announce=False))
+        if not fits_now:
+            self.left_out.append(f"{what} (about {seconds:.0f} s)")
+        return fits_now
+
+    def bounded(self) -> str | None:
+        """One line when the allowance left measurements out: the allowance, what it took, and what was left out."""
+        if self.allowance is None or not self.left_out:
+            return None
+        return (f"plan: measuring took {self.measuring:.0f} s of its {self.allowance:.0f}-s allowance; not measured, "
+                "the recipe's rule instead: " + "; ".join(self.left_out))
 
     def seconds(self, name: str, live: float) -> float:
         """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""
