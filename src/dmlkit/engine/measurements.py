@@ -278,7 +278,8 @@ class Measurements:
         it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay takes the
         same measurements."""
         def fits() -> bool:
-            return self.allowance is None or self.measuring + max(0.0, seconds) <= self.allowance
+            return self.allowance is None or (self.measuring < self.allowance
+                                              and self.measuring + max(0.0, seconds) <= self.allowance)
 
         fits_now = bool(self.measure(f"the measuring allowance affords {what}", fits, announce=False))
         if not fits_now:
