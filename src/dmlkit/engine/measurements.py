@@ -270,16 +270,25 @@ class Measurements:
 
     def wall_for(self, work: float) -> float:
         """Wall seconds ``work`` seconds of work (:func:`~dmlkit.engine.timing.timings`) take at the load seen while
-        measuring so far (an idle machine: the same)."""
-        return work / max(self.load_share or 1.0, 0.05)
+        measuring so far, or before any measurement at the load average's share of the cores (an idle machine: the
+        same)."""
+        share = self.load_share
+        if share is None:
+            try:
+                share = usable_cpus() / max(float(usable_cpus()), os.getloadavg()[0])
+            except (AttributeError, OSError):
+                share = 1.0
+        return work / max(share, 0.05)
 
-    def affords(self, what: str, seconds: float) -> bool:
-        """Whether what is left of :attr:`allowance` pays for measuring ``what`` in about ``seconds`` (wall); when
-        it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay takes the
-        same measurements."""
+    def affords(self, what: str, seconds: float, *, share: float = 1.0) -> bool:
+        """Whether what is left of ``share`` of :attr:`allowance` pays for measuring ``what`` in about ``seconds``
+        (wall); when it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay
+        takes the same measurements."""
         def fits() -> bool:
-            return self.allowance is None or (self.measuring < self.allowance
-                                              and self.measuring + max(0.0, seconds) <= self.allowance)
+            if self.allowance is None:
+                return True
+            bound = share * self.allowance
+            return self.measuring < bound and self.measuring + max(0.0, seconds) <= bound
 
         fits_now = bool(self.measure(f"the measuring allowance affords {what}", fits, announce=False))
         if not fits_now:

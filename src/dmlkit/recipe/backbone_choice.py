@@ -87,12 +87,16 @@ TIMED_REPEATS = 3
 #: and CPU-time costs do not grow with the load anyway.
 SMALL_BUDGET = 300.0
 SMALL_BATCH = 2
-SMALL_REPEATS = 2
+SMALL_REPEATS = 1
 
-#: Wall seconds the first (largest) candidate's measurement is expected to take before anything is measured (a
-#: small budget's probe of EfficientNet-Lite2 on 2 CPU cores); a later candidate is expected to take what the
-#: larger one before it took.
+#: Seconds of work the first (largest) candidate's measurement is expected to take before anything is measured (a
+#: small budget's probe of EfficientNet-Lite2 on 2 CPU cores; in wall seconds at the load average's share of the
+#: cores); a later candidate is expected to take what the larger one before it took.
 FIRST_PROBE_SECONDS = 4.0
+
+#: Share of the plan's measuring allowance the candidates' costs may take: the rest pays for the pooling choice
+#: and the frozen stages of the backbone taken.
+COST_SHARE = 0.5
 
 #: Validation MAP@R fine-tuning is expected to add to a pretrained EfficientNet-Lite within a CPU budget: on the
 #: 84-px development set Lite0 went from 0.3732 untrained to 0.4078 test MAP@R in 720 s (+0.035); on the Pets
@@ -214,13 +218,14 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
              dtype: torch.dtype | None, repeats: int = TIMED_REPEATS) -> tuple[BackboneCost, list[list[float]]]:
     """One measurement of ``name``'s costs on this machine (the fastest of ``repeats`` passes each), with the
     passes' timings (their spread tells a busy machine). The embedding is timed on the images alone and counted
-    twice: the recipe's mirror average is a second pass of the same size."""
+    twice: the recipe's mirror average is a second pass of the same size. Random weights: the work does not depend
+    on their values, and reading the pretrained ones would add to the measuring."""
     from dmlkit.models import create_model
 
     where = torch.device(device)
     with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
         torch.manual_seed(0)
-        model = create_model(name, pretrained=True, embedding_size=None, pooling="gem", head_init="identity",
+        model = create_model(name, pretrained=False, embedding_size=None, pooling="gem", head_init="identity",
                              freeze_bn=True, frozen_stages=frozen_stages, flip_average=False).to(where)
         crops = torch.randn(batch, 3, train_size, train_size, device=where)
         views = torch.randn(batch, 3, eval_size, eval_size, device=where)
@@ -407,8 +412,8 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     def affordable(candidate: str) -> bool:
         if measurements is None or costs.measured(candidate) is not None:
             return True
-        expected = costs.walls[-1] if costs.walls else FIRST_PROBE_SECONDS
-        return measurements.affords(f"the cost of {candidate}", expected)
+        expected = costs.walls[-1] if costs.walls else measurements.wall_for(FIRST_PROBE_SECONDS)
+        return measurements.affords(f"the cost of {candidate}", expected, share=COST_SHARE)
 
     if len(available) == 1:
         name, why = available[0], "the only EfficientNet-Lite with ImageNet weights here"

@@ -81,6 +81,8 @@ def slow_probes(monkeypatch):
     monkeypatch.setattr(backbone_choice, "_MEASURED", {})
     monkeypatch.setattr(measurements_module, "time", clock)
     monkeypatch.setattr(backbone_choice, "time", clock)
+    monkeypatch.setattr(measurements_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(measurements_module.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # an idle machine
     return measured
 
 
@@ -112,6 +114,23 @@ def test_a_slow_probe_spends_the_allowance_and_the_plan_says_what_it_left_out(sl
                                   "instead: the cost of efficientnet_lite1 (about 10 s)")
     else:
         assert tape.bounded() is None and tape.measuring == 20.0
+
+
+def test_a_loaded_machine_leaves_the_larger_candidates_unmeasured(slow_probes, monkeypatch):
+    """Before anything is measured, the first candidate's expected seconds follow the load average: beside work
+    that takes three quarters of the cores, its measurement would take more than the candidates' share."""
+    from dmlkit.config import load_config
+    from dmlkit.recipe.planner import apply_model_recipe
+
+    monkeypatch.setattr(measurements_module.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    cfg = load_config(preset="mnist-proxy-anchor", overrides=["train.time_budget=120"])
+    survey = _photo_survey()
+    choices = apply_model_recipe(cfg, survey)
+    tape = Measurements.live()
+    tape.allowance = 12.0
+    backbone_choice.choose_for_run(cfg, survey, choices, torch.device("cpu"), measurements=tape)
+    assert slow_probes == [] and cfg.model.name == "efficientnet_lite0"
+    assert tape.left_out == [f"the cost of {name} (about 16 s)" for name in ("efficientnet_lite2", "efficientnet_lite1")]
 
 
 def test_the_frozen_stage_probe_measures_the_ends_first_and_stops_when_the_allowance_is_spent():
