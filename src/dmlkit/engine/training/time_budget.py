@@ -14,6 +14,10 @@ from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
 from dmlkit.engine.measurements import Measurements
 
+#: A feature cache stops adding views once the run has spent this share of its time budget (a loaded machine
+#: builds slower than planned): the views built so far are kept, and the rest of the budget trains.
+CACHE_SHARE = 0.5
+
 
 class TimeBudgetMixin:
     """Planning to the budget and the feature cache it pays for (:class:`~dmlkit.engine.trainer.Trainer`)."""
@@ -88,8 +92,12 @@ class TimeBudgetMixin:
         """Run the frozen stages once on the cached views (``train.feature_cache``); steps then start from them."""
         if not self.cache_views or self.feature_cache is not None:
             return
+        budget_s = self.cfg.train.time_budget
         self.feature_cache = FrozenFeatureCache.build(
             self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
             autocast_dtype=self.autocast_dtype, echo=self.echo,
-            progress=bool(self.cfg.train.progress and self.dist.is_main))
+            progress=bool(self.cfg.train.progress and self.dist.is_main),
+            out_of_time=None if budget_s is None or self.step > 0 else  # a resumed run rebuilds its views whole
+            lambda: self.wall_clock() - self.started > CACHE_SHARE * budget_s)  # past this share, the rest trains
+        self.cache_views = self.feature_cache.views
         self.train_forward = self.model.forward_from_prefix
