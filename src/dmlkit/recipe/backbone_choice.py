@@ -46,7 +46,7 @@ import torch
 
 from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
 from dmlkit.engine.measurements import Measurements
-from dmlkit.engine.timing import timings
+from dmlkit.engine.timing import one_thread, timings
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
 #: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).
@@ -223,7 +223,7 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
     from dmlkit.models import create_model
 
     where = torch.device(device)
-    with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
+    with torch.random.fork_rng(devices=[]), one_thread(where):  # the run's random stream is left as it was
         torch.manual_seed(0)
         model = create_model(name, pretrained=False, embedding_size=None, pooling="gem", head_init="identity",
                              freeze_bn=True, frozen_stages=frozen_stages, flip_average=False).to(where)

@@ -38,7 +38,7 @@ from torch import nn
 from dmlkit.engine import budget_planner as budget
 from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
 from dmlkit.engine.measurements import Measurements
-from dmlkit.engine.timing import timings
+from dmlkit.engine.timing import one_thread, timings
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -177,7 +177,7 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
     x = torch.randn(batch, 3, crop, crop, device=device)
     out = []
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), one_thread(device):  # the warm-ups too: see one_thread
             for count in counts:
                 if len(out) >= 2 and enough is not None and enough():
                     break
@@ -216,7 +216,7 @@ def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: t
     x = torch.randn(batch, 3, size, size, device=device)
     model.eval()
     try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), one_thread(device):
             model(x[:1])
             timed = timings(lambda: model(x), device)
             if passes is not None:
