@@ -226,8 +226,9 @@ class FrozenFeatureCache:
         View ``v`` of all images is drawn from ``derive_generator(seed, "feature cache view", v)``
         in batches of :data:`BUILD_BATCH` rows, so the cache depends only on the seed (a resumed run
         rebuilds the same one). ``autocast_dtype`` is the training autocast; ``dtype`` the stored precision.
-        Views are built one after the other; ``out_of_time()`` (the time budget's) is asked after each, and a True
-        keeps the views built so far (at least one).
+        Views are built one after the other; ``out_of_time(seconds)`` (the time budget's; ``seconds``: what the next
+        view is expected to take, the mean so far) is asked after each, and a True keeps the views built so far (at
+        least one).
         """
         n = len(dataset)
         device = next(model.parameters()).device
@@ -266,7 +267,7 @@ class FrozenFeatureCache:
             built = v + 1
             if bar is None and built < views:  # a line a view, so a long build is never silent
                 echo(f"feature cache: {built} of {views} views ({time.perf_counter() - start:.0f} s)")
-            if built < views and out_of_time is not None and out_of_time():
+            if built < views and out_of_time is not None and out_of_time((time.perf_counter() - start) / built):
                 echo(f"feature cache: stopped after {built} of {views} views: the time budget needs the rest for "
                      "training")
                 storage = storage[:, :built]
@@ -276,7 +277,7 @@ class FrozenFeatureCache:
         seconds = time.perf_counter() - start
         cache = cls(storage, dataset.labels, seconds)
         echo(f"feature cache: built in {seconds:.1f} s, {_size(cache.nbytes)} ({str(dtype).removeprefix('torch.')} "
-             f"[{n}, {views}, {storage.shape[4]}, {storage.shape[2]}, {storage.shape[3]}])")
+             f"[{n}, {cache.views}, {storage.shape[4]}, {storage.shape[2]}, {storage.shape[3]}])")
         return cache
 
     def features(self, indices: Sequence[int] | torch.Tensor, generator: torch.Generator) -> torch.Tensor:

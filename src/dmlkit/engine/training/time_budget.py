@@ -14,8 +14,8 @@ from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MIN_VIEWS, FrozenFeatureCache, views_for_epochs
 from dmlkit.engine.measurements import Measurements
 
-#: A feature cache stops adding views once the run has spent this share of its time budget (a loaded machine
-#: builds slower than planned): the views built so far are kept, and the rest of the budget trains.
+#: A feature cache adds no view that would end after the run has spent this share of its time budget (a loaded
+#: machine builds slower than planned): the views built so far are kept, and the rest of the budget trains.
 CACHE_SHARE = 0.5
 
 
@@ -93,11 +93,14 @@ class TimeBudgetMixin:
         if not self.cache_views or self.feature_cache is not None:
             return
         budget_s = self.cfg.train.time_budget
+
+        def out_of_time(next_view: float) -> bool:  # the next view would end past CACHE_SHARE of the budget
+            return self.wall_clock() - self.started + next_view > CACHE_SHARE * budget_s
+
         self.feature_cache = FrozenFeatureCache.build(
             self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
             autocast_dtype=self.autocast_dtype, echo=self.echo,
             progress=bool(self.cfg.train.progress and self.dist.is_main),
-            out_of_time=None if budget_s is None or self.step > 0 else  # a resumed run rebuilds its views whole
-            lambda: self.wall_clock() - self.started > CACHE_SHARE * budget_s)  # past this share, the rest trains
+            out_of_time=None if budget_s is None or self.step > 0 else out_of_time)  # a resumed run: views whole
         self.cache_views = self.feature_cache.views
         self.train_forward = self.model.forward_from_prefix
