@@ -56,7 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain = Trainer(load_config(overrides=COMMON), f"{tmp}/plain")
         asap = Trainer(load_config(overrides=COMMON + ASAP), f"{tmp}/asap")
-        asap.run.prepare(asap.cfg, asap.splits)
+        asap.run_dir.prepare(asap.cfg, asap.splits)
         asap.hooks.on_train_start(asap)
         times = {"plain": [], "asap": []}
         step_times(plain, 5)

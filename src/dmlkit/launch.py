@@ -3,7 +3,7 @@
 :func:`launch` claims the run folder, adds the report callback, plans and resolves the run, builds its
 :class:`~dmlkit.engine.trainer.Trainer` (releasing the claim when that fails, so the folder is as it
 was), and keeps every message of the dmlkit loggers in ``RUN/train.log`` while the run trains
-(:mod:`dmlkit.engine.run_log`; docs/cli/train.md).
+(:mod:`dmlkit.engine.run_log`; docs/cli/train.md). :func:`dry_run` plans and builds the same run without a folder.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.callbacks import Callback
+from dmlkit.engine.resolve import ResolvedRun
 from dmlkit.engine.run_dir import claim_directory
 from dmlkit.engine.run_log import LOG_FILE, run_log
 from dmlkit.engine.trainer import Trainer
@@ -53,4 +54,10 @@ def launch(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, option:
         yield trainer
 
 
-__all__ = ["launch"]
+def dry_run(cfg: RunConfig, *, echo: Callable[[str], None] | None = None, **options) -> ResolvedRun:
+    """The run ``cfg`` would train, planned and built, without a run folder or a step (``dmlkit train --dry-run``);
+    ``options`` go to :func:`~dmlkit.recipe.prepare_run` (``measurements``, ``replan``)."""
+    return prepare_run(cfg, echo=echo, **options)
+
+
+__all__ = ["dry_run", "launch"]

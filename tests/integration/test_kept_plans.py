@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from dmlkit.cli.main import main
-from dmlkit.engine import measurements
+from dmlkit.recipe import measurements
 
 # MNIST's default recipe with a budget that binds, so its steps come from measured speeds
 BUDGETED = ["--set", "train.time_budget=8", "--set", "model.shift_average=0", "--set", "eval.clustering=false",

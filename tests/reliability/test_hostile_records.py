@@ -18,11 +18,11 @@ import pytest
 import dmlkit
 from dmlkit.cli.main import main
 from dmlkit.data.folder import read_csv_manifest, read_csv_rows
-from dmlkit.engine import measurements as m
 from dmlkit.engine import plan_records
 from dmlkit.engine.run_dir import RunDirectory, claim_directory
 from dmlkit.engine.run_log import run_log
 from dmlkit.exceptions import ConfigError, DataError, RecordError
+from dmlkit.recipe import measurements as m
 
 MACHINE, REQUEST = {"cpu": "test"}, {"seed": 0}
 GOOD_TAPE = [{"name": "glyph costs", "value": {"step": 0.02, "embed": 0.001}}, {"name": "seconds spent", "value": 1.5}]

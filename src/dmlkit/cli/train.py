@@ -15,7 +15,7 @@ from dmlkit.exceptions import ConfigError, RecordError
 
 if TYPE_CHECKING:
     from dmlkit.config.schema import RunConfig
-    from dmlkit.engine.measurements import Measurements
+    from dmlkit.recipe.measurements import Measurements
 
 DEFAULT_PRESET = "mnist-proxy-anchor"
 
@@ -71,11 +71,10 @@ def defer_dynamo_unless_compiling(cfg) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.config import load_config
-    from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.trainer import format_metrics_table
     from dmlkit.evaluation.metrics import TABLE_KEYS
-    from dmlkit.launch import launch
-    from dmlkit.recipe import prepare_run
+    from dmlkit.launch import dry_run, launch
+    from dmlkit.recipe.measurements import Measurements
 
     if args.list_backbones:
         return list_backbones()
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, measurements = _replayed(args)
         run_dir = Path(args.out) if args.out else new_output_dir("runs", cfg.name)
         if args.dry_run:
-            print(prepare_run(cfg, echo=lambda _line: None, measurements=measurements).format())
+            print(dry_run(cfg, echo=lambda _line: None, measurements=measurements).format())
             return 0
     elif args.resume:
         run_dir = Path(args.resume)
@@ -118,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         defer_dynamo_unless_compiling(cfg)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
-            resolved = prepare_run(cfg, echo=_progress_only, replan=args.replan,  # measurements are kept
-                                   started=getattr(args, "_started", None))  # the budget counts from the command
+            resolved = dry_run(cfg, echo=_progress_only, replan=args.replan,  # measurements are kept
+                               started=getattr(args, "_started", None))  # the budget counts from the command
             print(resolved.format())
             print(resolved.measurements.keep())
             return 0
@@ -151,7 +150,7 @@ def _replayed(args: argparse.Namespace) -> tuple[RunConfig, Measurements]:
     """``--plan RUN``: the run's config as asked (``--device`` may change it) and its measurements, replayed."""
     from dmlkit.config.loading import parse_override
     from dmlkit.config.schema import config_from_dict
-    from dmlkit.engine.measurements import Measurements
+    from dmlkit.recipe.measurements import Measurements
 
     extra = [*args.overrides, *flag_overrides(args)]
     if args.resume or args.preset or args.config or args.from_sweep or args.replan or args.seed is not None \

@@ -211,7 +211,7 @@ class TrainConfig:
     ``max_steps`` and ``eval_every`` left at ``None`` are set by the recipe from the data size.
     ``time_budget`` (seconds of wall clock for the whole run, the test split's embedding included)
     fits the steps and evaluations into that time from speeds measured while the run trains
-    (:mod:`dmlkit.engine.budget_planner`); left ``None``, the recipe sets it when it also chooses the steps.
+    (:mod:`dmlkit.recipe.budget_planner`); left ``None``, the recipe sets it when it also chooses the steps.
 
     ``device`` is where the model, the loss (proxies, cross-batch memory) and every batch live:
     ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun

@@ -2,16 +2,18 @@
 
 A callback subclasses :class:`Callback` and overrides the events it needs; each receives the
 trainer (``trainer.model``, ``trainer.step``, ``trainer.schedule``: the steps and validation interval
-as planned, ``trainer.cfg``: as asked, ``trainer.run``...), and the step
+as planned, ``trainer.cfg``: as asked, ``trainer.run_dir``...), and the step
 and metrics of the event. Setting ``trainer.should_stop = True`` ends training after the current
 step (the selected weights are still tested). A callback that holds state returns it from
 ``state_dict`` and takes it back in ``load_state_dict``: it is saved in every checkpoint, so a
 resumed run continues it exactly (:class:`EarlyStopping`'s counter, a tracker's run id).
 
-Events, in order: ``on_train_start`` (also after a resume), ``on_step_end`` (every step),
-``on_log`` (every ``log.jsonl`` record: training, evaluation, method records),
-``on_evaluation_end`` (every validation), ``on_checkpoint`` (``checkpoints/last.pt`` written),
-``on_fit_end`` (after the test split is scored and ``metrics.json`` written).
+Events, in order: ``on_train_start`` (also after a resume), ``on_steps_timed`` (the first steps timed),
+``on_step_end`` (every step), ``on_log`` (every ``log.jsonl`` record: training, evaluation, method records),
+``on_evaluation_end`` (every validation), ``on_validation_timed`` (its seconds counted),
+``on_checkpoint`` (``checkpoints/last.pt`` written), ``on_fit_end`` (after the test split is scored and
+``metrics.json`` written). Decisions that watch the run are callbacks too: the recipe attaches its time budget
+(:mod:`dmlkit.recipe.time_budget`) as the config attaches early stopping.
 """
 
 from __future__ import annotations
@@ -35,11 +37,19 @@ class Callback:
         """After optimisation step ``step`` (1-based); ``metrics`` holds ``loss`` (a 0-dim tensor on the training
         device: reading it waits for the device's queued work) and ``lr``."""
 
+    def on_steps_timed(self, trainer: "Trainer", step: int, step_seconds: float | None) -> None:
+        """After the first steps of a session were timed (a warm-up step, then
+        :data:`~dmlkit.engine.training.step_timing.CALIBRATION_STEPS` timed ones), and again each time the trainer
+        times its steps anew (``trainer.time_steps_again()``); ``step_seconds``: their mean training seconds."""
+
     def on_log(self, trainer: "Trainer", record: dict) -> None:
         """Every record written to ``log.jsonl`` (``kind`` train / eval / projection / data, ``step``)."""
 
     def on_evaluation_end(self, trainer: "Trainer", step: int, metrics: dict) -> None:
         """After each validation at ``step``; ``metrics`` are the validation metrics (``map_at_r``...)."""
+
+    def on_validation_timed(self, trainer: "Trainer", step: int) -> None:
+        """After a validation during training that does not end it, its seconds counted (``trainer.eval_seconds``)."""
 
     def on_checkpoint(self, trainer: "Trainer", step: int) -> None:
         """After ``checkpoints/last.pt`` was written at ``step``."""

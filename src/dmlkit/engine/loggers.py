@@ -46,7 +46,7 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
 
 def run_artifacts(trainer: "Trainer") -> list[tuple[Path, str]]:
     """``(file, folder in the tracker)`` of a finished run: report, metrics, config, best checkpoint."""
-    run = trainer.run
+    run = trainer.run_dir
     files = [(run.path / REPORT_FILE, ""), (run.path / METRICS_FILE, ""), (run.path / CONFIG_FILE, ""),
              (run.best_checkpoint, CHECKPOINTS_DIR)]
     return [(path, folder) for path, folder in files if path.exists()]
@@ -65,7 +65,7 @@ class TensorBoardLogger(Callback):
         require_tensorboard()  # a missing package fails when the logger is made, before anything heavy
 
     def on_train_start(self, trainer: "Trainer") -> None:
-        log_dir = self.log_dir or trainer.run.path / TENSORBOARD_DIR
+        log_dir = self.log_dir or trainer.run_dir.path / TENSORBOARD_DIR
         purge = trainer.step + 1 if trainer.step > 0 else None
         self.writer = require_tensorboard()(log_dir=str(log_dir), purge_step=purge)
 
@@ -117,13 +117,13 @@ class MLflowLogger(Callback):
 
         if self.tracking_uri is None:  # MLflow 3 asks to be told that its file store is wanted
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=self.tracking_uri or local_store_uri(trainer.run.path))
+        self.client = MlflowClient(tracking_uri=self.tracking_uri or local_store_uri(trainer.run_dir.path))
         if self.run_id is not None:  # a resumed run continues its MLflow run
             self.client.update_run(self.run_id, status="RUNNING")
             return
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
-        run = self.client.create_run(experiment_id, run_name=self.run_name or trainer.cfg.name or trainer.run.path.name)
+        run = self.client.create_run(experiment_id, run_name=self.run_name or trainer.cfg.name or trainer.run_dir.path.name)
         self.run_id = run.info.run_id
         params = [Param(key, value[:6000]) for key, value in flat_params(config_to_dict(trainer.cfg)).items()]
         for start in range(0, len(params), 100):  # MLflow's batch limit
@@ -191,8 +191,8 @@ class WandbLogger(Callback):
         from dmlkit.config.schema import config_to_dict
 
         mode = self.mode or os.environ.get("WANDB_MODE") or ("online" if wandb_logged_in() else "offline")
-        self.run = wandb.init(project=self.project, dir=str(trainer.run.path), mode=mode, id=self.run_id,
-                              resume="allow" if self.run_id else None, name=self.run_name or trainer.run.path.name,
+        self.run = wandb.init(project=self.project, dir=str(trainer.run_dir.path), mode=mode, id=self.run_id,
+                              resume="allow" if self.run_id else None, name=self.run_name or trainer.run_dir.path.name,
                               config=flat_params(config_to_dict(trainer.cfg)), settings=wandb.Settings(silent=True))
         self.run_id = self.run.id
 

@@ -134,16 +134,5 @@ def score_member_folds(model, val, folds: MemberFolds, embed, score) -> tuple[di
     return {**pooled, **members}, torch.cat(per_query) if per_query else None
 
 
-def uses_member_folds(cfg, model, splits) -> bool:
-    """Whether the run trains its ensemble's members on their own folds (``protocol.member_folds``): asked for,
-    an ensemble built from the config, and validation classes held out of the training split."""
-    from dmlkit.engine.distributed import torchrun_local_rank
-    from dmlkit.models.ensemble import EmbedderEnsemble
-
-    return bool(cfg.protocol.member_folds) and isinstance(model, EmbedderEnsemble) \
-        and splits.val is not None and splits.before_holdout is not None \
-        and torchrun_local_rank() is None  # an all-gathered batch would mix the members' blocks
-
-
-__all__ = ["uses_member_folds", "MemberBatchSampler", "MemberFolds", "apply_member_folds", "fold_classes", "fold_count",
+__all__ = ["MemberBatchSampler", "MemberFolds", "apply_member_folds", "fold_classes", "fold_count",
            "score_member_folds"]

@@ -93,7 +93,7 @@ class HorizonLR(torch.optim.lr_scheduler.LambdaLR):
     """A per-group LambdaLR whose horizon (the steps a cosine decays over) is ``horizon()``, read at every step.
 
     The trainer points it at its schedule (:meth:`follow`), which a run planned to its time budget
-    (:mod:`dmlkit.engine.budget_planner`) re-plans while it trains. The horizon is not part of the state: a
+    (:mod:`dmlkit.recipe.budget_planner`) re-plans while it trains. The horizon is not part of the state: a
     checkpoint holds what LambdaLR's holds, and a resumed trainer points it at its restored schedule.
     """
 

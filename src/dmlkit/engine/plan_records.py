@@ -1,6 +1,6 @@
 """Kept plans and ``--plan`` replays checked as a whole before one of their numbers is replayed.
 
-A tape (:mod:`dmlkit.engine.measurements`) is ``[{"name": str, "value": V}, ...]`` where ``V`` is what a
+A tape (:mod:`dmlkit.recipe.measurements`) is ``[{"name": str, "value": V}, ...]`` where ``V`` is what a
 measurement encodes: ``null``, a boolean, a number, or lists and objects of them (keys are Python names).
 Every number is a cost, a time, a count or a size: finite, and 0 or within [:data:`SMALLEST`,
 :data:`LARGEST`]; anything else (a string, NaN, ``1e308``, a negative cost, an entry without ``value``,

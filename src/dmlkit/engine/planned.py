@@ -3,19 +3,21 @@
 :func:`dmlkit.recipe.planner` makes a :class:`PlannedRun`; :func:`~dmlkit.engine.resolve.resolve_run` builds the
 run's objects from it and never writes to its config. The engine reads the record only to report it
 (``choices``, the training split's ``profile``), to fill the batch augmentation's background
-(``profile.background``), to start its time budget (``started``, ``measurements``, ``embed_seconds``,
-the feature cache's ``cache_plan``) and to take over the splits the plan read (``splits``) rather than read them
-again.
+(``profile.background``), to size the feature cache (``cache_plan``), to hand on what the recipe's time budget reads
+while the run trains (``started``, ``measurements``, ``embed_seconds``: :class:`dmlkit.recipe.time_budget.TimeBudget`)
+and to take over the splits the plan read (``splits``) rather than read them again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine.frozen_stage_cache import CachePlan
-from dmlkit.engine.measurements import Measurements
+
+if TYPE_CHECKING:  # the recipe's record, held and handed on: the engine never imports the recipe
+    from dmlkit.recipe.measurements import Measurements
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -31,18 +31,19 @@ from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint_files import config_fingerprint
 from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.loggers import build_loggers
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
 from dmlkit.engine.run_layout import RESOLVED_FILE
-from dmlkit.engine.training.step_capture import CaptureDecision, plan_step_capture
-from dmlkit.engine.training.step_checks import checks_stay_on_device
+from dmlkit.engine.training.step_capture import CaptureDecision
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.methods import enabled_methods
 from dmlkit.methods.hooks import MethodHooks
+
+if TYPE_CHECKING:  # the recipe's record, held and handed on: the engine never imports the recipe
+    from dmlkit.recipe.measurements import Measurements
 
 #: The file :meth:`ResolvedRun.summary` is written to, next to ``config.yaml``.
 SUMMARY_FILE = RESOLVED_FILE
@@ -84,8 +85,11 @@ class ResolvedRun:
     member_folds: MemberFolds | None = None  # protocol.member_folds: each member's own fold (engine/member_folds.py)
     embed_seconds: float | None = None  # an embedded image as measured before training (the glyph plan), if it was
     request: dict | None = None  # the config as asked, before the recipe: what `dmlkit train --plan` starts from
-    measurements: Measurements | None = None  # the machine's numbers the plans read (engine/measurements.py)
-    step_capture: CaptureDecision | None = None  # train.step_capture resolved (engine/training/step_capture.py)
+    measurements: Measurements | None = None  # the machine's numbers the plans read (recipe/measurements.py)
+    step_capture: CaptureDecision | None = None  # train.step_capture as the recipe resolved it (recipe/step_capture_plan.py)
+    # callbacks the plan attached (dmlkit.recipe.prepare_run: the time budget, the step capture's decision), which
+    # the trainer calls after the config's own
+    plan_callbacks: tuple[Callback, ...] = ()
 
     def method_hooks(self, trainer) -> MethodHooks:
         """The enabled method's hooks on ``trainer`` (they read its documented state), or plain training's."""
@@ -235,8 +239,6 @@ def resolve_run(
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if cfg.train.mixed_precision == "fp16" else None
     forward_model = _forward_model(cfg, built, dist)
-    step_capture = _step_capture(cfg, device, dist, method=bool(methods), objective=objective, optimizer=optimizer,
-                                 scaler=scaler)
     if dist.is_main:  # before the first step: which classes and how many images train, validate and test
         messages(echo, log)(f"split: {splits.describe()}")
     return ResolvedRun(
@@ -247,7 +249,7 @@ def resolve_run(
         cache_deferred=planned.cache_deferred, cache_plan=planned.cache_plan,
         fingerprint=config_fingerprint(config_to_dict(cfg)), method=methods[0] if methods else MethodHooks,
         embed_seconds=planned.embed_seconds, member_folds=member_folds, request=planned.request,
-        measurements=planned.measurements, step_capture=step_capture,
+        measurements=planned.measurements,
     )
 
 
@@ -294,18 +296,6 @@ def _forward_model(cfg: RunConfig, built: nn.Module, dist: distributed.DistInfo)
     if cfg.train.compile:
         lazy_dynamo.restore()  # the optimisers' own dynamo wrappers, before anything compiles
     return torch.compile(ddp_model) if cfg.train.compile else ddp_model
-
-
-def _step_capture(cfg: RunConfig, device: torch.device, dist: distributed.DistInfo, *, method: bool,
-                  objective: nn.Module, optimizer: torch.optim.Optimizer,
-                  scaler: torch.amp.GradScaler | None) -> CaptureDecision:
-    """``train.step_capture`` resolved from what the step holds (engine/training/step_capture.py)."""
-    return plan_step_capture(
-        cfg.train.step_capture, device=device, distributed=dist.enabled, method=method,
-        memory=getattr(objective, "memory", None) is not None, compiled_model=cfg.train.compile,
-        miner=getattr(objective, "miner", None) is not None,
-        host_checks=scaler is not None or not checks_stay_on_device(optimizer, device),
-        planned_steps=cfg.train.max_steps)
 
 
 __all__ = ["SUMMARY_FILE", "ResolvedRun", "resolve_run"]

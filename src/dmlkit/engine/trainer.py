@@ -12,7 +12,8 @@ evaluated once, at the end, with the selected weights.
 
 The trainer builds nothing: it receives a :class:`~dmlkit.engine.resolve.ResolvedRun`
 (:func:`~dmlkit.engine.resolve.resolve_run`). This module is the loop; its other rooms are
-``engine/training/``: checkpointing and resume, validation and selection, the time budget.
+``engine/training/``: checkpointing and resume, validation and selection, the schedule and the step timings.
+Decisions that watch the run (the time budget, the step capture's ``auto``) are callbacks the recipe attaches.
 """
 
 from __future__ import annotations
@@ -29,19 +30,16 @@ import torch
 from dmlkit._json_files import read_json
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
-from dmlkit.engine import budget_planner as budget
 from dmlkit.engine import builders, device_data, distributed
-from dmlkit.engine.budget_planner import Speeds
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
-from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.resolve import SUMMARY_FILE, ResolvedRun
 from dmlkit.engine.run_dir import RunDirectory
 from dmlkit.engine.run_layout import TRAINING_RECORD_FILE
 from dmlkit.engine.timing import synchronize
 from dmlkit.engine.training.resume import CheckpointingMixin
-from dmlkit.engine.training.schedule import TrainingSchedule
+from dmlkit.engine.training.schedule import Plan, TrainingSchedule
 from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the trainer's public names
     SELECTION_METRIC,
     SIGNIFICANT_ERRORS,
@@ -52,9 +50,9 @@ from dmlkit.engine.training.selection import (  # noqa: F401 - re-exported: the 
     paired_gain,
     per_category_metrics,
 )
-from dmlkit.engine.training.step_capture import CaptureDecision, CapturedStep, worth_capturing
+from dmlkit.engine.training.step_capture import CaptureDecision, CapturedStep
 from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_device
-from dmlkit.engine.training.time_budget import TimeBudgetMixin
+from dmlkit.engine.training.step_timing import StepTiming
 from dmlkit.exceptions import NonFiniteError, RecordError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
 from dmlkit.seeds import derive_generator
@@ -62,17 +60,59 @@ from dmlkit.seeds import derive_generator
 log = logging.getLogger(__name__)
 
 
-class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
+class _OfTheRun:
+    """A trainer attribute that is a part of its resolved run (``trainer.resolved.<field>``), read, never copied or
+    written: the trainer holds the run it was given."""
+
+    def __init__(self, field: str | None = None):
+        self.field = field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        return self if trainer is None else getattr(trainer.resolved, self.field)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        raise AttributeError(f"Trainer.{self.field} is the resolved run's (trainer.resolved.{self.field}): the trainer "
+                             "never replaces a part of its run; build the trainer from a run that holds another one.")
+
+
+class Trainer(CheckpointingMixin, SelectionMixin):
     """Trains a resolved run into ``run_dir``; ``resume=True`` continues from ``run_dir``'s last checkpoint.
 
     ``resolved``: a :class:`~dmlkit.engine.resolve.ResolvedRun` (:func:`~dmlkit.engine.resolve.resolve_run`
     made every part: data, model, objective, optimiser, ...); :class:`dmlkit.recipe.Trainer` also takes a
     :class:`RunConfig`, planned and built first (``Trainer(cfg, run_dir, **objects)``).
     ``callbacks`` (:class:`~dmlkit.engine.callbacks.Callback`) run at the loop's events after the
-    config's own (``train.patience``, ``train.loggers``). ``evaluate_test=False``: the run ends after
-    training and selection, without the test split (a sweep's trial). Messages go to this module's logger
+    config's own (``train.patience``, ``train.loggers``), then those the plan attached (``resolved.plan_callbacks``:
+    the time budget, the step capture's decision). The trainer offers mechanisms (follow a schedule, build the
+    feature cache, start a capture, time its steps); what watches the run and decides is such a callback.
+    ``evaluate_test=False``: the run ends after training and selection, without the test split (a sweep's trial).
+    Messages go to this module's logger
     (``dmlkit._messages``), or every one to ``echo`` when given.
     """
+
+    # the resolved run's parts, by the names methods, callbacks and tests read (``trainer.model``, ``trainer.cfg``)
+    cfg = _OfTheRun()  # the finished config: read, never written
+    device, dist = _OfTheRun(), _OfTheRun()
+    splits, recipe, label_map = _OfTheRun(), _OfTheRun(), _OfTheRun()
+    model, objective, optimizer, scheduler, sampler = _OfTheRun(), _OfTheRun(), _OfTheRun(), _OfTheRun(), _OfTheRun()
+    member_folds = _OfTheRun()  # protocol.member_folds: each member validates on its own fold
+    augment, autocast_dtype = _OfTheRun(), _OfTheRun()
+    scaler = _OfTheRun()  # fp16 only: gradients underflow without loss scaling
+    forward_model = _OfTheRun()  # DDP-wrapped under torchrun, compiled with train.compile
+    fingerprint = _OfTheRun()
+    _channels_last = _OfTheRun("channels_last")  # conv models on a GPU
+
+    @property
+    def autocast_device(self) -> str:
+        return self.device.type
+
+    @property
+    def _to_device(self) -> bool:
+        """Batches arrive on the CPU: anything else moves them."""
+        return self.device.type != "cpu"
 
     def __init__(
         self,
@@ -89,24 +129,15 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             raise TypeError(f"The engine's Trainer trains a resolved run (dmlkit.recipe.prepare_run(cfg, ...)), not a "
                             f"{type(resolved).__name__}; dmlkit.Trainer (dmlkit.recipe.Trainer) also takes a config, "
                             "planned and built first.")
-        run = self.resolved = resolved  # every part of the run (self.run is its directory)
-        self.cfg = run.cfg
-        self.wall_clock: Callable[[], float] = time.perf_counter  # the time budget's clock (train.time_budget)
-        self.started = run.started  # ... counting from the start of the run's resolution
-        self.device, self.dist = run.device, run.dist
+        # every part of the run, read where it is held (the attributes below that name a part are the run's own)
+        run = self.resolved = resolved
         self.echo = echo if self.dist.is_main else SILENT
-        self.run = RunDirectory(run_dir)
-        if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run too)
-            self.run.log = lambda record: None
+        self.run_dir = RunDirectory(run_dir)  # the run folder (its files and its log)
+        if not self.dist.is_main:  # files are written once, by rank 0 (hooks log through self.run_dir too)
+            self.run_dir.log = lambda record: None
         self.resume = resume
         self.evaluate_test = evaluate_test  # False: no test split at the end (a sweep's trial)
-        self.splits, self.recipe, self.label_map = run.splits, run.recipe, run.label_map
-        self.model, self._channels_last = run.model, run.channels_last  # channels_last: conv models on a GPU
-        self.objective, self.optimizer, self.scheduler = run.objective, run.optimizer, run.scheduler
-        self._to_device = self.device.type != "cpu"  # batches arrive on the CPU
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
-        self.sampler = run.sampler
-        self.member_folds = run.member_folds  # protocol.member_folds: each member validates on its own fold
         self.position = builders.BatchPosition()
         self.step = 0
         self.best_score = -math.inf
@@ -118,37 +149,35 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.eval_seconds: list[float] = []  # wall time of each validation this session (the progress bar's ETA)
         self.clock: Callable[[], float] = time.perf_counter  # the training clock (a benchmark may use process_time)
         self.hooks = hooks if hooks is not None else run.method_hooks(self)  # a method's hooks see the trainer
-        self.callbacks = CallbackList([*run.early_stopping, *callbacks, *run.loggers])
-        self.run.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
-        self.augment = run.augment
-        self.autocast_dtype = run.autocast_dtype
-        self.autocast_device = self.device.type
-        self.scaler = run.scaler  # fp16 only: gradients underflow without loss scaling
+        self.callbacks = CallbackList([*run.early_stopping, *callbacks, *run.loggers, *run.plan_callbacks])
+        self.run_dir.listeners.append(lambda record: self.callbacks.call("on_log", self, record))
         # a fused optimiser skips a non-finite step on an accelerator: no host read per step (step_checks.py)
         self.step_checks = (DeviceStepChecks(self.device, stop=self.cfg.train.on_nonfinite == "stop")
                             if self.scaler is None and checks_stay_on_device(self.optimizer, self.device) else None)
-        self.forward_model = run.forward_model  # DDP-wrapped under torchrun, compiled with train.compile
         self.train_forward = self.forward_model  # the training steps' forward (the rest of the model, from the cache)
         # train.step_capture: forward, loss and backward compiled (CUDA graphs on a card); auto decides after timing
         self.step_capture = run.step_capture or CaptureDecision("off", "not resolved")
         # what this run did beyond what was resolved (training.json): resolved.json stays the resolution
         self.training_record: dict[str, Any] = {}
         if self.step_capture.mode != "off" and overrides_hook(self.hooks, "on_batch_embeddings"):
-            self._note_capture(CaptureDecision("off", "the given hooks read each batch's embeddings on the host"))
+            self.capture_from_here(CaptureDecision("off", "the given hooks read each batch's embeddings on the host"))
         self.captured_step: CapturedStep | None = None
         if self.step_capture.mode == "compile":
             self.start_capture(self.step_capture)
-        self.cache_deferred = run.cache_deferred  # auto under a time budget: decided after the first plan
-        self.cache_plan = run.cache_plan
-        self.cache_views = 0 if self.cache_deferred or not self.cache_plan.enabled else self.cache_plan.views
+        self.cache_deferred = run.cache_deferred  # auto under a time budget: the time budget decides after its first plan
+        self.cache_views = 0 if self.cache_deferred or not run.cache_plan.enabled else run.cache_plan.views
         self.feature_cache: FrozenFeatureCache | None = None  # built by _train (again on resume: deterministic)
-        self.fingerprint = run.fingerprint
         self.pretrained_val_ap: torch.Tensor | None = None  # per-query validation AP@R of the untrained embedding
         self.reference_val_ap: torch.Tensor | None = None  # ... of the last significant gain (the stopping rule)
         self.last_eval_improved = False  # the last validation counted as progress (EarlyStopping reads it)
         # the steps and validation interval while training: the time budget re-plans them, not the config
         self.schedule = TrainingSchedule.from_config(self.cfg)
         self.scheduler.follow(self.schedule.horizon)  # the learning rate decays over the planned steps
+        self.timing = StepTiming()  # the steps timed this session (on_steps_timed)
+        # the progress bar's remaining time in seconds (a callback that predicts it sets it), else the bar's own
+        self.remaining_seconds: Callable[[], float | None] | None = None
+        self._bar = None
+        self._batches = None
         self._best_state: dict | None = None
 
     # ------------------------------------------------------------------ loop
@@ -325,7 +354,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         )
 
     def _last_good_checkpoint(self) -> str:
-        last = self.run.last_checkpoint
+        last = self.run_dir.last_checkpoint
         return f"the last good checkpoint is {last}" if last.exists() else "no checkpoint was written yet"
 
     @property
@@ -340,57 +369,39 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
     def fit(self) -> TrainResult:
         """Train until the step budget or early stopping, then evaluate the test split once."""
         cfg = self.cfg
-        tape = getattr(self.resolved, "measurements", None)
         if self.resume:
             self.restore_last()  # engine/training/resume.py
-            if tape is not None:  # a resumed run plans from its own speeds and keeps nothing
-                tape.stop_replaying("a resumed run", quietly=True)
-                tape.forgo("a resumed run")
         elif self.dist.is_main:
             weights = getattr(self.model, "pretrained_weights", None)
             if weights is not None:
                 self.echo(f"pretrained weights: {weights.tag} from {weights.source} (SHA-256 {weights.sha256[:12]}...)")
-            self.run.prepare(cfg, self.splits, device=str(self.device),
+            self.run_dir.prepare(cfg, self.splits, device=str(self.device),
                              weights=weights.record() if weights is not None else None)
-            atomic_write_json(self.run.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml, once
+            atomic_write_json(self.run_dir.path / SUMMARY_FILE, self.resolved.summary())  # beside config.yaml, once
             if self.training_record:
-                self._write_training_record()
+                self.write_training_record()
         distributed.barrier()
         finished = False
         try:
             result = self._train()
             finished = True
-            if tape is not None and self.dist.is_main:  # kept for the next run of this config here; recorded
-                self.echo(tape.keep())
-                self._record_measurements(tape)
             return result
         finally:
             if not finished:  # trackers mark their run failed; a resume continues it
                 for callback in self.callbacks:
                     getattr(callback, "close", lambda: None)()
 
-    def _record_measurements(self, tape) -> None:
-        """Every number the plans read, the time budget's while training included, with the request they answer
-        (``resolved.json``'s), into the run's training record: a replay (``--plan RUN``) starts from them."""
-        try:
-            request = read_json(self.run.path / SUMMARY_FILE)["request"]
-        except (OSError, RecordError, KeyError, TypeError):  # a resumed run of an older dmlkit: no request to replay
-            return
-        measurements = tape.record()
-        self.training_record.update(request=request, measurements=measurements,
-                                    **{SEAL_KEY: seal(request, measurements["tape"])})
-        self._write_training_record()
-
-    def _note_capture(self, decision: CaptureDecision) -> None:
-        """Train with ``decision`` (``train.step_capture``) from here on, recorded beside what was resolved."""
+    def capture_from_here(self, decision: CaptureDecision) -> None:
+        """Train with ``decision`` (``train.step_capture``) from the next step on, recorded in the training record's
+        choices (``training.json``) beside what was resolved."""
         self.start_capture(decision)
         self.training_record.setdefault("choices", {})["train.step_capture"] = {
             "value": self.cfg.train.step_capture, "reason": decision.describe()}
 
-    def _write_training_record(self) -> None:
+    def write_training_record(self) -> None:
         """``training.json``: what the run did while training (:attr:`training_record`), kept with an earlier
         session's (a resumed run)."""
-        path = self.run.path / TRAINING_RECORD_FILE
+        path = self.run_dir.path / TRAINING_RECORD_FILE
         try:
             earlier = read_json(path) if path.is_file() else {}
         except (OSError, RecordError):
@@ -405,33 +416,19 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
         self.callbacks.call("on_train_start", self)
         has_val = self.splits.val is not None
         self.cache_frozen_features()
-        batches = self._training_batches()
+        self._batches = self._training_batches()
         schedule = self.schedule
         stop = schedule.finished(self.step)
         if has_val and self.step == 0 and selects_by_significance(cfg):
             # the untrained pretrained embedding is a candidate like every checkpoint: training must beat it
             stop = self._timed_validation() or stop
-        start_step, start_elapsed = self.step, self.elapsed
-        timed = {}  # the training clock after the first (warm-up) step of this session: the speed the plans use
-
-        def speeds() -> Speeds | None:
-            if "step" not in timed or self.step <= timed["step"]:
-                return None
-            return self.measured_speeds((self.elapsed - timed["elapsed"]) / (self.step - timed["step"]), has_val)
-
-        def seconds_left() -> float | None:
-            """Training steps, the validations still to come and the test split, at this session's measured speeds."""
-            if self.step == start_step:
-                return None
-            measured = speeds() or self.measured_speeds((self.elapsed - start_elapsed) / (self.step - start_step),
-                                                        has_val)
-            return budget.seconds_left(self.step, schedule.max_steps, schedule.eval_every, measured, has_val=has_val)
-
-        bar = _progress(cfg, schedule.max_steps, self.step, seconds_left) if self.dist.is_main else None
-        t_last = self.clock()
+        self.timing.restart(self.step, self.elapsed, self.clock())
+        self._bar = _progress(cfg, schedule.max_steps, self.step, self._seconds_left) if self.dist.is_main else None
+        bar = self._bar
+        self.timing.pause(self.clock())
         running = None
         while not stop:
-            indices, images, raw_labels, position = next(batches)
+            indices, images, raw_labels, position = next(self._batches)
             labels = self.label_map(raw_labels)
             if self.feature_cache is not None:  # a stored view of each image: the frozen stages' output
                 g = derive_generator(self.cfg.seed, "feature cache batch", position.epoch, position.batch_in_epoch)
@@ -443,22 +440,13 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
             value = self.training_step(images, labels, indices)
             self.step += 1
             self.position = position
-            if (self.step <= start_step + 1 + budget.CALIBRATION_STEPS or schedule.finished(self.step)
+            if (self.timing.calibrating(self.step) or schedule.finished(self.step)
                     or has_val and schedule.validates_after(self.step)):
-                synchronize(self.device)  # the steps the plan times (and the last before a validation) end on the card
-            now = self.clock()
-            self.elapsed += now - t_last
-            t_last = now
-            if self.step == start_step + 1:
-                timed.update(step=self.step, elapsed=self.elapsed)
-            if schedule.plan is None and self.step == start_step + 1 + budget.CALIBRATION_STEPS:
-                self._plan_to_budget(speeds(), has_val, bar)
-                # steps are faster from here (features cached, or the step captured): time them again and re-plan
-                if self._cache_after_first_plan() or self._capture_after_first_plan(speeds()):
-                    batches = self._training_batches()
-                    schedule.plan, start_step, start_elapsed = None, self.step, self.elapsed
-                    timed.clear()
-                    t_last = self.clock()  # building the cache is not training time (the budget's clock counts it)
+                synchronize(self.device)  # the steps timed (and the last before a validation) end on the card
+            self.elapsed += self.timing.lap(self.clock())
+            self.timing.observe(self.step, self.elapsed)
+            if self.timing.calibrated(self.step):  # the plans attached (time budget, step capture) read the speed
+                self.callbacks.call("on_steps_timed", self, self.step, self.timing.step_seconds(self.step, self.elapsed))
             lr = self.optimizer.param_groups[0]["lr"]
             if self.step % cfg.train.log_every == 0:  # the loss is read here only: one host synchronisation
                 loss_value = self.read_step_checks(value)
@@ -466,7 +454,7 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                           "loss": loss_value, "lr": lr}
                 if self.scaler is not None:  # fp16: a falling scale means overflowing (skipped) steps
                     record["grad_scale"] = self.scaler.get_scale()
-                self.run.log(record)
+                self.run_dir.log(record)
                 if math.isfinite(loss_value):  # the bar's running loss: over the logged steps
                     running = loss_value if running is None else 0.9 * running + 0.1 * loss_value
                     if bar is not None:
@@ -479,9 +467,9 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 self._settle_step_checks(value)  # a non-finite step stops before it is validated
                 stop = self._timed_validation()
                 evaluated = True
-                if schedule.plan is not None and not stop and speeds() is not None:  # re-plan at the speeds measured so far
-                    self._plan_to_budget(speeds(), has_val, bar)
-                t_last = self.clock()  # evaluation time is not training time
+                if not stop:  # the time budget re-plans at the speeds measured so far
+                    self.callbacks.call("on_validation_timed", self, self.step)
+                self.timing.pause(self.clock())  # evaluation time is not training time
             stop = stop or self.should_stop or schedule.finished(self.step)
             if stop or self.step % cfg.train.checkpoint_every == 0:
                 self._settle_step_checks(value)  # nothing non-finite goes into a checkpoint or ends training unseen
@@ -489,21 +477,52 @@ class Trainer(CheckpointingMixin, SelectionMixin, TimeBudgetMixin):
                 self.save()
         if bar is not None:
             bar.close()
+        self._bar = None
         self.hooks.on_train_end(self)
         self.stopped_early = not schedule.finished(self.step)
         if not self.dist.is_main:  # evaluation and writing happen once, on rank 0
-            return TrainResult({}, self.best_step, self.step, "rank 0", self.run.path)
+            return TrainResult({}, self.best_step, self.step, "rank 0", self.run_dir.path)
         return self.finish(has_val)
 
-    def _capture_after_first_plan(self, speeds: Speeds | None) -> bool:
-        """``train.step_capture=auto``: capture when the steps left at the measured speed pay the compilation back."""
-        if self.step_capture.mode != "pending" or speeds is None:
-            return False
-        self._note_capture(worth_capturing(self.cfg.train.max_steps - self.step, speeds.step_seconds))
-        self.echo(f"step capture: {self.step_capture.describe()}")
-        if self.dist.is_main:  # the decision is recorded beside the resolved choices, which stay as resolved
-            self._write_training_record()
-        return self.captured_step is not None
+    # ------------------------------------------------------------------ mechanisms the attached plans call
+
+    def _seconds_left(self) -> float | None:
+        """The progress bar's remaining time: what :attr:`remaining_seconds` predicts, else None (the bar's own)."""
+        return self.remaining_seconds() if self.remaining_seconds is not None else None
+
+    def follow(self, plan: Plan) -> bool:
+        """Train to ``plan``'s steps and validation interval from here (the progress bar's total too); True when
+        they differ from the schedule's before."""
+        changed = self.schedule.follow(plan)
+        if self._bar is not None and self._bar.total != plan.max_steps:
+            self._bar.total = plan.max_steps
+            self._bar.refresh()
+        return changed
+
+    def time_steps_again(self) -> None:
+        """The steps run another way from here (a feature cache built, the step captured): the batch stream starts
+        again from the current position, the schedule's plan (made at the old speed) waits for new timings, and the
+        next steps are timed anew (``on_steps_timed``); the time since the last step is not training time."""
+        self._batches = self._training_batches()
+        self.schedule.plan = None
+        self.timing.restart(self.step, self.elapsed, self.clock())
+
+    def cache_frozen_features(self, views: int | None = None,
+                              out_of_time: Callable[[float], bool] | None = None) -> None:
+        """Run the frozen stages once on ``views`` augmented views of every training image (``train.feature_cache``;
+        None: the views the run holds, :attr:`cache_views`); the training steps then start from them.
+        ``out_of_time(seconds of the next view)``: asked after each view; True keeps the views built so far
+        (:attr:`cache_views` says how many)."""
+        if views is not None:
+            self.cache_views = views
+        if not self.cache_views or self.feature_cache is not None:
+            return
+        self.feature_cache = FrozenFeatureCache.build(
+            self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
+            autocast_dtype=self.autocast_dtype, echo=self.echo,
+            progress=bool(self.cfg.train.progress and self.dist.is_main), out_of_time=out_of_time)
+        self.cache_views = self.feature_cache.views
+        self.train_forward = self.model.forward_from_prefix
 
     def start_capture(self, decision: CaptureDecision) -> None:
         """Take ``decision`` (``train.step_capture``) from the next step on: ``compile`` captures, else eager."""

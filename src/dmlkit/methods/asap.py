@@ -141,7 +141,7 @@ class AsapHooks(MethodHooks):
 
     def log_projection(self, trainer: TrainingState, complete: bool) -> None:
         """One ``kind: projection`` record: steps, best MAP@R, covering radius before/after, proxy spread."""
-        trainer.run.log(
+        trainer.run_dir.log(
             {
                 "kind": "projection",
                 "projection": self.projection,

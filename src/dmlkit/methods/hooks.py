@@ -31,7 +31,7 @@ class TrainingState(Protocol):
     labels -> 0..C-1) and ``device``; it may change ``model`` and ``objective`` weights (the
     proxies are ``objective.loss.bank``) and ``optimizer`` state; it reads the loop's position
     (``step``, ``elapsed``) and selection (``best_score``, ``evals_since_best``); it logs through
-    ``run.log(record)``. Nothing else of the trainer is part of the contract.
+    ``run_dir.log(record)``. Nothing else of the trainer is part of the contract.
     """
 
     cfg: "RunConfig"
@@ -41,7 +41,7 @@ class TrainingState(Protocol):
     model: "nn.Module"
     objective: "nn.Module"
     optimizer: torch.optim.Optimizer
-    run: "RunDirectory"
+    run_dir: "RunDirectory"
     step: int
     elapsed: float
     best_score: float

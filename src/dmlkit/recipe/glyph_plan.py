@@ -14,12 +14,12 @@ and :func:`plan_glyphs` fits the recipe's plan into ``train.time_budget``:
     steps(N)     = left(N) / (shared + N x step)
 
 with ``evaluations`` the recipe's (:data:`dmlkit.recipe.rules.SCRATCH_EVALUATIONS`), fewer when the budget binds
-(:func:`dmlkit.engine.budget_planner.evaluation_count`). The rule: the recipe's members and steps when they
+(:func:`dmlkit.recipe.budget_planner.evaluation_count`). The rule: the recipe's members and steps when they
 fit; else the most members (up to the recipe's) whose plan buys at least :data:`MIN_STEP_SHARE` of
 the recipe's steps at the measured speed (times :data:`STEP_MARGIN`, 1) (members go before
 steps); when no count does, one member with the steps it buys, but never fewer than :data:`FLOOR_SHARE` of
 the recipe's when the recipe chose the budget (which is then raised).
-The trainer's own plan (:mod:`dmlkit.engine.budget_planner`) still re-times the steps once training runs.
+The trainer's own plan (:mod:`dmlkit.recipe.budget_planner`) still re-times the steps once training runs.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from dmlkit.engine import budget_planner as budget
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.optim import fused_capable
 from dmlkit.engine.timing import timings
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.rules import evaluation_interval, evaluations_over
 
 #: A plan keeps an ensemble member only while the steps it buys are at least this share of the recipe's: on

@@ -15,7 +15,7 @@ steps each ``k`` buys:
     steps = (left - V x images x prefix_k) / (batch x step_k)          (V cached views)
     steps = left / (batch x (prefix_k + step_k))                       (no cache)
 
-with ``V`` the most views that leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
+with ``V`` the most views that leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
 per view (one view when its steps make an epoch), or no cache when that buys more steps. The steps are capped at
 the recipe's ceiling (``train.max_steps``), so the views are sized for the steps the run takes. The rule: the
 fewest frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps (or the ceiling, when
@@ -35,10 +35,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from dmlkit.engine import budget_planner as budget
-from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.timing import one_thread, timings
+from dmlkit.recipe import budget_planner as budget
+from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
+from dmlkit.recipe.measurements import Measurements
 
 #: Steps a plan should buy for fine-tuning to show on validation classes ("a few hundred").
 TARGET_STEPS = 300
@@ -78,7 +78,7 @@ class LearningPlan:
 def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
                target: int, ceiling: int | None = None) -> tuple[int, int]:
     """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of no cache and the most views
-    (up to ``most_views``) that still leave :data:`~dmlkit.engine.frozen_stage_cache.EPOCHS_PER_VIEW` epochs of steps
+    (up to ``most_views``) that still leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
     per view (one view when the steps it buys make at least one epoch: it costs one pass, each epoch without it one)
     and, beyond one view, ``target`` steps (steps first, then the crops' variety). Steps are capped at ``ceiling``
     (the recipe's ``train.max_steps``): views are counted for the steps taken, and where both reach the ceiling
@@ -110,8 +110,8 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     ``ceiling``: the recipe's ``train.max_steps`` (None: not chosen yet): no plan takes more steps, and the
     target is the ceiling where it is lower.
     ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
-    are the step-0 one and the evaluations :func:`dmlkit.engine.budget_planner.evaluation_count` spreads.
-    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.engine.frozen_stage_cache.memory_cap`).
+    are the step-0 one and the evaluations :func:`dmlkit.recipe.budget_planner.evaluation_count` spreads.
+    ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.recipe.feature_cache_plan.memory_cap`).
     """
     if not costs:
         raise ValueError("plan_learning needs the cost of at least one frozen-stage count.")
@@ -253,7 +253,7 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
     images and an embedded image's cost is estimated from them (the whole prefix and a third of the rest's step:
     its forward), and the frozen-stage counts between the two ends are measured only while the plan's measuring
     allowance lasts
-    (:meth:`~dmlkit.engine.measurements.Measurements.allowance_spent`). ``measurements``: the
+    (:meth:`~dmlkit.recipe.measurements.Measurements.allowance_spent`). ``measurements``: the
     run's (the costs and ``spent`` kept and replayed through them); ``planned``: the :class:`LearningPlan` is
     appended to it (the steps it predicts, and whether the budget trains at all). ``embed_cost(size)``: seconds
     per image embedded at ``size`` px with the mirror, as the backbone choice measured this backbone (None:

@@ -1,6 +1,6 @@
 """The recipe's one entry point: a config as asked in, a finished config and the reasons for it out.
 
-:func:`plan` reads the data, measures the machine (through :class:`~dmlkit.engine.measurements.Measurements`,
+:func:`plan` reads the data, measures the machine (through :class:`~dmlkit.recipe.measurements.Measurements`,
 kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recipe.rules.RECIPE_FIELDS`): the
 backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
 batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
@@ -33,19 +33,19 @@ from torch import nn
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
 from dmlkit.engine import builders, distributed
-from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
-from dmlkit.engine.frozen_stage_cache import CachePlan, cache_choices, plan_feature_cache
-from dmlkit.engine.measurements import Measurements
-from dmlkit.engine.member_folds import uses_member_folds
+from dmlkit.engine.frozen_stage_cache import CachePlan
 from dmlkit.engine.planned import PlannedRun
 from dmlkit.engine.rng_state import seed_everything
 from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
+from dmlkit.recipe.feature_cache_plan import cache_choices, plan_feature_cache
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
 from dmlkit.recipe.learning_plan import refit_to_recipe
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def plan(
     logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
-    now and kept (:mod:`dmlkit.engine.measurements`; ``replan``: measured again). A run given objects measures
+    now and kept (:mod:`dmlkit.recipe.measurements`; ``replan``: measured again). A run given objects measures
     and keeps nothing.
     """
     request = config_to_dict(cfg)  # before the recipe fills it in
@@ -307,6 +307,16 @@ def _say_run(cfg: RunConfig, device: torch.device, dist: distributed.DistInfo, e
          f"({precision}{processes})")
 
 
+def uses_member_folds(cfg, model, splits) -> bool:
+    """Whether the run trains its ensemble's members on their own folds (``protocol.member_folds``): asked for,
+    an ensemble built from the config, and validation classes held out of the training split."""
+    from dmlkit.models.ensemble import EmbedderEnsemble
+
+    return bool(cfg.protocol.member_folds) and isinstance(model, EmbedderEnsemble) \
+        and splits.val is not None and splits.before_holdout is not None \
+        and distributed.torchrun_local_rank() is None  # an all-gathered batch would mix the members' blocks
+
+
 def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> dict[str, tuple[Any, str]]:
     """``protocol.member_folds`` turned off (the recipe's choice) where the run has nothing to fold; a ConfigError
     where the user asked for folds the run cannot give."""
@@ -322,4 +332,4 @@ def _member_folds(cfg: RunConfig, probe: nn.Module, splits, choices: dict) -> di
     return unfolded
 
 
-__all__ = ["ResolvedRecipe", "apply_model_recipe", "apply_recipe", "plan"]
+__all__ = ["ResolvedRecipe", "apply_model_recipe", "apply_recipe", "plan", "uses_member_folds"]

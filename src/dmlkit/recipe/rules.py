@@ -22,7 +22,7 @@ field                              rule
                                    images in memory trained from scratch), else 1
 ``train.time_budget``              720 s for the whole run when the steps are left to the recipe too
                                    (80 s for small images in memory trained from scratch): the steps
-                                   are cut to what fits (``dmlkit.engine.budget_planner``; for a model from
+                                   are cut to what fits (``dmlkit.recipe.budget_planner``; for a model from
                                    scratch first by ``dmlkit.recipe.glyph_plan``, members included)
 ``train.patience``                 a pretrained backbone with validation classes: stop after 2
                                    validations without a significant gain (2 standard errors)
@@ -54,7 +54,7 @@ import torch
 
 from dmlkit.config.components import GLYPH_MODEL
 from dmlkit.config.schema import selects_by_significance, uses_pretrained_weights  # noqa: F401  (the recipe reads them)
-from dmlkit.engine.budget_planner import DEFAULT_TIME_BUDGET, evaluations_over  # noqa: F401  (the recipe plans to them)
+from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, evaluations_over  # noqa: F401  (the recipe plans to them)
 
 #: Fields the recipe may fill, in the order they are said.
 RECIPE_FIELDS = (
@@ -86,7 +86,7 @@ RECIPE_FIELDS = (
     "protocol.member_folds",
     "data.num_workers",
     "train.mixed_precision",
-    "train.feature_cache",  # resolved by dmlkit.engine.frozen_stage_cache once the model and the batches exist
+    "train.feature_cache",  # resolved by dmlkit.recipe.feature_cache_plan once the model and the batches exist
     "train.cache_views",
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -11,9 +12,11 @@ from torch import nn
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import trainer as engine_trainer
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.resolve import ResolvedRun, resolve_run
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.planner import plan
+from dmlkit.recipe.step_capture_plan import resolved_step_capture
+from dmlkit.recipe.time_budget import plan_callbacks
 
 
 def prepare_run(
@@ -29,10 +32,14 @@ def prepare_run(
     measurements: Measurements | None = None,
     replan: bool = False,
 ) -> ResolvedRun:
-    """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects."""
+    """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects; the
+    run holds the callbacks that watch it while it trains (:func:`~dmlkit.recipe.time_budget.plan_callbacks`)."""
     planned = plan(cfg, model=model, loss=loss, miner=miner, data=data, echo=echo, started=started,
                    measurements=measurements, replan=replan)
-    return resolve_run(planned, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo)
+    resolved = resolve_run(planned, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo)
+    # what watches the run and decides from its timings is attached here, as the config attaches early stopping
+    return dataclasses.replace(resolved, step_capture=resolved_step_capture(resolved),
+                               plan_callbacks=plan_callbacks(resolved))
 
 
 class Trainer(engine_trainer.Trainer):

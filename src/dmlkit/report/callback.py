@@ -27,5 +27,5 @@ class WriteReport(Callback):
     def on_fit_end(self, trainer, result) -> None:
         if not result.test_metrics:  # no test split: nothing to report on
             return
-        self.path = write_report(trainer.run.path)
+        self.path = write_report(trainer.run_dir.path)
         self.echo(f"report: {self.path}")

@@ -169,7 +169,7 @@ class TrialReport(Callback):
         record = {"selected_on": "val", "best_step": result.best_step, "steps": result.steps,
                   f"val_{OBJECTIVE}": trainer.best_score if math.isfinite(trainer.best_score) else None,
                   "train_seconds": round(trainer.elapsed, 3), "schedule": trainer.schedule.record(result.steps)}
-        atomic_write_json(trainer.run.path / TRIAL_FILE, record)
+        atomic_write_json(trainer.run_dir.path / TRIAL_FILE, record)
 
 
 def trial_config(base: dict, params: dict[str, Any], number: int) -> RunConfig:
@@ -234,7 +234,7 @@ def _trial_run(cfg: RunConfig, run_dir: Path, sweep_dir: Path, trial, report: Tr
                 evaluate_test=False) as trainer:
         if resumable:
             try:
-                state = load_checkpoint(trainer.run.last_checkpoint)
+                state = load_checkpoint(trainer.run_dir.last_checkpoint)
                 if state.get("fingerprint") != trainer.fingerprint:
                     raise CheckpointError("it was written by another configuration")
                 echo(f"trial {trial.number}: continuing interrupted trial {source} from step {int(state['step'])}")

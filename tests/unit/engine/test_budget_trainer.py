@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from dmlkit.engine.budget_planner import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
 from dmlkit.recipe import Trainer
+from dmlkit.recipe.budget_planner import CALIBRATION_STEPS, FEW_STEPS, MIN_STEPS_PER_EVALUATION, SAFETY_MARGIN
+from dmlkit.recipe.time_budget import TimeBudget
 
 
 class StepClock:
@@ -18,8 +19,9 @@ class StepClock:
 
     def __init__(self, trainer: Trainer, seconds: float = 1.0):
         self.now = 0.0
-        trainer.clock = trainer.wall_clock = self
-        trainer.started = 0.0
+        trainer.clock = self
+        budget = TimeBudget.of(trainer)  # the budget's wall clock, which counts from the run's start
+        budget.wall_clock, budget.started = self, 0.0
         step = trainer.training_step
 
         def timed(*args):

@@ -9,6 +9,7 @@ checked. On the CPU every step of the path must leave the batch and its numbers 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 
 import pytest
@@ -26,6 +27,7 @@ from dmlkit.data.transforms import (
     RandomTranslate,
 )
 from dmlkit.engine import builders, device_data, timing
+from dmlkit.engine.training.step_timing import CALIBRATION_STEPS
 from dmlkit.recipe import Trainer
 
 trainer_module = importlib.import_module("dmlkit.engine.trainer")
@@ -145,7 +147,8 @@ def test_convolutional_models_run_channels_last_on_a_gpu_only(tmp_path, tiny_con
     monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
     trainer.training_step(images, trainer.label_map(raw))
     on_cpu, layouts[:] = list(layouts), []  # the CPU: the batch as it came (the model may reorder it itself)
-    trainer._channels_last = True  # as on CUDA: the batch goes in channels_last before the model sees it
+    trainer.resolved = dataclasses.replace(trainer.resolved, channels_last=True)  # as on CUDA: the batch goes in
+    # channels_last before the model sees it
     trainer.training_step(images, trainer.label_map(raw))
     assert layouts == [torch.channels_last, *on_cpu]
 
@@ -194,7 +197,7 @@ def test_the_training_loop_synchronises_where_the_budget_reads_its_clock(tmp_pat
     assert trainer.splits.val is not None
     monkeypatch.setattr(trainer_module, "synchronize", lambda device: steps.append(trainer.step))
     trainer.fit()
-    calibration = list(range(1, 2 + trainer_module.budget.CALIBRATION_STEPS))
+    calibration = list(range(1, 2 + CALIBRATION_STEPS))
     assert steps == [*calibration, 7, 9]  # the timed steps, and the last steps before a validation
 
 
@@ -212,7 +215,7 @@ def test_evaluation_searches_the_embeddings_on_the_training_gpu(tmp_path, tiny_c
         return real_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", to)
-    trainer.device = CUDA
+    trainer.resolved = dataclasses.replace(trainer.resolved, device=CUDA)
     # (approx: where a real card is present, the search beside it may sum in another order)
     assert trainer.score(embeddings, labels, clustering=False) == pytest.approx(on_cpu, rel=1e-12)
     assert len(moved) == 1 and moved[0] is embeddings  # the k-NN search gets the embeddings on the card

@@ -47,9 +47,9 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
     import dataclasses
 
     from dmlkit.engine import builders
-    from dmlkit.engine.measurements import Measurements
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.recipe import plan
+    from dmlkit.recipe.measurements import Measurements
 
     planned = plan(tiny_config(*DIGITS), measurements=Measurements.live(), **QUIET)
     assert planned.splits is not None and planned.splits.val is not None  # validation held out by the plan
@@ -85,8 +85,13 @@ def test_a_resolved_run_trains_as_the_config_does_and_its_summary_is_saved(tmp_p
     resolved = prepare_run(tiny_config(*DIGITS), **QUIET)
     from_resolved = Trainer(resolved, tmp_path / "resolved", **QUIET)
     assert from_resolved.model is resolved.model and from_resolved.optimizer is resolved.optimizer
+    assert from_resolved.resolved is resolved and from_resolved.cfg is resolved.cfg  # held, not copied
+    with pytest.raises(AttributeError, match="Trainer.model is the resolved run's"):
+        from_resolved.model = torch.nn.Identity()
     before_training = json.loads(json.dumps(resolved.summary()))  # the learning rates as resolved, not as trained
+    parts = dict(vars(resolved))
     result_resolved = from_resolved.fit()
+    assert all(getattr(resolved, name) is part for name, part in parts.items())  # the trainer wrote nothing back
     assert result_resolved.test_metrics == result_config.test_metrics
     for name, tensor in from_config.model.state_dict().items():
         assert torch.equal(tensor, from_resolved.model.state_dict()[name]), name
@@ -112,6 +117,20 @@ def test_the_trainer_module_builds_nothing():
               for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)}
     assert sorted(name for name in called if name.startswith("build_")) == []
     assert not {"resolve_run", "prepare_run", "plan"} & called  # it receives a built run; dmlkit.Trainer plans and builds
+    # nor does it decide from timings: the time budget and the capture's auto are callbacks the recipe attaches
+    assert not {"plan_run", "worth_capturing", "views_for_epochs", "measured_speeds"} & called
+    [trainer_class] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)
+                       and node.name == "Trainer"]
+    assert [base.id for base in trainer_class.bases] == ["CheckpointingMixin", "SelectionMixin"]  # no time budget
+
+
+def test_prepare_run_attaches_the_callbacks_that_watch_the_run(tiny_config):
+    from dmlkit.recipe.step_capture_plan import StepCaptureChoice
+    from dmlkit.recipe.time_budget import TimeBudget
+
+    resolved = prepare_run(tiny_config(*DIGITS), **QUIET)
+    assert [type(c) for c in resolved.plan_callbacks] == [TimeBudget, StepCaptureChoice]
+    assert resolved.step_capture.mode == "off" and "cpu" in resolved.step_capture.reason  # decided by the recipe
 
 
 def test_the_dry_runs_steps_line_gives_the_steps_the_budget_buys_not_a_ceiling_beside_none():

@@ -11,7 +11,7 @@ import torch
 import dmlkit._validation as validation
 from dmlkit.engine import optim
 from dmlkit.engine.training import step_capture
-from dmlkit.engine.training.step_capture import plan_step_capture, worth_capturing
+from dmlkit.recipe.step_capture_plan import plan_step_capture, worth_capturing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "losses"))
 from _host_syncs import count_host_syncs  # noqa: E402 - the loss tests' counter
@@ -91,7 +91,7 @@ def fit_losses(tmp_path, tiny_config, *overrides):
     trainer = Trainer(tiny_config(*overrides), tmp_path / "run", echo=lambda _: None)
     trainer.finish = lambda has_val: None  # the test split's embedding is not a step
     trainer.fit()
-    log = [json.loads(line) for line in trainer.run.log_path.read_text().splitlines()]
+    log = [json.loads(line) for line in trainer.run_dir.log_path.read_text().splitlines()]
     return trainer, [r["loss"] for r in log if r["kind"] == "train"]
 
 
@@ -103,7 +103,7 @@ def test_a_compiled_step_trains_as_the_eager_one(tmp_path, tiny_config):
         trainer, compiled = fit_losses(tmp_path / "compiled", tiny_config, "train.step_capture=compile")
     assert trainer.captured_step is not None and trainer.captured_step.eager_batches == 0
     assert compiled == pytest.approx(eager, rel=1e-4)
-    saved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    saved = json.loads((trainer.run_dir.path / "resolved.json").read_text())["choices"]["train.step_capture"]
     assert saved["value"] == "compile" and saved["reason"].startswith("captured: forward, loss and backward")
 
 
@@ -119,9 +119,9 @@ def test_auto_decides_after_the_calibration_steps_and_records_it(tmp_path, tiny_
     trainer.fit()
     assert trainer.captured_step is None and trainer.step_capture.mode == "off"
     assert trainer.resolved.step_capture is pending  # the trainer writes nothing back into the resolved run
-    resolved = json.loads((trainer.run.path / "resolved.json").read_text())["choices"]["train.step_capture"]
+    resolved = json.loads((trainer.run_dir.path / "resolved.json").read_text())["choices"]["train.step_capture"]
     assert resolved["reason"].startswith("decided after the first steps")
-    saved = json.loads((trainer.run.path / "training.json").read_text())["choices"]["train.step_capture"]
+    saved = json.loads((trainer.run_dir.path / "training.json").read_text())["choices"]["train.step_capture"]
     assert saved["value"] == "auto" and saved["reason"].startswith("eager: ") and "steps left at" in saved["reason"]
 
 

@@ -122,4 +122,4 @@ def test_stop_raises_at_the_next_read_with_the_weights_before_the_non_finite_ste
         trainer.fit()
     assert trainer.step == 4  # read with the log record of step 4
     assert same([p.detach() for p in trainer.model.parameters()], snapshots.weights[2])
-    assert not trainer.run.last_checkpoint.exists()
+    assert not trainer.run_dir.last_checkpoint.exists()

@@ -52,7 +52,7 @@ def test_training_stops_after_patience_validations_without_a_significant_gain(tm
     result = trainer.fit()
     assert result.steps == 15
     assert result.best_step == 10  # the highest MAP@R among those significantly above the untrained embedding
-    records = [r for r in trainer.run.read_log() if r.get("kind") == "eval" and r.get("split") == "val"]
+    records = [r for r in trainer.run_dir.read_log() if r.get("kind") == "eval" and r.get("split") == "val"]
     assert [r["step"] for r in records] == [0, 5, 10, 15]
     gain, error = paired_gain(script[2], script[1])
     assert records[2]["gain_over_reference"] == gain and not gain > SIGNIFICANT_ERRORS * error
@@ -67,6 +67,6 @@ def test_a_slow_steady_rise_keeps_training(tmp_path, tiny_config, monkeypatch):
     result = trainer.fit()
     assert result.steps == 25 and result.best_step == 25
     progress = [r["gain_over_reference"] > SIGNIFICANT_ERRORS * r["reference_standard_error"]
-                for r in trainer.run.read_log() if r.get("kind") == "eval" and r.get("step", 0) > 0
+                for r in trainer.run_dir.read_log() if r.get("kind") == "eval" and r.get("step", 0) > 0
                 and r.get("split") == "val"]
     assert progress == [False, True, False, True, False]

@@ -5,6 +5,7 @@ finite check and clipping, overflow skips, its state in checkpoints) is tested h
 code runs with ``device_type="cuda"`` on a GPU.
 """
 
+import dataclasses
 import json
 import math
 
@@ -15,7 +16,7 @@ from dmlkit.engine import builders
 from dmlkit.engine.builders import fetch_batch, resolve_device
 from dmlkit.exceptions import ConfigError, NonFiniteError
 from dmlkit.methods.hooks import MethodHooks
-from dmlkit.recipe import Trainer
+from dmlkit.recipe import Trainer, prepare_run
 
 
 def fake_gpus(monkeypatch, count):
@@ -73,10 +74,11 @@ class PoisonGradient(MethodHooks):
 
 
 def make_fp16_trainer(tmp_path, tiny_config, *overrides, hooks=None):
-    trainer = Trainer(tiny_config("train.mixed_precision=fp16", *overrides), tmp_path / "run", hooks=hooks, echo=lambda _: None)
+    resolved = prepare_run(tiny_config("train.mixed_precision=fp16", *overrides), echo=lambda _: None)
     # the default initial scale (2**16) overflows this model's first steps (the scaler then backs off by
     # itself, a few steps in); start where a step does not overflow so each test controls its overflows
-    trainer.scaler = torch.amp.GradScaler(trainer.device.type, init_scale=2.0**8)
+    resolved = dataclasses.replace(resolved, scaler=torch.amp.GradScaler(resolved.device.type, init_scale=2.0**8))
+    trainer = Trainer(resolved, tmp_path / "run", hooks=hooks, echo=lambda _: None)
     images, raw = fetch_batch(trainer.splits.train, trainer.sampler.batches(0)[0].tolist())
     return trainer, images, trainer.label_map(raw)
 
@@ -93,13 +95,13 @@ def test_fp16_run_scales_the_loss_keeps_it_fp32_and_ends_finite(tmp_path, tiny_c
     trainer.objective.register_forward_hook(lambda module, inputs, out: dtypes.append((trunk[-1], out.dtype)))
     result = trainer.fit()
     assert dtypes == [(torch.float16, torch.float32)] * 4  # an fp16 trunk, the loss accumulated in fp32
-    log = [json.loads(line) for line in trainer.run.log_path.read_text().splitlines()]
+    log = [json.loads(line) for line in trainer.run_dir.log_path.read_text().splitlines()]
     train = [r for r in log if r["kind"] == "train"]
     assert len(train) == 4 and all(math.isfinite(r["loss"]) and r["grad_scale"] > 0 for r in train)
     metrics = result.test_metrics
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for k, v in metrics.items() if not k.startswith(("num_", "threshold_")))
     assert metrics["map_at_r"] > 0
-    saved = torch.load(trainer.run.last_checkpoint, map_location="cpu", weights_only=True)["scaler"]
+    saved = torch.load(trainer.run_dir.last_checkpoint, map_location="cpu", weights_only=True)["scaler"]
     assert saved == trainer.scaler.state_dict() and saved["scale"] == trainer.scaler.get_scale()
 
 

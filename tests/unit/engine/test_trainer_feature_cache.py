@@ -54,7 +54,7 @@ def test_a_photo_run_trains_from_the_feature_cache_and_writes_metrics(tmp_path, 
     assert cache.views == trainer.cfg.train.cache_views >= 2 and len(cache.storage) == len(trainer.splits.train)
     assert any(line.startswith("feature cache: built in") for line in lines)
     assert result.steps == 4
-    losses = [r["loss"] for r in trainer.run.read_log() if r.get("kind") == "train"]
+    losses = [r["loss"] for r in trainer.run_dir.read_log() if r.get("kind") == "train"]
     assert len(losses) == 4 and all(np.isfinite(losses))
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert 0.0 < metrics["map_at_r"] <= 1.0 and metrics["steps"] == 4
@@ -84,7 +84,7 @@ def test_a_resumed_run_rebuilds_the_cache_and_ends_with_the_same_weights(tmp_pat
 
 
 def test_under_a_time_budget_the_cache_is_built_only_when_the_planned_epochs_make_it_pay(tmp_path, photo_root):
-    from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW, views_for_epochs
+    from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, views_for_epochs
 
     assert [views_for_epochs(e, 8) for e in (2, 5.9, 6, 13, 100)] == [0, 0, 2, 4, 8]
     lines = []
@@ -94,7 +94,7 @@ def test_under_a_time_budget_the_cache_is_built_only_when_the_planned_epochs_mak
     long.fit()
     epochs = 40 * long.cfg.sampler.batch_size / len(long.splits.train)
     assert long.feature_cache is not None and long.feature_cache.views == min(8, int(epochs // EPOCHS_PER_VIEW))
-    plans = [r for r in long.run.read_log() if r.get("kind") == "plan"]
+    plans = [r for r in long.run_dir.read_log() if r.get("kind") == "plan"]
     assert [p["step"] for p in plans] == [4, 8]  # planned, cache built, steps timed again and planned again
     assert any(line.startswith("feature cache: built in") for line in lines)
     short = Trainer(photo_config(photo_root, "train.max_steps=5", "train.time_budget=100000"), tmp_path / "short",

@@ -16,7 +16,7 @@ def fit_tiny(tmp_path, tiny_config, *overrides):
     trainer.model.trunk.register_forward_hook(lambda module, inputs, out: trunk.append(out.dtype))
     trainer.objective.register_forward_hook(lambda module, inputs, out: dtypes.append((trunk[-1], out.dtype)))
     result = trainer.fit()
-    log = [json.loads(line) for line in trainer.run.log_path.read_text().splitlines()]
+    log = [json.loads(line) for line in trainer.run_dir.log_path.read_text().splitlines()]
     return trainer, result, [r["loss"] for r in log if r["kind"] == "train"], dtypes
 
 

@@ -137,7 +137,8 @@ def test_early_stopping_on_a_metric_and_on_the_selection():
 
 def test_train_patience_is_an_early_stopping_callback(tmp_path, tiny_config):
     trainer = Trainer(tiny_config(*DIGITS, "train.patience=1"), tmp_path, **QUIET)
-    assert [type(c).__name__ for c in trainer.callbacks] == ["EarlyStopping"]
+    # the config's early stopping first; then those the recipe attached, which watch the timed steps
+    assert [type(c).__name__ for c in trainer.callbacks] == ["EarlyStopping", "TimeBudget", "StepCaptureChoice"]
     assert trainer.callbacks.callbacks[0].patience == 1
 
 

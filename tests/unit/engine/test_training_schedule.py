@@ -6,9 +6,8 @@ from __future__ import annotations
 import io
 import math
 
-from dmlkit.engine.budget_planner import Plan
 from dmlkit.engine.optim import build_optimizer, build_scheduler
-from dmlkit.engine.training.schedule import TrainingSchedule
+from dmlkit.engine.training.schedule import Plan, TrainingSchedule
 
 
 def test_a_plan_moves_the_schedule_and_a_checkpoint_restores_it(tiny_config):

@@ -112,7 +112,7 @@ def test_run_logs_projections_with_covering_radius(asap_run):
 
 def test_patience_ends_projection_and_starts_next(tmp_path):
     trainer = Trainer(load_config(overrides=ASAP + ["asap.projections_without_improvement=2"]), tmp_path)
-    trainer.run.prepare(trainer.cfg, trainer.splits)
+    trainer.run_dir.prepare(trainer.cfg, trainer.splits)
     hooks = trainer.hooks
     hooks.on_train_start(trainer)
     before = trainer.objective.loss.proxies.detach().clone()
@@ -170,7 +170,7 @@ def test_end_of_projection_restores_the_best_weights_and_proxies(tmp_path, monke
     import dmlkit.methods.asap as asap_module
 
     trainer = Trainer(load_config(overrides=ASAP + ["asap.projections_without_improvement=5"]), tmp_path)
-    trainer.run.prepare(trainer.cfg, trainer.splits)
+    trainer.run_dir.prepare(trainer.cfg, trainer.splits)
     hooks = trainer.hooks
     hooks.on_train_start(trainer)
     proxies = trainer.objective.loss.proxies

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.budget_planner import SAFETY_MARGIN
 from dmlkit.models import EmbedderEnsemble, create_model
 from dmlkit.recipe import Trainer, glyph_plan, prepare_run
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.budget_planner import SAFETY_MARGIN
 from dmlkit.recipe.glyph_plan import (
     MIN_STEP_SHARE,
     STEP_MARGIN,
@@ -23,6 +23,7 @@ from dmlkit.recipe.glyph_plan import (
     measure_glyph_costs,
     plan_glyphs,
 )
+from dmlkit.recipe.time_budget import TimeBudget
 
 #: Omniglot's development set as the recipe sees it: 1,249 steps of 3 members, 10 validations of 280 images,
 #: 1,360 test images, the 80-s budget of small images.
@@ -188,7 +189,7 @@ def test_the_trainer_estimates_the_test_split_from_the_measured_embedding(monkey
     resolved, _, _ = run_on_clock(monkeypatch, tiny_config, 0.5, "train.time_budget=80")
     assert resolved.embed_seconds == pytest.approx(0.5 / TIMED_IMAGES)  # one member, no shifts (tiny_config)
     trainer = Trainer(resolved, tmp_path, echo=lambda _: None)
-    speeds = trainer.measured_speeds(2.0, has_val=False)  # before any validation
+    speeds = TimeBudget.of(trainer).measured_speeds(trainer, 2.0, has_val=False)  # before any validation
     assert speeds.test_seconds == pytest.approx(len(resolved.splits.test) * 0.5 / TIMED_IMAGES)
 
 

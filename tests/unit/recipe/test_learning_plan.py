@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dmlkit.engine.budget_planner import SAFETY_MARGIN, evaluation_count
 from dmlkit.models import create_model
+from dmlkit.recipe.budget_planner import SAFETY_MARGIN, evaluation_count
 from dmlkit.recipe.learning_plan import (
     TARGET_STEPS,
     StageCost,

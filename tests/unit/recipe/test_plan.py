@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from dmlkit.config.schema import config_to_dict
-from dmlkit.engine.measurements import Measurements
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.recipe import plan
+from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.rules import RECIPE_FIELDS
 
 QUIET = {"echo": lambda _line: None}

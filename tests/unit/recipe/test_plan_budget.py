@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dmlkit.engine import measurements as measurements_module
-from dmlkit.engine.budget_planner import SAFETY_MARGIN, Speeds, plan_run
-from dmlkit.engine.frozen_stage_cache import EPOCHS_PER_VIEW
-from dmlkit.engine.measurements import Measurements
 from dmlkit.models import create_model
 from dmlkit.recipe import backbone_choice, learning_plan
+from dmlkit.recipe import measurements as measurements_module
+from dmlkit.recipe.budget_planner import SAFETY_MARGIN, Speeds, plan_run
+from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW
 from dmlkit.recipe.learning_plan import StageCost, measure_stage_costs, plan_learning
+from dmlkit.recipe.measurements import Measurements
 
 # seconds per training image through the frozen stages and of a step from them, 2 to 5 frozen (a slow CPU)
 SLOW = [StageCost(2, 0.030, 0.084, 24 * 56 * 56 * 2), StageCost(3, 0.040, 0.060, 40 * 28 * 28 * 2),
@@ -48,7 +48,7 @@ def test_the_plan_takes_the_ceiling_and_sizes_the_cached_views_for_it():
 
 @pytest.mark.parametrize("budget", [120, 240])
 def test_the_steps_the_plan_prints_are_the_steps_the_budget_keeps_at_those_speeds(budget):
-    """The trainer's budget plan (engine/budget_planner.py), fed the speeds the learning plan assumed after the
+    """The trainer's budget plan (recipe/budget_planner.py), fed the speeds the learning plan assumed after the
     planning, the step-0 validation and the cache, keeps the plan's steps (or within a tenth where the budget
     binds: it spreads its validations itself)."""
     embed, spent = 0.02, 10.0
@@ -169,14 +169,16 @@ def test_the_live_budget_counts_the_planning_before_the_first_step(tmp_path, tin
     """The trainer's clock starts where the plan started (the command's start): the seconds the plan took are gone
     from the budget the steps are fitted to."""
     from dmlkit.recipe import Trainer
+    from dmlkit.recipe.time_budget import TimeBudget
 
     steps = {}
     for planning in (0.0, 30.0):
         trainer = Trainer(tiny_config("train.max_steps=1000", "train.time_budget=100"), tmp_path / f"p{planning:.0f}",
                           echo=lambda _: None)
         clock = SimpleNamespace(now=0.0)
-        trainer.clock = trainer.wall_clock = lambda: clock.now
-        trainer.started = -planning  # the plan began this long before the trainer's first step
+        trainer.clock = lambda: clock.now
+        budget = TimeBudget.of(trainer)  # the budget's wall clock counts from the run's start
+        budget.wall_clock, budget.started = (lambda: clock.now), -planning  # the plan began this long before
         step = trainer.training_step
 
         def timed(*args, step=step, clock=clock):

@@ -13,6 +13,7 @@ from dmlkit.evaluation.retrieval import map_at_r_per_query
 from dmlkit.models import Embedder, EmbedderEnsemble, create_model, shift_radius
 from dmlkit.recipe import Trainer, glyph_plan
 from dmlkit.recipe.glyph_plan import GlyphCosts, plan_glyphs
+from dmlkit.recipe.time_budget import TimeBudget
 
 
 def radii(model: torch.nn.Module) -> list[int]:
@@ -96,7 +97,7 @@ def test_the_trainer_prices_a_validation_image_at_its_views_and_a_test_image_at_
     trainer = Trainer(cfg, tmp_path / "run", echo=lambda _: None)
     num_val, num_test = len(trainer.splits.val), len(trainer.splits.test)
     trainer.eval_seconds = [0.9]  # one validation measured: 9 passes an image
-    speeds = trainer.measured_speeds(0.1, has_val=True)
+    speeds = TimeBudget.of(trainer).measured_speeds(trainer, 0.1, has_val=True)
     assert speeds.eval_seconds == pytest.approx(0.9)
     assert speeds.test_seconds == pytest.approx(0.9 / (num_val * 9) * num_test * 25)
 

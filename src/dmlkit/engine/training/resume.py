@@ -91,14 +91,14 @@ class CheckpointingMixin:
 
     def save(self) -> None:
         """Write ``checkpoints/last.pt`` atomically (then ``on_checkpoint``: TensorBoard flushes up to this step)."""
-        save_checkpoint(self.run.last_checkpoint, self.state_dict())
+        save_checkpoint(self.run_dir.last_checkpoint, self.state_dict())
         self.callbacks.call("on_checkpoint", self, self.step)
     def restore_last(self) -> None:
         """Continue from ``checkpoints/last.pt``: load it, cut the log after its step, drop writes a crash cut short."""
-        state = load_checkpoint(self.run.last_checkpoint)
-        self.load_state_dict(state, source=str(self.run.last_checkpoint))
+        state = load_checkpoint(self.run_dir.last_checkpoint)
+        self.load_state_dict(state, source=str(self.run_dir.last_checkpoint))
         if self.dist.is_main:
-            self.run.truncate_log_after(self.step)
-        for stale in self.run.last_checkpoint.parent.glob(".*.pt.*.tmp"):  # writes cut short by a crash
+            self.run_dir.truncate_log_after(self.step)
+        for stale in self.run_dir.last_checkpoint.parent.glob(".*.pt.*.tmp"):  # writes cut short by a crash
             stale.unlink(missing_ok=True)
-        self.echo(f"resumed from step {self.step} ({self.run.last_checkpoint})")
+        self.echo(f"resumed from step {self.step} ({self.run_dir.last_checkpoint})")

@@ -3,7 +3,7 @@
 The config says what was asked (``train.max_steps`` and ``train.eval_every``, filled in by the recipe and
 saved once in ``config.yaml``); the trainer's schedule starts from them and is what the loop, the progress
 bar, the learning-rate schedule's horizon, validations and checkpoints read. The time budget re-plans it
-(:mod:`~dmlkit.engine.training.time_budget`), a checkpoint keeps it (``planned``) and a resume restores it,
+(:class:`dmlkit.recipe.time_budget.TimeBudget`, a callback), a checkpoint keeps it (``planned``) and a resume restores it,
 and ``metrics.json`` records the plan the run ended with (``schedule``). Nothing writes the config.
 """
 
@@ -12,13 +12,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dmlkit.engine.budget_planner import Plan
+
+@dataclass(frozen=True)
+class Plan:
+    """Steps and evaluation interval that end the run inside the budget; ``seconds`` is the predicted end
+    (from the run's start, the test evaluation included). The time budget makes them
+    (:func:`dmlkit.recipe.budget_planner.plan_run`); the schedule follows them."""
+
+    max_steps: int
+    eval_every: int
+    seconds: float
+    binds: bool
+    reason: str
 
 
 @dataclass
 class TrainingSchedule:
     """``max_steps`` to train and a validation every ``eval_every`` steps; ``requested``: the config's two numbers
-    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.engine.budget_planner.plan_run`),
+    (a plan never trains more); ``plan``: the time budget's latest plan (:func:`~dmlkit.recipe.budget_planner.plan_run`),
     None until one is made."""
 
     max_steps: int

@@ -128,17 +128,17 @@ class SelectionMixin:
         if improved:
             self.best_score, self.best_step, self.evals_since_best = score, self.step, 0
             if self.dist.is_main:
-                save_checkpoint(self.run.best_checkpoint, self.weights_state())
+                save_checkpoint(self.run_dir.best_checkpoint, self.weights_state())
         else:
             self.evals_since_best += 1
-        self.run.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
+        self.run_dir.log({"kind": "eval", "split": "val", "step": self.step, "time": self.elapsed, **_floats(metrics)})
         stop = self.hooks.on_evaluation(self, score, improved)
         self.callbacks.call("on_evaluation_end", self, self.step, metrics)
         return stop or self.should_stop
 
     def val_history(self) -> list[tuple[int, float]]:
         """``(step, validation MAP@R)`` of every validation evaluation logged so far."""
-        return [(int(r["step"]), float(r[SELECTION_METRIC])) for r in self.run.read_log()
+        return [(int(r["step"]), float(r[SELECTION_METRIC])) for r in self.run_dir.read_log()
                 if r.get("kind") == "eval" and r.get("split") == "val" and SELECTION_METRIC in r]
 
     def finish(self, has_val: bool) -> TrainResult:
@@ -149,12 +149,12 @@ class SelectionMixin:
         still runs, with the selected step and the validation history.
         """
         if not self.evaluate_test:
-            result = TrainResult({}, self.best_step, self.step, "val", self.run.path, val_history=self.val_history())
+            result = TrainResult({}, self.best_step, self.step, "val", self.run_dir.path, val_history=self.val_history())
             self.callbacks.call("on_fit_end", self, result)
             return result
         kept_pretrained = None
-        if has_val and self.run.best_checkpoint.exists():
-            best = load_checkpoint(self.run.best_checkpoint)
+        if has_val and self.run_dir.best_checkpoint.exists():
+            best = load_checkpoint(self.run_dir.best_checkpoint)
             self.model.load_state_dict(best["model"])
             self.objective.load_state_dict(best["objective"])
             selected_on = "val"
@@ -162,7 +162,7 @@ class SelectionMixin:
                 kept_pretrained = self.best_step == 0
                 self.echo(_selection_message(self.val_history(), self.best_step))
         else:
-            save_checkpoint(self.run.best_checkpoint, self.weights_state())
+            save_checkpoint(self.run_dir.best_checkpoint, self.weights_state())
             self.best_step = self.step
             selected_on = "last"
         clustering = self.cfg.eval.clustering
@@ -188,16 +188,16 @@ class SelectionMixin:
         if kept_pretrained is not None:
             result["kept_pretrained"] = kept_pretrained
         if embedded:
-            self.run.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
+            self.run_dir.log({"kind": "eval", "split": "test", "step": self.step, "time": self.elapsed, **metrics})
         # data.skip_bad_images: files found unreadable while reading per item (in this process; see ImageFileDataset)
-        skipped = self.run.record_skipped_images(self.splits.skipped_per_item(), self.step)
+        skipped = self.run_dir.record_skipped_images(self.splits.skipped_per_item(), self.step)
         if skipped:
             self.echo.warning(f"skipped {len(skipped)} unreadable image(s) read per item; listed in manifest.json and log.jsonl")
-        atomic_write_json(self.run.path / METRICS_FILE, result)
+        atomic_write_json(self.run_dir.path / METRICS_FILE, result)
         if self.cfg.eval.save_embeddings:  # the embeddings just scored, not a second pass
             for split, (dataset, embeddings, labels) in embedded.items():
-                self.run.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
-        result = TrainResult(metrics, self.best_step, self.step, selected_on, self.run.path,
+                self.run_dir.save_embeddings(split, embeddings, labels, dataset, self.objective, self.cfg)
+        result = TrainResult(metrics, self.best_step, self.step, selected_on, self.run_dir.path,
                              val_history=self.val_history())
         self.callbacks.call("on_fit_end", self, result)
         return result

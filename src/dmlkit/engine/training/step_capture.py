@@ -9,13 +9,9 @@ AdamW a card gets is a few launches, and its state, the schedule's learning rate
 finite check (:mod:`~dmlkit.engine.training.step_checks`) need no capture to stay off the host.
 
 What cannot be captured trains eagerly, with the reason recorded in the run's choices
-(``resolved.json``): several processes (the all-gather's autograd function), a method's hooks (they
-read the batch's embeddings on the host), cross-batch memory (its queue is state rewritten every step),
-a model already compiled by ``train.compile``. ``auto`` (the default) also leaves eager what a capture
-would not speed up: the CPU, a miner (its index lists are sized by the data: the graph breaks there),
-a finite check read on the host every step (no fused optimiser, or fp16's loss read), and runs too
-short to pay the compilation: after the budget's calibration steps it compares the steps left times
-the measured step time against :data:`COMPILE_SECONDS`. Shapes are fixed: dmlkit's samplers give every
+(``resolved.json``); which runs are captured (``auto``: after the first steps were timed, against
+the compilation's cost) is the recipe's decision (:mod:`dmlkit.recipe.step_capture_plan`), handed over
+as a :class:`CaptureDecision`. Shapes are fixed: dmlkit's samplers give every
 batch the same size; a batch of another shape takes the eager path.
 
 Checkpoints and resume are unchanged: the compiled function shares the model's and the objective's
@@ -31,18 +27,6 @@ import torch
 
 CAPTURE_MODES = ("auto", "off", "compile")
 
-#: Seconds a card spends compiling and capturing a small model's step the first time (inductor + CUDA graphs):
-#: an estimate, to be replaced by a measurement on a card (``scripts/gpu_check.sh``'s ``step-capture`` stage).
-COMPILE_SECONDS = 45.0
-#: The share of an eager step a capture removes on a launch-bound card (the host's launches; the kernels remain).
-SAVED_FRACTION = 0.5
-#: ``auto`` captures only when the steps left save this many times the compilation.
-PAYBACK = 2.0
-#: The most host time a capture could save per step (a large model's launches): a run planned for fewer than
-#: ``PAYBACK * COMPILE_SECONDS / MAX_SAVED_PER_STEP`` steps stays eager without being timed.
-MAX_SAVED_PER_STEP = 0.02
-
-
 @dataclass
 class CaptureDecision:
     """``mode``: ``compile`` (capture), ``off`` (eager) or ``pending`` (``auto``: decided from the measured step time)."""
@@ -54,51 +38,6 @@ class CaptureDecision:
         """The outcome first, then why (the run's choices record it beside ``train.step_capture``'s value)."""
         outcome = {"compile": "captured", "off": "eager"}.get(self.mode, "decided after the first steps")
         return f"{outcome}: {self.reason}"
-
-
-def plan_step_capture(request: str, *, device: torch.device, distributed: bool, method: bool, memory: bool,
-                      compiled_model: bool, miner: bool, host_checks: bool, planned_steps: int | None = None
-                      ) -> CaptureDecision:
-    """The decision before training: ``request`` (``train.step_capture``) against what the run trains with.
-
-    ``host_checks``: the step's finite check is read on the host every step (no fused optimiser on the device, or
-    the fp16 scaler's loss read). Only ``auto`` is turned down by the CPU, a miner, ``host_checks`` or
-    ``planned_steps`` (the most steps the run may train) too few to pay :data:`COMPILE_SECONDS` back.
-    """
-    if request == "off":
-        return CaptureDecision("off", "train.step_capture=off")
-    blockers = [why for blocked, why in (
-        (distributed, "several processes: the embeddings' all-gather is not captured"),
-        (method, "the method's hooks read each batch's embeddings on the host"),
-        (memory, "cross-batch memory rewrites its queue every step"),
-        (compiled_model, "train.compile already compiles the model's forward"),
-    ) if blocked]
-    if request == "auto":
-        blockers += [why for blocked, why in (
-            (device.type != "cuda", f"{device.type}: no CUDA graphs, and kernel launches are not what a step costs"),
-            (miner, "the miner's index lists are sized by the data (the graph would break there)"),
-            (host_checks, "the finite check is read on the host every step (no fused optimiser, or fp16)"),
-        ) if blocked]
-        least = PAYBACK * COMPILE_SECONDS / MAX_SAVED_PER_STEP
-        if not blockers and planned_steps is not None and planned_steps < least:
-            blockers.append(f"{planned_steps} steps at most: a capture pays its about {COMPILE_SECONDS:.0f} s of "
-                            f"compilation back from about {least:.0f} steps on")
-    if blockers:
-        return CaptureDecision("off", "; ".join(blockers))
-    if request == "compile":
-        graphs = "as CUDA graphs (reduce-overhead)" if device.type == "cuda" else "without graphs (not a card)"
-        return CaptureDecision("compile", f"forward, loss and backward compiled {graphs}")
-    return CaptureDecision("pending", "their measured time and the steps left against the compilation's cost")
-
-
-def worth_capturing(steps_left: int, step_seconds: float, compile_seconds: float = COMPILE_SECONDS) -> CaptureDecision:
-    """``auto``'s decision after the calibration steps: capture when the steps left save ``PAYBACK`` x its cost."""
-    saved = steps_left * step_seconds * SAVED_FRACTION
-    numbers = (f"{steps_left} steps left at {step_seconds * 1e3:.1f} ms would save about {saved:.0f} s against "
-               f"about {compile_seconds:.0f} s of compilation")
-    if saved > PAYBACK * compile_seconds:
-        return CaptureDecision("compile", f"{numbers}: forward, loss and backward as CUDA graphs")
-    return CaptureDecision("off", numbers)
 
 
 class CapturedStep:
@@ -136,5 +75,4 @@ class CapturedStep:
         return loss.detach().clone()
 
 
-__all__ = ["CAPTURE_MODES", "COMPILE_SECONDS", "CaptureDecision", "CapturedStep", "plan_step_capture",
-           "worth_capturing"]
+__all__ = ["CAPTURE_MODES", "CaptureDecision", "CapturedStep"]

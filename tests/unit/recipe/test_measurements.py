@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from dmlkit.engine import measurements as m
-from dmlkit.engine.budget_planner import Speeds
 from dmlkit.exceptions import ConfigError
+from dmlkit.recipe import measurements as m
+from dmlkit.recipe.budget_planner import Speeds
 
 
 def speeds_of(tape: m.Measurements, live: Speeds) -> Speeds:

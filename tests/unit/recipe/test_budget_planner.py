@@ -1,10 +1,10 @@
-"""The time-budget planner (engine/budget_planner.py): steps and evaluation points that end a run inside its budget."""
+"""The time-budget planner (recipe/budget_planner.py): steps and evaluation points that end a run inside its budget."""
 
 from __future__ import annotations
 
 import pytest
 
-from dmlkit.engine.budget_planner import (
+from dmlkit.recipe.budget_planner import (
     EVALUATIONS,
     SAFETY_MARGIN,
     Speeds,

@@ -11,9 +11,11 @@ from speeds measured on this machine while it runs:
 * ``test_seconds``: the test split's embedding and scores at the end, from the validation's
   speed per image.
 
-A plan is made once after :data:`CALIBRATION_STEPS` steps and re-made after every validation with
-the speeds measured so far, so the last evaluation and the test embedding end inside the budget
-and the progress bar's remaining time is the plan's. Data that fits keeps the recipe's steps.
+A plan is made once after the trainer timed its first steps (:data:`CALIBRATION_STEPS` after a warm-up
+step) and re-made after every validation with the speeds measured so far, so the last evaluation and the
+test embedding end inside the budget and the progress bar's remaining time is the plan's
+(:class:`dmlkit.recipe.time_budget.TimeBudget`, the callback that plans while the run trains).
+Data that fits keeps the recipe's steps.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dmlkit.engine.training.schedule import Plan
+from dmlkit.engine.training.step_timing import CALIBRATION_STEPS  # noqa: F401  (the steps timed for the first plan)
+
 #: The whole run's wall-clock budget on a CPU when ``train.time_budget`` is left to the recipe (seconds):
-#: decoding, training, every validation and the test split's embedding (dmlkit.engine.budget_planner plans to it).
+#: decoding, training, every validation and the test split's embedding (dmlkit.recipe.budget_planner plans to it).
 DEFAULT_TIME_BUDGET = 720.0
 
 
@@ -32,8 +37,6 @@ def evaluations_over(steps: int, every: int) -> int:
     return -(-steps // max(every, 1))
 
 
-#: Steps timed for the first plan, after one warm-up step (oneDNN primitives, allocator pools).
-CALIBRATION_STEPS = 3
 
 #: Share of the budget kept back for what the speeds do not foresee (the process start, writing results).
 SAFETY_MARGIN = 0.03
@@ -62,18 +65,6 @@ class Speeds:
     step_seconds: float
     eval_seconds: float = 0.0
     test_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Steps and evaluation interval that end the run inside the budget; ``seconds`` is the predicted end
-    (from the run's start, the test evaluation included)."""
-
-    max_steps: int
-    eval_every: int
-    seconds: float
-    binds: bool
-    reason: str
 
 
 def plan_run(budget: float, spent: float, step: int, ceiling: int, eval_every: int, speeds: Speeds, *,
