@@ -451,6 +451,8 @@ def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch
     val_and_test = _untrained_images(cfg, survey)
     if measurements is not None and measurements.allowance is not None:  # only those measured: none measured now
         larger = [c for c in larger if costs.measured(c) is not None]
+        if not larger:  # the reason already says which were not measured
+            return name, why
     fits = [c for c in larger if val_and_test * costs[c].embed_at(size) <= usable]  # its evaluation alone fits
     if not fits:
         return name, why + f"; no larger candidate's untrained evaluation fits either ({val_and_test:,} images)"
