@@ -46,7 +46,7 @@ import torch
 
 from dmlkit.engine.timing import one_thread, timings
 from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
-from dmlkit.recipe.measurements import Measurements
+from dmlkit.recipe.measurements import Measurements, work_seconds
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
 #: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).
@@ -90,8 +90,8 @@ SMALL_BATCH = 2
 SMALL_REPEATS = 1
 
 #: Seconds of work the first (largest) candidate's measurement is expected to take before anything is measured (a
-#: small budget's probe of EfficientNet-Lite2 on 2 CPU cores; in wall seconds at the load average's share of the
-#: cores); a later candidate is expected to take what the larger one before it took.
+#: small budget's probe of EfficientNet-Lite2 on 2 CPU cores); a later candidate is expected to take the work the
+#: larger one before it took. Work, not wall time, so that which candidates are measured does not follow the load.
 FIRST_PROBE_SECONDS = 4.0
 
 #: Share of the plan's measuring allowance the candidates' costs may take: the rest pays for the pooling choice
@@ -269,7 +269,7 @@ class MeasuredCosts(Mapping):
         self._candidates = tuple(candidates)
         self._tape = measurements
         self._taken: dict[str, list[BackboneCost]] = {}
-        self.walls: list[float] = []  # wall seconds of each measurement taken live here
+        self.works: list[float] = []  # seconds of work of each measurement taken live here
 
     def _measure(self, name: str) -> BackboneCost:
         if self._tape is None:
@@ -278,10 +278,10 @@ class MeasuredCosts(Mapping):
         spreads: list[list[float]] = []
 
         def measure() -> BackboneCost:
-            start = time.perf_counter()
+            start = time.process_time()
             cost, passes = _measure(name, *self._key, self._repeats)
             spreads.extend(passes)
-            self.walls.append(time.perf_counter() - start)
+            self.works.append(work_seconds(time.process_time() - start))
             return cost
 
         return self._tape.measure(f"backbone cost {name} train {train_size} px, embed {eval_size} px, {frozen} frozen, "
@@ -412,7 +412,7 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     def affordable(candidate: str) -> bool:
         if measurements is None or costs.measured(candidate) is not None:
             return True
-        expected = costs.walls[-1] if costs.walls else measurements.wall_for(FIRST_PROBE_SECONDS)
+        expected = costs.works[-1] if costs.works else FIRST_PROBE_SECONDS
         return measurements.affords(f"the cost of {candidate}", expected, share=COST_SHARE)
 
     if len(available) == 1:
@@ -462,7 +462,7 @@ def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch
     extra = sum(images * costs[c].embed_at(size) for c in fits)
     if measurements is not None and measurements.allowance is not None:  # the fine-tunable one is embedded too
         base = costs.measured(name)
-        wall = measurements.wall_for(extra + (images * base.embed_at(size) if base is not None else extra / len(fits)))
+        wall = extra + (images * base.embed_at(size) if base is not None else extra / len(fits))  # work: idle wall
         if not measurements.affords("the larger candidates untrained", wall):
             return name, why + (f"; larger candidates untrained not compared: embedding the validation classes with "
                                 f"them would take about {wall:.0f} s, more than the plan's measuring allowance "

@@ -168,6 +168,12 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def work_seconds(cpu: float) -> float:
+    """Seconds of work in ``cpu`` CPU seconds: the wall time they take on the run's threads on idle cores
+    (:func:`~dmlkit.engine.timing.threads_used`), the unit plans are made in, whatever else runs."""
+    return cpu / timing.threads_used()
+
+
 class Measurements:
     """The numbers a run plans from, measured or replayed in the order the run reads them.
 
@@ -193,8 +199,10 @@ class Measurements:
         self._load_checked = False
         self._load = [0.0, 0.0]  # CPU seconds, wall seconds x threads of the timed passes measured through this tape
         self.progress: Callable[[str], None] | None = None  # told before each measurement taken live
-        self.allowance: float | None = None  # wall seconds the live measurements may take (None: no bound)
-        self.measuring = 0.0  # wall seconds the live measurements took so far
+        # Bounded in work (CPU seconds per thread of the run), not wall seconds: which measurements fit must not
+        # follow the load, or the plan would (a loaded machine spends more wall time on the same measurements).
+        self.allowance: float | None = None  # seconds of work the live measurements may take (None: no bound)
+        self.measuring = 0.0  # seconds of work the live measurements took so far
         self.left_out: list[str] = []  # what the allowance left unmeasured, said with the plan
         self.unkept = "a run given objects" if store is None else ""  # why nothing is kept, when so
 
@@ -251,9 +259,9 @@ class Measurements:
             if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
                 self.progress(f"plan: measuring {name} ...")
             cpu, thread_wall = timing.LOAD.snapshot()
-            wall = time.perf_counter()
+            work = time.process_time()
             value = measure()
-            self.measuring += time.perf_counter() - wall
+            self.measuring += work_seconds(time.process_time() - work)
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
@@ -268,21 +276,9 @@ class Measurements:
         """Whether the live measurements have taken the whole :attr:`allowance`."""
         return self.allowance is not None and self.measuring >= self.allowance
 
-    def wall_for(self, work: float) -> float:
-        """Wall seconds ``work`` seconds of work (:func:`~dmlkit.engine.timing.timings`) take at the load seen while
-        measuring so far, or before any measurement at the load average's share of the cores (an idle machine: the
-        same)."""
-        share = self.load_share
-        if share is None:
-            try:
-                share = usable_cpus() / max(float(usable_cpus()), os.getloadavg()[0])
-            except (AttributeError, OSError):
-                share = 1.0
-        return work / max(share, 0.05)
-
     def affords(self, what: str, seconds: float, *, share: float = 1.0) -> bool:
         """Whether what is left of ``share`` of :attr:`allowance` pays for measuring ``what`` in about ``seconds``
-        (wall); when it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay
+        of work; when it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay
         takes the same measurements."""
         def fits() -> bool:
             if self.allowance is None:
@@ -299,7 +295,7 @@ class Measurements:
         """One line when the allowance left measurements out: the allowance, what it took, and what was left out."""
         if self.allowance is None or not self.left_out:
             return None
-        return (f"plan: measuring took {self.measuring:.0f} s of its {self.allowance:.0f}-s allowance; not measured, "
+        return (f"plan: measuring took {self.measuring:.0f} s of work of its {self.allowance:.0f}-s allowance; not measured, "
                 "the recipe's rule instead: " + "; ".join(self.left_out))
 
     def seconds(self, name: str, live: float) -> float:

@@ -26,13 +26,16 @@ GROCERY = dict(train_images=150, batch=30, val_images=50, test_images=100)
 
 
 class FakeClock:
-    """``time.perf_counter`` that advances only when a probe says it took time."""
+    """``time.perf_counter`` and ``time.process_time`` that advance only when a probe says it took time (work on
+    one thread: its CPU seconds are its wall seconds on an idle machine)."""
 
     def __init__(self):
         self.now = 0.0
 
     def perf_counter(self) -> float:
         return self.now
+
+    process_time = perf_counter
 
 
 def test_the_plan_takes_the_ceiling_and_sizes_the_cached_views_for_it():
@@ -82,6 +85,7 @@ def slow_probes(monkeypatch):
     monkeypatch.setattr(measurements_module, "time", clock)
     monkeypatch.setattr(backbone_choice, "time", clock)
     monkeypatch.setattr(measurements_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(measurements_module.timing, "threads_used", lambda: 1)  # the probe's seconds are its work
     monkeypatch.setattr(measurements_module.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # an idle machine
     return measured
 
@@ -110,27 +114,32 @@ def test_a_slow_probe_spends_the_allowance_and_the_plan_says_what_it_left_out(sl
     assert slow_probes == measured and cfg.model.name == "efficientnet_lite0"
     if allowance == 12.0:  # 10 s of 12 gone: the next candidate's 10-s measurement does not fit what is left
         assert "efficientnet_lite1 not measured (the plan's measuring allowance is spent)" in choices["model.name"][1]
-        assert tape.bounded() == ("plan: measuring took 10 s of its 12-s allowance; not measured, the recipe's rule "
+        assert tape.bounded() == ("plan: measuring took 10 s of work of its 12-s allowance; not measured, the recipe's rule "
                                   "instead: the cost of efficientnet_lite1 (about 10 s)")
     else:
         assert tape.bounded() is None and tape.measuring == 20.0
 
 
-def test_a_loaded_machine_leaves_the_larger_candidates_unmeasured(slow_probes, monkeypatch):
-    """Before anything is measured, the first candidate's expected seconds follow the load average: beside work
-    that takes three quarters of the cores, its measurement would take more than the candidates' share."""
+def test_a_loaded_machine_measures_the_candidates_an_idle_one_measures(slow_probes, monkeypatch):
+    """The allowance counts work (CPU seconds per thread), not wall time: beside work that takes three quarters of
+    the cores the same candidates are measured (the probes' wall time grows, their work does not), so the plan does
+    not follow the load."""
     from dmlkit.config import load_config
     from dmlkit.recipe.planner import apply_model_recipe
 
-    monkeypatch.setattr(measurements_module.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
-    cfg = load_config(preset="mnist-proxy-anchor", overrides=["train.time_budget=120"])
-    survey = _photo_survey()
-    choices = apply_model_recipe(cfg, survey)
-    tape = Measurements.live()
-    tape.allowance = 12.0
-    backbone_choice.choose_for_run(cfg, survey, choices, torch.device("cpu"), measurements=tape)
-    assert slow_probes == [] and cfg.model.name == "efficientnet_lite0"
-    assert tape.left_out == [f"the cost of {name} (about 16 s)" for name in ("efficientnet_lite2", "efficientnet_lite1")]
+    picked = {}
+    for load in (0.5, 8.0):
+        monkeypatch.setattr(measurements_module.os, "getloadavg", lambda load=load: (load, load, load))
+        slow_probes.clear()
+        cfg = load_config(preset="mnist-proxy-anchor", overrides=["train.time_budget=120"])
+        survey = _photo_survey()
+        choices = apply_model_recipe(cfg, survey)
+        tape = Measurements.live()
+        tape.allowance = 12.0
+        backbone_choice.choose_for_run(cfg, survey, choices, torch.device("cpu"), measurements=tape)
+        picked[load] = (list(slow_probes), cfg.model.name, tape.left_out)
+    assert picked[0.5] == picked[8.0] == (["efficientnet_lite2"], "efficientnet_lite0",
+                                          ["the cost of efficientnet_lite1 (about 10 s)"])
 
 
 def test_the_frozen_stage_probe_measures_the_ends_first_and_stops_when_the_allowance_is_spent():
