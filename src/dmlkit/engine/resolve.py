@@ -152,12 +152,15 @@ class ResolvedRun:
         cfg, planned = self.cfg, getattr(self.recipe, "planned_steps", None)
         asked = (f"train.max_steps={cfg.train.max_steps}, train.eval_every={cfg.train.eval_every}, "
                  f"train.time_budget={cfg.train.time_budget}")
-        if planned is None or cfg.train.max_steps is None or planned >= cfg.train.max_steps:
+        if planned is None or cfg.train.max_steps is None:
             return asked
+        budget = "the default budget" if cfg.train.time_budget is None else f"the {cfg.train.time_budget:.0f}-s budget"
+        if planned >= cfg.train.max_steps:
+            return f"{cfg.train.max_steps} steps (the ceiling; {budget} affords them at the measured costs), {asked}"
         if planned == 0:
-            return (f"no training step fits the {cfg.train.time_budget:.0f}-s budget: the pretrained backbone is "
+            return (f"no training step fits {budget}: the pretrained backbone is "
                     f"evaluated alone ({asked}: the ceiling, if the first steps run faster than measured)")
-        return (f"about {planned} steps (what the {cfg.train.time_budget:.0f}-s budget buys at the measured costs; "
+        return (f"about {planned} steps (what {budget} buys at the measured costs; "
                 f"the trainer fits them to the steps it times), ceiling {asked}")
 
     def format(self) -> str:

@@ -90,8 +90,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
     the time budget, the step capture's decision). The trainer offers mechanisms (follow a schedule, build the
     feature cache, start a capture, time its steps); what watches the run and decides is such a callback.
     ``evaluate_test=False``: the run ends after training and selection, without the test split (a sweep's trial).
-    Messages go to this module's logger
-    (``dmlkit._messages``), or every one to ``echo`` when given.
+    Messages go to this module's logger (``dmlkit._messages``), or every one to ``echo`` when given.
     """
 
     # the resolved run's parts, by the names methods, callbacks and tests read (``trainer.model``, ``trainer.cfg``)
@@ -508,9 +507,12 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.schedule.plan = None
         self.timing.restart(self.step, self.elapsed, self.clock())
 
-    def cache_frozen_features(self, views: int | None = None) -> None:
+    def cache_frozen_features(self, views: int | None = None,
+                              out_of_time: Callable[[float], bool] | None = None) -> None:
         """Run the frozen stages once on ``views`` augmented views of every training image (``train.feature_cache``;
-        None: the views the run holds, :attr:`cache_views`); the training steps then start from them."""
+        None: the views the run holds, :attr:`cache_views`); the training steps then start from them.
+        ``out_of_time(seconds of the next view)``: asked after each view; True keeps the views built so far
+        (:attr:`cache_views` says how many)."""
         if views is not None:
             self.cache_views = views
         if not self.cache_views or self.feature_cache is not None:
@@ -518,7 +520,8 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.feature_cache = FrozenFeatureCache.build(
             self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
             autocast_dtype=self.autocast_dtype, echo=self.echo,
-            progress=bool(self.cfg.train.progress and self.dist.is_main))
+            progress=bool(self.cfg.train.progress and self.dist.is_main), out_of_time=out_of_time)
+        self.cache_views = self.feature_cache.views
         self.train_forward = self.model.forward_from_prefix
 
     def start_capture(self, decision: CaptureDecision) -> None:

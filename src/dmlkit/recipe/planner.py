@@ -47,9 +47,11 @@ from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
 from dmlkit.recipe.feature_cache_plan import cache_choices, plan_feature_cache
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
+from dmlkit.recipe.learning_plan import refit_to_recipe
 from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.pooling_choice import is_embedder
 from dmlkit.recipe.survey import survey_data
@@ -164,17 +166,30 @@ def plan(
     measurements.start()
     if measurements.progress is None:  # no silent minute: each measurement taken now is said before it runs
         measurements.progress = echo
+    budget = cfg.train.time_budget
+    if model is None and measurements.allowance is None:  # the budget is the user's wall time, planning included
+        measurements.allowance = MEASUREMENT_SHARE * (budget if budget is not None else DEFAULT_TIME_BUDGET)
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
+    elif measurements.allowance is not None and budget is not None:
+        echo(f"plan: reading the data, then measuring this machine for at most {measurements.allowance:.0f} s "
+             f"({MEASUREMENT_SHARE:.0%} of the {budget:.0f}-s budget) ...")
     seed_everything(cfg.seed)
     seeded = rng_state()  # the run's random state where it builds no model (a model given)
     survey = data if data is not None else survey_data(cfg)  # a first look: which model, which image size
     learning: list = []  # the learning plan, when the frozen stages were planned: the steps it predicts
     probe, model_choices, build = _plan_model(cfg, survey, model, device, echo, started=started,
                                               measurements=measurements, learning=learning, seeded=seeded)
-    if learning and learning[0].too_small:  # said before the budget is spent on a run that cannot train
-        echo(f"plan: {learning[0].too_small}")
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
+    if learning:  # again from the same costs, with the batch and step ceiling the recipe chose: the steps run
+        learning[0], refit = refit_to_recipe(cfg, probe, learning[0], splits, spent=measurements.seconds(
+            "seconds spent before the learning plan's refit", work_since(started)))
+        if "train.cache_views" not in refit:
+            resolved.choices.pop("train.cache_views", None)
+        resolved.choices.update(refit)
+        echo.detail(recipe.format_planned(refit))
+        if learning[0].too_small:  # said before the budget is spent on a run that cannot train
+            echo(f"plan: {learning[0].too_small}")
     augment = build_batch_augmentation(cfg, background_fill(splits, resolved.profile.background))
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
@@ -188,7 +203,9 @@ def plan(
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
-    budget = cfg.train.time_budget
+    bounded = measurements.bounded()
+    if bounded:  # what the measuring allowance left to the recipe's rules
+        echo(bounded)
     if budget is not None and model is None:  # the budget counts the planning: how much of it went there
         echo(f"plan: {time.perf_counter() - started:.0f} s of the {budget:.0f}-s budget spent reading the data and "
              "planning")
@@ -262,16 +279,17 @@ def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.d
     planned."""
     model_choices = {} if model is not None else apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
-    backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
-                                   spent=lambda: measurements.seconds("seconds spent before the backbone choice",
-                                                                      work_since(started)),
-                                   measurements=measurements)
+    embed_cost = backbone_choice.choose_for_run(  # Lite0/1/2 by what is left of the budget
+        cfg, survey, model_choices, device, measurements=measurements,
+        spent=lambda: measurements.seconds("seconds spent before the backbone choice", work_since(started)))
     probe, build = (model, None) if model is not None else _build_probe(cfg, seeded)
+    measuring = time.perf_counter()
     model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
-                                           progress=measurements.progress))
+                                           progress=measurements.progress, afford=measurements.affords))
+    measurements.measuring += time.perf_counter() - measuring  # its embedding is measuring too (not on the tape)
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
                                                spent=work_since(started), measurements=measurements,
-                                               planned=learning))
+                                               planned=learning, embed_cost=embed_cost))
     return probe, model_choices, build
 
 

@@ -123,8 +123,8 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
 
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                      device: torch.device, progress: Callable[[str], None] | None = None
-                      ) -> dict[str, tuple[Any, str]]:
+                      device: torch.device, progress: Callable[[str], None] | None = None,
+                      afford: Callable[[str, float], bool] | None = None) -> dict[str, tuple[Any, str]]:
     """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
     (small photos), and ``model.pooling`` / ``model.flip_average`` (photos), as
     ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
@@ -133,7 +133,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     Runs between building the model and decoding the splits (``survey`` is
     :func:`~dmlkit.recipe.survey.survey_data`); the random state is left as it was. The reasons
     hold the measured tables (validation MAP@R, seconds) and the decisions. ``progress`` is told before the
-    embedding starts (it takes a while on a CPU).
+    embedding starts (it takes a while on a CPU). ``afford(what, seconds)`` (the plan's measuring allowance) is
+    asked before embedding what was not embedded already (the backbone choice's comparison is reused at no cost):
+    when it refuses, the recipe's rules stand, said in the reasons.
     """
     sizing = measures_view_size(cfg, survey, model_choices)
     pooling = measures_pooling(cfg, survey, model, model_choices)
@@ -149,6 +151,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     if val is None:
         return {}
     configurations = pooling_choice.candidates(model_choices, model) if pooling else None
+    fresh = [size for size in sizes if _score_key(cfg, val, size, configurations, device) not in _SCORED]
+    if fresh and afford is not None and not afford("the view size and pooling", 0.0):
+        return _rules_stand(cfg, model_choices, sizing, pooling)
     if progress is not None:
         progress(f"plan: measuring the view size{' and pooling' if pooling else ''} on the validation classes "
                  f"({', '.join(map(str, sizes))} px) ...")
@@ -221,8 +226,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     best: dict[int, torch.Tensor] = {}
     for size in sorted(sizes, reverse=True):
         # the same backbone, images, size and poolings measured before (backbone by budget's comparison): reused
-        key = (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
-               cfg.data.name)
+        key = _score_key(cfg, val, size, configurations, device)
         if key not in _SCORED:
             start = clock()
             split = view_split(images, size, cfg.data.name, preprocessing, mode)
@@ -240,6 +244,25 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
         if not tolerated(best[size], best[best_size(best)])[0]:
             break  # smaller views are taken to lose too: their time is saved
     return dict(sorted(out.items()))
+
+
+def _score_key(cfg: Any, val, size: int, configurations, device: torch.device) -> tuple:
+    """What a view size's scores depend on: the backbone, the size, the images, the poolings, precision, device."""
+    precision = cfg.train.mixed_precision
+    if precision == "auto":  # as the recipe resolves it later
+        precision = "bf16" if native_bf16(device) else "none"
+    return (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
+            cfg.data.name)
+
+
+def _rules_stand(cfg: Any, model_choices: Mapping[str, tuple[Any, str]], sizing: bool, pooling: bool
+                 ) -> dict[str, tuple[Any, str]]:
+    """The recipe's rules for the view size and pooling, their reasons saying that they were not measured."""
+    fields = (("data.image_size", "data.crop_size") if sizing else ()) + \
+        (("model.pooling", "model.flip_average") if pooling else ())
+    why = "not measured: the plan's measuring allowance is spent"
+    return {field: (model_choices[field][0], f"{model_choices[field][1]}; {why}") for field in fields
+            if field in model_choices}
 
 
 def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[str, Any] | None, mode: str = "RGB"):

@@ -140,6 +140,8 @@ def test_the_dry_runs_steps_line_gives_the_steps_the_budget_buys_not_a_ceiling_b
         cfg = SimpleNamespace(train=SimpleNamespace(max_steps=max_steps, eval_every=25, time_budget=120.0))
         return ResolvedRun._steps_line(SimpleNamespace(cfg=cfg, recipe=SimpleNamespace(planned_steps=planned)))
 
-    assert line(None) == line(300) == "train.max_steps=200, train.eval_every=25, train.time_budget=120.0"
+    assert line(None) == "train.max_steps=200, train.eval_every=25, train.time_budget=120.0"  # nothing planned
+    assert line(300) == line(200) == ("200 steps (the ceiling; the 120-s budget affords them at the measured costs), "
+                                      "train.max_steps=200, train.eval_every=25, train.time_budget=120.0")
     assert line(40).startswith("about 40 steps (what the 120-s budget buys at the measured costs")
     assert line(0).startswith("no training step fits the 120-s budget: the pretrained backbone is evaluated alone")
