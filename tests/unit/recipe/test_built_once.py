@@ -121,14 +121,14 @@ def test_a_photo_run_trains_the_pretrained_probe_the_plan_measured_and_froze(tmp
     monkeypatch.setattr(learning_plan, "embed_seconds", lambda *args, **kwargs: 0.05)
     cfg = load_config(preset="mnist-proxy-anchor", overrides=[
         "data.name=folder", f"data.root={root}", "train.progress=false", "eval.clustering=false",
-        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96"])
+        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96", "train.time_budget=60"])
     choose = planner.backbone_choice.choose_for_run
     measured: list[str] = []  # the backbones the choice by budget built to measure (throw-away models)
     monkeypatch.setattr(planner.backbone_choice, "choose_for_run",
                         lambda *args, **kwargs: (choose(*args, **kwargs), measured.extend(constructions))[0])
     planned = planner.plan(cfg, measurements=Measurements.live(), **QUIET)
     assert constructions[len(measured):] == [planned.cfg.model.name]  # the probe, which is the run's model
-    assert planned.cfg.model.frozen_stages == 4 and planned.cfg.model.embedding_size == 1280
+    assert planned.cfg.model.frozen_stages > 2 and planned.cfg.model.embedding_size == 1280  # built with 2
     built_here = resolve_run(dataclasses.replace(planned, model=None, rng=None, device=None, dist=None), **QUIET)
     after_built_here = torch.get_rng_state()
     handed_over = resolve_run(planned, **QUIET)
