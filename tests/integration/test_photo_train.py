@@ -98,7 +98,7 @@ def test_training_that_cannot_help_keeps_the_pretrained_embedding(tmp_path):
     link_folder(data / "train", {f"group{c}": files[c * 6:(c + 1) * 6] for c in range(6)})
     link_folder(data / "test", breeds(6, 10, 4))
     out = tmp_path / "run"
-    train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "data.image_size=160",
+    train("--set", "data.name=folder", "--set", f"data.root={data}", "--set", "data.image_size=128",
           "--set", "train.max_steps=6", "--set", "train.eval_every=2", "--set", "optimizer.lr=0.001",
           "--quiet", "--no-report", "--out", str(out))
     assert "kept the pretrained embedding" in (out / "train.log").read_text()
