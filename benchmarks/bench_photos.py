@@ -325,9 +325,9 @@ def throughput(root: Path, size: int, batch: int, threads: int, rounds: int, ste
         recipe, note = dmlkit_trainer(root, size, threads, Path(tmp) / "recipe", extra)
         every, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "every", [*extra, "model.frozen_stages=0"])
         cached, _ = dmlkit_trainer(root, size, threads, Path(tmp) / "cached", [*extra, "train.cache_views=2"])
-        cached.build_feature_cache()
+        cached.cache_frozen_features()
         if cached.feature_cache is None:
-            echo(f"  no feature cache row: {cached.cache_plan.reason}")
+            echo(f"  no feature cache row: {cached.resolved.cache_plan.reason}")
         return _throughput(recipe, every, note, size, batch, rounds, steps, embed_batches, echo,
                            cached=cached if cached.feature_cache is not None else None)
 

@@ -89,8 +89,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
     the time budget, the step capture's decision). The trainer offers mechanisms (follow a schedule, build the
     feature cache, start a capture, time its steps); what watches the run and decides is such a callback.
     ``evaluate_test=False``: the run ends after training and selection, without the test split (a sweep's trial).
-    Messages go to this module's logger
-    (``dmlkit._messages``), or every one to ``echo`` when given.
+    Messages go to this module's logger (``dmlkit._messages``), or every one to ``echo`` when given.
     """
 
     # the resolved run's parts, by the names methods, callbacks and tests read (``trainer.model``, ``trainer.cfg``)
