@@ -31,9 +31,9 @@ ASAP = ["asap.enabled=true", "asap.proxies_per_class=4", "asap.pool_size=8"]
 
 
 def step_times(trainer, steps: int) -> list[float]:
-    from dmlkit.engine import builders
+    from dmlkit.engine.batches import iterate_training_batches
 
-    batches = builders.iterate_training_batches(trainer.splits.train, trainer.sampler, trainer.position)
+    batches = iterate_training_batches(trainer.splits.train, trainer.sampler, trainer.position)
     out = []
     for _ in range(steps):
         idx, images, raw, _pos = next(batches)

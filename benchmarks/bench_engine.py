@@ -35,8 +35,9 @@ import torch
 from dmlkit.config import load_config
 from dmlkit.data.samplers import create_sampler
 from dmlkit.data.transforms import RandomTranslate
-from dmlkit.engine import builders
+from dmlkit.engine.model import build_model
 from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.splits import build_splits
 from dmlkit.losses import create_loss
 from dmlkit.methods.hooks import MethodHooks
 from dmlkit.recipe import Trainer
@@ -75,8 +76,8 @@ def hand_loop(steps: int, threads: int) -> Iterator[float]:
     cfg = bench_config(steps, threads)
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
-    model = builders.build_model(cfg)  # same constructor and seed as the Trainer -> same initial weights
-    train = builders.build_splits(cfg, model).train  # read afresh per run, as each Trainer does
+    model = build_model(cfg)  # same constructor and seed as the Trainer -> same initial weights
+    train = build_splits(cfg, model).train  # read afresh per run, as each Trainer does
     assert torch.equal(train.labels.unique(), torch.arange(5))  # MNIST-5k training digits: already 0..4
     loss_fn = create_loss(cfg.loss.name, num_classes=5, embedding_size=cfg.model.embedding_size, **cfg.loss.args)
     o = cfg.optimizer
@@ -163,7 +164,8 @@ def profile_engine(steps: int, threads: int) -> None:
         profiler = cProfile.Profile()
         profiler.runcall(trainer.fit)
     stats = pstats.Stats(profiler).sort_stats("cumulative")
-    stats.print_stats(r"trainer.py|builders.py|clip_grad|lr_scheduler|run_dir|optimizer.py|samplers.py|transforms.py", 30)
+    stats.print_stats(r"trainer.py|batches.py|objective.py|clip_grad|lr_scheduler|run_dir|optimizer.py|samplers.py|"
+                      r"transforms.py", 30)
 
 
 def main() -> None:

@@ -141,7 +141,7 @@ def photo_trainer(args, *sets: str):
     """A ``Trainer`` on the photo folder as the photo run trains (Lite0, ``--size`` px, batch ``--batch``, mixed
     precision ``auto``) and ``args.steps + 2`` batches of its training split (images, mapped labels)."""
     from dmlkit.config import load_config
-    from dmlkit.engine.builders import fetch_batch
+    from dmlkit.engine.batches import fetch_batch
     from dmlkit.recipe import Trainer
 
     overrides = ["data.name=folder", f"data.root={args.root}", "model.name=efficientnet_lite0", "model.pretrained=true",

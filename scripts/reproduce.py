@@ -430,12 +430,12 @@ def _test_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, np.lib.
 def training_digit_embeddings(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings ``[N, D]`` and digit labels ``[N]`` of the training digits 0-5 (EPS Table 1, 'train digits')."""
     from dmlkit.data import TensorImageDataset, load_mnist5k
-    from dmlkit.engine import builders
+    from dmlkit.engine.splits import build_splits
     from dmlkit.engine.trained_model import load_run
     from dmlkit.evaluation.embed import embed_dataset
 
     cfg, model = load_run(run_dir)
-    splits = builders.build_splits(cfg, model)
+    splits = build_splits(cfg, model)
     images, digits = load_mnist5k()
     keep = digits < 6
     dataset = TensorImageDataset(images[keep], digits[keep], [str(d) for d in range(6)], splits.test.transform)

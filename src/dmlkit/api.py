@@ -29,6 +29,7 @@ from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json
+from dmlkit.engine.given import GivenObjects
 from dmlkit.engine.loggers import flat_params
 from dmlkit.engine.run_dir import release_locks
 from dmlkit.engine.trainer import TrainResult
@@ -134,10 +135,12 @@ def describe_object(component: object | None) -> dict[str, str]:
     return out
 
 
-def fit_request(cfg: RunConfig, **objects: object | None) -> dict[str, str]:
-    """Every setting of a ``fit`` call as dotted strings: the config (every section) and each object's description."""
+def fit_request(cfg: RunConfig, given: GivenObjects) -> dict[str, str]:
+    """Every setting of a ``fit`` call as dotted strings: the config (every section) and the description of each
+    object given but the data (``model``, ``loss``, ``miner``, ``optimizer``; ``None`` for one not given)."""
     request = flat_params(config_to_dict(cfg))
-    for role, component in objects.items():
+    for role in ("model", "loss", "miner", "optimizer"):
+        component = getattr(given, role)
         request.update({f"{role}.{key}": value for key, value in describe_object(component).items()})
     return request
 
@@ -209,8 +212,9 @@ def fit(
     run_dir = Path(out)
     if resume is None:
         resume = (run_dir / layout.LAST_CHECKPOINT).exists()
-    request = fit_request(cfg, model=None if isinstance(model, str) else model, loss=loss, miner=miner,
-                          optimizer=optimizer)
+    given = GivenObjects(model=None if isinstance(model, str) else model, loss=loss, miner=miner, data=splits,
+                         optimizer=optimizer)
+    request = fit_request(cfg, given)
     if resume:
         check_same_request(run_dir, request)
     # the application's logging, or (none configured) the key lines on stderr, as Lightning shows its own
@@ -218,8 +222,7 @@ def fit(
     try:
         # the folder is claimed as `dmlkit train --out` claims it: new, or this kind of run being resumed
         with shown, launch(cfg, run_dir, resume=resume, option="out", report=report,
-                           callbacks=[*callbacks, *loggers], echo=echo, model=None if isinstance(model, str) else model,
-                           loss=loss, miner=miner, data=splits, optimizer=optimizer) as trainer:
+                           callbacks=[*callbacks, *loggers], echo=echo, given=given) as trainer:
             if not resume:
                 atomic_write_json(run_dir / REQUEST_FILE, request)
             return trainer.fit()

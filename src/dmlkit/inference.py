@@ -60,7 +60,7 @@ class RunEmbedder:
         ``run_dir`` may also be a shared model: ``"hf://user/name"`` (``token``: the Hub's, if not the
         logged-in one) or a folder of ``dmlkit push --local``. The model keeps this embedder as
         ``model.run_embedder``, so ``model.embed(images)`` is :meth:`embed`."""
-        from dmlkit.engine.builders import resolve_device
+        from dmlkit.engine.device import resolve_device
         from dmlkit.engine.trained_model import load_run
         from dmlkit.sharing import HF_PREFIX, download, is_shared_folder, load_shared, shared_identity
 

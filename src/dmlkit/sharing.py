@@ -219,8 +219,8 @@ def load_shared(folder: str | Path, overrides=()):
 
     from dmlkit.config import load_config
     from dmlkit.config.schema import config_to_dict
-    from dmlkit.engine.builders import build_model
     from dmlkit.engine.checkpoint_files import config_fingerprint
+    from dmlkit.engine.model import build_model
     from dmlkit.models import has_offline_weights
 
     folder = Path(folder)

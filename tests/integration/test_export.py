@@ -11,7 +11,8 @@ import torch
 import dmlkit
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
-from dmlkit.engine.builders import build_splits, fetch_batch
+from dmlkit.engine.batches import fetch_batch
+from dmlkit.engine.splits import build_splits
 from dmlkit.engine.trained_model import load_run
 from dmlkit.exceptions import ConfigError, InvalidParameterError
 from dmlkit.export import ExportError, export_model, metadata_path_for

@@ -19,7 +19,7 @@ from PIL import Image
 
 from dmlkit.config import list_presets, load_config, parse_override, preset_info
 from dmlkit.data import get_dataset_spec, list_datasets
-from dmlkit.engine.builders import build_objective
+from dmlkit.engine.objective import build_objective
 from dmlkit.losses import LOSSES
 from dmlkit.mining import MINERS
 from dmlkit.models import list_models

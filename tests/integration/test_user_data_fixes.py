@@ -84,7 +84,7 @@ def test_skip_bad_images_counts_files_read_per_item_in_the_log_and_manifest(tmp_
 
 def test_validation_images_held_out_per_class_get_the_evaluation_transform(tmp_path):
     from dmlkit.config import load_config
-    from dmlkit.engine.builders import build_splits
+    from dmlkit.engine.splits import build_splits
 
     data = make_folder(tmp_path / "data", 4, 6, size=lambda c, k: 20 + k)  # mixed sizes: decoded per item
     cfg = load_config(overrides=["data.name=folder", f"data.root={data}", "protocol.val_fraction=0.5"])

@@ -196,3 +196,35 @@ def test_the_scan_follows_types_not_names():
         "    plan.model = built\n"  # an attribute named like a section, on something else
     )
     assert [line for line, _ in config_writes(source)] == [3, 4, 5, 6, 8, 10, 11, 12]
+
+
+def test_a_run_and_its_sharing_write_no_config_field_whatever_holds_the_config(tiny_config, tmp_path, monkeypatch):
+    """The scan's runtime twin: while a config run is planned, built, trained, shared and loaded back, every write to
+    a field of any config object after its construction comes from the recipe or config loading, whatever the
+    variable holding it is called; the finished config is as the plan left it."""
+    import sys
+
+    from dmlkit.config.schema import config_to_dict
+    from dmlkit.engine.trainer import Trainer
+    from dmlkit.recipe import prepare_run
+    from dmlkit.sharing import load_shared, write_shared_folder
+
+    owners = [PACKAGE.resolve() / owner for owner in OWNERS]
+    writes: list[str] = []
+
+    def recorded(self, name, value):
+        frame = sys._getframe(1)
+        where = Path(frame.f_code.co_filename).resolve()
+        if frame.f_code.co_name != "__init__" and not any(where.is_relative_to(owner) for owner in owners):
+            writes.append(f"{where.name}:{frame.f_lineno}: {type(self).__name__}.{name}")
+        object.__setattr__(self, name, value)
+
+    for cls in CONFIG_CLASSES.values():
+        monkeypatch.setattr(cls, "__setattr__", recorded)
+    resolved = prepare_run(tiny_config("train.max_steps=2"), echo=lambda _: None)
+    finished = config_to_dict(resolved.cfg)
+    Trainer(resolved, tmp_path / "run", echo=lambda _: None).fit()
+    shared = write_shared_folder(tmp_path / "run", tmp_path / "shared", checkpoint="last")
+    cfg, _ = load_shared(shared)
+    assert writes == []
+    assert config_to_dict(resolved.cfg) == finished and config_to_dict(cfg) == finished

@@ -123,14 +123,12 @@ def point_tag(point: dict) -> str:
 
 def embeddings_metrics(emb: torch.Tensor, labels: torch.Tensor, *, clustering: bool = False, over_cluster: int = 1,
                        seed: int = 0) -> dict:
-    """P@1, R@1/2/4/8, R-Precision, MAP@R (and NMI, with ``over_cluster`` NMI+) of embeddings under ``labels``."""
-    from dmlkit.evaluation import clustering_metrics, retrieval_metrics
+    """P@1, R@1/2/4/8, R-Precision, MAP@R (and NMI, with ``over_cluster`` NMI+) of embeddings under ``labels``
+    (:func:`dmlkit.evaluation.evaluate`, leave-one-out)."""
+    from dmlkit.evaluation import evaluate
 
-    out = dict(retrieval_metrics(emb, labels, ks=(1, 2, 4, 8)))
-    if clustering:
-        out["nmi"] = clustering_metrics(emb, labels, seed=seed)["nmi"]
-        if over_cluster > 1:
-            out["nmi_plus"] = clustering_metrics(emb, labels, over_cluster=over_cluster, seed=seed)["nmi_plus"]
+    out = evaluate(emb, labels, metrics=("retrieval", "clustering") if clustering else ("retrieval",),
+                   ks=(1, 2, 4, 8), over_cluster=over_cluster, seed=seed)
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
 
 

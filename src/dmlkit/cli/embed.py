@@ -95,8 +95,8 @@ def write_embeddings(out: Path, embeddings, labels, paths, fmt: str | None = Non
 
 def run(args: argparse.Namespace) -> int:
     from dmlkit.cli.common import require_split
-    from dmlkit.engine.builders import build_splits
     from dmlkit.engine.distributed import torchrun_local_rank
+    from dmlkit.engine.splits import build_splits
     from dmlkit.inference import RunEmbedder
 
     if torchrun_local_rank() is not None:
@@ -121,7 +121,7 @@ def _run_parts(args: argparse.Namespace) -> int:
     from dmlkit.cli.common import require_split
     from dmlkit.engine import distributed as ddp
     from dmlkit.engine import embed_parts as parts
-    from dmlkit.engine.builders import build_splits
+    from dmlkit.engine.splits import build_splits
     from dmlkit.exceptions import ConfigError
     from dmlkit.inference import RunEmbedder
 

@@ -25,9 +25,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dmlkit.engine.builders import build_splits
     from dmlkit.engine.checkpoint_files import atomic_write_json
     from dmlkit.engine.run_layout import EVALUATIONS_DIR
+    from dmlkit.engine.splits import build_splits
     from dmlkit.engine.trainer import _floats, format_metrics_table, own_rows, per_category_metrics
     from dmlkit.evaluation import evaluate
     from dmlkit.evaluation.metrics import TABLE_KEYS

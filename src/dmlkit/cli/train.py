@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         defer_dynamo_unless_compiling(cfg)
         if args.dry_run:  # the resolved run, printed; no folder made or claimed, nothing trained: the machine's
-            resolved = dry_run(cfg, echo=_progress_only, replan=args.replan)  # measurements are kept
+            resolved = dry_run(cfg, echo=_progress_only, replan=args.replan,  # measurements are kept
+                               started=getattr(args, "_started", None))  # the budget counts from the command
             print(resolved.format())
             print(resolved.measurements.keep())
             return 0
@@ -139,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _progress_only(line: str) -> None:
-    """A dry run's messages while it plans: only what it measures now (stderr), so no minute passes in silence;
-    the plan itself is printed whole at the end."""
-    if line.startswith(("plan: measuring", "plan: machine is shared")):
+    """A dry run's messages while it plans: what it reads and measures now, and a budget too small to train
+    (stderr), so no ten seconds pass in silence; the plan itself is printed whole at the end."""
+    if line.startswith(("plan: reading", "plan: measuring", "plan: machine is shared", "plan: the ")):
         print(line, file=sys.stderr, flush=True)
 
 

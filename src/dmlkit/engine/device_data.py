@@ -13,7 +13,7 @@ On a CUDA device (``train.device``) the engine keeps the card busy:
   blocking (:func:`to_device`);
 * convolutional models use the ``channels_last`` memory format (:func:`uses_channels_last`), the
   layout the card's convolution kernels run fastest in (bf16 autocast comes from
-  ``train.mixed_precision=auto``, :func:`dmlkit.engine.builders.native_bf16`).
+  ``train.mixed_precision=auto``, :func:`dmlkit.engine.device.native_bf16`).
 
 On the CPU every function here returns its input: the CPU path is unchanged.
 """

@@ -91,12 +91,16 @@ class FrozenFeatureCache:
     @classmethod
     def build(cls, model: nn.Module, dataset, augment: Callable | None, *, views: int, seed: int,
               autocast_dtype: torch.dtype | None = None, dtype: torch.dtype = torch.bfloat16,
-              echo: Callable[[str], None] | None = None, progress: bool = False) -> "FrozenFeatureCache":
+              echo: Callable[[str], None] | None = None, progress: bool = False,
+              out_of_time: Callable[[], bool] | None = None) -> "FrozenFeatureCache":
         """Run ``model.prefix`` on ``views`` augmented views of every image of ``dataset`` (``get_batch``).
 
         View ``v`` of all images is drawn from ``derive_generator(seed, "feature cache view", v)``
         in batches of :data:`BUILD_BATCH` rows, so the cache depends only on the seed (a resumed run
         rebuilds the same one). ``autocast_dtype`` is the training autocast; ``dtype`` the stored precision.
+        Views are built one after the other; ``out_of_time(seconds)`` (the time budget's; ``seconds``: what the next
+        view is expected to take, the mean so far) is asked after each, and a True keeps the views built so far (at
+        least one).
         """
         n = len(dataset)
         device = next(model.parameters()).device
@@ -108,15 +112,17 @@ class FrozenFeatureCache:
         start = time.perf_counter()
         storage = None
         chunks = range(0, n, BUILD_BATCH)
+        bar = None
         if progress:
             from tqdm.auto import tqdm
 
-            chunks = tqdm(chunks, desc="feature cache", unit="batch", leave=False, dynamic_ncols=True)
+            bar = tqdm(total=views * len(chunks), desc="feature cache", unit="batch", leave=False, dynamic_ncols=True)
         per_pass = None  # images per pass of the frozen stages: on a CPU, chunks whose activations stay small
-        for lo in chunks:
-            rows = torch.arange(lo, min(n, lo + BUILD_BATCH))
-            images = dataset.get_batch(rows)[0]
-            for v, generator in enumerate(generators):
+        built = 0
+        for v, generator in enumerate(generators):  # view by view: each view's draws are those of the seed alone
+            for lo in chunks:
+                rows = torch.arange(lo, min(n, lo + BUILD_BATCH))
+                images = dataset.get_batch(rows)[0]
                 crops = augment(images, generator) if augment is not None else images
                 crops = crops.to(device)
                 with autocast:
@@ -128,10 +134,22 @@ class FrozenFeatureCache:
                 if storage is None:
                     storage = torch.empty((n, views, *features.shape[1:]), dtype=dtype)
                 storage[rows, v] = features.to("cpu", dtype)
+                if bar is not None:
+                    bar.update()
+            built = v + 1
+            if bar is None and built < views:  # a line a view, so a long build is never silent
+                echo(f"feature cache: {built} of {views} views ({time.perf_counter() - start:.0f} s)")
+            if built < views and out_of_time is not None and out_of_time((time.perf_counter() - start) / built):
+                echo(f"feature cache: stopped after {built} of {views} views: the time budget needs the rest for "
+                     "training")
+                storage = storage[:, :built]
+                break
+        if bar is not None:
+            bar.close()
         seconds = time.perf_counter() - start
         cache = cls(storage, dataset.labels, seconds)
         echo(f"feature cache: built in {seconds:.1f} s, {format_size(cache.nbytes)} ({str(dtype).removeprefix('torch.')} "
-             f"[{n}, {views}, {storage.shape[4]}, {storage.shape[2]}, {storage.shape[3]}])")
+             f"[{n}, {cache.views}, {storage.shape[4]}, {storage.shape[2]}, {storage.shape[3]}])")
         return cache
 
     def features(self, indices: Sequence[int] | torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -61,7 +61,7 @@ def fold_classes(held: list[str], rest: list[str], members: int, folds: int, see
 def apply_member_folds(splits, label_map, members: int, fraction: float, seed: int) -> MemberFolds:
     """Give each of ``members`` members its own fold: ``splits.train`` becomes the training split before the
     validation classes were held out (``splits.before_holdout``), ``splits.val`` the images of every member's
-    fold (evaluation transform); ``label_map`` is the run's (:class:`~dmlkit.engine.builders.LabelMap` of the new
+    fold (evaluation transform); ``label_map`` is the run's (:class:`~dmlkit.engine.batches.LabelMap` of the new
     ``splits.train``)."""
     full, val = splits.before_holdout, splits.val
     if full is None or val is None:

@@ -1,10 +1,15 @@
-"""What the engine minimises: a loss with its optional miner and cross-batch memory (one per ensemble member)."""
+"""What the engine minimises: a loss with its optional miner and cross-batch memory (one per ensemble member), and
+its build from the config (``loss.*``: the loss, its miner and memory)."""
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from torch import nn
 
+from dmlkit.config.schema import RunConfig
+from dmlkit.exceptions import ConfigError
 from dmlkit.models.ensemble import split_embeddings
 
 
@@ -95,3 +100,100 @@ class EnsembleObjective(nn.Module):
             own = getattr(self, f"member_labels_{i}")[labels[i * rows:(i + 1) * rows]]
             losses.append(objective(part[i * rows:(i + 1) * rows], own))
         return torch.stack(losses).sum()
+
+
+# ----------------------------------------------------------------------------- built from the config
+
+
+def _resolve_distance(args: dict) -> dict:
+    """``distance: euclidean`` (or ``{name, args}``) in loss/miner args becomes a distance object."""
+    from dmlkit.distances import DISTANCES
+
+    spec = args.get("distance")
+    if isinstance(spec, str):
+        args["distance"] = DISTANCES.create(spec)
+    elif isinstance(spec, dict):
+        if "name" not in spec or not set(spec) <= {"name", "args"}:
+            raise ConfigError(f"distance must be a name or a mapping {{name: ..., args: {{...}}}}. Got {spec!r}.")
+        args["distance"] = DISTANCES.create(spec["name"], **dict(spec.get("args") or {}))
+    return args
+
+
+def _nested_loss(spec):
+    """A loss inside a loss (``ProxyPairLoss(pair_loss=...)``): a name or ``{name, args}``."""
+    from dmlkit.losses import LOSSES
+
+    if isinstance(spec, str):
+        return LOSSES.create(spec)
+    if isinstance(spec, dict) and "name" in spec and set(spec) <= {"name", "args"}:
+        return LOSSES.create(spec["name"], **_resolve_distance(dict(spec.get("args") or {})))
+    raise ConfigError(
+        f"loss.args.pair_loss must be a loss name or a mapping {{name: ..., args: {{...}}}}. Got {spec!r}."
+    )
+
+
+def build_objective(cfg: RunConfig, num_classes: int, *, loss: nn.Module | None = None,
+                    miner: nn.Module | None = None, member_folds=None) -> TrainingObjective | EnsembleObjective:
+    """Loss from the registry (proxy losses get ``num_classes``/``embedding_size``), miner, memory.
+
+    A ``loss`` or ``miner`` object (dmlkit's or pytorch-metric-learning's) is used instead of the
+    config's. With ``model.ensemble=N > 1``: N such objectives, one per member
+    (:class:`EnsembleObjective`; config-built losses only); with ``member_folds``
+    (:class:`~dmlkit.engine.member_folds.MemberFolds`) each over its member's own training classes.
+    """
+    size = cfg.model.ensemble or 1
+    if size > 1:
+        if loss is not None or miner is not None:
+            raise ConfigError(f"model.ensemble={size} trains one loss per member; it cannot share one loss or "
+                              "miner object. Set model.ensemble=1, or name the loss in the config.")
+        if member_folds is not None:
+            return EnsembleObjective([build_member_objective(cfg, count) for count in member_folds.class_counts()],
+                                     [cfg.model.embedding_size] * size, member_labels=member_folds.label_maps)
+        return EnsembleObjective([build_member_objective(cfg, num_classes) for _ in range(size)],
+                                 [cfg.model.embedding_size] * size)
+    return build_member_objective(cfg, num_classes, loss, miner)
+
+
+def build_member_objective(cfg: RunConfig, num_classes: int, loss: nn.Module | None = None,
+                           miner: nn.Module | None = None) -> TrainingObjective:
+    """One model's objective: the loss (the config's, or ``loss``), miner and cross-batch memory; what
+    :func:`build_objective` gives each ensemble member (and the glyph plan times with a member's step)."""
+    from dmlkit.mining import MINERS
+
+    lc = cfg.loss
+    if loss is None:
+        loss = _config_loss(cfg, num_classes)
+    if miner is None and lc.miner.name:
+        miner = MINERS.create(lc.miner.name, **_resolve_distance(dict(lc.miner.args)))
+    memory = None
+    if lc.memory.memory_size > 0:
+        from dmlkit.memory import CrossBatchMemory
+
+        memory = CrossBatchMemory(
+            loss,
+            embedding_size=cfg.model.embedding_size,
+            memory_size=lc.memory.memory_size,
+            miner=miner,
+            warmup_steps=lc.memory.warmup_steps,
+        )
+    return TrainingObjective(loss, miner, memory)
+
+
+def _config_loss(cfg: RunConfig, num_classes: int) -> nn.Module:
+    """The loss ``cfg.loss`` names, with the arguments the run and the enabled method add."""
+    from dmlkit.losses import LOSSES
+    from dmlkit.methods import loss_arguments
+
+    lc = cfg.loss
+    factory = LOSSES.get(lc.name)
+    args = _resolve_distance(dict(lc.args))
+    for key, value in (("num_classes", num_classes), ("embedding_size", cfg.model.embedding_size)):
+        if key not in args and key in inspect.signature(factory).parameters:
+            args[key] = value
+    if "pair_loss" in args:
+        args["pair_loss"] = _nested_loss(args["pair_loss"])
+    args = loss_arguments(cfg, factory, args)
+    try:
+        return factory(**args)
+    except TypeError as exc:
+        raise ConfigError(f"loss.args do not fit loss {lc.name!r}: {exc}") from None

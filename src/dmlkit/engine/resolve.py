@@ -3,10 +3,11 @@
 :func:`resolve_run` is the one way into the engine: ``dmlkit train``, ``dmlkit.fit``, ``sweep``, ``crossval`` and
 the claims runner plan a run with :func:`dmlkit.recipe.planner` (which decides every field left to the recipe), then
 call it; :class:`~dmlkit.engine.trainer.Trainer` receives its :class:`ResolvedRun` and builds nothing. It reads the
-config and never writes to it, and builds each object once, in the order the parts depend on each other (and the
-order the global RNG is drawn in, so the same seed gives the same numbers):
+config and never writes to it, takes over what the plan built (device and process group, the model, the random
+state after the seed and the model's build, the splits) and builds every other object once, in the order the parts
+depend on each other (and the order the global RNG is drawn in, so the same seed gives the same numbers):
 
-device -> process group -> loggers -> seed -> model -> splits -> batch augmentation -> label map -> objective
+(device -> process group) -> loggers -> (seed -> model) -> splits -> batch augmentation -> label map -> objective
 -> optimiser and schedule -> sampler -> autocast -> DDP / compile -> fingerprint.
 
 ``ResolvedRun.choices`` holds every value the recipe (and the measurements behind it) chose, with the
@@ -26,17 +27,24 @@ from torch import nn
 
 from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, device_data, distributed, lazy_dynamo
+from dmlkit.engine import device_data, distributed, lazy_dynamo
+from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
+from dmlkit.engine.batches import LabelMap, build_batch_sampler
 from dmlkit.engine.callbacks import Callback, EarlyStopping
 from dmlkit.engine.checkpoint_files import config_fingerprint
+from dmlkit.engine.device import device_and_processes
 from dmlkit.engine.frozen_stage_cache import CachePlan
+from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.loggers import build_loggers
 from dmlkit.engine.member_folds import MemberFolds, apply_member_folds
+from dmlkit.engine.model import build_model
+from dmlkit.engine.objective import build_objective
 from dmlkit.engine.optim import build_optimizer, build_scheduler
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.planned import PlannedRun
-from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.rng_state import seed_everything, set_rng_state
 from dmlkit.engine.run_layout import RESOLVED_FILE
+from dmlkit.engine.splits import build_splits, hold_out_validation_classes, split_reading
 from dmlkit.engine.training.step_capture import CaptureDecision
 from dmlkit.evaluation.embed import autocast_dtype as autocast_dtype_of
 from dmlkit.methods import enabled_methods
@@ -68,7 +76,7 @@ class ResolvedRun:
     recipe: PlannedRun
     model: nn.Module
     channels_last: bool
-    label_map: builders.LabelMap
+    label_map: LabelMap
     objective: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -144,12 +152,15 @@ class ResolvedRun:
         cfg, planned = self.cfg, getattr(self.recipe, "planned_steps", None)
         asked = (f"train.max_steps={cfg.train.max_steps}, train.eval_every={cfg.train.eval_every}, "
                  f"train.time_budget={cfg.train.time_budget}")
-        if planned is None or cfg.train.max_steps is None or planned >= cfg.train.max_steps:
+        if planned is None or cfg.train.max_steps is None:
             return asked
+        budget = "the default budget" if cfg.train.time_budget is None else f"the {cfg.train.time_budget:.0f}-s budget"
+        if planned >= cfg.train.max_steps:
+            return f"{cfg.train.max_steps} steps (the ceiling; {budget} affords them at the measured costs), {asked}"
         if planned == 0:
-            return (f"no training step fits the {cfg.train.time_budget:.0f}-s budget: the pretrained backbone is "
+            return (f"no training step fits {budget}: the pretrained backbone is "
                     f"evaluated alone ({asked}: the ceiling, if the first steps run faster than measured)")
-        return (f"about {planned} steps (what the {cfg.train.time_budget:.0f}-s budget buys at the measured costs; "
+        return (f"about {planned} steps (what {budget} buys at the measured costs; "
                 f"the trainer fits them to the steps it times), ceiling {asked}")
 
     def format(self) -> str:
@@ -193,44 +204,42 @@ def _plain(value: Any) -> Any:
 
 def resolve_run(
     planned: PlannedRun,
+    given: GivenObjects = NOTHING_GIVEN,
     *,
-    model: nn.Module | None = None,
-    loss: nn.Module | None = None,
-    miner: nn.Module | None = None,
-    data=None,
-    optimizer: torch.optim.Optimizer | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> ResolvedRun:
     """Build the run ``planned`` describes (:func:`dmlkit.recipe.planner`); objects given replace what the config
     would build.
 
-    ``model`` (an ``nn.Module`` from images ``[B, C, H, W]`` to embeddings ``[B, D]``), ``loss`` and
-    ``miner`` (dmlkit's or pytorch-metric-learning's), ``data`` (:func:`dmlkit.data.user.user_splits` of the
-    user's datasets) and ``optimizer`` replace the config's: the same objects the plan was made with. The
-    finished config ``planned.cfg`` is read, never written; each object is built once. The splits the plan read
+    ``given`` (:class:`~dmlkit.engine.given.GivenObjects`: a model, loss, miner, the user's splits, an optimiser)
+    replaces the config's objects: the same objects the plan was made with. The
+    finished config ``planned.cfg`` is read, never written; each object is built once: the device, process group
+    and model the plan built (``planned.device``, ``planned.model``) are the run's, which draws on from the random
+    state the plan left it (``planned.rng``); a plan without them has them built here. The splits the plan read
     (``planned.splits``) are the run's when this config and model read them the same way
-    (:func:`~dmlkit.engine.builders.split_reading`); otherwise the config's data is read here.
+    (:func:`~dmlkit.engine.splits.split_reading`); otherwise the config's data is read here.
     """
     cfg = planned.cfg
-    device, dist = builders.device_and_processes(cfg)
+    device, dist = (planned.device, planned.dist) if planned.device is not None and planned.dist is not None \
+        else device_and_processes(cfg)
     loggers = build_loggers(cfg) if dist.is_main else []
-    seed_everything(cfg.seed)
-    built = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: same weights anywhere
-    splits = _run_splits(planned, built, data)
-    planned = replace(planned, splits=None)  # the run keeps its own splits, never a second set beside them
+    built = _run_model(planned, given.model)
+    splits = _run_splits(planned, built, given.data)
+    # the run keeps its own splits and model, never a second reference beside them
+    planned = replace(planned, splits=None, model=None, rng=None)
     # the warp fills with the background as the model sees it: after the split's normalisation
-    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, planned.profile.background))
+    augment = build_batch_augmentation(cfg, background_fill(splits, planned.profile.background))
     built, channels_last = _on_device(built, device)
     member_folds = _fold_members(cfg, splits, built) if cfg.protocol.member_folds else None
     train_labels = splits.train.labels
-    label_map = builders.LabelMap(train_labels)
-    objective = builders.build_objective(cfg, num_classes=len(label_map), loss=loss, miner=miner,
-                                         member_folds=member_folds).to(device)
-    optimizer = optimizer if optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
+    label_map = LabelMap(train_labels)
+    objective = build_objective(cfg, num_classes=len(label_map), loss=given.loss, miner=given.miner,
+                                member_folds=member_folds).to(device)
+    optimizer = given.optimizer if given.optimizer is not None else build_optimizer(built, objective, cfg.optimizer)
     # read at every step: a run planned to its time budget learns its step count after the first steps
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.train.max_steps)  # the trainer's schedule from step 1
-    sampler = builders.build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
-                                           member_folds=member_folds)
+    sampler = build_batch_sampler(cfg, train_labels, rank=dist.rank, world_size=dist.world_size,
+                                  member_folds=member_folds)
     methods = enabled_methods(cfg)
     patience = [EarlyStopping(cfg.train.patience)] if cfg.train.patience and not methods else []
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
@@ -250,6 +259,19 @@ def resolve_run(
     )
 
 
+def _run_model(planned: PlannedRun, model: nn.Module | None) -> nn.Module:
+    """The run's model (the one given, else the plan's), with the global random state after the seed and the model's
+    build; a plan without them builds it here, from the seed (on the CPU: the same weights anywhere)."""
+    if model is None and planned.model is None:
+        seed_everything(planned.cfg.seed)
+        return build_model(planned.cfg)
+    if planned.rng is not None:
+        set_rng_state(planned.rng)
+    else:
+        seed_everything(planned.cfg.seed)
+    return model if model is not None else planned.model
+
+
 def _run_splits(planned: PlannedRun, built: nn.Module, data) -> Any:
     """The run's splits: the user's (with the recipe's validation classes held out), the plan's where this config and
     model read them the same way, else read here."""
@@ -257,15 +279,15 @@ def _run_splits(planned: PlannedRun, built: nn.Module, data) -> Any:
     if data is not None:  # the user's splits: the validation classes the recipe chose are held out here
         splits = data
         if cfg.protocol.val_class_fraction and splits.val is None:
-            builders.hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
+            hold_out_validation_classes(splits, cfg.protocol.val_class_fraction, cfg.protocol.seed)
         return splits
-    if planned.splits is not None and planned.splits_read_as == builders.split_reading(cfg, built):
+    if planned.splits is not None and planned.splits_read_as == split_reading(cfg, built):
         # what the plan read is what this config reads: each image is decoded once; the run's own holder of the
         # same datasets, so what it reassigns (member folds) leaves the plan's splits as they were
         splits = copy.copy(planned.splits)
         splits.info = dict(splits.info)
         return splits
-    return builders.build_splits(cfg, built)  # transforms follow the model's preprocessing
+    return build_splits(cfg, built)  # transforms follow the model's preprocessing
 
 
 def _on_device(built: nn.Module, device: torch.device) -> tuple[nn.Module, bool]:
@@ -280,7 +302,7 @@ def _on_device(built: nn.Module, device: torch.device) -> tuple[nn.Module, bool]
 def _fold_members(cfg: RunConfig, splits, built: nn.Module) -> MemberFolds:
     """``protocol.member_folds``: each ensemble member's own fold of every training class, applied to ``splits``; the
     model then takes a batch per member."""
-    label_map = builders.LabelMap(splits.before_holdout.labels)  # every training class: members split them
+    label_map = LabelMap(splits.before_holdout.labels)  # every training class: members split them
     member_folds = apply_member_folds(splits, label_map, int(cfg.model.ensemble), cfg.protocol.val_class_fraction,
                                       cfg.protocol.seed)
     built.member_batches = True

@@ -28,6 +28,9 @@ Layout::
     RUN_DIR/checkpoints/best.pt    selected weights
     RUN_DIR/report.html            the run's report
     RUN_DIR/evaluations/           one JSON file per `dmlkit evaluate`
+
+A cross-validation folder holds ``crossval.json`` beside its runs; a sweep folder ``study.db``, ``base_config.yaml``,
+``sweep.json`` and ``report.html`` beside its trials' runs (each with ``trial.json``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ CLAIM_FILE = ".dmlkit-claim.json"
 CROSSVAL_SUMMARY_FILE = "crossval.json"
 #: A sweep folder's Optuna study (``dmlkit sweep``).
 SWEEP_STUDY_FILE = "study.db"
+#: A sweep folder's base config (the config every trial's parameters are applied to) and its summary.
+SWEEP_BASE_CONFIG_FILE = "base_config.yaml"
+SWEEP_SUMMARY_FILE = "sweep.json"
 #: A sweep trial's run folder: its validation score, selected step and schedule (``dmlkit sweep``).
 TRIAL_FILE = "trial.json"
 

@@ -22,6 +22,7 @@ while it measured (about 1 on an idle machine, 0.5 beside one process as busy on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -55,8 +56,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+#: The run's threads while :func:`one_thread` holds torch to one (what :func:`threads_used` reports then).
+_HELD_THREADS: list[int] = []
+
+
 def threads_used() -> int:
-    """Threads this process computes with on the CPU: torch's intra-op threads, at most the usable cores."""
+    """Threads this process computes with on the CPU: torch's intra-op threads, at most the usable cores (the run's,
+    inside :func:`one_thread`)."""
+    if _HELD_THREADS:
+        return _HELD_THREADS[-1]
     return max(1, min(torch.get_num_threads(), usable_cpus()))
 
 
@@ -82,6 +90,23 @@ LOAD = LoadMeter()
 def load_share(cpu: float, thread_wall: float) -> float | None:
     """CPU time over wall time x threads (1: the threads ran all the time; None: too little timed to say)."""
     return min(1.0, cpu / thread_wall) if thread_wall > 0.05 else None
+
+
+@contextlib.contextmanager
+def one_thread(device: torch.device | str | None = None):
+    """Torch computes on one thread inside (on the CPU): a probe's untimed warm-up too, since on two threads beside
+    other work a thread spins waiting for a descheduled one (seconds of CPU and wall for one warm-up step)."""
+    if device is not None and torch.device(device).type == "cuda":
+        yield
+        return
+    own = torch.get_num_threads()
+    _HELD_THREADS.append(threads_used())
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(own)
+        _HELD_THREADS.pop()
 
 
 def timings(fn: Callable[[], Any], device: torch.device | str | None, repeats: int = 2,

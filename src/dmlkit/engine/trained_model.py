@@ -28,7 +28,7 @@ def load_run_config(run_dir: str | Path, overrides=()) -> RunConfig:
 def load_run(run_dir: str | Path, checkpoint: str = "best", overrides=()) -> tuple[RunConfig, nn.Module]:
     """``(config, model)`` of a run; refuses a checkpoint written by another configuration."""
     from dmlkit.config.schema import config_to_dict
-    from dmlkit.engine.builders import build_model
+    from dmlkit.engine.model import build_model
 
     if checkpoint not in ("best", "last"):
         raise ConfigError(f"checkpoint must be 'best' or 'last'. Got {checkpoint!r}.")

@@ -30,7 +30,8 @@ import torch
 from dmlkit._json_files import read_json
 from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
-from dmlkit.engine import builders, device_data, distributed
+from dmlkit.engine import device_data, distributed
+from dmlkit.engine.batches import BatchPosition, iterate_training_batches
 from dmlkit.engine.callbacks import Callback, CallbackList
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache
@@ -137,7 +138,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.resume = resume
         self.evaluate_test = evaluate_test  # False: no test split at the end (a sweep's trial)
         self._pin = self.device.type == "cuda"  # page-locked host batches copy to the GPU asynchronously
-        self.position = builders.BatchPosition()
+        self.position = BatchPosition()
         self.step = 0
         self.best_score = -math.inf
         self.best_step = 0
@@ -506,9 +507,12 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.schedule.plan = None
         self.timing.restart(self.step, self.elapsed, self.clock())
 
-    def cache_frozen_features(self, views: int | None = None) -> None:
+    def cache_frozen_features(self, views: int | None = None,
+                              out_of_time: Callable[[float], bool] | None = None) -> None:
         """Run the frozen stages once on ``views`` augmented views of every training image (``train.feature_cache``;
-        None: the views the run holds, :attr:`cache_views`); the training steps then start from them."""
+        None: the views the run holds, :attr:`cache_views`); the training steps then start from them.
+        ``out_of_time(seconds of the next view)``: asked after each view; True keeps the views built so far
+        (:attr:`cache_views` says how many)."""
         if views is not None:
             self.cache_views = views
         if not self.cache_views or self.feature_cache is not None:
@@ -516,7 +520,8 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         self.feature_cache = FrozenFeatureCache.build(
             self.model, self.splits.train, self.augment, views=self.cache_views, seed=self.cfg.seed,
             autocast_dtype=self.autocast_dtype, echo=self.echo,
-            progress=bool(self.cfg.train.progress and self.dist.is_main))
+            progress=bool(self.cfg.train.progress and self.dist.is_main), out_of_time=out_of_time)
+        self.cache_views = self.feature_cache.views
         self.train_forward = self.model.forward_from_prefix
 
     def start_capture(self, decision: CaptureDecision) -> None:
@@ -528,8 +533,8 @@ class Trainer(CheckpointingMixin, SelectionMixin):
         """The batch stream from the current position: labels only once the cache holds the images' features."""
         source = (self.feature_cache.batch_source() if self.feature_cache
                   else device_data.resident_on(self.splits.train, self.device))  # in memory: on a GPU, moved there once
-        return builders.iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
-                                                 pin_memory=self._pin)
+        return iterate_training_batches(source, self.sampler, self.position, self.cfg.data.num_workers,
+                                        pin_memory=self._pin)
 
 
 def _progress(cfg: RunConfig, total: int, initial: int, seconds_left: Callable[[], float | None] | None = None):

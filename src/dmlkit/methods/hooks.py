@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from dmlkit.config.schema import RunConfig
     from dmlkit.data.base import DataSplits
-    from dmlkit.engine.builders import LabelMap
+    from dmlkit.engine.batches import LabelMap
     from dmlkit.engine.run_dir import RunDirectory
 
 

@@ -36,6 +36,7 @@ separately). A machine that stays slow measures slow every time and still gets t
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from functools import reduce
 from types import SimpleNamespace
@@ -43,9 +44,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dmlkit.engine.timing import timings
+from dmlkit.engine.timing import one_thread, timings
 from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
-from dmlkit.recipe.measurements import Measurements
+from dmlkit.recipe.measurements import Measurements, work_seconds
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
 #: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).
@@ -81,9 +82,21 @@ MAX_MEASUREMENTS = 3
 #: Timed repeats of each pass within one measurement (the fastest kept).
 TIMED_REPEATS = 3
 
-#: A budget below this many seconds measures each candidate once (no second or third measurement): the probes
-#: stay a small share of a small budget, and CPU-time costs do not grow with the load anyway.
+#: A budget below this many seconds measures each candidate once (no second or third measurement), on
+#: :data:`SMALL_BATCH` images and :data:`SMALL_REPEATS` passes: the probes stay a small share of a small budget,
+#: and CPU-time costs do not grow with the load anyway.
 SMALL_BUDGET = 300.0
+SMALL_BATCH = 2
+SMALL_REPEATS = 1
+
+#: Seconds of work the first (largest) candidate's measurement is expected to take before anything is measured (a
+#: small budget's probe of EfficientNet-Lite2 on 2 CPU cores); a later candidate is expected to take the work the
+#: larger one before it took. Work, not wall time, so that which candidates are measured does not follow the load.
+FIRST_PROBE_SECONDS = 4.0
+
+#: Share of the plan's measuring allowance the candidates' costs may take: the rest pays for the pooling choice
+#: and the frozen stages of the backbone taken.
+COST_SHARE = 0.5
 
 #: Validation MAP@R fine-tuning is expected to add to a pretrained EfficientNet-Lite within a CPU budget: on the
 #: 84-px development set Lite0 went from 0.3732 untrained to 0.4078 test MAP@R in 720 s (+0.035); on the Pets
@@ -148,6 +161,7 @@ def choose_backbone(
     candidates: Sequence[str] = CANDIDATES,
     spent: Callable[[], float] = lambda: 0.0,
     measure_again: Callable[[str], BackboneCost] | None = None,
+    affordable: Callable[[str], bool] | None = None,
 ) -> tuple[str, str]:
     """The largest of ``candidates`` (smallest first) whose run fits ``time_budget`` seconds, and why.
 
@@ -158,6 +172,8 @@ def choose_backbone(
     ``measure_again(name)`` (:meth:`MeasuredCosts.measure_again`: a new measurement, the fastest of all so
     far returned) is called for a candidate that misses by less than :data:`REMEASURE_WITHIN` times, and
     once more when that made it faster by more than :data:`DISAGREEMENT` and it still misses (module docstring).
+    ``affordable(name)`` (the plan's measuring allowance) is asked before a candidate is read: a candidate it
+    refuses is not measured and not taken.
     """
     seen = max(MIN_EPOCHS * train_images, MIN_IMAGES_SEEN)
     rejected: list[str] = []
@@ -169,6 +185,9 @@ def choose_backbone(
         return gone, usable, images_to_embed * cost.embed_at(eval_size), seen * cost.train_at(train_size)
 
     for name in reversed(candidates[1:]):
+        if affordable is not None and not affordable(name):
+            rejected.append(f"{name} not measured (the plan's measuring allowance is spent)")
+            continue
         measured = [costs[name]]
         gone, usable, embed, train = judged(measured[0])
         while embed + train > usable and measure_again is not None and len(measured) < MAX_MEASUREMENTS \
@@ -196,16 +215,18 @@ def choose_backbone(
 
 
 def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, batch: int, device: str,
-             dtype: torch.dtype | None) -> tuple[BackboneCost, list[list[float]]]:
-    """One measurement of ``name``'s costs on this machine (the fastest of :data:`TIMED_REPEATS` passes each),
-    with the passes' timings (their spread tells a busy machine)."""
+             dtype: torch.dtype | None, repeats: int = TIMED_REPEATS) -> tuple[BackboneCost, list[list[float]]]:
+    """One measurement of ``name``'s costs on this machine (the fastest of ``repeats`` passes each), with the
+    passes' timings (their spread tells a busy machine). The embedding is timed on the images alone and counted
+    twice: the recipe's mirror average is a second pass of the same size. Random weights: the work does not depend
+    on their values, and reading the pretrained ones would add to the measuring."""
     from dmlkit.models import create_model
 
     where = torch.device(device)
-    with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
+    with torch.random.fork_rng(devices=[]), one_thread(where):  # the run's random stream is left as it was
         torch.manual_seed(0)
-        model = create_model(name, pretrained=True, embedding_size=None, pooling="gem", head_init="identity",
-                             freeze_bn=True, frozen_stages=frozen_stages, flip_average=True).to(where)
+        model = create_model(name, pretrained=False, embedding_size=None, pooling="gem", head_init="identity",
+                             freeze_bn=True, frozen_stages=frozen_stages, flip_average=False).to(where)
         crops = torch.randn(batch, 3, train_size, train_size, device=where)
         views = torch.randn(batch, 3, eval_size, eval_size, device=where)
 
@@ -223,9 +244,10 @@ def _measure(name: str, train_size: int, eval_size: int, frozen_stages: int, bat
 
         train_step(crops[:1]), embed(views[:1])  # warm-up on one image: allocations, kernels, autograd
         # synchronised: a GPU's queued kernels count
-        train = timings(lambda: train_step(crops), where, repeats=TIMED_REPEATS)
-        embedded = timings(lambda: embed(views), where, repeats=TIMED_REPEATS)
-    cost = BackboneCost(train=train[0] / batch, embed=embedded[0] / batch, train_size=train_size, eval_size=eval_size)
+        train = timings(lambda: train_step(crops), where, repeats=repeats)
+        embedded = timings(lambda: embed(views), where, repeats=repeats)
+    cost = BackboneCost(train=train[0] / batch, embed=2 * embedded[0] / batch, train_size=train_size,
+                        eval_size=eval_size)
     return cost, [train, embedded]
 
 
@@ -240,26 +262,36 @@ class MeasuredCosts(Mapping):
 
     def __init__(self, *, train_size: int, eval_size: int, frozen_stages: int = 0, batch: int = 4,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 candidates: Sequence[str] = CANDIDATES, measurements: Measurements | None = None):
+                 candidates: Sequence[str] = CANDIDATES, measurements: Measurements | None = None,
+                 repeats: int = TIMED_REPEATS):
         self._key = (int(train_size), int(eval_size), int(frozen_stages), int(batch), str(device), dtype)
+        self._repeats = int(repeats)
         self._candidates = tuple(candidates)
         self._tape = measurements
         self._taken: dict[str, list[BackboneCost]] = {}
+        self.works: list[float] = []  # seconds of work of each measurement taken live here
 
     def _measure(self, name: str) -> BackboneCost:
         if self._tape is None:
-            return _measure(name, *self._key)[0]
+            return _measure(name, *self._key, self._repeats)[0]
         train_size, eval_size, frozen, batch, device, dtype = self._key
         spreads: list[list[float]] = []
 
         def measure() -> BackboneCost:
-            cost, passes = _measure(name, *self._key)
+            start = time.process_time()
+            cost, passes = _measure(name, *self._key, self._repeats)
             spreads.extend(passes)
+            self.works.append(work_seconds(time.process_time() - start))
             return cost
 
         return self._tape.measure(f"backbone cost {name} train {train_size} px, embed {eval_size} px, {frozen} frozen, "
                                   f"batch {batch}, {device}, {dtype}", measure, encode=dataclasses.asdict,
                                   decode=lambda kept: BackboneCost(**kept), timings=lambda _cost: spreads)
+
+    def measured(self, name: str) -> BackboneCost | None:
+        """``name``'s fastest cost when it was measured (or replayed) already, else None (nothing measured now)."""
+        taken = _MEASURED.get((name, *self._key)) if self._tape is None else self._taken.get(name)
+        return reduce(BackboneCost.fastest, taken[1:], taken[0]) if taken else None
 
     def measurements(self, name: str) -> list[BackboneCost]:
         """``name``'s measurements so far, in order (measured now when there is none)."""
@@ -314,7 +346,7 @@ def _images_to_embed(cfg: Any, survey: Any) -> tuple[int, int]:
 
 def _run_autocast_dtype(cfg: Any, device: torch.device) -> torch.dtype | None:
     """The autocast dtype the run will train under (``train.mixed_precision=auto`` resolved as the recipe does)."""
-    from dmlkit.engine.builders import native_bf16
+    from dmlkit.engine.device import native_bf16
     from dmlkit.evaluation.embed import autocast_dtype
 
     precision = cfg.train.mixed_precision
@@ -344,14 +376,18 @@ def _candidates_here() -> tuple[dict[str, tuple[bool, str]], tuple[str, ...]]:
 
 
 def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.device,
-                   spent: Callable[[], float] = lambda: 0.0, measurements: Measurements | None = None) -> None:
+                   spent: Callable[[], float] = lambda: 0.0, measurements: Measurements | None = None
+                   ) -> Callable[[int], float] | None:
     """Replace the recipe's photo backbone by the one :func:`choose_backbone` picks for this run.
 
     Acts only when the recipe named the backbone (``model.name=auto``, listed in ``model_choices``)
     and it uses offline weights; chooses among the candidates whose weights are installed or cached
     (the line says where from, and which were left out and why); updates ``cfg.model.name`` and
     the ``model.name`` recipe line. ``spent()``: seconds of the run gone (counted against the budget);
-    ``measurements``: the run's (the costs kept and replayed through them).
+    ``measurements``: the run's (the costs kept and replayed through them; their allowance bounds what is
+    measured: a candidate, or the comparison untrained, that it does not pay for is left out and said).
+    Returns the backbone taken's embedding cost (``size -> seconds per image with the mirror``) where it was
+    measured, else None.
     """
     from dmlkit.recipe import rules as recipe
 
@@ -367,16 +403,25 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
     crop = int(cfg.data.crop_size or size)
     here, available = _candidates_here()
+    small = budget < SMALL_BUDGET
     costs = MeasuredCosts(train_size=crop, eval_size=size, frozen_stages=cfg.model.frozen_stages or 0,
                           device=device, dtype=_run_autocast_dtype(cfg, device), candidates=available,
-                          measurements=measurements)
+                          measurements=measurements, batch=SMALL_BATCH if small else 4,
+                          repeats=SMALL_REPEATS if small else TIMED_REPEATS)
+
+    def affordable(candidate: str) -> bool:
+        if measurements is None or costs.measured(candidate) is not None:
+            return True
+        expected = costs.works[-1] if costs.works else FIRST_PROBE_SECONDS
+        return measurements.affords(f"the cost of {candidate}", expected, share=COST_SHARE)
+
     if len(available) == 1:
         name, why = available[0], "the only EfficientNet-Lite with ImageNet weights here"
     else:
         name, why = choose_backbone(train_images=max(1, train_images), train_size=crop, eval_size=size,
                                     images_to_embed=to_embed, time_budget=float(budget), costs=costs,
-                                    candidates=available, spent=spent,
-                                    measure_again=costs.measure_again if budget >= SMALL_BUDGET else None)
+                                    candidates=available, spent=spent, affordable=affordable,
+                                    measure_again=costs.measure_again if not small else None)
     missing = [f"{candidate} ({here[candidate][1]})" for candidate in CANDIDATES if candidate not in available]
     why += f"; weights: {here[name][1]}"
     if missing:
@@ -389,6 +434,8 @@ def choose_for_run(cfg: Any, survey: Any, model_choices: dict, device: torch.dev
     if "model.pretrained" in model_choices:  # its reason names the backbone
         value, reason = model_choices["model.pretrained"]
         model_choices["model.pretrained"] = (value, reason.replace(chosen, name))
+    taken = costs.measured(name)
+    return None if taken is None else taken.embed_at
 
 
 def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch.device, name: str, why: str,
@@ -402,6 +449,10 @@ def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch
     size = int(cfg.data.image_size or 224)
     usable = USABLE_SHARE * max(0.0, budget - spent())
     val_and_test = _untrained_images(cfg, survey)
+    if measurements is not None and measurements.allowance is not None:  # only those measured: none measured now
+        larger = [c for c in larger if costs.measured(c) is not None]
+        if not larger:  # the reason already says which were not measured
+            return name, why
     fits = [c for c in larger if val_and_test * costs[c].embed_at(size) <= usable]  # its evaluation alone fits
     if not fits:
         return name, why + f"; no larger candidate's untrained evaluation fits either ({val_and_test:,} images)"
@@ -409,7 +460,14 @@ def _compare_untrained(cfg: Any, survey: Any, model_choices: dict, device: torch
 
     images = min(view_size.MEASURED_IMAGES, val_and_test)
     extra = sum(images * costs[c].embed_at(size) for c in fits)
-    if extra > MEASUREMENT_SHARE * budget:
+    if measurements is not None and measurements.allowance is not None:  # the fine-tunable one is embedded too
+        base = costs.measured(name)
+        wall = extra + (images * base.embed_at(size) if base is not None else extra / len(fits))  # work: idle wall
+        if not measurements.affords("the larger candidates untrained", wall):
+            return name, why + (f"; larger candidates untrained not compared: embedding the validation classes with "
+                                f"them would take about {wall:.0f} s, more than the plan's measuring allowance "
+                                f"({measurements.allowance:.0f} s, {MEASUREMENT_SHARE:.0%} of the budget) has left")
+    elif extra > MEASUREMENT_SHARE * budget:
         return name, why + (f"; larger candidates untrained not compared: embedding the validation classes with them "
                             f"would take about {extra:.0f} s, more than {MEASUREMENT_SHARE:.0%} of the budget")
     scores = untrained_scores(cfg, survey, model_choices, device, [name, *fits], measurements=measurements)
@@ -442,7 +500,7 @@ def untrained_scores(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[An
     The scores go through ``measurements`` (kept and replayed: a replay embeds nothing)."""
     import copy
 
-    from dmlkit.engine import builders
+    from dmlkit.engine.model import build_model
     from dmlkit.recipe import pooling_choice, view_size
     from dmlkit.recipe import rules as recipe
 
@@ -458,7 +516,7 @@ def untrained_scores(cfg: Any, survey: Any, model_choices: Mapping[str, tuple[An
         candidate = copy.deepcopy(cfg)
         candidate.model.name = name
         with torch.random.fork_rng(devices=[]):  # the run's random stream is left as it was
-            model = builders.build_model(candidate)
+            model = build_model(candidate)
         configurations = pooling_choice.candidates(model_choices, model) \
             if pooling_choice.is_embedder(model) else None
         measured = view_size.measure_sizes(candidate, model, val, [size], device=device,

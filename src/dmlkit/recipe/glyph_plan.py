@@ -234,7 +234,7 @@ def plan_glyph_steps(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *
     and the seconds the planned model takes to embed an image (every member and shift; the trainer's estimate of
     a validation until it has timed one); ``({}, None)`` when :func:`plans_glyphs` says no. ``model``: the model
     as built before the recipe (one member, or the whole ensemble when ``model.ensemble`` was set by hand: its first
-    member is timed); ``recipe_run``: the data recipe's result (``builders.ResolvedRecipe``: the
+    member is timed); ``recipe_run``: the data recipe's result (``planner.ResolvedRecipe``: the
     training split's profile and the recipe's choices); ``spent``: seconds of the run gone so far; ``objective``:
     builds one member's objective for a number of classes (timed with the member's step, on labels of the sampler's
     ``m`` images per class; built on a forked random state, so the run's own draws are unchanged); ``augment``: the

@@ -16,21 +16,26 @@ steps each ``k`` buys:
     steps = left / (batch x (prefix_k + step_k))                       (no cache)
 
 with ``V`` the most views that leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
-per view (one view when its steps make an epoch), or no cache when that buys more steps. The rule: the fewest
-frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps; when none does,
-the count that buys the most, and the plan says that it is short of the target and why.
+per view (one view when its steps make an epoch), or no cache when that buys more steps. The steps are capped at
+the recipe's ceiling (``train.max_steps``), so the views are sized for the steps the run takes. The rule: the
+fewest frozen stages (the most layers trained) whose plan buys :data:`TARGET_STEPS` steps (or the ceiling, when
+lower); when none does, the count that buys the most, and the plan says that it is short of the target and why.
+
+The plan is made twice: first before the splits are decoded (the frozen stages the probe model is measured with),
+then again from the same costs once the recipe has chosen the batch and the step ceiling
+(:func:`refit_to_recipe`), so what a dry run prints is what the run takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from dmlkit.engine.timing import timings
+from dmlkit.engine.timing import one_thread, timings
 from dmlkit.recipe import budget_planner as budget
 from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
 from dmlkit.recipe.measurements import Measurements
@@ -40,6 +45,10 @@ TARGET_STEPS = 300
 
 #: Images per timed pass (the speed per image at the run's batches of ~64 is a little better: the plan errs low).
 TIMED_BATCH = 8
+
+#: Images per timed pass under a small budget (:data:`~dmlkit.recipe.backbone_choice.SMALL_BUDGET`): the probes
+#: stay a small share of it (the cost per image of a CPU pass hardly depends on the batch).
+SMALL_TIMED_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -63,36 +72,53 @@ class LearningPlan:
     reason: str
     embedding_seconds: float = 0.0  # the validations and the test split, untrained or not
     too_small: str = ""  # a budget that trains nothing: what it buys instead, in one line (else empty)
+    inputs: dict = dataclasses.field(default_factory=dict, compare=False)  # plan_learning's arguments (refit)
 
 
 def _steps_for(cost: StageCost, left: float, images: int, batch: int, most_views: int,
-               target: int) -> tuple[int, int]:
+               target: int, ceiling: int | None = None) -> tuple[int, int]:
     """(steps, cached views) that ``left`` seconds buy with ``cost``: the better of no cache and the most views
     (up to ``most_views``) that still leave :data:`~dmlkit.recipe.feature_cache_plan.EPOCHS_PER_VIEW` epochs of steps
     per view (one view when the steps it buys make at least one epoch: it costs one pass, each epoch without it one)
-    and, beyond one view, ``target`` steps (steps first, then the crops' variety)."""
-    best = (int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12)), 0)
+    and, beyond one view, ``target`` steps (steps first, then the crops' variety). Steps are capped at ``ceiling``
+    (the recipe's ``train.max_steps``): views are counted for the steps taken, and where both reach the ceiling
+    the cache is taken when it takes less time."""
+    def capped(steps: int) -> int:
+        return steps if ceiling is None else min(steps, int(ceiling))
+
+    def seconds(steps: int, views: int) -> float:
+        return views * images * cost.prefix + steps * batch * (cost.step + (0.0 if views else cost.prefix))
+
+    best = (capped(int(max(0.0, left) / max(batch * (cost.prefix + cost.step), 1e-12))), 0)
+    least = target if ceiling is None else min(target, int(ceiling))
     for views in range(1, max(1, most_views) + 1):
-        steps = int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12))
+        steps = capped(int(max(0.0, left - views * images * cost.prefix) / max(batch * cost.step, 1e-12)))
         epochs = steps * batch / max(images, 1)
-        if epochs < (1 if views == 1 else EPOCHS_PER_VIEW * views) or (views > 1 and steps < target):
+        if epochs < (1 if views == 1 else EPOCHS_PER_VIEW * views) or (views > 1 and steps < least):
             break
-        if steps > best[0] or best[1]:  # a cache that beats none, then as many views as the steps serve
+        # a cache that beats none (more steps, or the same capped steps sooner), then as many views as steps serve
+        if steps > best[0] or best[1] or (steps == best[0] and seconds(steps, views) < seconds(*best)):
             best = (steps, views)
     return best
 
 
 def plan_learning(*, time_budget: float, spent: float, train_images: int, batch: int, val_images: int,
                   test_images: int, embed_seconds: float, costs: Sequence[StageCost],
-                  memory: int | None = None, target: int = TARGET_STEPS) -> LearningPlan:
+                  memory: int | None = None, target: int = TARGET_STEPS, ceiling: int | None = None) -> LearningPlan:
     """The frozen-stage count and cached views that buy the most learning (module docstring), and why.
 
+    ``ceiling``: the recipe's ``train.max_steps`` (None: not chosen yet): no plan takes more steps, and the
+    target is the ceiling where it is lower.
     ``embed_seconds`` is one embedded image (mirror included when the run averages it); the validations
     are the step-0 one and the evaluations :func:`dmlkit.recipe.budget_planner.evaluation_count` spreads.
     ``memory`` caps the cached views' bytes (None: :func:`~dmlkit.recipe.feature_cache_plan.memory_cap`).
     """
     if not costs:
         raise ValueError("plan_learning needs the cost of at least one frozen-stage count.")
+    inputs = dict(time_budget=time_budget, spent=spent, train_images=train_images, batch=batch, val_images=val_images,
+                  test_images=test_images, embed_seconds=embed_seconds, costs=list(costs), memory=memory,
+                  target=target, ceiling=ceiling)
+    target = target if ceiling is None else min(target, int(ceiling))
     cap = memory_cap() if memory is None else memory
     evaluations = budget.evaluation_count(time_budget, val_images * embed_seconds) if val_images else 0
     embedding = (val_images * (1 + evaluations) + test_images) * embed_seconds
@@ -100,12 +126,13 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
     rows, bought = [], {}
     for cost in sorted(costs, key=lambda c: c.frozen_stages):
         most = min(MAX_VIEWS, cap // max(cost.view_bytes * train_images, 1)) if cost.view_bytes else MAX_VIEWS
-        steps, views = _steps_for(cost, left, train_images, batch, int(most), target)
+        steps, views = _steps_for(cost, left, train_images, batch, int(most), target, ceiling)
         bought[cost.frozen_stages] = (steps, views)
         cache = (f"{views} cached views ({views * train_images * cost.prefix:.0f} s), "
                  f"{batch * cost.step:.2f} s a step" if views else
                  f"no cache, {batch * (cost.prefix + cost.step):.2f} s a step")
-        rows.append(f"{cost.frozen_stages} frozen: {cache} -> {steps} steps")
+        at_ceiling = " (the ceiling, train.max_steps)" if ceiling is not None and steps >= ceiling else ""
+        rows.append(f"{cost.frozen_stages} frozen: {cache} -> {steps} steps{at_ceiling}")
     enough = [k for k, (steps, _) in bought.items() if steps >= target]
     chosen = min(enough) if enough else max(bought, key=lambda k: (bought[k][0], -k))
     steps, views = bought[chosen]
@@ -125,7 +152,8 @@ def plan_learning(*, time_budget: float, spent: float, train_images: int, batch:
                      f"{embedding:.0f} s of embeddings): the pretrained backbone alone, evaluated in about "
                      f"{val_images * 2 * embed_seconds + test_images * embed_seconds:.0f} s, is what it buys; "
                      f"train.time_budget={needed:.0f} would train {target} steps")
-    return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows), embedding, too_small)
+    return LearningPlan(chosen, views, steps, f"{why}; {head}; measured: " + "; ".join(rows), embedding, too_small,
+                        inputs)
 
 
 def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bool]) -> None:
@@ -136,22 +164,31 @@ def _frozen_to(model: nn.Module, count: int, trainable: Mapping[nn.Parameter, bo
 
 
 def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, device: torch.device,
-                        dtype: torch.dtype | None, passes: list[list[float]] | None = None) -> list[StageCost]:
+                        dtype: torch.dtype | None, passes: list[list[float]] | None = None,
+                        batch: int = TIMED_BATCH, enough: Callable[[], bool] | None = None) -> list[StageCost]:
     """A :class:`StageCost` for each frozen-stage count in ``counts`` (at least the model's own), timed on
-    :data:`TIMED_BATCH` random crops of ``crop`` px under the run's autocast (the fastest of two passes each;
-    every pass's seconds appended to ``passes``); the model is left as it was."""
+    ``batch`` random crops of ``crop`` px under the run's autocast (the fastest of two passes each; every pass's
+    seconds appended to ``passes``), in the order given; ``enough()`` (the plan's measuring allowance spent) is
+    asked after each count beyond the first two, and ends the measurement early. Sorted by frozen stages; the
+    model is left as it was."""
     passes = [] if passes is None else passes
     trainable = {p: p.requires_grad for p in model.parameters()}
     was_training, own = model.training, model.trunk.frozen_stages
-    x = torch.randn(TIMED_BATCH, 3, crop, crop, device=device)
+    x = torch.randn(batch, 3, crop, crop, device=device)
     out = []
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), one_thread(device):  # the warm-ups too: see one_thread
             for count in counts:
+                if len(out) >= 2 and enough is not None and enough():
+                    break
                 _frozen_to(model, count, trainable)
                 model.train()
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    kept: list[torch.Tensor] = []
                     features = model.prefix(x[:1])
+
+                    def through_prefix() -> None:  # the output kept: the steps start from it, with no extra pass
+                        kept[:] = [model.prefix(x)]
 
                     def step() -> None:
                         loss = model.forward_from_prefix(features).float().square().sum()
@@ -159,8 +196,8 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
                         model.zero_grad(set_to_none=True)
 
                     step()  # warm-up: allocations, kernels
-                    prefix = timings(lambda: model.prefix(x), device)
-                    features = model.prefix(x)
+                    prefix = timings(through_prefix, device)
+                    features = kept[0]
                     seconds = timings(step, device)
                 passes += [prefix, seconds]
                 out.append(StageCost(count, prefix[0] / len(x), seconds[0] / len(x), features[:1].numel() * 2))
@@ -168,18 +205,18 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
         _frozen_to(model, own, trainable)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return out
+    return sorted(out, key=lambda cost: cost.frozen_stages)
 
 
 def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: torch.dtype | None,
-                  passes: list[list[float]] | None = None) -> float:
+                  passes: list[list[float]] | None = None, batch: int = TIMED_BATCH) -> float:
     """Seconds per embedded image at ``size`` px (eval mode, the model's mirror average), timed on a batch (the
     fastest of two passes; their seconds appended to ``passes``)."""
     was_training = model.training
-    x = torch.randn(TIMED_BATCH, 3, size, size, device=device)
+    x = torch.randn(batch, 3, size, size, device=device)
     model.eval()
     try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), one_thread(device):
             model(x[:1])
             timed = timings(lambda: model(x), device)
             if passes is not None:
@@ -189,7 +226,8 @@ def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: t
         model.train(was_training)
 
 
-__all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "measure_stage_costs", "plan_learning"]
+__all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "measure_stage_costs", "plan_learning",
+           "refit_to_recipe"]
 
 
 def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
@@ -205,15 +243,22 @@ def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple
 
 def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
                  device: torch.device, spent: float, measurements: Measurements | None = None,
-                 planned: list | None = None) -> dict[str, tuple[Any, str]]:
+                 planned: list | None = None, embed_cost: Callable[[int], float] | None = None
+                 ) -> dict[str, tuple[Any, str]]:
     """``model.frozen_stages`` and ``train.cache_views`` (``{field: (value, reason)}``, written into ``cfg``, the
     frozen stages into ``model``) that :func:`plan_learning` chooses from costs measured now; ``{}`` when
-    :func:`plans_learning` says no. ``spent``: seconds of the run gone so far. When the plan keeps the recipe's
-    frozen stages, the cached views stay with the budget's first plan (``feature_cache``: epochs the run trains,
-    the recipe's step ceiling included); with more frozen stages the plan's views are built before the first step
-    (timed without them, steps would run the frozen stages and look too slow to cache). ``measurements``: the
+    :func:`plans_learning` says no. ``spent``: seconds of the run gone so far. The plan's views are built before
+    the first step (timed without them, steps would run the frozen stages and look too slow to cache); a plan
+    without views leaves the cache to the budget's first plan. Under a small budget the costs are timed on fewer
+    images and an embedded image's cost is estimated from them (the whole prefix and a third of the rest's step:
+    its forward), and the frozen-stage counts between the two ends are measured only while the plan's measuring
+    allowance lasts
+    (:meth:`~dmlkit.recipe.measurements.Measurements.allowance_spent`). ``measurements``: the
     run's (the costs and ``spent`` kept and replayed through them); ``planned``: the :class:`LearningPlan` is
-    appended to it (the steps it predicts, and whether the budget trains at all)."""
+    appended to it (the steps it predicts, and whether the budget trains at all). ``embed_cost(size)``: seconds
+    per image embedded at ``size`` px with the mirror, as the backbone choice measured this backbone (None:
+    measured here). The plan is made again by :func:`refit_to_recipe` once the recipe chose the batch and the
+    step ceiling."""
     from dmlkit.engine import distributed
     from dmlkit.recipe import backbone_choice
     from dmlkit.recipe import rules as recipe
@@ -226,31 +271,69 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
     size = int(cfg.data.image_size or recipe.PHOTO_TRAIN_SIZE)
     crop = int(cfg.data.crop_size or size)
     tape = measurements if measurements is not None else Measurements.live()
+    budget_s = float(cfg.train.time_budget if cfg.train.time_budget is not None else budget.DEFAULT_TIME_BUDGET)
+    small = budget_s < backbone_choice.SMALL_BUDGET
+    batch = SMALL_TIMED_BATCH if small else TIMED_BATCH
     counts, passes = list(range(own, stages + 1)), []
+    # the two ends first (the most layers trained, the cheapest step), then the others while the allowance lasts
+    order = [counts[-1], *counts[:-1]] if len(counts) > 1 else counts
     name = f"{type(model.trunk.model).__name__} at {crop} px, {dtype}, {device}"
     costs = tape.measure(f"frozen-stage costs of {name}, {counts[0]}-{counts[-1]} frozen",
-                         lambda: measure_stage_costs(model, counts, crop, device=device, dtype=dtype, passes=passes),
+                         lambda: measure_stage_costs(model, order, crop, device=device, dtype=dtype, passes=passes,
+                                                     batch=batch, enough=tape.allowance_spent),
                          encode=lambda found: [dataclasses.asdict(cost) for cost in found],
                          decode=lambda kept: [StageCost(**cost) for cost in kept], timings=lambda _found: passes)
-    per_image = tape.measure(f"embedding seconds per image of {name} at {size} px",
-                             lambda: embed_seconds(model, size, device=device, dtype=dtype, passes=passes),
-                             timings=lambda _seconds: passes[-1:])
+    views = 2.0 if getattr(model, "flip_average", False) else 1.0
+    if embed_cost is not None:  # the backbone choice timed this backbone's embedding already (mirror included)
+        per_image = embed_cost(size) * views / 2.0
+    elif small:  # from the costs just measured: the whole prefix and the rest's forward, at the view's size
+        last = max(costs, key=lambda cost: cost.frozen_stages)
+        per_image = (last.prefix + last.step / 3.0) * (size / crop) ** 2 * views
+    else:
+        per_image = tape.measure(f"embedding seconds per image of {name} at {size} px",
+                                 lambda: embed_seconds(model, size, device=device, dtype=dtype, passes=passes,
+                                                       batch=batch),
+                                 timings=lambda _seconds: passes[-1:])
     spent = tape.seconds("seconds spent before the learning plan", spent)
     train_images, to_embed = backbone_choice._images_to_embed(cfg, survey)
     test_images = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
                       if getattr(survey, split, None) is not None)
     val_images = (to_embed - test_images) // (1 + recipe.FINETUNE_EVALUATIONS)
-    budget_s = float(cfg.train.time_budget if cfg.train.time_budget is not None else budget.DEFAULT_TIME_BUDGET)
     plan = plan_learning(time_budget=budget_s, spent=spent, train_images=max(train_images, 1),
                          batch=int(cfg.sampler.batch_size or 64), val_images=val_images, test_images=test_images,
                          embed_seconds=per_image, costs=costs)
     if planned is not None:
         planned.append(plan)
+    return _apply_plan(cfg, model, plan)
+
+
+def _apply_plan(cfg: Any, model: nn.Module, plan: LearningPlan) -> dict[str, tuple[Any, str]]:
+    """``plan``'s frozen stages and cached views written into ``cfg`` (the frozen stages into ``model``), as
+    ``{field: (value, reason)}``; no cached views: ``train.cache_views`` left to the feature cache's rule."""
+    from dmlkit.recipe import rules as recipe
+
     choices: dict[str, tuple[Any, str]] = {"model.frozen_stages": (plan.frozen_stages, f"planned for learning: {plan.reason}")}
-    if plan.views and plan.frozen_stages != own:  # the recipe's own count: the cache follows the budget's first plan
+    if plan.views:  # the views sized for the plan's steps, built before the first step
         choices["train.cache_views"] = (plan.views, f"the plan's {plan.steps} steps from {plan.views} cached views "
                                                     "of the frozen stages' output, built before the first step")
+    else:
+        cfg.train.cache_views = None
     recipe.apply(cfg, choices)
-    if plan.frozen_stages != own:
+    if model.trunk.frozen_stages != plan.frozen_stages:
         model.trunk.freeze_stages(plan.frozen_stages)
     return choices
+
+
+def refit_to_recipe(cfg: Any, model: nn.Module, plan: LearningPlan, splits: Any, *, spent: float
+                    ) -> tuple[LearningPlan, dict[str, tuple[Any, str]]]:
+    """The learning plan made again from the same costs once the recipe chose the batch and the step ceiling
+    (``cfg.sampler.batch_size``, ``cfg.train.max_steps``) and held out the validation classes (``splits``), with
+    ``spent`` seconds gone: the frozen stages, cached views and steps the run takes (written into ``cfg`` and
+    ``model`` as :func:`plan_frozen_stages` writes them), and the choices."""
+    test_images = sum(len(getattr(splits, split)) for split in ("test", "query", "gallery")
+                      if getattr(splits, split, None) is not None)
+    refit = plan_learning(**{**plan.inputs, "spent": spent, "train_images": max(len(splits.train), 1),
+                             "batch": int(cfg.sampler.batch_size or plan.inputs["batch"]),
+                             "val_images": len(splits.val) if getattr(splits, "val", None) is not None else 0,
+                             "test_images": test_images, "ceiling": cfg.train.max_steps})
+    return refit, _apply_plan(cfg, model, refit)

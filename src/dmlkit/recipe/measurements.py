@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -167,6 +168,12 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def work_seconds(cpu: float) -> float:
+    """Seconds of work in ``cpu`` CPU seconds: the wall time they take on the run's threads on idle cores
+    (:func:`~dmlkit.engine.timing.threads_used`), the unit plans are made in, whatever else runs."""
+    return cpu / timing.threads_used()
+
+
 class Measurements:
     """The numbers a run plans from, measured or replayed in the order the run reads them.
 
@@ -192,6 +199,11 @@ class Measurements:
         self._load_checked = False
         self._load = [0.0, 0.0]  # CPU seconds, wall seconds x threads of the timed passes measured through this tape
         self.progress: Callable[[str], None] | None = None  # told before each measurement taken live
+        # Bounded in work (CPU seconds per thread of the run), not wall seconds: which measurements fit must not
+        # follow the load, or the plan would (a loaded machine spends more wall time on the same measurements).
+        self.allowance: float | None = None  # seconds of work the live measurements may take (None: no bound)
+        self.measuring = 0.0  # seconds of work the live measurements took so far
+        self.left_out: list[str] = []  # what the allowance left unmeasured, said with the plan
         self.unkept = "a run given objects" if store is None else ""  # why nothing is kept, when so
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -247,7 +259,9 @@ class Measurements:
             if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
                 self.progress(f"plan: measuring {name} ...")
             cpu, thread_wall = timing.LOAD.snapshot()
+            work = time.process_time()
             value = measure()
+            self.measuring += work_seconds(time.process_time() - work)
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
@@ -257,6 +271,32 @@ class Measurements:
                     self.busy.append(f"{name}: repeated timings {spread:.2f}x apart")
         self.tape.append({"name": name, "value": kept if replayed else encode(value)})
         return value
+
+    def allowance_spent(self) -> bool:
+        """Whether the live measurements have taken the whole :attr:`allowance`."""
+        return self.allowance is not None and self.measuring >= self.allowance
+
+    def affords(self, what: str, seconds: float, *, share: float = 1.0) -> bool:
+        """Whether what is left of ``share`` of :attr:`allowance` pays for measuring ``what`` in about ``seconds``
+        of work; when it does not, ``what`` is noted in :attr:`left_out`. The answer is kept on the tape, so a replay
+        takes the same measurements."""
+        def fits() -> bool:
+            if self.allowance is None:
+                return True
+            bound = share * self.allowance
+            return self.measuring < bound and self.measuring + max(0.0, seconds) <= bound
+
+        fits_now = bool(self.measure(f"the measuring allowance affords {what}", fits, announce=False))
+        if not fits_now:
+            self.left_out.append(f"{what} (about {seconds:.0f} s)")
+        return fits_now
+
+    def bounded(self) -> str | None:
+        """One line when the allowance left measurements out: the allowance, what it took, and what was left out."""
+        if self.allowance is None or not self.left_out:
+            return None
+        return (f"plan: measuring took {self.measuring:.0f} s of work of its {self.allowance:.0f}-s allowance; not measured, "
+                "the recipe's rule instead: " + "; ".join(self.left_out))
 
     def seconds(self, name: str, live: float) -> float:
         """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""

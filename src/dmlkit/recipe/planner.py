@@ -5,11 +5,12 @@ kept and replayed) and decides every field the recipe owns (:data:`~dmlkit.recip
 backbone, its pooling and mirror, the view size, the frozen stages and cached views, the validation classes,
 batches, steps and validations, ensemble members and their folds, learning rates, augmentation and precision.
 It works on its own copy of the config and returns it finished (:class:`~dmlkit.engine.planned.PlannedRun`);
-the config it was given is left as it was. It may build a throw-away probe model (to time, and to embed validation
-classes with); the run's own objects are built once, from the finished config, by
-:func:`~dmlkit.engine.resolve.resolve_run`. The splits it reads the training split from go with the plan
-(``PlannedRun.splits``, with what they were read with): the run builds on them where it would read its data the
-same way, so image files are decoded once.
+the config it was given is left as it was. What it builds to plan with goes with the plan, so the run builds
+nothing twice: the device and process group, the random state the run starts from, the probe model (timed, and
+embedding validation classes) as the model the run trains (``PlannedRun.model``: built from the seed alone, as
+:func:`~dmlkit.engine.resolve.resolve_run` would build it from the finished config), and the splits it reads the
+training split from (``PlannedRun.splits``, with what they were read with: the run builds on them where it would
+read its data the same way, so image files are decoded once).
 
 The steps run in the order they depend on each other:
 survey of the data -> model rules -> backbone by budget -> probe model -> view size and pooling -> learning plan
@@ -32,18 +33,28 @@ from torch import nn
 
 from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import distributed
+from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
+from dmlkit.engine.device import device_and_processes, native_bf16
 from dmlkit.engine.frozen_stage_cache import CachePlan
+from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
+from dmlkit.engine.model import build_model, model_arguments
+from dmlkit.engine.objective import build_member_objective
 from dmlkit.engine.planned import PlannedRun
-from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.rng_state import rng_state, seed_everything, set_rng_state
+from dmlkit.engine.splits import build_splits, hold_out_validation_classes, split_reading
 from dmlkit.engine.timing import work_since
 from dmlkit.exceptions import ConfigError
 from dmlkit.recipe import backbone_choice
 from dmlkit.recipe import rules as recipe
+from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
 from dmlkit.recipe.feature_cache_plan import cache_choices, plan_feature_cache
 from dmlkit.recipe.glyph_plan import plan_glyph_steps as plan_glyphs_for_run
 from dmlkit.recipe.learning_plan import plan_frozen_stages as plan_learning_for_run
+from dmlkit.recipe.learning_plan import refit_to_recipe
 from dmlkit.recipe.measurements import Measurements
+from dmlkit.recipe.pooling_choice import is_embedder
+from dmlkit.recipe.survey import survey_data
 from dmlkit.recipe.view_size import measure_view_size
 
 log = logging.getLogger(__name__)
@@ -96,7 +107,7 @@ def apply_recipe(cfg: RunConfig, splits, echo=None, *, bf16_native: bool = False
         chosen["protocol.val_class_fraction"] = (fraction, reason)
         p.val_class_fraction = fraction
     if p.val_class_fraction and splits.val is None:
-        builders.hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
+        hold_out_validation_classes(splits, p.val_class_fraction, p.seed)
     profile = recipe.profile_split(splits.train)
     choices = recipe.resolve(cfg, profile, bf16_native=bf16_native, accelerator=accelerator)
     recipe.apply(cfg, choices)
@@ -124,11 +135,8 @@ def _warn_without_positive_pairs(cfg: RunConfig) -> None:
 
 def plan(
     cfg: RunConfig,
+    given: GivenObjects = NOTHING_GIVEN,
     *,
-    model: nn.Module | None = None,
-    loss: nn.Module | None = None,
-    miner: nn.Module | None = None,
-    data=None,
     echo: Callable[[str], None] | None = None,
     started: float | None = None,
     measurements: Measurements | None = None,
@@ -136,49 +144,68 @@ def plan(
 ) -> PlannedRun:
     """``cfg`` finished by the recipe (a new config; ``cfg`` is not written) with every choice and its reason.
 
-    ``model``, ``loss``, ``miner`` and ``data`` (:func:`dmlkit.data.user.user_splits`) are the objects the run
-    will be given instead of the config's: the recipe reads them (a given model is measured, never changed; given
-    splits are read through a copy) and leaves to them what they decide. The recipe's lines go to this module's
+    ``given`` (:class:`~dmlkit.engine.given.GivenObjects`): the objects the run will be given instead of the
+    config's: the recipe reads them (a given model is measured, never changed; given splits are read through a
+    copy) and leaves to them what they decide. The recipe's lines go to this module's
     logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
     now and kept (:mod:`dmlkit.recipe.measurements`; ``replan``: measured again). A run given objects measures
     and keeps nothing.
     """
+    model, data = given.model, given.data
     request = config_to_dict(cfg)  # before the recipe fills it in
     cfg = copy.deepcopy(cfg)  # the recipe writes into its own copy
     started = time.perf_counter() if started is None else started
     # the device first (a ConfigError for a missing GPU comes before anything heavy); under torchrun it is this
     # rank's GPU, and the process group is joined before any measurement is shared
-    device, dist = builders.device_and_processes(cfg)
+    device, dist = device_and_processes(cfg)
     echo = messages(echo, log) if dist.is_main else SILENT
     if measurements is None:
-        measurements = _measurements_for(request, device, given=(model, loss, miner, data), replan=replan)
+        measurements = _measurements_for(request, device, given=given, replan=replan)
     measurements.start()
     if measurements.progress is None:  # no silent minute: each measurement taken now is said before it runs
         measurements.progress = echo
+    budget = cfg.train.time_budget
+    if model is None and measurements.allowance is None:  # the budget is the user's wall time, planning included
+        measurements.allowance = MEASUREMENT_SHARE * (budget if budget is not None else DEFAULT_TIME_BUDGET)
     if measurements.source:
         echo(f"plan: the machine's measurements {measurements.source}")
+    elif measurements.allowance is not None and budget is not None:
+        echo(f"plan: reading the data, then measuring this machine for at most {measurements.allowance:.0f} s "
+             f"({MEASUREMENT_SHARE:.0%} of the {budget:.0f}-s budget) ...")
     seed_everything(cfg.seed)
-    survey = data if data is not None else builders.survey_data(cfg)  # a first look: which model, which image size
+    seeded = rng_state()  # the run's random state where it builds no model (a model given)
+    survey = data if data is not None else survey_data(cfg)  # a first look: which model, which image size
     learning: list = []  # the learning plan, when the frozen stages were planned: the steps it predicts
-    probe, model_choices = _plan_model(cfg, survey, model, device, echo, started=started, measurements=measurements,
-                                       learning=learning)
-    if learning and learning[0].too_small:  # said before the budget is spent on a run that cannot train
-        echo(f"plan: {learning[0].too_small}")
+    probe, model_choices, build = _plan_model(cfg, survey, model, device, echo, started=started,
+                                              measurements=measurements, learning=learning, seeded=seeded)
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
-    augment = builders.build_batch_augmentation(cfg, builders.background_fill(splits, resolved.profile.background))
+    if learning:  # again from the same costs, with the batch and step ceiling the recipe chose: the steps run
+        learning[0], refit = refit_to_recipe(cfg, probe, learning[0], splits, spent=measurements.seconds(
+            "seconds spent before the learning plan's refit", work_since(started)))
+        if "train.cache_views" not in refit:
+            resolved.choices.pop("train.cache_views", None)
+        resolved.choices.update(refit)
+        echo.detail(recipe.format_planned(refit))
+        if learning[0].too_small:  # said before the budget is spent on a run that cannot train
+            echo(f"plan: {learning[0].too_small}")
+    augment = build_batch_augmentation(cfg, background_fill(splits, resolved.profile.background))
     embed_seconds = None
     if model is None:  # from scratch: steps, members and validations fitted to the time budget from measured costs
         embed_seconds = _fit_to_budget(cfg, splits, probe, resolved, device, echo, started=started, augment=augment,
-                                       measurements=measurements, own_objective=loss is None and miner is None)
-        probe = _probe_as_planned(cfg, probe, resolved.choices)
+                                       measurements=measurements,
+                                       own_objective=given.loss is None and given.miner is None)
+    # the member folds and the feature cache read the model the run will train
+    probe, run_rng = (model, seeded) if build is None else _run_model(cfg, probe, build)
     unfolded = _member_folds(cfg, probe, splits, resolved.choices)
     if unfolded:
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
-    budget = cfg.train.time_budget
+    bounded = measurements.bounded()
+    if bounded:  # what the measuring allowance left to the recipe's rules
+        echo(bounded)
     if budget is not None and model is None:  # the budget counts the planning: how much of it went there
         echo(f"plan: {time.perf_counter() - started:.0f} s of the {budget:.0f}-s budget spent reading the data and "
              "planning")
@@ -190,12 +217,13 @@ def plan(
                       cache_plan=cache_plan, cache_deferred=cache_deferred, request=request,
                       measurements=measurements, embed_seconds=embed_seconds, field_order=recipe.RECIPE_FIELDS,
                       splits=splits if read_as is not None else None, splits_read_as=read_as,
-                      planned_steps=_planned_steps(cfg, learning))
+                      planned_steps=_planned_steps(cfg, learning), model=None if model is not None else probe,
+                      rng=run_rng, device=device, dist=dist)
 
 
-def _measurements_for(request: dict, device: torch.device, *, given: tuple, replan: bool) -> Measurements:
+def _measurements_for(request: dict, device: torch.device, *, given: GivenObjects, replan: bool) -> Measurements:
     """Live numbers for a run given objects (nothing kept); else what this machine kept for ``request``."""
-    return Measurements.live() if any(obj is not None for obj in given) else \
+    return Measurements.live() if given.read_by_the_plan else \
         Measurements.for_request(request, device, replan=replan)
 
 
@@ -206,24 +234,63 @@ def _planned_steps(cfg: RunConfig, learning: list) -> int | None:
     return min(int(learning[0].steps), int(cfg.train.max_steps))
 
 
+@dataclass
+class _ProbeBuild:
+    """How the probe was built: with ``arguments`` (``model_arguments``) as ``ensemble`` members, from the
+    seed alone (``seeded``: nothing drew from the random generators before it), the random state after it (``rng``),
+    its buffers then (``buffers``: the running statistics the plan's measurements move) and which of its parameters
+    trained (``trainable``: the frozen stages the plan measures move)."""
+
+    arguments: dict
+    ensemble: int
+    seeded: bool
+    rng: dict
+    buffers: dict[str, torch.Tensor]
+    trainable: list[bool]
+
+
+def _build_probe(cfg: RunConfig, seeded: dict) -> tuple[nn.Module, _ProbeBuild]:
+    """The probe, built as the run builds its model (on the CPU, from the seed), and how it was built."""
+    fresh = _same_state(rng_state(), seeded)
+    probe = build_model(cfg)
+    buffers = {name: buffer.detach().clone() for name, buffer in probe.named_buffers()}
+    return probe, _ProbeBuild(model_arguments(cfg), int(cfg.model.ensemble or 1), fresh, rng_state(), buffers,
+                              [param.requires_grad for param in probe.parameters()])
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    """Whether two :func:`~dmlkit.engine.rng_state.rng_state` captures are the same state."""
+    def same(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and torch.equal(x, y)
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(same, x, y))
+        return x == y
+
+    return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+
+
 def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.device, echo, *, started: float,
-                measurements: Measurements, learning: list) -> tuple[nn.Module, dict]:
+                measurements: Measurements, learning: list,
+                seeded: dict) -> tuple[nn.Module, dict, _ProbeBuild | None]:
     """The model rules, the backbone the budget buys, the view size and the frozen stages: the probe model they
-    were measured with (``model`` when given) and the choices (``{field: (value, reason)}``); the learning plan
-    appended to ``learning`` when the frozen stages were planned."""
+    were measured with (``model`` when given), the choices (``{field: (value, reason)}``) and how the probe was
+    built (None for a given model); the learning plan appended to ``learning`` when the frozen stages were
+    planned."""
     model_choices = {} if model is not None else apply_model_recipe(
         cfg, survey, echo, accelerator=device.type == "cuda")
-    backbone_choice.choose_for_run(cfg, survey, model_choices, device,  # Lite0/1/2 by what is left of the budget
-                                   spent=lambda: measurements.seconds("seconds spent before the backbone choice",
-                                                                      work_since(started)),
-                                   measurements=measurements)
-    probe = model if model is not None else builders.build_model(cfg)  # seeded on the CPU: the run's own weights
+    embed_cost = backbone_choice.choose_for_run(  # Lite0/1/2 by what is left of the budget
+        cfg, survey, model_choices, device, measurements=measurements,
+        spent=lambda: measurements.seconds("seconds spent before the backbone choice", work_since(started)))
+    probe, build = (model, None) if model is not None else _build_probe(cfg, seeded)
+    measuring = time.perf_counter()
     model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
-                                           progress=measurements.progress))
+                                           progress=measurements.progress, afford=measurements.affords))
+    measurements.measuring += time.perf_counter() - measuring  # its embedding is measuring too (not on the tape)
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
                                                spent=work_since(started), measurements=measurements,
-                                               planned=learning))
-    return probe, model_choices
+                                               planned=learning, embed_cost=embed_cost))
+    return probe, model_choices, build
 
 
 def _plan_on_splits(cfg: RunConfig, survey, data, probe: nn.Module, model_choices: dict, device: torch.device,
@@ -231,13 +298,13 @@ def _plan_on_splits(cfg: RunConfig, survey, data, probe: nn.Module, model_choice
     """The splits read for the probe, the recipe's data rules applied from them (:func:`apply_recipe`), and what the
     splits were read with when the run may build on them (else None)."""
     # transforms follow the model's preprocessing; given splits are read through a copy (the run holds them out)
-    splits = copy.copy(data) if data is not None else builders.build_splits(cfg, probe, survey)
-    read_before = builders.split_reading(cfg, probe)
-    resolved = apply_recipe(cfg, splits, echo, bf16_native=builders.native_bf16(device), model=probe,
+    splits = copy.copy(data) if data is not None else build_splits(cfg, probe, survey)
+    read_before = split_reading(cfg, probe)
+    resolved = apply_recipe(cfg, splits, echo, bf16_native=native_bf16(device), model=probe,
                             model_choices=model_choices, accelerator=device.type == "cuda")
     # the validation classes the recipe chose are held out of them now, as build_splits holds out a given fraction:
     # they are what the finished config reads, unless the recipe changed anything else they were read with
-    read_as = builders.split_reading(cfg, probe)
+    read_as = split_reading(cfg, probe)
     if data is not None or {**read_as, "val_class_fraction": None} != {**read_before, "val_class_fraction": None}:
         read_as = None
     return splits, resolved, read_as
@@ -248,7 +315,7 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     """The glyph plan of a model from scratch (steps, members and validations from measured costs) written into
     ``resolved.choices``; the seconds an embedded image took, as measured."""
     member_objective = (None if not own_objective else  # a member's step is timed with it
-                        lambda classes: builders.build_member_objective(cfg, classes))
+                        lambda classes: build_member_objective(cfg, classes))
     planned, embed_seconds = plan_glyphs_for_run(cfg, splits, probe, resolved, device=device,
                                                  spent=work_since(started), objective=member_objective,
                                                  augment=augment, measurements=measurements)
@@ -258,13 +325,57 @@ def _fit_to_budget(cfg: RunConfig, splits, probe: nn.Module, resolved: ResolvedR
     return embed_seconds
 
 
-def _probe_as_planned(cfg: RunConfig, probe: nn.Module, choices: dict) -> nn.Module:
-    """The probe built again where the recipe asked for more (ensemble members, shift averaging): the member
-    folds and the feature cache read the model the run will train."""
-    chose = {key: value for key, (value, _) in choices.items()}
-    if chose.get("model.ensemble", 1) > 1 or chose.get("model.shift_average", 0):
-        return builders.build_model(cfg)
-    return probe
+def _run_model(cfg: RunConfig, probe: nn.Module, build: _ProbeBuild) -> tuple[nn.Module, dict]:
+    """The model the run trains, and the random state the run starts from (the seed's, after the model was built).
+
+    It is the probe where the finished config builds it from the seed: the probe was built from the seed alone and
+    with the finished config's arguments, but for what the plan set on it since (pooling and mirror, read from the
+    probe itself), what is set without weights (shift averaging, more frozen stages) and the embedding size the
+    recipe read from it. Its buffers and trainable parameters go back to what they were built as (then its frozen
+    stages frozen, as ``create_model`` freezes them), and the recipe's further ensemble members are built beside it
+    (from their own seeds, as ``engine.model.build_model`` builds them). Anything else (the recipe changed an argument
+    the probe cannot take on) is built again from the seed, as the run would build it.
+    """
+    final = model_arguments(cfg)
+    ensemble = int(cfg.model.ensemble or 1)
+    as_built = {**build.arguments, **_set_on_probe(probe, build, final)}
+    if build.ensemble == 1:  # an attribute read in eval mode: no weights, no random draw
+        as_built["shift_average"] = final["shift_average"]
+    if build.seeded and as_built == final and build.ensemble in (1, ensemble):
+        with torch.no_grad():
+            for name, buffer in probe.named_buffers():  # the running statistics as built, before any measurement
+                buffer.copy_(build.buffers[name])
+        for param, trainable in zip(probe.parameters(), build.trainable):
+            param.requires_grad_(trainable)
+        if final["frozen_stages"]:  # on the flags as built: the stages frozen then, and those up to this one
+            probe.trunk.freeze_stages(final["frozen_stages"])
+        if build.ensemble == 1:
+            probe.shift_average = final["shift_average"]
+            probe = build_model(cfg, first_member=probe)  # the recipe's members beside it
+        return probe, build.rng
+    planning = rng_state()
+    seed_everything(cfg.seed)
+    model = build_model(cfg)
+    run_rng = rng_state()
+    set_rng_state(planning)
+    return model, run_rng
+
+
+def _set_on_probe(probe: nn.Module, build: _ProbeBuild, final: dict) -> dict:
+    """The model arguments of a built single Embedder that the plan sets on it, or that it can take on without being
+    built again: its pooling and mirror as it now has them; no embedding size as its backbone's feature size (what
+    ``create_model`` makes of None); the finished config's frozen stages where they are at least those it was built
+    with (freezing more of it is what ``create_model`` does)."""
+    if build.ensemble != 1 or not is_embedder(probe):
+        return {}
+    now = {"pooling": probe.pool.pooling, "flip_average": bool(probe.flip_average)}
+    if build.arguments["embedding_size"] is None:
+        now["embedding_size"] = int(probe.trunk.num_features)
+    built, frozen = build.arguments["frozen_stages"], final["frozen_stages"]
+    if hasattr(probe.trunk, "freeze_stages") and frozen >= built and (frozen or not getattr(probe.trunk,
+                                                                                            "frozen_stages", 0)):
+        now["frozen_stages"] = frozen
+    return now
 
 
 def _plan_cache(cfg: RunConfig, probe: nn.Module, splits, augment, choices: dict, dist: distributed.DistInfo,

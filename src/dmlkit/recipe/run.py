@@ -12,6 +12,7 @@ from torch import nn
 
 from dmlkit.config.schema import RunConfig
 from dmlkit.engine import trainer as engine_trainer
+from dmlkit.engine.given import NOTHING_GIVEN, GivenObjects
 from dmlkit.engine.resolve import ResolvedRun, resolve_run
 from dmlkit.recipe.measurements import Measurements
 from dmlkit.recipe.planner import plan
@@ -32,11 +33,18 @@ def prepare_run(
     measurements: Measurements | None = None,
     replan: bool = False,
 ) -> ResolvedRun:
-    """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects; the
-    run holds the callbacks that watch it while it trains (:func:`~dmlkit.recipe.time_budget.plan_callbacks`)."""
-    planned = plan(cfg, model=model, loss=loss, miner=miner, data=data, echo=echo, started=started,
-                   measurements=measurements, replan=replan)
-    resolved = resolve_run(planned, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo)
+    """:func:`~dmlkit.recipe.planner.plan` then :func:`~dmlkit.engine.resolve.resolve_run` with the same objects
+    (``model``, ``loss``, ``miner``, ``data``, ``optimizer``: :class:`~dmlkit.engine.given.GivenObjects`); the run
+    holds the callbacks that watch it while it trains (:func:`~dmlkit.recipe.time_budget.plan_callbacks`)."""
+    given = GivenObjects(model=model, loss=loss, miner=miner, data=data, optimizer=optimizer)
+    return prepare(cfg, given, echo=echo, started=started, measurements=measurements, replan=replan)
+
+
+def prepare(cfg: RunConfig, given: GivenObjects = NOTHING_GIVEN, *, echo: Callable[[str], None] | None = None,
+            started: float | None = None, measurements: Measurements | None = None, replan: bool = False) -> ResolvedRun:
+    """:func:`prepare_run` with the given objects as one record."""
+    planned = plan(cfg, given, echo=echo, started=started, measurements=measurements, replan=replan)
+    resolved = resolve_run(planned, given, echo=echo)
     # what watches the run and decides from its timings is attached here, as the config attaches early stopping
     return dataclasses.replace(resolved, step_capture=resolved_step_capture(resolved),
                                plan_callbacks=plan_callbacks(resolved))
@@ -49,14 +57,12 @@ class Trainer(engine_trainer.Trainer):
     def __init__(self, run: ResolvedRun | RunConfig, run_dir: str | Path, *, echo: Callable[[str], None] | None = None,
                  model: nn.Module | None = None, loss: nn.Module | None = None, miner: nn.Module | None = None,
                  data=None, optimizer: torch.optim.Optimizer | None = None, **options):
-        given = [name for name, value in (("model", model), ("loss", loss), ("miner", miner), ("data", data),
-                                          ("optimizer", optimizer)) if value is not None]
-        if isinstance(run, ResolvedRun) and given:
-            raise TypeError(f"Trainer got a resolved run and {', '.join(given)}: objects are given to "
+        given = GivenObjects(model=model, loss=loss, miner=miner, data=data, optimizer=optimizer)
+        if isinstance(run, ResolvedRun) and given.names():
+            raise TypeError(f"Trainer got a resolved run and {', '.join(given.names())}: objects are given to "
                             "prepare_run(cfg, ...), whose run already holds every part.")
         if not isinstance(run, ResolvedRun):
-            run = prepare_run(run, model=model, loss=loss, miner=miner, data=data, optimizer=optimizer, echo=echo,
-                              started=time.perf_counter())
+            run = prepare(run, given, echo=echo, started=time.perf_counter())
         super().__init__(run, run_dir, echo=echo, **options)
 
 

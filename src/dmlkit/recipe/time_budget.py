@@ -29,6 +29,10 @@ from dmlkit.recipe.budget_planner import Speeds
 from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MIN_VIEWS, views_for_epochs
 from dmlkit.recipe.measurements import Measurements
 
+#: A feature cache adds no view that would end after the run has spent this share of its time budget (a loaded
+#: machine builds slower than planned): the views built so far are kept, and the rest of the budget trains.
+CACHE_SHARE = 0.5
+
 
 class TimeBudget(Callback):
     """Planning to the budget, the feature cache it pays for, and the remaining time the progress bar shows.
@@ -59,6 +63,16 @@ class TimeBudget(Callback):
             self.tape.stop_replaying("a resumed run", quietly=True)
             self.tape.forgo("a resumed run")
         trainer.remaining_seconds = lambda: self.seconds_left(trainer)
+        if not trainer.resume:  # the views the plan chose, before the first step; a resumed run rebuilds them whole
+            trainer.cache_frozen_features(out_of_time=self._cache_out_of_time())
+
+    def _cache_out_of_time(self) -> Callable[[float], bool] | None:
+        """Whether a feature cache's next view (its expected seconds given) would end past :data:`CACHE_SHARE` of
+        the budget (a loaded machine builds slower than planned: the rest of the budget trains); None: no budget."""
+        if self.seconds is None:
+            return None
+        seconds = self.seconds
+        return lambda next_view: self.wall_clock() - self.started + next_view > CACHE_SHARE * seconds
 
     def on_steps_timed(self, trainer, step: int, step_seconds: float | None) -> None:
         """The first plan (and a feature cache that pays), once the steps of a schedule without one were timed."""
@@ -159,7 +173,7 @@ class TimeBudget(Callback):
                          f"views to save more than they cost ({EPOCHS_PER_VIEW} epochs a view, at least {MIN_VIEWS} "
                          "views)")
             return False
-        trainer.cache_frozen_features(views)
+        trainer.cache_frozen_features(views, out_of_time=self._cache_out_of_time())
         return True
 
     def _record_measurements(self, trainer, tape: Measurements) -> None:

@@ -4,7 +4,7 @@ The recipe's photo rule (:func:`dmlkit.recipe.rules.photo_eval_size`) views ever
 at least, so an 84-px photo is upsampled to 224 px: most of such a run's time goes to embedding and
 training at a size the image cannot fill. For photos whose median shorter side is below
 :data:`MEASURED_BELOW`, the untrained pretrained model embeds the validation classes (held out as
-:func:`~dmlkit.engine.builders.apply_recipe` will hold them out) at each of a handful of view sizes
+:func:`~dmlkit.recipe.planner.apply_recipe` will hold them out) at each of a handful of view sizes
 (:func:`candidate_sizes`), and :func:`choose_view_size` keeps the smallest whose validation MAP@R is
 not worse than the best size's by more than :data:`TOLERATED_ERRORS` standard errors of the paired
 per-query AP@R differences. Training crops are then taken at that size too (``data.crop_size``).
@@ -16,14 +16,16 @@ with the view on the development sets), and their time is saved.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
 
-from dmlkit.engine import builders, distributed
+from dmlkit.engine import distributed
+from dmlkit.engine.device import native_bf16
 from dmlkit.engine.rng_state import rng_state, set_rng_state
+from dmlkit.engine.splits import hold_out_classes
+from dmlkit.engine.timing import device_clock
 from dmlkit.evaluation.embed import autocast_dtype, embed_dataset
 from dmlkit.evaluation.retrieval import map_at_r_per_query, paired_gain
 from dmlkit.recipe import pooling_choice
@@ -104,7 +106,7 @@ def measures_pooling(cfg: Any, survey: Any, model: nn.Module, model_choices: Map
 
 
 def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
-    """The validation classes :func:`~dmlkit.engine.builders.apply_recipe` will hold out of ``survey.train``
+    """The validation classes :func:`~dmlkit.recipe.planner.apply_recipe` will hold out of ``survey.train``
     (same function, fraction and seed), ``survey.val`` when the data has one (a fold), or None (no validation
     classes; ``protocol.val_fraction`` holds out images of the training classes instead)."""
     if survey.val is not None:
@@ -117,21 +119,23 @@ def validation_split(cfg: Any, survey: Any, profile: recipe.DataProfile):
         fraction = round(recipe.val_class_fraction_for(profile, recipe.uses_pretrained_weights(cfg)), 4)
     if not fraction:
         return None
-    return builders.hold_out_classes(survey.train, fraction, p.seed)[1]
+    return hold_out_classes(survey.train, fraction, p.seed)[1]
 
 
 def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]], *,
-                      device: torch.device, progress: Callable[[str], None] | None = None
-                      ) -> dict[str, tuple[Any, str]]:
+                      device: torch.device, progress: Callable[[str], None] | None = None,
+                      afford: Callable[[str, float], bool] | None = None) -> dict[str, tuple[Any, str]]:
     """``data.image_size`` and ``data.crop_size`` measured on the validation classes with the untrained ``model``
     (small photos), and ``model.pooling`` / ``model.flip_average`` (photos), as
     ``{field: (value, reason)}`` written into ``cfg`` (and the pooling and mirror into ``model``); ``{}`` when the
     recipe's rules stand.
 
     Runs between building the model and decoding the splits (``survey`` is
-    :func:`~dmlkit.engine.builders.survey_data`); the random state is left as it was. The reasons
+    :func:`~dmlkit.recipe.survey.survey_data`); the random state is left as it was. The reasons
     hold the measured tables (validation MAP@R, seconds) and the decisions. ``progress`` is told before the
-    embedding starts (it takes a while on a CPU).
+    embedding starts (it takes a while on a CPU). ``afford(what, seconds)`` (the plan's measuring allowance) is
+    asked before embedding what was not embedded already (the backbone choice's comparison is reused at no cost):
+    when it refuses, the recipe's rules stand, said in the reasons.
     """
     sizing = measures_view_size(cfg, survey, model_choices)
     pooling = measures_pooling(cfg, survey, model, model_choices)
@@ -147,6 +151,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
     if val is None:
         return {}
     configurations = pooling_choice.candidates(model_choices, model) if pooling else None
+    fresh = [size for size in sizes if _score_key(cfg, val, size, configurations, device) not in _SCORED]
+    if fresh and afford is not None and not afford("the view size and pooling", 0.0):
+        return _rules_stand(cfg, model_choices, sizing, pooling)
     if progress is not None:
         progress(f"plan: measuring the view size{' and pooling' if pooling else ''} on the validation classes "
                  f"({', '.join(map(str, sizes))} px) ...")
@@ -212,16 +219,16 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     preprocessing = getattr(model, "pretrained_cfg", None)
     precision = cfg.train.mixed_precision
     if precision == "auto":  # as the recipe resolves it later
-        precision = "bf16" if builders.native_bf16(device) else "none"
+        precision = "bf16" if native_bf16(device) else "none"
     probe = None if configurations is None else pooling_choice.PooledViews(model.trunk, configurations[0])
+    clock = device_clock(device)  # wall seconds once the device's queued work is done
     out: dict[int, Measured] = {}
     best: dict[int, torch.Tensor] = {}
     for size in sorted(sizes, reverse=True):
         # the same backbone, images, size and poolings measured before (backbone by budget's comparison): reused
-        key = (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
-               cfg.data.name)
+        key = _score_key(cfg, val, size, configurations, device)
         if key not in _SCORED:
-            start = time.perf_counter()
+            start = clock()
             split = view_split(images, size, cfg.data.name, preprocessing, mode)
             embedded, _ = embed_dataset(probe if probe is not None else model, split, cfg.eval.batch_size, 0,
                                         autocast_dtype(precision))
@@ -230,7 +237,7 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
             scored = {c: map_at_r_per_query(e, labels, backend=cfg.eval.backend) for c, e in per_config.items()}
             while len(_SCORED) >= KEPT_SCORES:  # the oldest out: a plan reads again only what it just measured
                 del _SCORED[next(iter(_SCORED))]
-            _SCORED[key] = Measured(scored, time.perf_counter() - start, labels)
+            _SCORED[key] = Measured(scored, clock() - start, labels)
         out[size] = _SCORED[key]
         scored = out[size].per_query
         best[size] = scored[pooling_choice.best_configuration(scored)]
@@ -239,9 +246,28 @@ def measure_sizes(cfg: Any, model: nn.Module, val, sizes: list[int], *, device: 
     return dict(sorted(out.items()))
 
 
+def _score_key(cfg: Any, val, size: int, configurations, device: torch.device) -> tuple:
+    """What a view size's scores depend on: the backbone, the size, the images, the poolings, precision, device."""
+    precision = cfg.train.mixed_precision
+    if precision == "auto":  # as the recipe resolves it later
+        precision = "bf16" if native_bf16(device) else "none"
+    return (cfg.model.name, size, _images_key(val), configurations, precision, str(device), cfg.eval.backend,
+            cfg.data.name)
+
+
+def _rules_stand(cfg: Any, model_choices: Mapping[str, tuple[Any, str]], sizing: bool, pooling: bool
+                 ) -> dict[str, tuple[Any, str]]:
+    """The recipe's rules for the view size and pooling, their reasons saying that they were not measured."""
+    fields = (("data.image_size", "data.crop_size") if sizing else ()) + \
+        (("model.pooling", "model.flip_average") if pooling else ())
+    why = "not measured: the plan's measuring allowance is spent"
+    return {field: (model_choices[field][0], f"{model_choices[field][1]}; {why}") for field in fields
+            if field in model_choices}
+
+
 def view_split(images: list, size: int, data_name: str, preprocessing: Mapping[str, Any] | None, mode: str = "RGB"):
     """Decoded photos (PIL) as a split of their ``size``-px evaluation views, normalised for the model, exactly as
-    :func:`~dmlkit.engine.builders.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
+    :func:`~dmlkit.engine.splits.build_splits` decodes the evaluation splits of photos at ``data.image_size=size``
     (:func:`dmlkit.data.splits.query_split` on the view the run records; labels -1)."""
     from dmlkit.data.splits import query_split
 

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dmlkit.engine.checkpoint_files import atomic_write_text
+from dmlkit.engine.run_layout import REPORT_FILE
 from dmlkit.report.figures import figure_to_base64_png, new_figure
 from dmlkit.report.html import esc, figure, note, page, table
 from dmlkit.sweep.space import parse_param
@@ -136,7 +137,7 @@ def write_sweep_report(sweep_dir: str | Path) -> Path:
     """Write ``DIR/report.html`` from ``DIR/sweep.json``; returns its path."""
     sweep_dir = Path(sweep_dir)
     summary = load_sweep(sweep_dir)
-    path = sweep_dir / "report.html"
+    path = sweep_dir / REPORT_FILE
     atomic_write_text(path, build_sweep_html(summary, f"Sweep {sweep_dir.name}"))
     return path
 

@@ -34,7 +34,15 @@ from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
-from dmlkit.engine.run_layout import CLAIM_FILE, LAST_CHECKPOINT, MESSAGES_FILE, SWEEP_STUDY_FILE, TRIAL_FILE
+from dmlkit.engine.run_layout import (
+    CLAIM_FILE,
+    LAST_CHECKPOINT,
+    MESSAGES_FILE,
+    SWEEP_BASE_CONFIG_FILE,
+    SWEEP_STUDY_FILE,
+    SWEEP_SUMMARY_FILE,
+    TRIAL_FILE,
+)
 from dmlkit.engine.trainer import Trainer
 from dmlkit.evaluation.metrics import SELECTION_METRIC
 from dmlkit.exceptions import CheckpointError, ConfigError, DmlkitError
@@ -104,7 +112,7 @@ def open_study(sweep_dir: Path, base: dict, specs: Sequence[ParamSpec], sampler,
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
-        atomic_write_text(sweep_dir / "base_config.yaml", yaml.safe_dump(base, sort_keys=False))
+        atomic_write_text(sweep_dir / SWEEP_BASE_CONFIG_FILE, yaml.safe_dump(base, sort_keys=False))
     elif stored != identity:
         what = "search space (--param)" if stored["space"] != identity["space"] else "base config (--preset/--config/--set)"
         raise ConfigError(
@@ -373,13 +381,13 @@ def sweep_summary(sweep_dir: Path, study, *, sampler: str, trials_requested: int
 def write_sweep_json(sweep_dir: Path, study, *, sampler: str, trials_requested: int) -> dict:
     """Rewrite ``DIR/sweep.json`` atomically; returns its content."""
     summary = sweep_summary(sweep_dir, study, sampler=sampler, trials_requested=trials_requested)
-    atomic_write_json(sweep_dir / "sweep.json", summary)
+    atomic_write_json(sweep_dir / SWEEP_SUMMARY_FILE, summary)
     return summary
 
 
 def load_sweep(sweep_dir: str | Path) -> dict:
     """The content of ``DIR/sweep.json``; ConfigError when ``DIR`` is not a sweep directory."""
-    path = Path(sweep_dir) / "sweep.json"
+    path = Path(sweep_dir) / SWEEP_SUMMARY_FILE
     if not path.is_file():
         raise ConfigError(f"{str(sweep_dir)!r} is not a dmlkit sweep directory (no sweep.json).")
     data = read_json(path)
@@ -407,7 +415,7 @@ def best_trial_config(sweep_dir: str | Path) -> RunConfig:
     summary = load_sweep(sweep_dir)
     if summary["best"] is None:
         raise ConfigError(f"The sweep in {sweep_dir} has no complete trial yet.")
-    base = load_config(path=sweep_dir / "base_config.yaml")
+    base = load_config(path=sweep_dir / SWEEP_BASE_CONFIG_FILE)
     return config_from_dict(apply_params(config_to_dict(base), summary["best"]["params"]))
 
 

@@ -66,7 +66,7 @@ def test_one_tracker_name_is_a_one_element_list():
 
 
 def test_an_unknown_model_is_named_before_the_recipes_arguments():
-    from dmlkit.engine.builders import build_model
+    from dmlkit.engine.model import build_model
 
     cfg = load_config(overrides=["model.name=resnet5", "model.args={in_chans: 1}"])
     with pytest.raises(ConfigError) as info:

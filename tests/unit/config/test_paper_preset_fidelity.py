@@ -9,7 +9,7 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.config.loading import list_presets
-from dmlkit.engine.builders import build_objective
+from dmlkit.engine.objective import build_objective
 from dmlkit.recipe.rules import selects_by_significance
 
 PROXY_NCA = ["proxy-nca-cars", "proxy-nca-cub", "proxy-nca-sop", "proxy-nca-cars-fractional"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.engine.builders import build_objective
+from dmlkit.engine.objective import build_objective
 
 
 @pytest.mark.parametrize("preset", [f"eps{kind}-ms-{data}" for kind in ("", "-baseline")

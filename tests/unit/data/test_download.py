@@ -286,7 +286,7 @@ def test_the_cli_verb_downloads_with_yes_and_reports_the_counts(tmp_path, loopba
 
 def test_data_download_true_fetches_before_the_first_read(tmp_path, loopback, layout_makers, monkeypatch, capsys):
     from dmlkit.config import load_config
-    from dmlkit.engine.builders import survey_data
+    from dmlkit.recipe.survey import survey_data
 
     source, _ = published_source("sop", tmp_path, loopback, layout_makers)
     monkeypatch.setattr(dl, "_source", lambda name: source)

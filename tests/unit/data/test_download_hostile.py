@@ -190,7 +190,7 @@ def test_a_bad_root_through_the_cli_data_download_and_the_pml_class(tmp_path, lo
                                                                     monkeypatch, capsys):
     from dmlkit.config import load_config
     from dmlkit.data.pml_datasets import Cars196
-    from dmlkit.engine.builders import survey_data
+    from dmlkit.recipe.survey import survey_data
 
     source, _ = published_source("cars196", tmp_path, loopback, layout_makers)
     monkeypatch.setattr(dl, "_source", lambda name: source)

@@ -15,9 +15,10 @@ from dmlkit.cli.index import not_indexed
 from dmlkit.config import load_config
 from dmlkit.data.folder import classes_tested, read_csv_manifest, read_folder
 from dmlkit.data.splits import build_splits
-from dmlkit.engine.builders import build_batch_sampler, survey_data
+from dmlkit.engine.batches import build_batch_sampler
 from dmlkit.engine.run_dir import split_manifest
 from dmlkit.exceptions import DataError
+from dmlkit.recipe.survey import survey_data
 
 CLASSES = ["abyssinian", "beagle", "boxer", "persian", "pug", "sphynx"]
 

@@ -16,7 +16,7 @@ from torchvision import transforms as T
 
 from dmlkit.config import load_config
 from dmlkit.data.transforms import RandomCropFlip, photo_pipeline, tensor_transform
-from dmlkit.engine.builders import fetch_batch
+from dmlkit.engine.batches import fetch_batch
 from dmlkit.recipe import Trainer
 
 SMALL_MODEL = ["model.name=small_cnn", "model.pretrained=false", "model.weights=null", "model.args={width: 4}", "train.device=cpu",

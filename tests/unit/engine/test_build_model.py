@@ -1,4 +1,4 @@
-"""builders.build_model passes every model field of the config on: the recipe's identity head reaches the model."""
+"""build_model passes every model field of the config on: the recipe's identity head reaches the model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.distances import normalize
-from dmlkit.engine import builders
+from dmlkit.engine.model import build_model
 
 
 def _small_cnn(*overrides: str):
@@ -18,7 +18,7 @@ def test_head_init_identity_reaches_the_model():
     random Kaiming projection (its untrained embedding a rotation of the pooled features: Pets test MAP@R 0.7975
     against 0.8031 for the pooled features themselves)."""
     torch.manual_seed(0)
-    model = builders.build_model(_small_cnn("model.embedding_size=null", "model.head_init=identity")).eval()
+    model = build_model(_small_cnn("model.embedding_size=null", "model.head_init=identity")).eval()
     features = model.head.in_features
     assert torch.equal(model.head.weight, torch.eye(features)) and not model.head.bias.any()
     x = torch.rand(3, 1, 28, 28)
@@ -29,5 +29,5 @@ def test_head_init_identity_reaches_the_model():
 
 def test_head_init_kaiming_is_a_random_projection():
     torch.manual_seed(0)
-    model = builders.build_model(_small_cnn("model.embedding_size=null", "model.head_init=kaiming"))
+    model = build_model(_small_cnn("model.embedding_size=null", "model.head_init=kaiming"))
     assert not torch.allclose(model.head.weight, torch.eye(model.head.in_features), atol=0.1)

@@ -26,7 +26,9 @@ from dmlkit.data.transforms import (
     RandomResizedCropFlip,
     RandomTranslate,
 )
-from dmlkit.engine import builders, device_data, timing
+from dmlkit.engine import device_data, timing
+from dmlkit.engine.batches import BatchPosition, fetch_batch, iterate_training_batches
+from dmlkit.engine.device import native_bf16
 from dmlkit.engine.training.step_timing import CALIBRATION_STEPS
 from dmlkit.recipe import Trainer
 
@@ -98,7 +100,7 @@ def test_copies_from_the_cpu_go_through_pinned_memory_without_blocking(monkeypat
 def test_the_trainer_asks_for_pinned_batches_on_a_gpu(tmp_path, tiny_config, monkeypatch):
     trainer = Trainer(tiny_config("train.max_steps=1", "train.device=cpu"), tmp_path / "run", echo=lambda _: None)
     seen = {}
-    monkeypatch.setattr(builders, "iterate_training_batches", lambda *args, **kwargs: seen.update(kwargs) or iter(()))
+    monkeypatch.setattr(trainer_module, "iterate_training_batches", lambda *args, **kwargs: seen.update(kwargs) or iter(()))
     trainer._training_batches()
     assert seen == {"pin_memory": False}  # the CPU: nothing to pin
     trainer._pin = True  # as on CUDA
@@ -125,8 +127,8 @@ def test_workers_decode_into_pinned_memory(monkeypatch):
 
     monkeypatch.setattr(torch.utils.data, "DataLoader", loader)
     sampler = type("Batches", (), {"batches": lambda self, epoch: torch.tensor([[0, 1], [2, 3]])})()
-    stream = builders.iterate_training_batches(Files(), sampler, builders.BatchPosition(), num_workers=1,
-                                               pin_memory=True)
+    stream = iterate_training_batches(Files(), sampler, BatchPosition(), num_workers=1,
+                                      pin_memory=True)
     indices, images, labels, _ = next(stream)
     assert loaders == [True] and indices == [0, 1] and torch.equal(labels, torch.tensor([0, 1]))
 
@@ -136,7 +138,7 @@ def test_convolutional_models_run_channels_last_on_a_gpu_only(tmp_path, tiny_con
     assert device_data.uses_channels_last(trainer.model, CUDA)
     assert not device_data.uses_channels_last(trainer.model, torch.device("cpu")) and not trainer._channels_last
     assert not device_data.uses_channels_last(torch.nn.Linear(3, 2), CUDA)
-    images, raw = builders.fetch_batch(trainer.splits.train, trainer.sampler.batches(0)[0].tolist())
+    images, raw = fetch_batch(trainer.splits.train, trainer.sampler.batches(0)[0].tolist())
     layouts, real_contiguous = [], torch.Tensor.contiguous
 
     def contiguous(self, *args, **kwargs):
@@ -157,7 +159,7 @@ def test_bf16_is_native_only_on_cards_that_compute_it(monkeypatch):
     asked = []
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda **kwargs: asked.append(kwargs) or True)
-    assert builders.native_bf16(CUDA)
+    assert native_bf16(CUDA)
     assert asked == [{"including_emulation": False}]  # an emulated bf16 (before Ampere) is slower than fp32
 
 

@@ -190,3 +190,18 @@ def test_explicit_views_over_the_cap_name_train_cache_views_and_off_is_quiet(mod
 def test_the_config_fields_are_validated(train, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"train": train})
+
+
+def test_a_build_out_of_time_keeps_the_views_built_so_far_and_says_so(model):
+    """Views are built one after the other; once the time budget's share is spent the views so far are kept, the
+    same as a cache of that many views (each view's crops come from the seed alone)."""
+    data, augment = photos(n=70), RandomResizedCropFlip(CROP)  # two chunks a view: the draws run on across them
+    said: list[str] = []
+    asked: list[int] = []
+    cut = FrozenFeatureCache.build(model, data, augment, views=3, seed=3, dtype=torch.float32, echo=said.append,
+                                   out_of_time=lambda seconds: asked.append(seconds) or True)
+    whole = FrozenFeatureCache.build(model, data, augment, views=1, seed=3, dtype=torch.float32, echo=lambda _: None)
+    assert cut.views == 1 and len(asked) == 1 and asked[0] > 0 and torch.equal(cut.storage, whole.storage)
+    three = FrozenFeatureCache.build(model, data, augment, views=3, seed=3, dtype=torch.float32, echo=lambda _: None)
+    assert three.views == 3 and torch.equal(three.storage[:, :1], whole.storage)
+    assert "feature cache: 1 of 3 views" in said[1] and said[2].startswith("feature cache: stopped after 1 of 3 views")

@@ -10,7 +10,7 @@ import torch
 
 from dmlkit.config import load_config
 from dmlkit.data.base import DataSplits, TensorImageDataset
-from dmlkit.engine import builders
+from dmlkit.engine.batches import LabelMap, build_batch_sampler
 from dmlkit.engine.member_folds import (
     MemberBatchSampler,
     apply_member_folds,
@@ -19,6 +19,7 @@ from dmlkit.engine.member_folds import (
     score_member_folds,
 )
 from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
+from dmlkit.engine.splits import hold_out_validation_classes
 from dmlkit.exceptions import ConfigError
 from dmlkit.losses import ProxyAnchorLoss
 from dmlkit.models import EmbedderEnsemble, create_model
@@ -33,7 +34,7 @@ def toy_splits(classes: int = 20, per_class: int = 4, fraction: float = 0.2, see
     images = torch.rand(len(labels), 1, 8, 8)
     train = TensorImageDataset(images, labels, [f"c{i:02d}" for i in range(classes)], transform=None)
     splits = DataSplits(name="toy", train=train)
-    builders.hold_out_validation_classes(splits, fraction, seed)
+    hold_out_validation_classes(splits, fraction, seed)
     return splits
 
 
@@ -56,7 +57,7 @@ def test_each_member_trains_without_its_fold_and_is_scored_on_it_alone():
     splits = toy_splits()
     common_train = splits.train
     held = sorted(set(splits.val.class_names))
-    label_map = builders.LabelMap(splits.before_holdout.labels)
+    label_map = LabelMap(splits.before_holdout.labels)
     folds = apply_member_folds(splits, label_map, members=3, fraction=0.2, seed=0)
     assert len(splits.train) == 80  # every training class again
     names = splits.train.class_names
@@ -82,10 +83,10 @@ def test_each_member_trains_without_its_fold_and_is_scored_on_it_alone():
 
 def test_the_sampler_puts_each_members_own_batch_side_by_side():
     splits = toy_splits()
-    label_map = builders.LabelMap(splits.before_holdout.labels)
+    label_map = LabelMap(splits.before_holdout.labels)
     folds = apply_member_folds(splits, label_map, members=3, fraction=0.2, seed=0)
     cfg = load_config(overrides=["sampler.batch_size=8", "sampler.m=2"])
-    sampler = builders.build_batch_sampler(cfg, splits.train.labels, member_folds=folds)
+    sampler = build_batch_sampler(cfg, splits.train.labels, member_folds=folds)
     assert isinstance(sampler, MemberBatchSampler)
     batches = sampler.batches(0)
     assert batches.shape == (sampler.num_batches, 24)
@@ -97,7 +98,7 @@ def test_the_sampler_puts_each_members_own_batch_side_by_side():
         assert set(per_class[per_class > 0].tolist()) == {2}  # m images of each class in the member's batch
     assert torch.equal(sampler.batches(1), sampler.batches(1)) and not torch.equal(sampler.batches(0), sampler.batches(1))
     # member 0 draws the batches the run without member folds draws (seeded by cfg.seed, over the same rows)
-    plain = builders.build_batch_sampler(cfg, labels[folds.train_rows[0]])
+    plain = build_batch_sampler(cfg, labels[folds.train_rows[0]])
     assert torch.equal(batches[:, :8], folds.train_rows[0][plain.batches(0)][: len(batches)])
 
 
@@ -158,7 +159,7 @@ def reference_map_at_r(embeddings: torch.Tensor, labels: torch.Tensor) -> list[f
 
 def test_validation_pools_every_members_queries_on_its_own_fold():
     splits = toy_splits()
-    label_map = builders.LabelMap(splits.before_holdout.labels)
+    label_map = LabelMap(splits.before_holdout.labels)
     folds = apply_member_folds(splits, label_map, members=2, fraction=0.2, seed=0)
     torch.manual_seed(0)
     model = EmbedderEnsemble([create_model("small_cnn", embedding_size=4, width=2, in_chans=1) for _ in range(2)]).eval()

@@ -46,7 +46,7 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
                                                                                              monkeypatch):
     import dataclasses
 
-    from dmlkit.engine import builders
+    from dmlkit.engine import splits as splits_module
     from dmlkit.engine.resolve import resolve_run
     from dmlkit.recipe import plan
     from dmlkit.recipe.measurements import Measurements
@@ -54,8 +54,8 @@ def test_the_run_builds_on_the_splits_the_plan_read_when_its_config_reads_them_t
     planned = plan(tiny_config(*DIGITS), measurements=Measurements.live(), **QUIET)
     assert planned.splits is not None and planned.splits.val is not None  # validation held out by the plan
     reads = []
-    read = builders._read_splits
-    monkeypatch.setattr(builders, "_read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
+    read = splits_module.read_splits
+    monkeypatch.setattr(splits_module, "read_splits", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
     resolved = resolve_run(planned, **QUIET)
     assert reads == [] and resolved.splits is not planned.splits  # read once, by the plan; the run's own holder
     assert all(dataset is getattr(planned.splits, name) for name, dataset in resolved.splits.items())
@@ -140,6 +140,8 @@ def test_the_dry_runs_steps_line_gives_the_steps_the_budget_buys_not_a_ceiling_b
         cfg = SimpleNamespace(train=SimpleNamespace(max_steps=max_steps, eval_every=25, time_budget=120.0))
         return ResolvedRun._steps_line(SimpleNamespace(cfg=cfg, recipe=SimpleNamespace(planned_steps=planned)))
 
-    assert line(None) == line(300) == "train.max_steps=200, train.eval_every=25, train.time_budget=120.0"
+    assert line(None) == "train.max_steps=200, train.eval_every=25, train.time_budget=120.0"  # nothing planned
+    assert line(300) == line(200) == ("200 steps (the ceiling; the 120-s budget affords them at the measured costs), "
+                                      "train.max_steps=200, train.eval_every=25, train.time_budget=120.0")
     assert line(40).startswith("about 40 steps (what the 120-s budget buys at the measured costs")
     assert line(0).startswith("no training step fits the 120-s budget: the pretrained backbone is evaluated alone")

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine import builders
-from dmlkit.engine.builders import fetch_batch, resolve_device
+from dmlkit.engine.batches import fetch_batch
+from dmlkit.engine.device import resolve_device
 from dmlkit.exceptions import ConfigError, NonFiniteError
 from dmlkit.methods.hooks import MethodHooks
-from dmlkit.recipe import Trainer, prepare_run
+from dmlkit.recipe import Trainer, planner, prepare_run
 
 
 def fake_gpus(monkeypatch, count):
@@ -50,7 +50,7 @@ def test_resolve_device_auto_takes_a_gpu_when_there_is_one(monkeypatch):
 @pytest.mark.parametrize("value", ["cuda", "cuda:0"])
 def test_cuda_without_a_gpu_is_a_config_error_before_anything_is_built(tmp_path, tiny_config, monkeypatch, value):
     fake_gpus(monkeypatch, 0)
-    monkeypatch.setattr(builders, "build_model", lambda cfg: pytest.fail("the model was built before the device check"))
+    monkeypatch.setattr(planner, "build_model", lambda cfg: pytest.fail("the model was built before the device check"))
     with pytest.raises(ConfigError, match=r"train.device='cuda(:0)?' asks for a GPU, but torch.cuda.is_available\(\) is False"):
         Trainer(tiny_config(f"train.device={value}"), tmp_path / "run", echo=lambda _: None)
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -5,12 +5,16 @@ import json
 import pytest
 import torch
 
-from dmlkit.engine import builders
+from dmlkit.engine.batches import LabelMap
 from dmlkit.engine.callbacks import Callback, EarlyStopping
+from dmlkit.engine.model import build_model
+from dmlkit.engine.objective import build_objective
 from dmlkit.engine.rng_state import seed_everything
+from dmlkit.engine.splits import build_splits
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.recipe import Trainer
 from dmlkit.recipe import planner as recipe_plan
+from dmlkit.recipe.survey import survey_data
 
 QUIET = dict(echo=lambda _: None)
 DIGITS = ("data.name=digits", "protocol.val_fraction=0.2", "train.eval_every=2", "train.max_steps=4")
@@ -26,12 +30,12 @@ def test_config_and_objects_give_the_same_run(tmp_path, tiny_config):
 
     cfg = tiny_config(*DIGITS)  # the same choices, built by the caller as objects
     seed_everything(cfg.seed)
-    survey = builders.survey_data(cfg)
+    survey = survey_data(cfg)
     recipe_plan.apply_model_recipe(cfg, survey)  # the preset leaves the model to the recipe
-    model = builders.build_model(cfg)
-    splits = builders.build_splits(cfg, model, survey)
-    num_classes = len(builders.LabelMap(splits.train.labels))
-    loss = builders.build_objective(cfg, num_classes).loss
+    model = build_model(cfg)
+    splits = build_splits(cfg, model, survey)
+    num_classes = len(LabelMap(splits.train.labels))
+    loss = build_objective(cfg, num_classes).loss
     from_objects = Trainer(cfg, tmp_path / "objects", model=model, loss=loss, data=splits, **QUIET)
     result_objects = from_objects.fit()
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dmlkit.engine.builders import fetch_batch
+from dmlkit.engine.batches import fetch_batch
 from dmlkit.exceptions import NonFiniteError
 from dmlkit.methods.hooks import MethodHooks
 from dmlkit.recipe import Trainer

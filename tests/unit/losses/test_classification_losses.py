@@ -330,7 +330,7 @@ def test_weight_init_func_sees_pml_layout():
                                   "normalized_softmax", "p2sgrad"])
 def test_config_builds_the_loss_and_its_weights_get_the_loss_group(name):
     from dmlkit.config import load_config
-    from dmlkit.engine.builders import build_objective
+    from dmlkit.engine.objective import build_objective
     from dmlkit.engine.optim import parameter_groups
 
     cfg = load_config(overrides=[f"loss.name={name}", "model.embedding_size=8", "optimizer.lr=0.001",

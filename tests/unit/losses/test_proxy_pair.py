@@ -73,7 +73,7 @@ def test_rejects_non_callable_and_fractions():
 
 def _preset_loss(preset, num_classes):
     from dmlkit.config import load_config
-    from dmlkit.engine.builders import build_objective
+    from dmlkit.engine.objective import build_objective
 
     cfg = load_config(preset=preset, overrides=["model.embedding_size=5"])
     return build_objective(cfg, num_classes).loss.double()

@@ -87,7 +87,7 @@ def test_projection_reinitialises_proxies_from_pool_and_resets_their_optimizer_s
     assert torch.allclose(d.min(1).values, torch.zeros(len(proxies)), atol=2e-3)  # cdist on float32
     assert torch.equal(labels[nearest], trainer.objective.loss.proxy_labels)
     # one optimiser step creates Adam state for the proxies; a new projection drops it
-    from dmlkit.engine.builders import fetch_batch
+    from dmlkit.engine.batches import fetch_batch
 
     images, raw = fetch_batch(trainer.splits.train, list(range(32)))
     trainer.training_step(images, trainer.label_map(raw))
@@ -201,7 +201,7 @@ def test_training_step_applies_the_proximal_gradient(tmp_path):
     """One SGD step with lambda > 0 moves theta by -lr * lambda * (theta - theta*) more than with lambda = 0."""
     lam, lr = 0.5, 0.1
     base = ASAP + ["optimizer.name=sgd", f"optimizer.lr={lr}", "optimizer.momentum=0", "optimizer.weight_decay=0"]
-    from dmlkit.engine.builders import fetch_batch
+    from dmlkit.engine.batches import fetch_batch
 
     after, anchors = {}, None
     for value in (0.0, lam):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dmlkit.config import load_config
-from dmlkit.engine import builders
-from dmlkit.engine.objective import EnsembleObjective, TrainingObjective
+from dmlkit.engine.model import build_model
+from dmlkit.engine.objective import EnsembleObjective, TrainingObjective, build_objective
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses import ProxyAnchorLoss
 from dmlkit.models import EmbedderEnsemble, create_model
@@ -88,10 +88,10 @@ def test_build_model_ensemble_first_member_is_the_single_model_and_the_rest_diff
     ensemble_cfg = load_config(overrides=["model.args.width=4", "model.embedding_size=8", "model.ensemble=3",
                                           "model.shift_average=2"])
     torch.manual_seed(7)
-    single = builders.build_model(single_cfg)
+    single = build_model(single_cfg)
     after_single = torch.rand(1)
     torch.manual_seed(7)
-    ensemble = builders.build_model(ensemble_cfg)
+    ensemble = build_model(ensemble_cfg)
     after_ensemble = torch.rand(1)
     assert isinstance(ensemble, EmbedderEnsemble) and len(ensemble.members) == 3
     for key, value in single.state_dict().items():
@@ -101,7 +101,7 @@ def test_build_model_ensemble_first_member_is_the_single_model_and_the_rest_diff
     assert not torch.allclose(ensemble.members[1].head.weight, ensemble.members[2].head.weight)
     assert all(m.shift_average == 2 for m in ensemble.members)
     torch.testing.assert_close(after_single, after_ensemble)  # later draws (the loss's proxies) do not move
-    objective = builders.build_objective(ensemble_cfg, num_classes=5)
+    objective = build_objective(ensemble_cfg, num_classes=5)
     assert isinstance(objective, EnsembleObjective) and len(objective.objectives) == 3
 
 

@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from dmlkit.config.schema import config_to_dict
+from dmlkit.engine.given import GivenObjects
 from dmlkit.engine.resolve import resolve_run
 from dmlkit.recipe import plan
 from dmlkit.recipe.measurements import Measurements
@@ -62,12 +63,12 @@ def test_resolve_run_builds_from_the_finished_config_without_writing_to_it(tiny_
 
 
 def test_plan_reads_given_splits_without_changing_them(tiny_config):
-    from dmlkit.engine import builders
+    from dmlkit.recipe.survey import survey_data
 
     cfg = tiny_config("protocol.val_class_fraction=0.4", "sampler.batch_size=16")
-    data = builders.survey_data(cfg)
+    data = survey_data(cfg)
     train = data.train
-    planned = plan(cfg, data=data, measurements=Measurements.live(), **QUIET)
+    planned = plan(cfg, GivenObjects(data=data), measurements=Measurements.live(), **QUIET)
     assert data.train is train and data.val is None  # the run holds the validation classes out, not the plan
-    resolved = resolve_run(planned, data=data, **QUIET)
+    resolved = resolve_run(planned, GivenObjects(data=data), **QUIET)
     assert resolved.splits.val is not None and len(resolved.splits.train) < len(train)

@@ -14,10 +14,12 @@ from torch import nn
 
 from dmlkit.config import load_config
 from dmlkit.data.base import decode_image
-from dmlkit.engine import builders
+from dmlkit.engine.model import build_model
+from dmlkit.engine.splits import build_splits, hold_out_classes
 from dmlkit.evaluation.retrieval import paired_gain
 from dmlkit.recipe import Trainer
 from dmlkit.recipe import planner as recipe_plan
+from dmlkit.recipe.survey import survey_data
 from dmlkit.recipe.view_size import (
     TOLERATED_ERRORS,
     candidate_sizes,
@@ -124,13 +126,13 @@ def small_photos(tmp_path_factory) -> Path:
 
 def test_the_measured_validation_classes_are_those_apply_recipe_holds_out(small_photos):
     cfg = photo_config(small_photos, "protocol.seed=3")
-    survey = builders.survey_data(cfg)
+    survey = survey_data(cfg)
     recipe_plan.apply_model_recipe(cfg, survey, echo=lambda _: None)
     from dmlkit.recipe.rules import profile_split
 
     measured = validation_split(cfg, survey, profile_split(survey.train))
     assert cfg.protocol.val_class_fraction is None  # the measurement leaves the recipe's choice to apply_recipe
-    splits = builders.build_splits(cfg, nn.Identity(), survey)
+    splits = build_splits(cfg, nn.Identity(), survey)
     recipe_plan.apply_recipe(cfg, splits, echo=lambda _: None)
     assert sorted(measured.class_names) == sorted(splits.val.class_names) and len(measured.class_names) == 2
     assert sorted(measured.paths) == sorted(splits.val.paths)
@@ -141,11 +143,11 @@ def test_no_validation_classes_to_measure_on_when_images_of_the_training_classes
     from dmlkit.recipe.rules import profile_split
 
     cfg = photo_config(small_photos, "protocol.val_fraction=0.2")
-    survey = builders.survey_data(cfg)
+    survey = survey_data(cfg)
     assert validation_split(cfg, survey, profile_split(survey.train)) is None
     cfg = photo_config(small_photos, "protocol.val_class_fraction=0.5", "protocol.seed=1")
     held = validation_split(cfg, survey, profile_split(survey.train))
-    assert sorted(held.class_names) == sorted(builders.hold_out_classes(survey.train, 0.5, 1)[1].class_names)
+    assert sorted(held.class_names) == sorted(hold_out_classes(survey.train, 0.5, 1)[1].class_names)
 
 def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     printed: list[str] = []
@@ -168,7 +170,7 @@ def test_small_photos_are_viewed_at_the_measured_size(small_photos, tmp_path):
     from dmlkit.evaluation.retrieval import map_at_r_per_query
     from dmlkit.recipe.rules import profile_split
 
-    survey = builders.survey_data(cfg)
+    survey = survey_data(cfg)
     measured = measure_sizes(cfg, trainer.model, validation_split(cfg, survey, profile_split(survey.train)), [size],
                              device=torch.device("cpu"))
     assert torch.allclose(measured[size][0][None], map_at_r_per_query(*trainer.embed(trainer.splits.val)), atol=1e-6)
@@ -212,7 +214,7 @@ class SharpAboveOnly(nn.Module):
 
 def test_the_measurement_runs_down_from_224_and_stops_at_the_first_size_that_loses(small_photos):
     cfg = photo_config(small_photos, "train.mixed_precision=none")
-    train = builders.survey_data(cfg).train  # 4 classes of 5 photos, files not decoded
+    train = survey_data(cfg).train  # 4 classes of 5 photos, files not decoded
     measured = measure_sizes(cfg, SharpAboveOnly(160), train, [96, 128, 160, 224], device=torch.device("cpu"))
     assert list(measured) == [128, 160, 224]  # 128 lost against 224: 96 was not measured
     assert float(measured[224][0][None].mean()) == float(measured[160][0][None].mean()) == 1.0  # colours tell apart
@@ -227,7 +229,7 @@ def test_backbones_compared_untrained_are_not_embedded_again_for_the_view_size(s
     from dmlkit.recipe.rules import profile_split
 
     cfg = photo_config(small_photos, "train.mixed_precision=none")
-    survey = builders.survey_data(cfg)
+    survey = survey_data(cfg)
     choices = recipe_plan.apply_model_recipe(cfg, survey, echo=lambda _: None)
     size = cfg.data.image_size
     scores = backbone_choice.untrained_scores(cfg, survey, choices, torch.device("cpu"),
@@ -235,7 +237,7 @@ def test_backbones_compared_untrained_are_not_embedded_again_for_the_view_size(s
     assert list(scores) == ["efficientnet_lite0", "efficientnet_lite1"] and all(0 <= s <= 1 for s in scores.values())
     monkeypatch.setattr(view_size, "embed_dataset", lambda *args, **kwargs: pytest.fail("embedded again"))
     cfg.model.name = "efficientnet_lite0"
-    model = builders.build_model(cfg)
+    model = build_model(cfg)
     val = validation_split(cfg, survey, profile_split(survey.train))
     measured = measure_sizes(cfg, model, val, [size], device=torch.device("cpu"),
                              configurations=pooling_choice.candidates(choices, model))[size]

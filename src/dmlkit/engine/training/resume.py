@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from dmlkit.config.schema import config_to_dict
-from dmlkit.engine.builders import BatchPosition
+from dmlkit.engine.batches import BatchPosition
 from dmlkit.engine.checkpoint_files import load_checkpoint, save_checkpoint
 from dmlkit.engine.rng_state import rng_state, set_rng_state
 from dmlkit.exceptions import CheckpointError
