@@ -202,7 +202,7 @@ FIXTURES = {
 #: The Pets folder the docs name, and the part of it the shortened commands read (see :func:`small_pets`).
 PETS = "../shared/data/pets/images"
 PETS_BREEDS = 8
-PETS_PHOTOS = 5
+PETS_PHOTOS = 4
 
 
 #: The placeholder of a user's own image folder in README.md and the docs; the small Pets copy stands in.

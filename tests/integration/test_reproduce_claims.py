@@ -77,7 +77,7 @@ def test_claims_command_lists_and_refuses_unknown_claims(capsys, script_loader):
 @pytest.mark.slow
 @pytest.mark.skipif(not (DATA / "grocery" / "images").exists(), reason="needs ../shared/data/grocery")
 def test_a_photo_arm_fine_tunes_on_coarse_grocery_labels_and_is_scored_on_fine_products(tmp_path):
-    tiny = Budget(photo_steps=2, photo_eval_every=1, photo_cap=3, photo_size=64, photo_patience=None, threads=2)
+    tiny = Budget(photo_steps=2, photo_eval_every=1, photo_cap=3, photo_size=64, photo_patience=None, threads=1)
     arm = ARMS["grocery-coarse/eps-triplet"]
     record = train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None)
     assert record["steps"] == 2 and [v["step"] for v in record["val_curve"]] == [1, 2]

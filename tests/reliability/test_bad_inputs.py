@@ -1,8 +1,10 @@
 """Bad input everywhere a user can give it: one table, one clear message per case.
 
-Each row is either an API call (``pytest.raises(type, match=...)``) or a real CLI invocation
-(``python -m dmlkit ...`` in a subprocess: non-zero exit, the message on stderr, no traceback,
-and every file that existed before is byte-identical afterwards).
+Each row is either an API call (``pytest.raises(type, match=...)``) or a CLI invocation (non-zero exit,
+the message on stderr, no traceback, and every file that existed before is byte-identical afterwards).
+The CLI rows run ``dmlkit.cli.main.main`` in-process; those marked ``subprocess=True`` (a config error of
+``validate``, a checkpoint error of ``train --resume``) run the real ``python -m dmlkit`` in a subprocess, so the exit code and
+stderr a user's shell sees are checked too.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class Cli:
     setup: Callable[[Ctx], None] = lambda ctx: None
     also: Callable[[Ctx], None] = field(default=lambda ctx: None)
     code: int = 2
+    subprocess: bool = False
 
 
 def _set(*pairs: str) -> list[str]:
@@ -235,7 +238,7 @@ CASES: dict[str, Api | Cli] = {
         ConfigError, r"model\.embedding_size must be int\. Got True \(bool\)"),
     # --- configuration and flags (CLI) -----------------------------------------------------
     "cli-unknown-key": Cli(lambda c: ["validate", *_set("optimzer.lr=0.1")],
-                           r"Unknown key 'optimzer'\. Did you mean 'optimizer'\?"),
+                           r"Unknown key 'optimzer'\. Did you mean 'optimizer'\?", subprocess=True),
     "cli-wrong-type": Cli(lambda c: ["validate", *_set("sampler.batch_size=sixty")],
                           r"sampler\.batch_size must be int\. Got 'sixty' \(str\)"),
     "cli-negative-size": Cli(lambda c: ["validate", *_set("model.embedding_size=-8")],
@@ -277,7 +280,7 @@ CASES: dict[str, Api | Cli] = {
     "cli-resume-truncated-checkpoint": Cli(
         lambda c: ["train", "--resume", str(c.run), "--quiet", "--no-report"],
         r"last\.pt' cannot be read safely \(truncated, corrupted",
-        setup=lambda c: _truncate(c.run / "checkpoints" / "last.pt"), protect=lambda c: c.run),
+        setup=lambda c: _truncate(c.run / "checkpoints" / "last.pt"), protect=lambda c: c.run, subprocess=True),
     "cli-evaluate-checkpoint-of-other-config": Cli(
         lambda c: ["evaluate", str(c.run)],
         r"best\.pt was written by a different configuration than .*config\.yaml",
@@ -445,10 +448,11 @@ CASES: dict[str, Api | Cli] = {
 def test_the_table_is_large_enough():
     assert len(CASES) >= 30
     assert sum(isinstance(c, Cli) for c in CASES.values()) >= 10
+    assert sum(isinstance(c, Cli) and c.subprocess for c in CASES.values()) >= 2
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_bad_input_gives_a_clear_error(case_id, tmp_path, request, dmlkit_cli, snap):
+def test_bad_input_gives_a_clear_error(case_id, tmp_path, request, dmlkit_cli, dmlkit_in_process, snap):
     case = CASES[case_id]
     run_holder: list[Path] = []
 
@@ -468,7 +472,7 @@ def test_bad_input_gives_a_clear_error(case_id, tmp_path, request, dmlkit_cli, s
     args = case.args(ctx)  # may create input files; they are part of the "before" state
     protected = case.protect(ctx)
     before = snap(protected)
-    proc = dmlkit_cli(*args, cwd=scratch)
+    proc = (dmlkit_cli if case.subprocess else dmlkit_in_process)(*args, cwd=scratch)
     assert proc.returncode == case.code, proc.stdout + proc.stderr
     assert re.search(case.match, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -1,10 +1,12 @@
 """What a new user who makes mistakes does, and what dmlkit answers (docs/reliability.md).
 
-Every case names the numbered item of the issue it reproduces. CLI cases run the real ``dmlkit`` in a
-subprocess (``python -m dmlkit``) and assert the exit code, the message, no traceback, and that every
-file the user had is byte-identical afterwards; cases about memory run under an address-space limit
+Every case names the numbered item of the issue it reproduces. CLI cases assert the exit code, the
+message, no traceback, and that every file the user had is byte-identical afterwards. Cases about memory
+run the real ``dmlkit`` in a subprocess (``python -m dmlkit``) under an address-space limit
 (``RLIMIT_AS``), cases about a full disk under a file-size limit (``RLIMIT_FSIZE``, which fails writes
-with ``EFBIG`` as a full disk fails them with ``ENOSPC``).
+with ``EFBIG`` as a full disk fails them with ``ENOSPC``), and so do the two trainings started together
+on one folder; the other cases run ``dmlkit.cli.main.main`` in-process (the same exit code and stderr,
+without a process start).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch
 from PIL import Image
 
 from dmlkit.exceptions import DataError, InvalidParameterError
+
+from .conftest import run_dmlkit_in_process
 
 #: A tiny run's options (8x8 digits, small CNN, 4 steps), as ``tiny_run`` in conftest.py trains it.
 TINY_OVERRIDES = ["train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=2", "train.progress=false",
@@ -54,6 +58,14 @@ def run_limited(*args: str, cwd: Path, address_space: int | None = None, file_si
 
     return subprocess.run([sys.executable, "-m", "dmlkit", *args], capture_output=True, text=True, timeout=timeout,
                           env=ENV, cwd=cwd, preexec_fn=limits)
+
+
+def run_dmlkit(*args: str, cwd: Path, address_space: int | None = None, file_size: int | None = None) -> subprocess.CompletedProcess:
+    """A subprocess under :func:`run_limited` where a limit is asked for (limits apply to a whole process),
+    else ``dmlkit`` in-process (:func:`run_dmlkit_in_process`)."""
+    if address_space is None and file_size is None:
+        return run_dmlkit_in_process(*args, cwd=cwd)
+    return run_limited(*args, cwd=cwd, address_space=address_space, file_size=file_size)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -352,7 +364,7 @@ def test_a_mistake_gets_a_message_and_keeps_every_file(case_id, tmp_path, reques
         file_size = ctx.index_copy().stat().st_size  # the index may not grow: adding must fail
     protected = case.protect(ctx)
     before = snap(protected)
-    proc = run_limited(*args, cwd=case.cwd(ctx), address_space=case.address_space, file_size=file_size)
+    proc = run_dmlkit(*args, cwd=case.cwd(ctx), address_space=case.address_space, file_size=file_size)
     assert proc.returncode == case.code, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.search(case.match, proc.stderr), proc.stderr[-3000:]
@@ -385,14 +397,14 @@ def test_two_trainings_with_one_out_never_mix_their_files(tmp_path):
     assert "Traceback" not in refused
     winner = next(seed for (code, _), seed in zip(results, (1, 2)) if code == 0)
     assert f"seed: {winner}\n" in (tmp_path / "run" / "config.yaml").read_text()
-    proc = run_limited("evaluate", "run", cwd=tmp_path)  # the checkpoint belongs to the config beside it
+    proc = run_dmlkit("evaluate", "run", cwd=tmp_path)  # the checkpoint belongs to the config beside it
     assert proc.returncode == 0, proc.stderr
 
 
 def test_validate_checks_the_preset_train_runs(tmp_path):
     """Item 10: without --preset, validate resolves what train resolves (the mnist-proxy-anchor preset)."""
-    bare = run_limited("validate", "--print", cwd=tmp_path)
-    preset = run_limited("validate", "--preset", "mnist-proxy-anchor", "--print", cwd=tmp_path)
+    bare = run_dmlkit("validate", "--print", cwd=tmp_path)
+    preset = run_dmlkit("validate", "--preset", "mnist-proxy-anchor", "--print", cwd=tmp_path)
     assert bare.returncode == preset.returncode == 0, bare.stderr + preset.stderr
     assert bare.stdout == preset.stdout
     assert "name: mnist-proxy-anchor" in bare.stdout
@@ -401,15 +413,14 @@ def test_validate_checks_the_preset_train_runs(tmp_path):
 def test_a_utf16_config_with_its_byte_order_mark_is_read(tmp_path):
     """Item 17: UTF-16 with a byte-order mark (what Windows editors write) is a readable config."""
     (tmp_path / "c.yaml").write_bytes("seed: 3\n".encode("utf-16"))
-    proc = run_limited("validate", "--config", "c.yaml", "--print", cwd=tmp_path)
+    proc = run_dmlkit("validate", "--config", "c.yaml", "--print", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\nseed: 3\n" in proc.stdout
 
 
 def test_a_run_name_with_a_slash_makes_one_folder(tmp_path):
     """Item 19: --set name=exp/one without --out trains into runs/<timestamp>-exp-one."""
-    proc = run_limited("train", "--quiet", "--no-report", *TINY, *_set("name=exp/one", "train.max_steps=1"),
-                       cwd=tmp_path)
+    proc = run_dmlkit("train", "--quiet", "--no-report", *TINY, *_set("name=exp/one", "train.max_steps=1"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.endswith("-exp-one") and (run / "metrics.json").is_file()
@@ -417,15 +428,15 @@ def test_a_run_name_with_a_slash_makes_one_folder(tmp_path):
 
 def test_a_run_claimed_by_train_is_resumed_and_refused_to_others(tmp_path, snap):
     """Items 3-7: the claim marks the folder as a train run: --resume continues it, sweep is refused."""
-    first = run_limited("train", "--out", "run", "--quiet", "--no-report", *TINY, cwd=tmp_path)
+    first = run_dmlkit("train", "--out", "run", "--quiet", "--no-report", *TINY, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert json.loads((tmp_path / "run" / ".dmlkit-claim.json").read_text())["kind"] == "train"
     before = snap(tmp_path / "run")
-    sweep = run_limited("sweep", "--out", "run", "--param", "optimizer.lr=float:0.001:0.01", "--trials", "1",
-                        cwd=tmp_path)
+    sweep = run_dmlkit("sweep", "--out", "run", "--param", "optimizer.lr=float:0.001:0.01", "--trials", "1",
+                       cwd=tmp_path)
     assert sweep.returncode == 2 and "holds a train folder, not a sweep run" in sweep.stderr, sweep.stderr
     assert snap(tmp_path / "run") == before
-    again = run_limited("train", "--resume", "run", "--quiet", "--no-report", cwd=tmp_path)
+    again = run_dmlkit("train", "--resume", "run", "--quiet", "--no-report", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
 
 

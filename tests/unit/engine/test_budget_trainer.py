@@ -1,6 +1,8 @@
 """A run planned to its time budget (train.time_budget): the trainer measures its steps and stops inside the budget.
 
-The clocks are replaced by one that advances a second per training step, so the plan is exact.
+The clocks are replaced by one that advances a second per training step, so the plan is exact. The runs read
+sklearn's digits (8x8; 896 test images), the tiny default job's steps and evaluations at a fraction of MNIST's cost;
+the slow machine's keeps MNIST's 2,500 test images, whose predicted test time its few-steps plan is built on.
 """
 
 from __future__ import annotations
@@ -34,18 +36,23 @@ class StepClock:
         return self.now
 
 
+#: The tiny default job on digits: its test split holds 896 images.
+DIGITS = "data.name=digits"
+TEST_IMAGES = 896
+
+
 def plans(run_dir) -> list[dict]:
     return [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if r["kind"] == "plan"]
 
 
 def test_the_budget_cuts_the_steps_to_what_fits(tmp_path, tiny_config):
-    trainer = Trainer(tiny_config("train.max_steps=1000", "train.time_budget=100"), tmp_path, echo=lambda _: None)
+    trainer = Trainer(tiny_config(DIGITS, "train.max_steps=1000", "train.time_budget=100"), tmp_path, echo=lambda _: None)
     StepClock(trainer)
     result = trainer.fit()
     [plan] = plans(tmp_path)
     assert plan["step"] == 1 + CALIBRATION_STEPS and plan["step_seconds"] == pytest.approx(1.0)
-    # 2,500 test images embedded at a third of a training image's cost (batches of 32, one view)
-    assert plan["test_seconds"] == pytest.approx(2500 / 32 / 3)
+    # the test images embedded at a third of a training image's cost (batches of 32, one view)
+    assert plan["test_seconds"] == pytest.approx(TEST_IMAGES / 32 / 3)
     expected = 1 + CALIBRATION_STEPS + int(100 * (1 - SAFETY_MARGIN) - (1 + CALIBRATION_STEPS) - plan["test_seconds"])
     assert result.steps == plan["max_steps"] == expected < 1000
     assert trainer.schedule.max_steps == expected and trainer.cfg.train.max_steps == 1000  # the config stays as asked
@@ -55,20 +62,20 @@ def test_the_budget_cuts_the_steps_to_what_fits(tmp_path, tiny_config):
 
 
 def test_data_that_fits_keeps_the_recipe_steps(tmp_path, tiny_config):
-    trainer = Trainer(tiny_config("train.max_steps=40", "train.time_budget=10000"), tmp_path, echo=lambda _: None)
+    trainer = Trainer(tiny_config(DIGITS, "train.max_steps=40", "train.time_budget=10000"), tmp_path, echo=lambda _: None)
     StepClock(trainer)
     assert trainer.fit().steps == 40
     assert plans(tmp_path)[0]["max_steps"] == 40
 
 
 def test_no_budget_no_plan(tmp_path, tiny_config):
-    trainer = Trainer(tiny_config("train.max_steps=8"), tmp_path, echo=lambda _: None)
+    trainer = Trainer(tiny_config(DIGITS, "train.max_steps=8"), tmp_path, echo=lambda _: None)
     assert trainer.cfg.train.time_budget is None  # the steps were set: the recipe leaves the budget alone
     assert trainer.fit().steps == 8 and plans(tmp_path) == []
 
 
 def test_a_resumed_run_keeps_its_plan(tmp_path, tiny_config, crash_in_step):
-    overrides = ("train.max_steps=1000", "train.time_budget=60", "train.checkpoint_every=5")
+    overrides = (DIGITS, "train.max_steps=1000", "train.time_budget=60", "train.checkpoint_every=5")
     trainer = Trainer(tiny_config(*overrides), tmp_path, echo=lambda _: None)
     StepClock(trainer)
     crash_in_step(trainer, 12)
