@@ -10,7 +10,7 @@ by Python or an output sized by the data), which drains the queue. All three are
 * ``ops``: ATen operators dispatched by one forward + backward (a ``TorchDispatchMode`` sees each one,
   the backward's included); views and metadata calls count too, as they cost dispatch on any device;
 * ``syncs``: host synchronisations of the same call, counted by ``tests/unit/losses/_host_syncs.py`` with
-  every tensor treated as device memory (``dmlkit._validation.reads_on_host`` answers False, the branch a
+  every tensor treated as device memory (``dmlkit.core.validation.reads_on_host`` answers False, the branch a
   card takes);
 * ``ms``: CPU wall time per call at tiny sizes (``--batch-size`` 32, ``--dim`` 16, ``--num-classes`` 100,
   one thread), where host overhead is what is timed; dmlkit and PML alternate, medians of ``--repeats``;
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from bench_device import LOSSES, MINERS, labelled_batch
 
-import dmlkit._validation as validation
+import dmlkit.core.validation as validation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "losses"))
 from _host_syncs import OperatorCounter, count_host_syncs  # noqa: E402 - the test suite's counters

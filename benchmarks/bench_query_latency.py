@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from dmlkit._cpu_ops import cpu_bf16_native
+    from dmlkit.core.cpu_ops import cpu_bf16_native
     from dmlkit.evaluation.embed import embed_dataset
     from dmlkit.models import create_model
     from dmlkit.models.inference_copy import inference_copy

@@ -49,7 +49,7 @@ def measure_row(fused: bool, overrides: list[str], warmup: int, steps: int, coun
     """Operators, syncs and host ms per step of the default job's loop (run in the measuring process)."""
     import torch
 
-    import dmlkit._validation as validation
+    import dmlkit.core.validation as validation
     from dmlkit.config import load_config
     from dmlkit.engine import optim
     from dmlkit.engine.callbacks import Callback

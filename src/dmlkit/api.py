@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from dmlkit._json_files import read_json
-from dmlkit._messages import LOGGER_NAME, console
-from dmlkit._validation import short_repr
 from dmlkit.config.schema import RunConfig, config_from_dict, config_to_dict
+from dmlkit.core.json_files import read_json
+from dmlkit.core.messages import LOGGER_NAME, console
+from dmlkit.core.validation import short_repr
 from dmlkit.data.user import UserDataset, user_splits
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.callbacks import Callback

@@ -19,9 +19,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dmlkit._json_files import read_json
-from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig
+from dmlkit.core.json_files import read_json
+from dmlkit.core.messages import messages
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.evaluation.metrics import RETRIEVAL_SUMMARY_KEYS

@@ -43,7 +43,7 @@ class HubError(DmlkitError, RuntimeError):
 
 def _hub():
     """The ``huggingface_hub`` module, or a message naming the extra that installs it."""
-    from dmlkit._extras import require
+    from dmlkit.core.extras import require
 
     return require("huggingface_hub", "hub", "sharing on the Hugging Face Hub")
 

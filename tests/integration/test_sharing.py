@@ -17,9 +17,9 @@ import torch
 
 import dmlkit
 from dmlkit import sharing
-from dmlkit._extras import MissingExtraError
 from dmlkit.cli.main import main
 from dmlkit.config import load_config
+from dmlkit.core.extras import MissingExtraError
 from dmlkit.engine.checkpoint_files import load_checkpoint
 from dmlkit.exceptions import CheckpointError, ConfigError
 from dmlkit.inference import RunEmbedder

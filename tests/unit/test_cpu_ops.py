@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-import dmlkit._cpu_ops as cpu_ops_module
-from dmlkit._cpu_ops import exp, exp_, matmul_nt
+import dmlkit.core.cpu_ops as cpu_ops_module
+from dmlkit.core.cpu_ops import exp, exp_, matmul_nt
 
 
 @pytest.mark.parametrize("bound", [1.0, 32.0, 80.0])

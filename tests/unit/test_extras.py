@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dmlkit._extras import MissingExtraError, require
+from dmlkit.core.extras import MissingExtraError, require
 from dmlkit.exceptions import DmlkitError
 
 ROOT = Path(__file__).resolve().parents[2]

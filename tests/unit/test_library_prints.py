@@ -36,7 +36,7 @@ def test_library_modules_do_not_print():
         lines = print_uses(path)
         if lines:
             found[name] = lines
-    assert not found, f"print in library code (say it through a logger, dmlkit._messages): {found}"
+    assert not found, f"print in library code (say it through a logger, dmlkit.core.messages): {found}"
 
 
 def test_the_listed_exceptions_still_print():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from dmlkit._registry import Registry, import_submodules
+from dmlkit.core.registry import Registry, import_submodules
 
 
 def test_classes_in_lists_the_registered_classes_of_a_package_by_name():

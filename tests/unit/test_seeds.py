@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
+from dmlkit.core.seeds import derive_generator, derive_seed
 from dmlkit.data.base import item_seed
 from dmlkit.data.samplers import epoch_generator
-from dmlkit.seeds import derive_generator, derive_seed
 
 
 def test_streams_are_reproducible_independent_and_unchanged():

@@ -117,7 +117,7 @@ def new_output_dir(parent: str | Path, name: str) -> Path:
     Creating it claims it: a second command started in the same second (one after the other, or in
     parallel) gets ``...-<name>-2``, then ``-3``, instead of finding the first one's run there.
     """
-    from dmlkit._validation import short_repr  # imports torch: not for --help
+    from dmlkit.core.validation import short_repr  # imports torch: not for --help
 
     try:
         Path(parent).mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def comparison_table(run_dirs: list[str]) -> str:
     """Text table: one row per run, final test metrics as columns."""
-    from dmlkit._json_files import read_json
+    from dmlkit.core.json_files import read_json
     from dmlkit.evaluation.metrics import SUMMARY_KEYS as KEYS
     from dmlkit.exceptions import DataError
 

@@ -10,8 +10,8 @@ import sys
 import time
 
 from dmlkit import __version__
-from dmlkit._messages import console
 from dmlkit.cli.common import console_level
+from dmlkit.core.messages import console
 from dmlkit.exceptions import DmlkitError
 
 # Help (`dmlkit --help`, `dmlkit VERB --help`) builds every verb's parser: the modules of cli/ import torch,
@@ -120,7 +120,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"dmlkit {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a write that is not atomic (a report, TensorBoard events) found the disk full; a bad path
-        from dmlkit._paths import path_error
+        from dmlkit.core.paths import path_error
         from dmlkit.engine.checkpoint_files import raise_if_out_of_space
 
         try:

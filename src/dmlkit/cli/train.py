@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dmlkit._json_files import read_json
 from dmlkit.cli.common import add_config_options, add_verbosity_options, config_from_args, flag_overrides, new_output_dir
+from dmlkit.core.json_files import read_json
 from dmlkit.engine import run_layout as layout
 from dmlkit.exceptions import ConfigError, RecordError
 

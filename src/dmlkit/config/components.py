@@ -72,7 +72,7 @@ def _unknown_keys(where: str, what: str, args: dict, valid: list[str]) -> list[s
 
 
 def _value_problems(where: str, factory: Any, args: dict) -> list[str]:
-    from dmlkit._validation import validate_params
+    from dmlkit.core.validation import validate_params
     from dmlkit.exceptions import InvalidParameterError
 
     constraints = getattr(factory, "_parameter_constraints", None) or {}

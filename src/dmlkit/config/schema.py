@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dmlkit._validation import (
+from dmlkit.core.validation import (
     NONE,
     Capped,
     FilePath,
@@ -316,7 +316,7 @@ class RunConfig:
 # ----------------------------------------------------------------------------- value checks
 
 #: Declared value constraints per dotted field, in the constraint language of every class's parameters
-#: (:mod:`dmlkit._validation`): a value is valid when one of its constraints accepts it. Option lists
+#: (:mod:`dmlkit.core.validation`): a value is valid when one of its constraints accepts it. Option lists
 #: come from where the options live (registries, the modules that implement them).
 #: Seeds reach libraries that keep them in a C int (faiss k-means): 0 .. 2**31 - 1.
 MAX_SEED = 2**31 - 1

@@ -4,7 +4,7 @@ Every public module here is imported, so a reader module's ``register_dataset`` 
 takes to add a data set.
 """
 
-from dmlkit._registry import import_submodules
+from dmlkit.core.registry import import_submodules
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset
 from dmlkit.data.download import download_dataset
 from dmlkit.data.hierarchical_sampler import HierarchicalSampler

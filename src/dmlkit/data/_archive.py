@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Callable, Iterator
 
-from dmlkit._transfer import space_shortfall, write_failure
+from dmlkit.core.transfer import space_shortfall, write_failure
 from dmlkit.exceptions import DataError
 
 #: The most bytes one archive may expand to (the largest benchmark, SOP, is about 3 GB).

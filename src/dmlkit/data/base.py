@@ -9,10 +9,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from dmlkit._devices import host_to_device
-from dmlkit._validation import as_class_ids
+from dmlkit.core.devices import host_to_device
+from dmlkit.core.seeds import derive_seed
+from dmlkit.core.validation import as_class_ids
 from dmlkit.exceptions import DataError
-from dmlkit.seeds import derive_seed
 
 Transform = Callable[[Any], torch.Tensor]
 
@@ -95,7 +95,7 @@ def unreadable_image_error(err: DataError) -> DataError:
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
-    """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (:func:`dmlkit.seeds.derive_seed`)."""
+    """A 63-bit seed for the augmentation of item ``index`` in ``epoch`` (:func:`dmlkit.core.seeds.derive_seed`)."""
     return derive_seed(seed, epoch, index)
 
 

@@ -31,7 +31,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlparse
 from urllib.request import Request
 
-from dmlkit._transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
+from dmlkit.core.transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
 from dmlkit.data._archive import MAX_EXTRACTED_BYTES, MAX_MEMBERS, extract_archive
 from dmlkit.data.sources import DOWNLOADS, ArchiveSource, DatasetSource
 from dmlkit.exceptions import DataError, DmlkitError

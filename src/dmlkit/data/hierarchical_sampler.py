@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.core.validation import Interval, Options, validate_params
 from dmlkit.data.samplers import epoch_generator
 from dmlkit.exceptions import BatchCompositionError, CheckpointError, DataError
 

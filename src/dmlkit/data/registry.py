@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from dmlkit._registry import Registry
+from dmlkit.core.registry import Registry
 from dmlkit.exceptions import InvalidParameterError
 
 

@@ -14,16 +14,16 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from dmlkit._registry import Registry
-from dmlkit._validation import NONE, InstanceOf, Interval, as_class_ids, validate_params
+from dmlkit.core.registry import Registry
+from dmlkit.core.seeds import derive_generator
+from dmlkit.core.validation import NONE, InstanceOf, Interval, as_class_ids, validate_params
 from dmlkit.exceptions import BatchCompositionError, CheckpointError, DataError, InvalidParameterError
-from dmlkit.seeds import derive_generator
 
 SAMPLERS: Registry = Registry("sampler")
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    """A CPU generator for the batches of ``epoch`` (:func:`dmlkit.seeds.derive_generator`)."""
+    """A CPU generator for the batches of ``epoch`` (:func:`dmlkit.core.seeds.derive_generator`)."""
     return derive_generator(seed, epoch)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dmlkit._registry import Registry
+from dmlkit.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import BOOL, NONE, InstanceOf, Interval, validate_params
+from dmlkit.core.validation import BOOL, NONE, InstanceOf, Interval, validate_params
 from dmlkit.data.base import DataSplits, ImageFileDataset, TensorImageDataset, contiguous_labels, unreadable_image_error
 from dmlkit.data.registry import DatasetSpec, SplitSource, get_dataset_spec
 from dmlkit.exceptions import DataError, InvalidParameterError

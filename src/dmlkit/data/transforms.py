@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from dmlkit._devices import host_to_device
+from dmlkit.core.devices import host_to_device
 from dmlkit.exceptions import InvalidParameterError
 
 PRESETS = ("musgrave", "proxy_anchor")

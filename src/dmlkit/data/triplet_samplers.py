@@ -7,10 +7,10 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from dmlkit._validation import NONE, Interval, validate_params
+from dmlkit.core.seeds import derive_generator
+from dmlkit.core.validation import NONE, Interval, validate_params
 from dmlkit.data.samplers import EpochSampler, _as_labels, epoch_generator
 from dmlkit.exceptions import BatchCompositionError
-from dmlkit.seeds import derive_generator
 
 
 def draw_triplets(labels: torch.Tensor, num_triplets: int, generator: torch.Generator) -> torch.Tensor:

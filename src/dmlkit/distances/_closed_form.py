@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from dmlkit._cpu_ops import matmul_nt
+from dmlkit.core.cpu_ops import matmul_nt
 
 #: Norm floor of L2 normalisation (as ``l2_normalize``) and squared-distance floor of the roots.
 EPS = 1e-12

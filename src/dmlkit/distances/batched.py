@@ -19,7 +19,7 @@ class BatchedDistance(torch.nn.Module):
 
     def __init__(self, distance: torch.nn.Module, iter_fn: Callable | None = None, batch_size: int = 32):
         super().__init__()
-        from dmlkit._validation import Interval, validate_params
+        from dmlkit.core.validation import Interval, validate_params
 
         validate_params(type(self).__name__, {"batch_size": batch_size}, {"batch_size": [Interval(int, 1, None)]})
         self.distance = distance

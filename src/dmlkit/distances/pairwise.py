@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import threshold
 
-from dmlkit._devices import to_device
-from dmlkit._records import init_stats
-from dmlkit._registry import Registry
-from dmlkit._validation import BOOL, Interval, validate_params
+from dmlkit.core.devices import to_device
+from dmlkit.core.records import init_stats
+from dmlkit.core.registry import Registry
+from dmlkit.core.validation import BOOL, Interval, validate_params
 from dmlkit.distances._closed_form import EPS, MatrixContext
 from dmlkit.distances.normalization import l2_normalize
 from dmlkit.exceptions import DataError

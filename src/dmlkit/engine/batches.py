@@ -52,8 +52,8 @@ def build_batch_sampler(cfg: RunConfig, labels: torch.Tensor, *, rank: int = 0, 
     from dmlkit.data.samplers import create_sampler
 
     if member_folds is not None:
+        from dmlkit.core.seeds import derive_seed
         from dmlkit.engine.member_folds import MemberBatchSampler
-        from dmlkit.seeds import derive_seed
 
         seeds = [cfg.seed] + [derive_seed(cfg.seed, "member sampler", i) for i in range(1, member_folds.members)]
         samplers = [build_batch_sampler(cfg, labels[rows], rank=rank, world_size=world_size, seed=member_seed)

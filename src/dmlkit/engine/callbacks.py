@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.core.validation import Interval, Options, validate_params
 
 if TYPE_CHECKING:
     from dmlkit.engine.trainer import Trainer, TrainResult

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._cpu_ops import cpu_bf16_native
 from dmlkit.config.schema import RunConfig
+from dmlkit.core.cpu_ops import cpu_bf16_native
 from dmlkit.engine import distributed
 from dmlkit.exceptions import ConfigError
 

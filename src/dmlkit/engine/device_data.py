@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-from dmlkit._devices import host_to_device
+from dmlkit.core.devices import host_to_device
 
 #: An in-memory split moves to the GPU when its images take at most this share of the free memory.
 RESIDENT_SHARE = 0.5
@@ -52,7 +52,7 @@ def resident_on(dataset, device: torch.device):
 
 def to_device(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     """``tensor`` on ``device``; from the CPU with ``pin`` through page-locked memory, without blocking
-    (:func:`dmlkit._devices.host_to_device`)."""
+    (:func:`dmlkit.core.devices.host_to_device`)."""
     return host_to_device(tensor, device, pin)
 
 

@@ -89,7 +89,7 @@ def existing_part(path: Path, job: dict[str, Any], rows: range) -> bool:
 
 def require_pyarrow():
     """The ``pyarrow`` module (with ``pyarrow.parquet`` loaded), or a ConfigError naming the package to install."""
-    from dmlkit._validation import require_module
+    from dmlkit.core.validation import require_module
 
     require_module("pyarrow.parquet", "pyarrow", "Parquet output", "parquet")
     return require_module("pyarrow", "pyarrow", "Parquet output", "parquet")

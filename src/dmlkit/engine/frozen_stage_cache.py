@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from dmlkit._messages import messages
+from dmlkit.core.messages import messages
+from dmlkit.core.seeds import derive_generator
 from dmlkit.models.inference_copy import chunk_for
-from dmlkit.seeds import derive_generator
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dmlkit._validation import require_module
+from dmlkit.core.validation import require_module
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.run_layout import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, MLFLOW_DIR, REPORT_FILE, TENSORBOARD_DIR
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmlkit.core.seeds import derive_generator
 from dmlkit.data.splits import member_fold_count as fold_count
-from dmlkit.seeds import derive_generator
 
 
 @dataclass

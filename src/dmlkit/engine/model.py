@@ -36,8 +36,8 @@ def build_model(cfg: RunConfig, *, first_member: nn.Module | None = None) -> nn.
     ``derive_seed(seed, "ensemble member", i)``. ``first_member`` (a model already built from ``cfg`` as a single
     model) is taken as the first member rather than built again; the global RNG is left as it was.
     """
+    from dmlkit.core.seeds import derive_seed
     from dmlkit.models import EmbedderEnsemble, create_model
-    from dmlkit.seeds import derive_seed
 
     m = cfg.model
 

@@ -27,8 +27,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from dmlkit._json_files import read_json
-from dmlkit._validation import short_repr
+from dmlkit.core.json_files import read_json
+from dmlkit.core.validation import short_repr
 from dmlkit.engine.run_layout import RESOLVED_FILE
 from dmlkit.exceptions import ConfigError, RecordError
 

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from dmlkit._messages import messages
-from dmlkit._validation import InstanceOf, Interval, Options, validate_params
+from dmlkit.core.messages import messages
+from dmlkit.core.validation import InstanceOf, Interval, Options, validate_params
 from dmlkit.engine.checkpoint_files import atomic_write_bytes
 from dmlkit.exceptions import DataError
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from dmlkit._messages import messages
 from dmlkit.config.schema import RunConfig, config_to_dict
+from dmlkit.core.messages import messages
 from dmlkit.engine import device_data, distributed, lazy_dynamo
 from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
 from dmlkit.engine.batches import LabelMap, build_batch_sampler

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmlkit._json_files import parse_json, read_json
+from dmlkit.core.json_files import parse_json, read_json
 from dmlkit.engine import run_layout as layout
 from dmlkit.engine.checkpoint_files import (
     atomic_write_bytes,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from dmlkit._messages import LOGGER_NAME
+from dmlkit.core.messages import LOGGER_NAME
 from dmlkit.engine.checkpoint_files import open_for_append
 from dmlkit.engine.run_layout import MESSAGES_FILE
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from dmlkit.config.schema import RunConfig
+from dmlkit.core.seeds import derive_generator
 from dmlkit.exceptions import DataError
-from dmlkit.seeds import derive_generator
 
 
 def read_splits(cfg: RunConfig, preprocessing=None, *, decode: bool = True):

@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from dmlkit._json_files import read_json
 from dmlkit.config import RunConfig, load_config
+from dmlkit.core.json_files import read_json
 from dmlkit.engine.checkpoint_files import config_fingerprint, load_checkpoint
 from dmlkit.engine.run_layout import CONFIG_FILE, MANIFEST_FILE, checkpoint_file
 from dmlkit.exceptions import CheckpointError, ConfigError, RecordError

@@ -27,9 +27,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from dmlkit._json_files import read_json
-from dmlkit._messages import SILENT, Messages, messages
 from dmlkit.config.schema import RunConfig, selects_by_significance
+from dmlkit.core.json_files import read_json
+from dmlkit.core.messages import SILENT, Messages, messages
+from dmlkit.core.seeds import derive_generator
 from dmlkit.engine import device_data, distributed
 from dmlkit.engine.batches import BatchPosition, iterate_training_batches
 from dmlkit.engine.callbacks import Callback, CallbackList
@@ -56,7 +57,6 @@ from dmlkit.engine.training.step_checks import DeviceStepChecks, checks_stay_on_
 from dmlkit.engine.training.step_timing import StepTiming
 from dmlkit.exceptions import NonFiniteError, RecordError
 from dmlkit.methods.hooks import MethodHooks, overrides_hook
-from dmlkit.seeds import derive_generator
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
     the time budget, the step capture's decision). The trainer offers mechanisms (follow a schedule, build the
     feature cache, start a capture, time its steps); what watches the run and decides is such a callback.
     ``evaluate_test=False``: the run ends after training and selection, without the test split (a sweep's trial).
-    Messages go to this module's logger (``dmlkit._messages``), or every one to ``echo`` when given.
+    Messages go to this module's logger (``dmlkit.core.messages``), or every one to ``echo`` when given.
     """
 
     # the resolved run's parts, by the names methods, callbacks and tests read (``trainer.model``, ``trainer.cfg``)
@@ -359,7 +359,7 @@ class Trainer(CheckpointingMixin, SelectionMixin):
 
     @property
     def echo(self) -> Messages:
-        """Where the run's messages go (:class:`dmlkit._messages.Messages`); a callable assigned takes every one."""
+        """Where the run's messages go (:class:`dmlkit.core.messages.Messages`); a callable assigned takes every one."""
         return self._echo
 
     @echo.setter

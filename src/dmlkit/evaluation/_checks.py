@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from dmlkit._validation import check_embeddings_labels
+from dmlkit.core.validation import check_embeddings_labels
 from dmlkit.exceptions import DataError, InvalidParameterError
 
 METRICS = ("euclidean", "cosine", "dot")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dmlkit._validation import NONE, Interval, check_embeddings_labels, validate_params
+from dmlkit.core.validation import NONE, Interval, check_embeddings_labels, validate_params
 from dmlkit.evaluation._checks import check_finite
 from dmlkit.evaluation.information import adjusted_mutual_information, normalized_mutual_information
 from dmlkit.exceptions import DataError

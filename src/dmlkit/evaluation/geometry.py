@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import check_embeddings_labels
+from dmlkit.core.validation import check_embeddings_labels
 from dmlkit.evaluation._checks import check_finite
 
 PAD_BYTES = 256 * 2**20  # budget for the padded [classes, n, n] distance tensors

@@ -61,8 +61,8 @@ from typing import Iterator
 
 import torch
 
-from dmlkit._cpu_ops import cpu_bf16_native
-from dmlkit._validation import BOOL, Interval, Options, validate_params
+from dmlkit.core.cpu_ops import cpu_bf16_native
+from dmlkit.core.validation import BOOL, Interval, Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_finite
 from dmlkit.exceptions import DataError, InvalidParameterError
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dmlkit._validation import Options, validate_params
+from dmlkit.core.validation import Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
 from dmlkit.evaluation.knn import iter_knn_blocks, searches_on_device
 from dmlkit.exceptions import DataError

@@ -40,7 +40,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import Interval, check_embeddings_labels, validate_params
+from dmlkit.core.validation import Interval, check_embeddings_labels, validate_params
 from dmlkit.evaluation._checks import check_finite
 from dmlkit.exceptions import DataError, InvalidParameterError
 

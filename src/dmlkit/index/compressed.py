@@ -78,7 +78,7 @@ def default_shortlist(n: int) -> int:
 
 def check_params(dim: int, code_size, pq_bits, opq, shortlist) -> None:
     """Up-front checks of the compressed kind's own parameters (None = chosen at the first add)."""
-    from dmlkit._validation import BOOL, NONE, Interval, validate_params
+    from dmlkit.core.validation import BOOL, NONE, Interval, validate_params
 
     validate_params("Index", {"code_size": code_size, "pq_bits": pq_bits, "opq": opq, "shortlist": shortlist},
                     {"code_size": [Interval(int, 1, dim), NONE], "pq_bits": [Interval(int, 4, 8), NONE],

@@ -90,7 +90,7 @@ def is_database_uri(text: str) -> bool:
 
 
 def _qdrant():
-    from dmlkit._extras import require
+    from dmlkit.core.extras import require
 
     return require("qdrant_client", "qdrant", "a Qdrant vector database")
 
@@ -134,7 +134,7 @@ class QdrantCollection:
     """
 
     def __init__(self, uri: str, *, timeout: float = 10.0, retries: int = RETRIES, retry_wait: float = RETRY_WAIT):
-        from dmlkit._validation import Interval, validate_params
+        from dmlkit.core.validation import Interval, validate_params
 
         validate_params("QdrantCollection", {"timeout": timeout, "retries": retries, "retry_wait": retry_wait},
                         {"timeout": [Interval(float, 0, None, closed="neither")], "retries": [Interval(int, 1, None)],
@@ -274,7 +274,7 @@ class QdrantCollection:
         ``vectors_of(rows)`` gives the vectors ``[n, dim]`` of the items at positions ``rows``, and is only
         asked for items the collection does not hold yet. An item already there must have the same path and
         label (else the gallery changed since the earlier export, and the export stops)."""
-        from dmlkit._validation import Interval, validate_params
+        from dmlkit.core.validation import Interval, validate_params
 
         validate_params("QdrantCollection.export", {"batch_size": batch_size}, {"batch_size": [Interval(int, 1, None)]})
         ids = np.asarray(ids, dtype=np.int64)

@@ -40,7 +40,7 @@ HNSW_EF_SEARCH = 256
 
 
 def _faiss():
-    from dmlkit._validation import require_module
+    from dmlkit.core.validation import require_module
 
     return require_module("faiss", "faiss-cpu", "the search index", "faiss-cpu")
 
@@ -342,7 +342,7 @@ class Index:
         ``database_augmentation=n`` (DBA) and ``k_reciprocal`` (Zhong et al.) re-rank exactly
         against the whole gallery in memory (see :mod:`dmlkit.index.rerank`).
         """
-        from dmlkit._validation import Interval, validate_params
+        from dmlkit.core.validation import Interval, validate_params
         from dmlkit.index import rerank as rr
 
         validate_params("Index.query", {"k": k, "query_expansion": query_expansion,
@@ -408,7 +408,7 @@ class Index:
         no labelled neighbour at or above the cosine threshold is unknown (label None). The threshold is
         ``threshold``, else the one at false match rate ``fmr`` on the gallery's pairs (not stored), else
         the index's own (``--threshold-fmr`` at build), else none."""
-        from dmlkit._validation import NONE, Interval, validate_params
+        from dmlkit.core.validation import NONE, Interval, validate_params
         from dmlkit.index.classify import vote
 
         validate_params("Index.classify", {"k": k, "fmr": fmr, "threshold": threshold},

@@ -16,9 +16,9 @@ import inspect
 import torch
 from torch import nn
 
-from dmlkit._devices import as_input_dtype, autocast_off, follow_device_, to_device
-from dmlkit._registry import Registry
-from dmlkit._validation import check_embeddings_labels, validate_params
+from dmlkit.core.devices import as_input_dtype, autocast_off, follow_device_, to_device
+from dmlkit.core.registry import Registry
+from dmlkit.core.validation import check_embeddings_labels, validate_params
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.regularizers import check_reg_weight, check_regularizer
 
@@ -47,7 +47,7 @@ class MetricLoss(nn.Module):
     """Base of every loss: ``forward(embeddings [B, D], labels [B], **kwargs) -> scalar``.
 
     Each loss declares ``_parameter_constraints`` (scikit-learn style: parameter name -> list of
-    :mod:`dmlkit._validation` constraints, merged along the class hierarchy); the constructor's
+    :mod:`dmlkit.core.validation` constraints, merged along the class hierarchy); the constructor's
     arguments are checked against them here, once, before the loss's own ``__init__`` runs, with
     one message template (``The 'margin' parameter of ProxyAnchorLoss must be a float > 0. Got -1
     instead.``).
@@ -108,7 +108,7 @@ class MetricLoss(nn.Module):
 
     def follow_embeddings_(self, embeddings: torch.Tensor) -> None:
         """PML's ``cast_types``, device part: the loss's parameters and buffers move to ``embeddings``' device
-        (the same Parameter objects; :func:`dmlkit._devices.follow_device_`). Every ``forward`` calls it
+        (the same Parameter objects; :func:`dmlkit.core.devices.follow_device_`). Every ``forward`` calls it
         after moving its inputs; losses whose weights also take the embeddings' dtype extend it."""
         probe = self.own_state()
         if probe is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Options
+from dmlkit.core.validation import InstanceOf, Options
 from dmlkit.distances import CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES, MetricLoss, zero_loss

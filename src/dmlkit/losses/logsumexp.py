@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._cpu_ops import exp_
+from dmlkit.core.cpu_ops import exp_
 
 
 def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, dim: int = -1, add_one: bool = False) -> torch.Tensor:

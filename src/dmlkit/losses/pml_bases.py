@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._devices import to_device
-from dmlkit._validation import check_embeddings_labels
+from dmlkit.core.devices import to_device
+from dmlkit.core.validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
 from dmlkit.losses.base import MetricLoss, zero_loss
 from dmlkit.losses.reducers import BaseReducer, MeanReducer

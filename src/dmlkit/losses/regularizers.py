@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._records import init_stats
-from dmlkit._validation import Interval, validate_params
+from dmlkit.core.records import init_stats
+from dmlkit.core.validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.reducers import DivisorReducer, MeanReducer

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import as_input_dtype, autocast_off, to_device
-from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels
+from dmlkit.core.devices import as_input_dtype, autocast_off, to_device
+from dmlkit.core.validation import InstanceOf, Interval, check_embeddings_labels
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32
 from dmlkit.losses.pair.base import PairLoss

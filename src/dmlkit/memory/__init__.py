@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from dmlkit._registry import Registry
+from dmlkit.core.registry import Registry
 from dmlkit.memory.cross_batch import CrossBatchMemory
 
 MEMORIES: Registry[nn.Module] = Registry("memory")

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import follow_device_, to_device
-from dmlkit._validation import InstanceOf, Interval, check_embeddings_labels, validate_params
+from dmlkit.core.devices import follow_device_, to_device
+from dmlkit.core.validation import InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances._closed_form import reference_major
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss

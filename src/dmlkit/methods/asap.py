@@ -24,12 +24,12 @@ import math
 
 import torch
 
+from dmlkit.core.seeds import derive_generator
 from dmlkit.data.splits import shuffle_within_classes
 from dmlkit.exceptions import ConfigError
 from dmlkit.methods.hooks import MethodHooks, TrainingState
 from dmlkit.methods.registry import METHODS
 from dmlkit.proxies.kcenter import average_covering_radius, refresh_proxies_k_center
-from dmlkit.seeds import derive_generator
 
 
 def proximal_gradient_(params: list[torch.nn.Parameter], anchors: list[torch.Tensor], lam: float) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 
-from dmlkit._registry import Registry
+from dmlkit.core.registry import Registry
 from dmlkit.methods.hooks import MethodHooks
 
 METHODS: Registry[type] = Registry("method")

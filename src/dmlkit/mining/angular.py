@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from dmlkit._validation import NONE, Interval, validate_params
+from dmlkit.core.validation import NONE, Interval, validate_params
 from dmlkit.distances import BaseDistance
 from dmlkit.mining.base import DISTANCE, BaseMiner, empty_triplets, normalised_euclidean
 from dmlkit.mining.selection import TripletSelection

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._devices import autocast_off, to_device
-from dmlkit._registry import Registry
-from dmlkit._validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
+from dmlkit.core.devices import autocast_off, to_device
+from dmlkit.core.registry import Registry
+from dmlkit.core.validation import NONE, InstanceOf, Interval, check_embeddings_labels, validate_params
 from dmlkit.distances import BaseDistance, LpDistance, as_distance
 from dmlkit.exceptions import DataError
 from dmlkit.mining.selection import PairSelection, TripletSelection, label_masks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import NONE, validate_params
+from dmlkit.core.validation import NONE, validate_params
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
 from dmlkit.mining.selection import TripletSelection

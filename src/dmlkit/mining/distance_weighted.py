@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit.core.validation import Interval, validate_params
 from dmlkit.distances import BaseDistance, l2_normalize, squared_euclidean
 from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_triplets, normalised_euclidean
 from dmlkit.mining.selection import TripletSelection

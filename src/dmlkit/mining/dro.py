@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmlkit._validation import BOOL, NONE, Interval, Options, validate_params
+from dmlkit.core.validation import BOOL, NONE, Interval, Options, validate_params
 from dmlkit.distances import CosineSimilarity
 from dmlkit.mining.base import BaseMiner, SeededMinerMixin, empty_pairs
 from dmlkit.mining.selection import PairSelection

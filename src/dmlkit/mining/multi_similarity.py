@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import NONE, Interval, validate_params
+from dmlkit.core.validation import NONE, Interval, validate_params
 from dmlkit.distances import BaseDistance, CosineSimilarity, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner
 from dmlkit.mining.selection import PairSelection

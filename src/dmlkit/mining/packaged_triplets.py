@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import check_embeddings_labels
+from dmlkit.core.validation import check_embeddings_labels
 from dmlkit.exceptions import DataError
 from dmlkit.mining.base import BaseMiner
 from dmlkit.mining.selection import TripletSelection

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dmlkit._validation import NONE, Interval, validate_params
+from dmlkit.core.validation import NONE, Interval, validate_params
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance
 from dmlkit.mining.selection import PairSelection

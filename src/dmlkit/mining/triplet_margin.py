@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import NONE, Interval, Options, validate_params
+from dmlkit.core.validation import NONE, Interval, Options, validate_params
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.mining.base import DISTANCE, BaseMiner, default_distance, empty_triplets, triplet_margins
 from dmlkit.mining.selection import TripletSelection

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator
 
 from torch import nn
 
-from dmlkit._registry import Registry
-from dmlkit._validation import NONE, InstanceOf, Interval, Options, validate_params
+from dmlkit.core.registry import Registry
+from dmlkit.core.validation import NONE, InstanceOf, Interval, Options, validate_params
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.models.embedder import POOLINGS, Embedder, GlobalPool, make_linear_head

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.core.validation import Interval, Options, validate_params
 from dmlkit.distances import normalize
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.exceptions import ConfigError, InvalidParameterError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.core.validation import Interval, Options, validate_params
 from dmlkit.distances import normalize
 from dmlkit.distances.normalization import NORMALIZATIONS
 from dmlkit.models.embedder import HEAD_INITS, make_linear_head

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from dmlkit._transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
+from dmlkit.core.transfer import answered_by, folder_problem, open_url, space_shortfall, write_failure
 from dmlkit.exceptions import CheckpointError, ConfigError
 
 #: Environment variable that forbids downloads (huggingface_hub's own switch; dmlkit honours it for URLs too).

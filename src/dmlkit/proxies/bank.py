@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dmlkit import _validation
-from dmlkit._validation import Interval, Options, check_embeddings_labels, validate_params
+from dmlkit.core import validation as _validation
+from dmlkit.core.validation import Interval, Options, check_embeddings_labels, validate_params
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.proxies.init import PROXY_INITS, fractional_class_to_proxy, init_proxies_, sample_rows_per_class
 

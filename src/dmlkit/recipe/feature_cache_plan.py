@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dmlkit._messages import messages
+from dmlkit.core.messages import messages
 from dmlkit.engine.frozen_stage_cache import CachePlan, format_size
 from dmlkit.exceptions import ConfigError
 

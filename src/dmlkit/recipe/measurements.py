@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from dmlkit._paths import expand_home
+from dmlkit.core.paths import expand_home
 from dmlkit.engine import plan_records, timing
 from dmlkit.engine.timing import usable_cpus
 

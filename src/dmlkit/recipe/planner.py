@@ -31,8 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dmlkit._messages import SILENT, messages
 from dmlkit.config.schema import RunConfig, config_to_dict
+from dmlkit.core.messages import SILENT, messages
 from dmlkit.engine import distributed
 from dmlkit.engine.augmentation import background_fill, build_batch_augmentation
 from dmlkit.engine.device import device_and_processes, native_bf16
@@ -147,7 +147,7 @@ def plan(
     ``given`` (:class:`~dmlkit.engine.given.GivenObjects`): the objects the run will be given instead of the
     config's: the recipe reads them (a given model is measured, never changed; given splits are read through a
     copy) and leaves to them what they decide. The recipe's lines go to this module's
-    logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit._messages``).
+    logger (each choice with its reason at DEBUG), or to ``echo`` when given (``dmlkit.core.messages``).
     ``started`` (``time.perf_counter``; default: now) is when the run began. ``measurements``: the numbers the
     plans read, replayed (``dmlkit train --plan``); default: what this machine kept for this config, else measured
     now and kept (:mod:`dmlkit.recipe.measurements`; ``replan``: measured again). A run given objects measures

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from dmlkit._json_files import read_json
+from dmlkit.core.json_files import read_json
 from dmlkit.engine import distributed
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.plan_records import SEAL_KEY, seal

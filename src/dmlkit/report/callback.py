@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dmlkit._messages import messages
+from dmlkit.core.messages import messages
 from dmlkit.engine.callbacks import Callback
 from dmlkit.report.run_report import write_report
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from dmlkit._validation import Interval, validate_params
+from dmlkit.core.validation import Interval, validate_params
 from dmlkit.engine.run_layout import REPORT_FILE
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.report import html

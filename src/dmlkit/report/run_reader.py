@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dmlkit._json_files import parse_json, read_json
+from dmlkit.core.json_files import parse_json, read_json
 from dmlkit.engine.run_layout import CONFIG_FILE, ENV_FILE, LOG_FILE, MANIFEST_FILE, METRICS_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.exceptions import DataError, RecordError
 

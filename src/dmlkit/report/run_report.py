@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dmlkit._validation import Interval, Options, validate_params
+from dmlkit.core.validation import Interval, Options, validate_params
 from dmlkit.engine.run_layout import ENV_FILE, REPORT_FILE, TEST_EMBEDDINGS_FILE
 from dmlkit.evaluation.metrics import LABELS
 from dmlkit.report import html

@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
-from dmlkit._extras import require
-from dmlkit._json_files import read_json
-from dmlkit._messages import messages
 from dmlkit.config import RunConfig, config_from_dict, config_to_dict, field_paths, load_config
+from dmlkit.core.extras import require
+from dmlkit.core.json_files import read_json
+from dmlkit.core.messages import messages
 from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
 from dmlkit.engine.run_layout import (

@@ -17,7 +17,7 @@ import torch
 
 import dmlkit.data.base as base
 import dmlkit.data.transforms as transforms
-from dmlkit import _devices
+from dmlkit.core import devices as _devices
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.data.transforms import (
     BackboneNormalize,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dmlkit.config import config_from_dict
+from dmlkit.core.seeds import derive_generator
 from dmlkit.data.base import TensorImageDataset
 from dmlkit.data.transforms import RandomResizedCropFlip
 from dmlkit.engine.frozen_stage_cache import BUILD_BATCH, FrozenFeatureCache
@@ -17,7 +18,6 @@ from dmlkit.exceptions import ConfigError
 from dmlkit.losses import ProxyAnchorLoss
 from dmlkit.models import EmbedderEnsemble, create_model
 from dmlkit.recipe.feature_cache_plan import cache_choices, plan_feature_cache
-from dmlkit.seeds import derive_generator
 
 CROP = 48
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from dmlkit._messages import LOGGER_NAME, Messages, messages
+from dmlkit.core.messages import LOGGER_NAME, Messages, messages
 from dmlkit.engine.run_log import run_log
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import dmlkit._validation as validation
+import dmlkit.core.validation as validation
 from dmlkit.engine import optim
 from dmlkit.engine.callbacks import Callback
 from dmlkit.exceptions import NonFiniteError

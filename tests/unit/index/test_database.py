@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from dmlkit._extras import MissingExtraError
+from dmlkit.core.extras import MissingExtraError
 from dmlkit.exceptions import ConfigError, DatabaseError, DataError, StorageError
 from dmlkit.index import Index
 from dmlkit.index.database import QdrantCollection, parse_uri

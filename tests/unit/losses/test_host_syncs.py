@@ -1,6 +1,6 @@
 """Host synchronisations of the losses' hot paths.
 
-Counted on the CPU with ``_host_syncs.count_host_syncs`` while ``dmlkit._validation.reads_on_host``
+Counted on the CPU with ``_host_syncs.count_host_syncs`` while ``dmlkit.core.validation.reads_on_host``
 answers False, so every branch an accelerator takes is the one measured. A forward + backward of the
 losses below makes no synchronisation but the documented ones:
 
@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
-import dmlkit._validation as validation
+import dmlkit.core.validation as validation
 import dmlkit.losses as L
 import dmlkit.mining as M
 from dmlkit.exceptions import DataError

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pytorch_metric_learning import losses as pml
 
-import dmlkit._validation as validation
+import dmlkit.core.validation as validation
 import dmlkit.losses as L
 from dmlkit.distances import l2_normalize
 from dmlkit.losses.logsumexp import log1p_sum_exp

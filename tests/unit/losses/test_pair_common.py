@@ -201,7 +201,7 @@ def test_parameter_constraints_are_declared_per_class_and_checked_once_before_in
         ProxyNCAPlusPlusLoss(4, 8, temperature=0)
     calls = []
 
-    from dmlkit._validation import Interval
+    from dmlkit.core.validation import Interval
 
     class Probe(MetricLoss):
         _parameter_constraints = {"width": [Interval(int, 1, None)]}

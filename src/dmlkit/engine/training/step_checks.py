@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit import _validation
+from dmlkit.core import validation as _validation
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

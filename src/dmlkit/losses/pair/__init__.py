@@ -22,7 +22,7 @@ the paper's choice as an option; each module's docstring lists its differences:
   loss keeps the non-empty half of an anchor without positives (or negatives), as PML does.
 """
 
-from dmlkit._registry import import_submodules
+from dmlkit.core.registry import import_submodules
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch, PairMasks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.pair.base import PairLoss
 from dmlkit.losses.pair.batch import PairBatch

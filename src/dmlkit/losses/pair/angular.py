@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from dmlkit._validation import BOOL, Interval
+from dmlkit.core.validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES, zero_loss

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._devices import autocast_off, to_device
-from dmlkit._validation import check_embeddings_labels
+from dmlkit.core.devices import autocast_off, to_device
+from dmlkit.core.validation import check_embeddings_labels
 from dmlkit.distances import BaseDistance, as_distance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.base import MetricLoss, as_fp32

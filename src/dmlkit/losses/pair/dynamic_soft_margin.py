@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, Interval
+from dmlkit.core.validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.pair._fixed_distance import require_distance

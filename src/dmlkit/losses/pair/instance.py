@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from dmlkit._cpu_ops import exp_
-from dmlkit._validation import Interval
+from dmlkit.core.cpu_ops import exp_
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.distances._closed_form import EPS, unnormalise
 from dmlkit.exceptions import InvalidParameterError

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.base import PairLoss

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, NONE, Interval, Options
+from dmlkit.core.validation import BOOL, NONE, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES

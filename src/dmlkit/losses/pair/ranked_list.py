@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Interval, validate_params
+from dmlkit.core.validation import InstanceOf, Interval, validate_params
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.exceptions import AssertedParameterError, InvalidParameterError
 from dmlkit.losses.base import LOSSES

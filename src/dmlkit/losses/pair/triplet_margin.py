@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL, Interval, Options
+from dmlkit.core.validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import log1p_exp

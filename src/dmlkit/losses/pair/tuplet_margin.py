@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import log1p_sum_exp

@@ -5,7 +5,7 @@ Every public module here is imported and every class it registers in
 loss needs only its module.
 """
 
-from dmlkit._registry import import_submodules
+from dmlkit.core.registry import import_submodules
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss
 

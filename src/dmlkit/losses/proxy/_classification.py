@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.proxy._base import ProxyLoss
 from dmlkit.losses.proxy._margin_softmax import TargetMargin, chunked_margin_softmax, dense_margin_softmax

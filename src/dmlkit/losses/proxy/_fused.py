@@ -35,7 +35,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from dmlkit._cpu_ops import matmul_nt
+from dmlkit.core.cpu_ops import matmul_nt
 from dmlkit.losses.proxy._math import inverse_row_norms, tangent_
 
 _LOW = torch.bfloat16

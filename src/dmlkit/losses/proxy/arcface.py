@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from dmlkit._validation import BOOL, Interval
+from dmlkit.core.validation import BOOL, Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import MarginSoftmaxLoss

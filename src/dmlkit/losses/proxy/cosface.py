@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import MarginSoftmaxLoss

@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import Interval, check_embeddings_labels
+from dmlkit.core.validation import Interval, check_embeddings_labels
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import AssertedParameterError, DataError, InvalidParameterError
 from dmlkit.losses.base import LOSSES

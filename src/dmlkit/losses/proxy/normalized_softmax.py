@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity, as_distance, l2_normalize
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._classification import MarginSoftmaxLoss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import BOOL
+from dmlkit.core.validation import BOOL
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES

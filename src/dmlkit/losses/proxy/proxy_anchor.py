@@ -9,7 +9,7 @@ from typing import Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlkit._validation import Interval, Options
+from dmlkit.core.validation import Interval, Options
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.logsumexp import exp_sum_, softmax_with_one

@@ -6,7 +6,7 @@ from functools import partial
 
 import torch
 
-from dmlkit._validation import BOOL, Interval, Options
+from dmlkit.core.validation import BOOL, Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.logsumexp import exp_sum_

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from dmlkit._validation import Options
+from dmlkit.core.validation import Options
 from dmlkit.exceptions import InvalidParameterError
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.proxy._base import ProxyLoss

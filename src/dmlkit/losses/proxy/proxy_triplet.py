@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import Interval, Options
+from dmlkit.core.validation import Interval, Options
 from dmlkit.distances import BaseDistance, LpDistance, l2_normalize, squared_euclidean
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.proxy._base import ProxyLoss

@@ -7,8 +7,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from dmlkit._cpu_ops import exp
-from dmlkit._validation import Interval
+from dmlkit.core.cpu_ops import exp
+from dmlkit.core.validation import Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import DataError
 from dmlkit.losses.base import LOSSES

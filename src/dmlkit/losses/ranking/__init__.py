@@ -8,7 +8,7 @@ and every class it registers is exported. Where PML and the paper differ each mo
 docstring says how, and the paper's form is a named option.
 """
 
-from dmlkit._registry import import_submodules
+from dmlkit.core.registry import import_submodules
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.ranking._base import RankingLoss
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._devices import autocast_off, to_device
+from dmlkit.core.devices import autocast_off, to_device
 from dmlkit.distances import BaseDistance
 from dmlkit.exceptions import DataError, InvalidParameterError
 from dmlkit.losses.pair.base import PairLoss

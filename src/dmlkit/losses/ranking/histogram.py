@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Interval
+from dmlkit.core.validation import InstanceOf, Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.exceptions import AssertedParameterError
 from dmlkit.losses.base import LOSSES, zero_loss

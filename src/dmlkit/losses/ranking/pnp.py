@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Interval, Options
+from dmlkit.core.validation import InstanceOf, Interval, Options
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES, zero_loss
 from dmlkit.losses.pair.batch import PairBatch

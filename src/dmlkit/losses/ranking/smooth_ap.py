@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlkit._validation import InstanceOf, Interval
+from dmlkit.core.validation import InstanceOf, Interval
 from dmlkit.distances import BaseDistance, CosineSimilarity
 from dmlkit.losses.base import LOSSES
 from dmlkit.losses.pair.batch import PairBatch

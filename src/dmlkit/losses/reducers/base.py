@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dmlkit._devices import to_device
-from dmlkit._records import init_stats
+from dmlkit.core.devices import to_device
+from dmlkit.core.records import init_stats
 from dmlkit.exceptions import DataError
 
 #: PML's ``reduction_type`` values.

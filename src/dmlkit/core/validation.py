@@ -139,15 +139,15 @@ class Text:
 
 @dataclass(frozen=True)
 class FilePath:
-    """A path the file system can hold: names of at most 255 bytes, the whole under 4096 (:mod:`dmlkit._paths`)."""
+    """A path the file system can hold: names of at most 255 bytes, the whole under 4096 (:mod:`dmlkit.core.paths`)."""
 
     def accepts(self, value: Any) -> bool:
-        from dmlkit._paths import path_problem
+        from dmlkit.core.paths import path_problem
 
         return isinstance(value, str) and path_problem(value) is None
 
     def describe(self) -> str:
-        from dmlkit._paths import MAX_NAME_BYTES, MAX_PATH_BYTES
+        from dmlkit.core.paths import MAX_NAME_BYTES, MAX_PATH_BYTES
 
         return f"a path under {MAX_PATH_BYTES} bytes whose every name has at most {MAX_NAME_BYTES} bytes"
 
@@ -174,7 +174,7 @@ class ListOf:
 
 @dataclass(frozen=True)
 class OptionsFrom:
-    """One of the options held by ``module.attr`` (a tuple, or a :class:`~dmlkit._registry.Registry`'s
+    """One of the options held by ``module.attr`` (a tuple, or a :class:`~dmlkit.core.registry.Registry`'s
     names), looked up when checked: the list lives where the options are implemented, and importing
     the constraint imports nothing."""
 
