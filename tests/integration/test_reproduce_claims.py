@@ -14,7 +14,6 @@ from dmlkit.claims.verify import verify
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 
-pytestmark = pytest.mark.skipif(not (DATA / "omniglot").exists(), reason="needs ../shared/data/omniglot")
 
 
 #: One claim of every mechanism (early curves at two rates, TOST, an ablation tuned with its reference, ASAP's
@@ -75,7 +74,6 @@ def test_claims_command_lists_and_refuses_unknown_claims(capsys, script_loader):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (DATA / "grocery" / "images").exists(), reason="needs ../shared/data/grocery")
 def test_a_photo_arm_fine_tunes_on_coarse_grocery_labels_and_is_scored_on_fine_products(tmp_path):
     tiny = Budget(photo_steps=2, photo_eval_every=1, photo_cap=3, photo_size=64, photo_patience=None, threads=1)
     arm = ARMS["grocery-coarse/eps-triplet"]

@@ -159,6 +159,13 @@ def fastest_of(fn: Callable[[], Any], device: torch.device | str | None, repeats
     return timings(fn, device, repeats)[0]
 
 
+def work_seconds(cpu: float) -> float:
+    """Seconds of work in ``cpu`` CPU seconds of this process: the wall time they take on the run's threads on
+    idle cores (:func:`threads_used`), the unit plans are made in whatever else runs (a measurement's own cost;
+    :func:`work_since` is the run's elapsed work)."""
+    return cpu / threads_used()
+
+
 def work_since(started: float) -> float:
     """Seconds of the run's own work since ``started`` (a ``time.perf_counter`` reading): the wall time, or the
     process's CPU time when that is less (other processes held the cores meanwhile). What a plan counts as spent

@@ -44,9 +44,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dmlkit.engine.timing import one_thread, timings
+from dmlkit.engine.timing import one_thread, timings, work_seconds
 from dmlkit.recipe.budget_planner import DEFAULT_TIME_BUDGET, MEASUREMENT_SHARE
-from dmlkit.recipe.measurements import Measurements, work_seconds
+from dmlkit.recipe.measurements import Measurements
 
 #: Candidates, smallest first (all three have offline ImageNet weights, dmlkit.models.efficientnet_lite;
 #: a run considers those whose weights are installed or cached here, :func:`_candidates_here`).

@@ -168,12 +168,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def work_seconds(cpu: float) -> float:
-    """Seconds of work in ``cpu`` CPU seconds: the wall time they take on the run's threads on idle cores
-    (:func:`~dmlkit.engine.timing.threads_used`), the unit plans are made in, whatever else runs."""
-    return cpu / timing.threads_used()
-
-
 class Measurements:
     """The numbers a run plans from, measured or replayed in the order the run reads them.
 
@@ -261,7 +255,7 @@ class Measurements:
             cpu, thread_wall = timing.LOAD.snapshot()
             work = time.process_time()
             value = measure()
-            self.measuring += work_seconds(time.process_time() - work)
+            self.measuring += timing.work_seconds(time.process_time() - work)
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
