@@ -450,7 +450,8 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
             f"data.pipeline={cfg.data.pipeline} decides the training crops: data.augment must be auto or crop. "
             f"Got {cfg.data.augment!r}."
         )
-    if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0 and not p.val_class_fraction:
+    # val_class_fraction None: the recipe holds out classes, or dmlkit.fit was given a validation split
+    if cfg.train.patience is not None and p.fold is None and p.val_fraction == 0 and p.val_class_fraction == 0:
         problems.append("train.patience needs a validation split: set protocol.fold, protocol.val_fraction or "
                         "protocol.val_class_fraction.")
     return problems
