@@ -1,21 +1,25 @@
-"""Photos for the claims tests: an ImageNet-pretrained backbone fine-tuned, seeded class-disjoint splits.
+"""Photos for the claims tests: an ImageNet-pretrained backbone fine-tuned on stored frozen-stage outputs.
 
 The set is ``grocery`` (``DATA/grocery/images/<class>/``: 81 grocery products, most of them not
 ImageNet-1k classes, so the pretrained backbone has to learn; ``coarse_classes.csv`` maps each to one
 of 43 coarse kinds). A fifth of the products is set aside once as the tuning pool (:func:`photo_tuning_pool`);
-each seed re-draws which of the others test: ``OUT/data/<setting>-<cap>-seed<S>/{train,test}/<class>/``
-holds symbolic links to the photos (nothing is copied), which the ``folder`` data set reads as its
-train / test split. The ``grocery-coarse`` setting (EPS's class-collapse claim) links its training
-photos under their coarse class and tests on fine products. A tuning folder trains on a fixed draw
-and tests on the tuning pool.
+each seed re-draws which half of the others test (:func:`split_classes`), and a fifth of its training
+labels (seeded) validate (:func:`photo_splits`). A tuning run trains on a fixed draw and is scored on the
+tuning pool. The ``grocery-coarse`` setting (EPS's class-collapse claim) trains and validates on coarse
+labels (its validation kinds held out whole) and is scored on fine products (``fine_*`` metrics).
 
-The run is the photo recipe's (``dmlkit train --set data.name=folder``): EfficientNet-Lite0 with its
-ImageNet weights, the last stages fine-tuned on cached outputs of the frozen ones, random resized
-crops and flips at :attr:`~dmlkit.claims.runner.Budget.photo_size` pixels (128 on a CPU; 224 for a
-card), held-out validation classes of the training classes, and a checkpoint kept only when it beats
-the pretrained embedding of step 0 significantly; training stops after ``photo_patience`` validations
-without such a gain. :class:`StartingPoint` scores the test classes with the backbone alone, the row
-every photo table starts from.
+The model is EfficientNet-Lite0 with its ImageNet weights (batch-norm statistics frozen), the stem and
+its first :data:`FROZEN_STAGES` stages frozen, the rest (the last stages, the 1x1 head convolution and a
+new :data:`PHOTO_EMBEDDING_SIZE`-D embedding) fine-tuned. The frozen stages are the same in every arm
+and seed, so they run once per experiment (:func:`photo_store`,
+:class:`~dmlkit.engine.frozen_stage_store.StageStore` under ``OUT/data/``): every photo at
+:attr:`~dmlkit.claims.runner.Budget.photo_size` pixels through :data:`STORE_VIEWS` random resized crops
++ flips and its evaluation view (shorter side ``size * 256 / 224``, centre crop). A run
+(:func:`train_photo_run`) is ``dmlkit.fit`` of :class:`~dmlkit.models.TrainedStages` on those outputs:
+every stored crop of a training photo is a training item of its own (``STORE_VIEWS`` items a photo;
+no augmentation on top), validation and test embed the evaluation view. The starting point (step 0,
+the pretrained backbone under the seeded new head) is scored once per setting, split, normalisation
+and store (:func:`starting_point`) and shared by every arm and grid point that has it.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT
 from dmlkit.exceptions import DataError
@@ -37,10 +41,14 @@ PHOTO_SETS: dict[str, str] = {"grocery": "grocery/images", "grocery-coarse": "gr
 COARSE_FILE = "grocery/coarse_classes.csv"
 BACKBONE = "efficientnet_lite0"
 #: One choice for every photo arm: the embedding size, the frozen feature stages (timm's feature_info, highest
-#: resolution first) and the augmented views cached of their outputs.
+#: resolution first: 4 freezes up to stride 16, so blocks.5, blocks.6 and the head convolution train), the
+#: training crops stored of every photo and the seed of their draws (docs/claims.md has the measurements).
 PHOTO_EMBEDDING_SIZE = 128
-FROZEN_STAGES = 3
-CACHE_VIEWS = 4
+FROZEN_STAGES = 4
+STORE_VIEWS = 4
+STORE_SEED = 0
+#: Fraction of a seed's training labels held out (seeded) to validate on.
+PHOTO_VAL_FRACTION = 0.2
 #: Fraction of the classes in the tuning pool, and the draw of the pool and of the tuning runs' training classes.
 PHOTO_TUNING_FRACTION = 0.2
 PHOTO_TUNING_SEED = 1_000_003
@@ -84,100 +92,131 @@ def split_classes(classes: list[str], seed: int, tuning: bool = False) -> tuple[
     return train, sorted(pool) if tuning else sorted(test)
 
 
-def seed_folder(data_root: Path, setting: str, seed: int, out: Path, cap: int | None = None,
-                tuning: bool = False) -> Path:
-    """``out/data/<setting>-<cap>-seed<seed>`` (``-tune``): the seed's train and test classes as links, the first
-    ``cap`` photos of each class; ``grocery-coarse`` links its training photos under their coarse class."""
-    source = Path(data_root) / PHOTO_SETS[setting]
+def photo_images(data_root: Path, cap: int | None = None) -> tuple[list[str], list[str]]:
+    """``(paths, products)`` of the photo set: the first ``cap`` photos (sorted by name) of every product folder."""
+    source = Path(data_root) / PHOTO_SETS["grocery"]
     if not source.is_dir():
         raise DataError(f"claims: the photo folder '{source}' does not exist (expected <class>/<image> under it; "
                         "--data-root sets the folder that holds it).")
-    target = out / "data" / f"{setting}-{cap or 'all'}-{'tune' if tuning else f'seed{seed}'}"
-    if (target / "done").exists():
-        return target
     classes = sorted(e.name for e in os.scandir(source) if e.is_dir() and not e.name.startswith("."))
-    train, test = split_classes(classes, seed, tuning)
+    pairs = [(str(source / cls / name), cls) for cls in classes for name in _images(source / cls)[:cap]]
+    return [p for p, _ in pairs], [c for _, c in pairs]
+
+
+def create_photo_model(seed: int, normalization: str = "l2"):
+    """The pretrained backbone with its frozen stages and a new embedding head drawn from ``seed`` (the same start for
+    every arm of a seed)."""
+    from dmlkit.models import create_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return create_model(BACKBONE, embedding_size=PHOTO_EMBEDDING_SIZE, pretrained=True, normalization=normalization,
+                            pooling="avg", freeze_bn=True, frozen_stages=FROZEN_STAGES)
+
+
+def photo_store(data_root: Path, out: Path, budget, echo=None):
+    """The frozen stages' outputs of every photo at ``budget.photo_size`` (computed once, under ``out/data``)."""
+    from dmlkit.engine.frozen_stage_store import StageStore
+
+    paths, names = photo_images(data_root, budget.photo_cap)
+    return StageStore(Path(out) / "data").outputs(create_photo_model(0), BACKBONE, paths, names,
+                                                  image_size=budget.photo_size, views=STORE_VIEWS, seed=STORE_SEED,
+                                                  echo=echo)
+
+
+@dataclass
+class PhotoSplits:
+    """A seed's stored splits: training crops, validation and test evaluation views, and the classes of each."""
+
+    train: object
+    val: object
+    test: object
+    train_classes: list[str]
+    val_classes: list[str]
+    test_classes: list[str]
+
+
+def photo_splits(stored, setting: str, seed: int, data_root: Path, tuning: bool = False) -> PhotoSplits:
+    """The seed's training, validation and test data on ``stored`` (a :class:`~dmlkit.engine.frozen_stage_store.
+    StoredStages`): :func:`split_classes`, then a seeded fifth of the training labels (products; coarse kinds in
+    ``grocery-coarse``) validate. ``grocery-coarse`` labels training and validation by coarse kind, test by product."""
+    products = sorted(set(stored.names))
+    train, test = split_classes(products, seed, tuning)
     coarse = coarse_classes(data_root) if setting == "grocery-coarse" else {}
-    for split, names in (("train", train), ("test", test)):
-        for cls in names:
-            folder = target / split / (coarse.get(cls, cls) if split == "train" else cls)
-            folder.mkdir(parents=True, exist_ok=True)
-            for name in _images(source / cls)[:cap]:
-                link = folder / name
-                if not link.exists():
-                    link.symlink_to((source / cls / name).resolve())
-    atomic_write_json(target / "done", {"train_classes": train, "test_classes": test})
-    return target
-
-
-class StartingPoint(Callback):
-    """Scores the test split with the untrained network at the step-0 validation (written once to ``path``)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def on_evaluation_end(self, trainer, step: int, metrics: dict) -> None:
-        if step != 0 or self.path.exists():
-            return
-        test = trainer.evaluate_split(trainer.splits.test, clustering=True)
-        atomic_write_json(self.path, {"val": dict(metrics), "test": test})
-
-
-def photo_overrides(setting_root: Path, arm, point: dict, seed: int, budget) -> list[str]:
-    """The ``--set`` overrides of one photo run: the recipe's photo path with the claims' fixed choices."""
-    from dmlkit.claims.catalogue import apply_point
-
-    loss = apply_point(arm.loss, point)
-    miner = loss.pop("miner", None)
-    patience = budget.photo_patience or budget.photo_steps
-    overrides = [
-        "data.name=folder", f"data.root={setting_root}", f"model.name={BACKBONE}", f"seed={seed}",
-        f"protocol.seed={seed}", f"loss.name={loss['name']}", f"loss.args={json.dumps(loss.get('args', {}))}",
-        f"optimizer.lr={point['lr']:.10f}", f"train.max_steps={budget.photo_steps}",
-        f"train.eval_every={budget.photo_eval_every}", f"train.checkpoint_every={budget.photo_eval_every}",
-        "train.time_budget=1000000", f"train.patience={patience}",
-        f"data.image_size={budget.photo_size}", f"data.crop_size={budget.photo_size}",
-        f"model.normalization={arm.normalization}", f"model.embedding_size={PHOTO_EMBEDDING_SIZE}",
-        # fine-tuned as the photo recipe does on a CPU: the stages up to stride 8 frozen, their outputs cached
-        # for a few augmented views, the stride-16 and -32 stages and the head trained
-        f"model.frozen_stages={FROZEN_STAGES}", "train.feature_cache=on", f"train.cache_views={CACHE_VIEWS}",
-        # pooling and mirror averaging fixed: the recipe's measured choice costs more than a short run
-        "model.pooling=avg", "model.flip_average=false", "protocol.val_class_fraction=0.2",
-        "train.progress=false", f"train.num_threads={budget.threads}", f"train.device={budget.device}",
-    ]
-    overrides += [f"asap.{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in arm.asap.items()]
-    if miner:
-        overrides += [f"loss.miner.name={miner['name']}", f"loss.miner.args={json.dumps(miner.get('args', {}))}"]
-    return overrides
+    label = {p: coarse.get(p, p) for p in train}
+    labels = sorted(set(label.values()))
+    held = set(_permuted(labels, seed + 1)[: max(1, round(len(labels) * PHOTO_VAL_FRACTION))])
+    rows = lambda keep: [i for i, n in enumerate(stored.names) if n in keep]  # noqa: E731
+    fit_products = [p for p in train if label[p] not in held]
+    val_products = [p for p in train if label[p] in held]
+    fit_rows, val_rows, test_rows = rows(set(fit_products)), rows(set(val_products)), rows(set(test))
+    return PhotoSplits(
+        train=stored.training(fit_rows, [label[stored.names[i]] for i in fit_rows]),
+        val=stored.evaluation(val_rows, [label[stored.names[i]] for i in val_rows]),
+        test=stored.evaluation(test_rows), train_classes=fit_products, val_classes=val_products, test_classes=test)
 
 
 def _numbers(metrics: dict, prefix: str) -> dict:
     return {f"{prefix}{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _scores(model, data, seed: int, clustering: bool) -> dict:
+    from dmlkit.claims.runner import embeddings_metrics
+    from dmlkit.evaluation.embed import embed_dataset
+
+    return embeddings_metrics(*embed_dataset(model, data), clustering=clustering, seed=seed)
+
+
+def starting_point(model, splits: PhotoSplits, path: Path, seed: int) -> dict:
+    """``{"val", "test"}`` metrics of the untrained ``model`` (the backbone alone under its new head), read from
+    ``path`` when another run of the same setting, split, seed and normalisation scored it already."""
+    if path.exists():
+        return json.loads(path.read_text())
+    start = {"val": _scores(model, splits.val, seed, clustering=False),
+             "test": _scores(model, splits.test, seed, clustering=True)}
+    atomic_write_json(path, start)
+    return start
+
+
+def photo_config(arm, point: dict, seed: int, budget) -> dict:
+    """``dmlkit.fit``'s settings of one photo run: the arm's loss at ``point``, the budget's schedule, the photo
+    recipe's optimiser (the head at 10x the backbone's rate, proxies 100x; cosine decay over the cap)."""
+    from dmlkit.claims.catalogue import apply_point
+    from dmlkit.recipe.rules import PRETRAINED_HEAD_LR_MULTIPLIER
+
+    return {
+        "seed": seed, "loss": apply_point(arm.loss, point), "asap": arm.asap,
+        "optimizer": {"name": "adamw", "lr": point["lr"], "head_lr_multiplier": PRETRAINED_HEAD_LR_MULTIPLIER,
+                      "loss_lr_multiplier": 100.0, "scheduler": "cosine"},
+        "sampler": {"batch_size": budget.photo_batch_size, "m": budget.m},
+        "data": {"augment": "none"},  # the stored crops are the augmentation
+        "protocol": {"selection": "best"},
+        "train": {"max_steps": budget.photo_steps, "eval_every": budget.photo_eval_every,
+                  "checkpoint_every": budget.photo_eval_every, "progress": False, "num_threads": budget.threads,
+                  "patience": budget.photo_patience, "time_budget": None, "mixed_precision": "none",
+                  "device": budget.device},
+    }
+
+
 def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path, out: Path, budget,
                     tuning: bool = False) -> dict:
-    """Train one photo run (or resume it) from ``dmlkit train``'s default preset; returns the pieces of its record.
+    """Train one photo run (or resume it) on the stored frozen-stage outputs; returns the pieces of its record.
 
-    Test metrics of ``grocery-coarse`` are on fine products: named ``fine_*``.
+    ``{"result", "start", "test", "test_classes"}``; test metrics of ``grocery-coarse`` are on fine products,
+    named ``fine_*``.
     """
-    from dmlkit.cli.train import DEFAULT_PRESET
-    from dmlkit.config import load_config
-    from dmlkit.engine.run_dir import release_locks
-    from dmlkit.launch import launch
+    import dmlkit
+    from dmlkit.models import TrainedStages
 
-    root = seed_folder(data_root, arm.setting, seed, out, budget.photo_cap, tuning)
-    cfg = load_config(preset=DEFAULT_PRESET, overrides=photo_overrides(root, arm, point, seed, budget))
-    start_path = run_dir.parent / f"{run_dir.name}.start.json"
-    resume = (run_dir / LAST_CHECKPOINT).exists()
-    try:  # the one launch sequence of every run (claims the folder, keeps RUN/train.log)
-        with launch(cfg, run_dir, resume=resume, report=False, callbacks=[StartingPoint(start_path)],
-                    echo=lambda s: None) as trainer:
-            result = trainer.fit()
-    finally:
-        release_locks()
-    start = json.loads(start_path.read_text())
+    stored = photo_store(data_root, out, budget)
+    splits = photo_splits(stored, arm.setting, seed, data_root, tuning)
+    model = TrainedStages(create_photo_model(seed, arm.normalization))
+    split_tag = "tune" if tuning else f"seed{seed}"
+    start_path = Path(out) / "data" / "photo-start" / f"{arm.setting}-{split_tag}-{arm.normalization}-{stored.path.stem}.json"
+    start = starting_point(model, splits, start_path, seed)
+    result = dmlkit.fit(model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir,
+                        resume=(run_dir / LAST_CHECKPOINT).exists(), report=False, echo=lambda s: None,
+                        config=photo_config(arm, point, seed, budget))
     prefix = "fine_" if arm.setting == "grocery-coarse" else ""
     return {"result": result, "start": {"val": {"map_at_r": start["val"]["map_at_r"]}, "test": _numbers(start["test"], prefix)},
-            "test": _numbers(result.test_metrics, prefix),
-            "test_classes": json.loads((root / "done").read_text())["test_classes"]}
+            "test": _numbers(result.test_metrics, prefix), "test_classes": splits.test_classes}

@@ -75,12 +75,13 @@ class Budget:
     m: int = 4
     alphabet_batch: int = 60  # 5 alphabets x 12 drawings
     threads: int = 2
-    #: Photo runs: cap, validations, patience, photos a class (None: all) and the training resolution.
+    #: Photo runs: cap, validations, patience, photos a class (None: all), the resolution and the batch size.
     photo_steps: int = 300
     photo_eval_every: int = 25
     photo_patience: int | None = 4
     photo_cap: int | None = None
     photo_size: int = 128
+    photo_batch_size: int = 64
     #: Extend a grid whose chosen point sits at an edge (off for ``--quick``'s one-point grids).
     extend: bool = True
     device: str = "cpu"
@@ -89,7 +90,7 @@ class Budget:
         """What a run of ``arm`` for ``purpose`` trains: its record must agree to be read back."""
         if arm.setting in PHOTO_SETTINGS:
             return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
-                    "photo_cap": self.photo_cap, "photo_size": self.photo_size}
+                    "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size}
         if purpose == "curve":
             return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None}
         return {"steps": self.steps * arm.steps_scale, "eval_every": self.eval_every, "patience": self.patience}
@@ -261,18 +262,21 @@ def _glyph_run(arm: Arm, seed: int, point: dict, budget: Budget, plan: dict, run
 
 def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_root: Path, run_dir: Path,
                purpose: str) -> dict:
-    """A photo arm's run (:mod:`dmlkit.claims.photos`) and the pieces of its record."""
+    """A photo arm's run (:mod:`dmlkit.claims.photos`: fine-tuned on the stored frozen stages) and its record's pieces."""
     from dmlkit.claims.photos import train_photo_run
 
     done = train_photo_run(arm, point, seed, run_dir, data_root, out, budget, tuning=purpose == "tune")
     result = done["result"]
-    val_curve = _val_curve(_log_records(run_dir))
+    logs = _log_records(run_dir)
+    val_curve = _val_curve(logs)
     selected_val = max((v["map_at_r"] for v in val_curve if v["step"] == result.best_step),
                        default=done["start"]["val"]["map_at_r"])
     score_key = "fine_map_at_r" if "fine_map_at_r" in done["test"] else "map_at_r"
     return {
         "steps": result.steps, "best_step": result.best_step, "start": done["start"], "val_curve": val_curve,
-        "selected_val_map_at_r": selected_val, "test": done["test"], "projections": [],
+        "selected_val_map_at_r": selected_val, "test": done["test"],
+        "projections": [{"projection": p["projection"], "step": p["step"], "complete": p["complete"],
+                         "best_map_at_r": p["best_map_at_r"]} for p in logs if p.get("kind") == "projection"],
         # tuning runs test on the tuning pool (their validation classes come from their training classes)
         "tuning_score": done["test"][score_key], "test_classes": done["test_classes"],
     }

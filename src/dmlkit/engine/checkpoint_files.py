@@ -16,7 +16,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -52,17 +52,23 @@ def raise_if_out_of_space(err: OSError, path: str | Path, needed: int | None = N
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    atomic_write_with(path, lambda f: f.write(data), len(data))
+
+
+def atomic_write_with(path: str | Path, write: Callable[[BinaryIO], Any], size: int | None = None) -> None:
+    """Let ``write(file)`` fill ``path`` atomically (temp file + fsync + rename): a large payload (``torch.save`` of
+    a feature store) streams to disk without a copy in memory; ``size``: the bytes expected (for a disk-full error)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
-        raise_if_out_of_space(err, path, len(data))
+        raise_if_out_of_space(err, path, size)
         raise
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results should read like any other file
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -70,7 +76,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise_if_out_of_space(err, path, len(data))
+            raise_if_out_of_space(err, path, size)
         raise
     try:  # make the rename durable
         dfd = os.open(path.parent, os.O_RDONLY)

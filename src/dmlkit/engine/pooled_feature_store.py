@@ -19,7 +19,6 @@ only the embedding head (:class:`dmlkit.models.FeatureHead`) with every loss, mi
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from torch.utils.data import Dataset
 
 from dmlkit.core.messages import messages
 from dmlkit.core.validation import InstanceOf, Interval, Options, validate_params
-from dmlkit.engine.checkpoint_files import atomic_write_bytes
+from dmlkit.engine.checkpoint_files import atomic_write_with
 from dmlkit.exceptions import DataError
 
 log = logging.getLogger(__name__)
@@ -63,10 +62,55 @@ class FeatureKey:
 
     def digest(self) -> str:
         """16 hex digits of the SHA-256 of the key's fields (the file name's suffix)."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return key_digest(self)
 
     def filename(self) -> str:
         return f"{self.backbone}-{self.image_size}px-v{self.views}-{self.pooling}-{self.digest()}.pt"
+
+
+def key_digest(key) -> str:
+    """16 hex digits of the SHA-256 of a key dataclass's fields (a stored file's name ends with it)."""
+    return hashlib.sha256(json.dumps(asdict(key), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's shape, dtype and bytes (what a stored file is checked against when read back)."""
+    digest = hashlib.sha256(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def save_keyed(path: str | os.PathLike, key, tensors: dict[str, torch.Tensor], **extra) -> Path:
+    """Write ``tensors`` (with ``extra`` plain values) under the key dataclass ``key`` atomically, each tensor's
+    :func:`tensor_digest` beside it; the file streams to a temporary name that is renamed when complete."""
+    payload = {"key": asdict(key), **extra, **{name: t.contiguous() for name, t in tensors.items()},
+               "digests": {name: tensor_digest(t) for name, t in tensors.items()}}
+    path = Path(path)
+    atomic_write_with(path, lambda f: torch.save(payload, f))
+    return path
+
+
+def load_keyed(path: str | os.PathLike, key, *, mmap: bool = False, check: bool = True) -> dict | None:
+    """What :func:`save_keyed` wrote at ``path`` for ``key``; None when there is no file, it holds another key, it
+    cannot be read or (``check``) a tensor differs from its digest: a damaged file is never used. ``mmap``: tensors
+    map the file read-only instead of being read into memory (processes reading one file share its pages)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # a truncated or overwritten file: any reader error means "not stored"
+        log.warning("stored features %s cannot be read (%s: %s); computing them again", path, type(exc).__name__, exc)
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != asdict(key):
+        return None
+    digests = stored.get("digests")
+    if not isinstance(digests, dict) or check and any(
+            not isinstance(stored.get(name), torch.Tensor) or tensor_digest(stored[name]) != digest
+            for name, digest in digests.items()):
+        log.warning("stored features %s do not match their checksums; computing them again", path)
+        return None
+    return stored
 
 
 def weights_fingerprint(model: nn.Module) -> str:
@@ -201,20 +245,12 @@ class FeatureStore:
 
     def load(self, key: FeatureKey) -> torch.Tensor | None:
         """The stored features of ``key`` (None when there are none, or the file holds another key)."""
-        path = self.path(key)
-        if not path.exists():
-            return None
-        stored = torch.load(path, map_location="cpu", weights_only=True)
-        return stored["features"] if stored.get("key") == asdict(key) else None
+        stored = load_keyed(self.path(key), key)
+        return None if stored is None else stored["features"]
 
     def save(self, key: FeatureKey, features: torch.Tensor) -> Path:
         """Write ``features`` under ``key`` atomically (a temporary file renamed)."""
-        buffer = io.BytesIO()
-        torch.save({"key": asdict(key), "features": features.contiguous()}, buffer)
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buffer.getvalue())
-        return path
+        return save_keyed(self.path(key), key, {"features": features})
 
     def features(self, model: nn.Module, backbone: str, images: Sequence[str] | torch.Tensor, names: Sequence[str], *,
                  image_size: int, views: int = 1, echo: Callable[[str], None] | None = None) -> FeatureDataset:
@@ -232,4 +268,4 @@ class FeatureStore:
 
 
 __all__ = ["CROP_FRACTION", "FeatureDataset", "FeatureKey", "FeatureStore", "centre_view", "images_fingerprint",
-           "pooled_features", "weights_fingerprint"]
+           "key_digest", "load_keyed", "pooled_features", "save_keyed", "tensor_digest", "weights_fingerprint"]

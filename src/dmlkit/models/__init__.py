@@ -28,6 +28,7 @@ from dmlkit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess,
 from dmlkit.models.resnetv2 import PreActResNet
 from dmlkit.models.small_cnn import SmallCNN
 from dmlkit.models.timm_trunk import OFFLINE_TIMM_WEIGHTS, TimmTrunk
+from dmlkit.models.trained_stages import TrainedStages
 from dmlkit.models.weights import WeightsReport, load_embedder_weights, load_weights, read_state_dict
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Preprocess",
     "SmallCNN",
     "TimmTrunk",
+    "TrainedStages",
     "WeightsReport",
     "create_model",
     "create_trunk",
