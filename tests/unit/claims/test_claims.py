@@ -309,8 +309,9 @@ def test_a_broken_record_is_refused_naming_the_file_and_what_was_expected(tmp_pa
     assert str(path) in str(info.value)
 
 
-def test_photo_splits_keep_the_tuning_pool_apart_and_link_coarse_labels(tmp_path):
-    from dmlkit.claims.photos import photo_tuning_pool, seed_folder, split_classes
+def test_photo_splits_keep_the_tuning_pool_apart_and_hold_out_validation_labels(tmp_path):
+    from dmlkit.claims.photos import photo_splits, photo_tuning_pool, split_classes
+    from dmlkit.engine.frozen_stage_store import StoredStages
 
     classes = [f"Kind{i % 4}-p{i}" for i in range(20)]
     pool = photo_tuning_pool(classes)
@@ -321,19 +322,25 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_link_coarse_labels(tmp_path
     assert split_classes(classes, 0)[1] != split_classes(classes, 1)[1]
     tune_train, tune_test = split_classes(classes, 3, tuning=True)
     assert set(tune_test) == pool and split_classes(classes, 0, tuning=True) == (tune_train, tune_test)
-    images = tmp_path / "grocery" / "images"
-    for c in classes:
-        (images / c).mkdir(parents=True)
-        for j in range(3):
-            (images / c / f"train_{c}_{j}.jpg").write_bytes(b"")
+    (tmp_path / "grocery").mkdir()
     (tmp_path / "grocery" / "coarse_classes.csv").write_text(
         "class,coarse_class\n" + "".join(f"{c},{c.split('-')[0]}\n" for c in classes))
-    root = seed_folder(tmp_path, "grocery-coarse", 2, tmp_path / "out", cap=2)
+    names = [c for c in classes for _ in range(3)]  # 3 photos a product, 2 stored crops + the evaluation view
+    stored = StoredStages(torch.arange(len(names) * 3 * 4, dtype=torch.float32).view(len(names), 3, 1, 1, 4),
+                          [f"{n}/{i}.jpg" for i, n in enumerate(names)], names)
     train, test = split_classes(classes, 2)
-    assert {p.name for p in (root / "train").iterdir()} == {c.split("-")[0] for c in train}
-    assert {p.name for p in (root / "test").iterdir()} == set(test)
-    assert sum(1 for _ in (root / "train").rglob("*.jpg")) == 2 * len(train)
-    assert all(p.is_symlink() for p in (root / "test").rglob("*.jpg"))
+    fine = photo_splits(stored, "grocery", 2, tmp_path)
+    assert set(fine.train_classes) | set(fine.val_classes) == set(train) and fine.test_classes == test
+    assert not set(fine.train_classes) & set(fine.val_classes) and len(fine.val_classes) == round(len(train) * 0.2)
+    assert len(fine.train) == 2 * 3 * len(fine.train_classes) and len(fine.test) == 3 * len(test)
+    assert set(fine.train.names) == set(fine.train_classes) and fine.test.class_names == test
+    first = next(i for i, n in enumerate(names) if n in test)  # test items: evaluation views, in stored order
+    assert torch.equal(fine.test.get_batch([0])[0][0], stored.storage[first, 2].permute(2, 0, 1))
+    assert photo_splits(stored, "grocery", 3, tmp_path).val_classes != fine.val_classes or \
+        photo_splits(stored, "grocery", 3, tmp_path).test_classes != fine.test_classes
+    coarse = photo_splits(stored, "grocery-coarse", 2, tmp_path)  # coarse kinds train and validate, products test
+    assert set(coarse.train.names) | set(coarse.val.names) == {c.split("-")[0] for c in train}
+    assert not set(coarse.train.names) & set(coarse.val.names) and coarse.test.class_names == test
 
 
 def test_a_mid_curve_threshold_is_each_seeds_step_zero_plus_a_gain_fixed_by_the_tuning_runs():
