@@ -74,23 +74,33 @@ def test_claims_command_lists_and_refuses_unknown_claims(capsys, script_loader):
 
 
 @pytest.mark.slow
-def test_a_photo_arm_fine_tunes_on_coarse_grocery_labels_and_is_scored_on_fine_products(tmp_path):
+def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_on_fine_products(tmp_path, monkeypatch):
+    from dmlkit.claims.photos import coarse_classes, photo_tuning_pool
+    from dmlkit.models import Embedder
+
     tiny = Budget(photo_steps=2, photo_eval_every=1, photo_cap=3, photo_size=64, photo_patience=None, threads=1)
+    prefix_images = []
+    prefix = Embedder.prefix
+    monkeypatch.setattr(Embedder, "prefix", lambda self, x: (prefix_images.append(len(x)), prefix(self, x))[1])
     arm = ARMS["grocery-coarse/eps-triplet"]
     record = train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None)
-    assert record["steps"] == 2 and [v["step"] for v in record["val_curve"]] == [1, 2]
+    assert record["steps"] == 2 and [v["step"] for v in record["val_curve"]] == [1, 2] and record["best_step"] in (1, 2)
     assert 0 < record["start"]["test"]["fine_map_at_r"] <= 1 and 0 < record["test"]["fine_map_at_r"] <= 1
-    split = tmp_path / "data" / "grocery-coarse-3-seed0"
-    done = json.loads((split / "done").read_text())
-    coarse = {p.name for p in (split / "train").iterdir()}
-    fine = {p.name for p in (split / "test").iterdir()}
-    from dmlkit.claims.photos import coarse_classes, photo_tuning_pool
-
+    assert record["tuning_score"] == record["test"]["fine_map_at_r"] and 0 < record["selected_val_map_at_r"] <= 1
+    stored = sum(prefix_images)
+    # every photo's 5 stored views (4 training crops, the evaluation view) once, and the builder's one-image probes
+    assert 81 * 3 * 5 <= stored < 81 * 3 * 5 + 10
     mapping = coarse_classes(DATA)
-    assert coarse == {mapping[c] for c in done["train_classes"]} and not photo_tuning_pool(list(mapping)) & fine
-    assert fine == set(done["test_classes"]) and not set(done["train_classes"]) & fine
-    assert len(coarse) < len(done["train_classes"])  # fine products merged under their coarse kind
-    assert next((split / "test" / next(iter(fine))).iterdir()).is_symlink()
+    fine = set(record["test_classes"])
+    assert not photo_tuning_pool(list(mapping)) & fine and len(fine) == (81 - 16) // 2
+    # another arm and setting reads the same store: no prefix pass; a record is never trained again
+    other = train_run(ARMS["grocery/proxy-anchor"], 0, {"lr": 1e-4, "alpha": 32.0}, tiny, tmp_path, str(DATA), None,
+                      lambda s: None)
+    assert sum(prefix_images) == stored and len(list((tmp_path / "data").glob("*.pt"))) == 1
+    assert "map_at_r" in other["test"] and set(other["test_classes"]) == fine  # one seed, one draw of test products
+    assert other["start"]["test"]["map_at_r"] == pytest.approx(record["start"]["test"]["fine_map_at_r"])
+    assert train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None) == \
+        json.loads(json.dumps(record))
 
 
 def test_claims_refuse_an_out_that_is_a_file_and_the_cli_exits_2(tmp_path, capsys, script_loader):
