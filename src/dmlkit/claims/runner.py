@@ -5,7 +5,7 @@ another machine that has the committed records; an interrupted run resumes from 
 the folder beside its record):
 
 * ``tune`` (``OUT/runs/<arm>/tune/<point>.json``): the tuning split (:func:`dmlkit.claims.glyphs.build_splits`
-  with ``tuning=True``; photos: :func:`dmlkit.claims.photos.seed_folder` with ``tuning=True``), scored on
+  with ``tuning=True``; photos: :func:`dmlkit.claims.photos.photo_splits` with ``tuning=True``), scored on
   the tuning pool, classes no seed ever trains, validates or tests on. Every arm trains its grid: the
   learning rates times the three values of its one tuned parameter; a chosen value at a grid edge adds
   the next value beyond it (the grid's own ratio) until it is interior or meets a hard limit
@@ -20,7 +20,9 @@ the folder beside its record):
 Every glyph run trains the glyph CNN from the seed's initial weights (the same for every arm) with
 ``dmlkit.fit`` (m-per-class batches, affine augmentation, Adam-W), validates every ``eval_every`` steps
 and keeps the best validation MAP@R (Musgrave et al.'s protocol); the starting point (the untrained
-network) is scored on the same splits first.
+network) is scored on the same splits first. Every photo run is ``dmlkit.fit`` of the pretrained backbone's last
+stages on the frozen stages' outputs stored once per experiment (:mod:`dmlkit.claims.photos`), with the same
+selection; its starting point is the backbone alone.
 """
 
 from __future__ import annotations
@@ -75,10 +77,11 @@ class Budget:
     m: int = 4
     alphabet_batch: int = 60  # 5 alphabets x 12 drawings
     threads: int = 2
-    #: Photo runs: cap, validations, patience, photos a class (None: all), the resolution and the batch size.
-    photo_steps: int = 300
-    photo_eval_every: int = 25
-    photo_patience: int | None = 4
+    #: Photo runs: cap, validations, patience, photos a class (None: all), the resolution and the batch size
+    #: (measured in docs/claims.md: about 0.5 CPU-s a step at 128 px with validations, a run at most ~50 CPU-s).
+    photo_steps: int = 80
+    photo_eval_every: int = 20
+    photo_patience: int | None = 2
     photo_cap: int | None = None
     photo_size: int = 128
     photo_batch_size: int = 64
