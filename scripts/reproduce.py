@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -842,9 +843,10 @@ def claims_main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="where every run trains: cpu, cuda or cuda:N")
     parser.add_argument("--photo-size", type=int, default=None,
                         help="photo training resolution (default 128; 224 is the variant for a card)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="runs trained at once, each on --threads torch threads (results do not depend on it)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2, or 1 with workers)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="runs trained at once, each on --threads torch threads (default: one a core this process "
+                             "may use; results do not depend on it)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     parser.add_argument("--list", action="store_true", help="list the claims, their arms and the untested claims")
     parser.add_argument("--verify", metavar="CLAIMS_JSON", default=None,
                         help="recompute every printed statistic of a claims.json from its per-seed values (scipy alone)")
@@ -865,12 +867,13 @@ def claims_main(argv: list[str]) -> int:
 
         from dmlkit.claims.runner import FULL, QUICK
 
-        threads = args.threads or (1 if args.workers > 1 else 2)
-        budget = dataclasses.replace(QUICK if args.quick else FULL, threads=threads, device=args.device)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = args.workers or cores
+        budget = dataclasses.replace(QUICK if args.quick else FULL, threads=args.threads, device=args.device)
         if args.photo_size:
             budget = dataclasses.replace(budget, photo_size=args.photo_size)
         run_claims(args.claims or list(CLAIMS), out, args.data_root, quick=args.quick, seeds=args.seeds,
-                   budget=budget, workers=args.workers)
+                   budget=budget, workers=workers)
     except DmlkitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

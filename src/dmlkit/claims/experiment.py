@@ -18,8 +18,9 @@ from dmlkit.claims.analysis import LEARN_MARGIN, LOWER_IS_BETTER, add_global_hol
 from dmlkit.claims.catalogue import ARMS, CLAIMS, COMMON_LEARNING_RATE, LEARNING_RATES, PHOTO_SETTINGS, UNTESTED
 from dmlkit.claims.figures import convergence_figure
 from dmlkit.claims.records import check_out_folder, read_record
-from dmlkit.claims.runner import FULL, QUICK, QUICK_DRAWINGS, Budget, budget_dict, run_arms
+from dmlkit.claims.runner import FULL, QUICK, QUICK_DRAWINGS, Budget, budget_dict, close_workers, run_arms
 from dmlkit.engine.checkpoint_files import atomic_write_json, atomic_write_text
+from dmlkit.engine.timing import cpu_seconds_with_children
 from dmlkit.exceptions import ConfigError
 
 #: Seeds of the full run (each re-draws the test classes): 8 for glyphs, the first 5 of them for photos.
@@ -58,7 +59,7 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
     learning_rates = (COMMON_LEARNING_RATE,) if quick else LEARNING_RATES
     subset = QUICK_DRAWINGS if quick and subset is None else subset
     check_out_folder(Path(out))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds_with_children()
     arms = arms_of(claim_names)
     photo_seeds = seeds[:max(2, min(len(seeds), PHOTO_SEEDS))]
     convergence = [c for c in claim_names if CLAIMS[c].metric in LOWER_IS_BETTER]
@@ -66,16 +67,20 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
     records: dict[str, list[dict]] = {}
     curves: dict[str, dict[str, list[dict]]] = {"own": {}, "common": {}}
     tunings: dict[str, dict] = {}
-    for group, group_seeds in (([a for a in arms if ARMS[a].setting not in PHOTO_SETTINGS], seeds),
-                               ([a for a in arms if ARMS[a].setting in PHOTO_SETTINGS], photo_seeds)):
-        if not group:
-            continue
-        r, c, t = run_arms(group, group_seeds, budget, out, data_root, learning_rates=learning_rates, narrow=quick,
-                           subset=subset, curve_arms=tuple(a for a in curve_arms if a in group), workers=workers, echo=echo)
-        records.update(r)
-        tunings.update(t)
-        for rate in c:
-            curves[rate].update(c[rate])
+    try:
+        for group, group_seeds in (([a for a in arms if ARMS[a].setting not in PHOTO_SETTINGS], seeds),
+                                   ([a for a in arms if ARMS[a].setting in PHOTO_SETTINGS], photo_seeds)):
+            if not group:
+                continue
+            r, c, t = run_arms(group, group_seeds, budget, out, data_root, learning_rates=learning_rates, narrow=quick,
+                               subset=subset, curve_arms=tuple(a for a in curve_arms if a in group), workers=workers,
+                               echo=echo)
+            records.update(r)
+            tunings.update(t)
+            for rate in c:
+                curves[rate].update(c[rate])
+    finally:
+        close_workers()
     summaries: dict[str, dict] = {}
     figures: dict[str, str] = {}
     for name in claim_names:
@@ -92,7 +97,9 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
     meta = {
         "seeds": seeds, "photo_seeds": photo_seeds, "budget": budget_dict(budget), "learning_rates": list(learning_rates),
         "common_learning_rate": COMMON_LEARNING_RATE, "learn_margin": LEARN_MARGIN, "quick": quick, "subset": subset,
-        "wall_seconds_this_call": round(time.perf_counter() - t0, 1), "costs": run_costs(out), "figures": figures,
+        "wall_seconds_this_call": round(time.perf_counter() - t0, 1),
+        # every process's CPU time (this one and its finished workers): the work, whatever else ran beside it
+        "cpu_seconds_this_call": round(cpu_seconds_with_children() - cpu0, 1), "costs": run_costs(out), "figures": figures,
     }
     atomic_write_json(out / "claims.json", {"meta": meta, "claims": summaries})
     atomic_write_text(out / "claims.md", render_markdown(summaries, meta))

@@ -27,7 +27,6 @@ selection; its starting point is the backbone alone.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import shutil
@@ -50,7 +49,7 @@ from dmlkit.claims.catalogue import (
     apply_point,
     learning_rates_for,
 )
-from dmlkit.claims.glyphs import TUNING_SEED, GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.claims.glyphs import GLYPH_WIDTH, TUNING_SEED, GlyphSplits, build_splits, create_glyph_model, load_pool
 from dmlkit.claims.records import read_record
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, LOG_FILE, TEST_EMBEDDINGS_FILE
@@ -69,14 +68,15 @@ class Budget:
     steps: int = 1500  # the cap (times the arm's steps_scale)
     eval_every: int = 25
     #: Validations without improvement before a run stops (None: train to the cap).
-    patience: int | None = 8
+    patience: int | None = 5
     #: Convergence curves: steps and the validation interval of their dense early curve.
     curve_steps: int = 150
     curve_every: int = 5
     batch_size: int = 64
     m: int = 4
     alphabet_batch: int = 60  # 5 alphabets x 12 drawings
-    threads: int = 2
+    #: Torch threads a run (runs go side by side on ``workers`` processes instead: small convolutions scale poorly).
+    threads: int = 1
     #: Photo runs: cap, validations, patience, photos a class (None: all), the resolution and the batch size
     #: (measured in docs/claims.md: about 0.5 CPU-s a step at 128 px with validations, a run at most ~50 CPU-s).
     photo_steps: int = 80
@@ -94,9 +94,11 @@ class Budget:
         if arm.setting in PHOTO_SETTINGS:
             return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
                     "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size}
+        network = {"width": GLYPH_WIDTH}  # a record of another network is refused, never mixed in
         if purpose == "curve":
-            return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None}
-        return {"steps": self.steps * arm.steps_scale, "eval_every": self.eval_every, "patience": self.patience}
+            return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None, **network}
+        return {"steps": self.steps * arm.steps_scale, "eval_every": self.eval_every, "patience": self.patience,
+                **network}
 
 
 FULL = Budget()
@@ -111,13 +113,6 @@ def grid_axes(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False)
     """The tuning axes: ``lr`` and the arm's tuned parameter (``narrow``: each axis's middle value only)."""
     axes = {"lr": list(learning_rates), **{k: list(v) for k, v in arm.tuned.items()}}
     return {k: [v[len(v) // 2]] for k, v in axes.items()} if narrow else axes
-
-
-def grid_points(arm: Arm, learning_rates: tuple[float, ...], narrow: bool = False) -> list[dict]:
-    """Every ``{"lr": ..., <tuned arg>: ...}`` point of the arm's starting grid."""
-    axes = grid_axes(arm, learning_rates, narrow)
-    keys = list(axes)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*axes.values())]
 
 
 def point_tag(point: dict) -> str:
@@ -291,16 +286,46 @@ def _train_job(job: tuple) -> dict:
     return train_run(ARMS[name], seed, point, budget, out, data_root, subset, print, purpose)
 
 
-def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> list[dict]:
-    """Train ``jobs`` in order, or on ``workers`` processes (each with ``budget.threads`` torch threads)."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [train_run(ARMS[j[0]], *j[1:7], echo, j[7]) for j in jobs]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+#: The worker processes of the runs (kept across the stages of one experiment: each start imports torch anew).
+_workers: dict[int, object] = {}
 
-    # spawn: a forked child of a process whose torch already started its thread pools can hang
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_train_job, jobs))
+
+def _worker_pool(workers: int):
+    """The pool of ``workers`` processes, started on first use and kept until :func:`close_workers`."""
+    if workers not in _workers:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        close_workers()
+        # spawn: a forked child of a process whose torch already started its thread pools can hang
+        _workers[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    return _workers[workers]
+
+
+def close_workers() -> None:
+    """Stop the worker processes (the end of an experiment)."""
+    while _workers:
+        _workers.popitem()[1].shutdown()
+
+
+def _recorded(job: tuple) -> dict | None:
+    """The record of ``job`` when it was trained already (read here: no worker needed), else None."""
+    name, seed, point, budget, out, _, _, purpose = job
+    arm = ARMS[name]
+    return read_back(record_path(out, name, TUNING_SEED if purpose == "tune" else seed, point, purpose),
+                     budget.plan(arm, purpose))
+
+
+def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> list[dict]:
+    """Train ``jobs`` (records read back where they exist) in order, or on ``workers`` processes (each with
+    ``budget.threads`` torch threads)."""
+    done = [_recorded(job) for job in jobs]
+    todo = [job for job, record in zip(jobs, done) if record is None]
+    if workers <= 1 or len(todo) <= 1:
+        trained = iter([train_run(ARMS[j[0]], *j[1:7], echo, j[7]) for j in todo])
+    else:
+        trained = iter(_worker_pool(workers).map(_train_job, todo))
+    return [record if record is not None else next(trained) for record in done]
 
 
 def _next_value(values: list, chosen: float, limits: tuple[float, float]) -> float | None:
@@ -333,41 +358,58 @@ def _edge_notes(arm: Arm, axes: dict[str, list], chosen: dict, extensions: int, 
     return notes
 
 
+def _stage_points(arm: Arm, axis: str, axes: dict[str, list], base: dict) -> list[dict]:
+    """The points of one tuning stage: ``base`` with ``axis`` set to each value of its grid."""
+    return [{**base, axis: value} for value in axes[axis]]
+
+
 def tune_arms(arm_names: list[str], budget: Budget, out: Path, data_root: str, *,
               learning_rates: tuple[float, ...] = LEARNING_RATES, narrow: bool = False, subset: int | None = None,
               workers: int = 1, echo: Callable[[str], None] = print) -> dict[str, dict]:
-    """Train every arm's grid on the tuning split, extending edges, and choose its point; ``{arm: tuning}``.
+    """Tune every arm on the tuning split, one axis after the other, extending edges; ``{arm: tuning}``.
 
-    A tuning is ``{"chosen", "grid": [{"point", "score", "selected_step", "steps", "start_val"}], "edges"}``, also
-    written to ``OUT/runs/<arm>/tuning.json``. Arms ``tuned_with`` another take that arm's point.
+    Every arm follows the same two stages (equal budgets): the learning rates with the method parameter at
+    the middle of its grid (the paper's value), then the parameter's other values at the chosen rate; after
+    each stage a chosen value at the stage's edge adds the next value beyond it (the grid's own ratio) until
+    it is interior or meets a hard limit (:data:`MAX_EXTENSIONS` an arm at most). Five runs an arm with a
+    tuned parameter, three for the ``@paper`` arms. A tuning is ``{"chosen", "grid": [{"point", "score",
+    "selected_step", "steps", "start_val"}], "axes", "edges"}``, also written to
+    ``OUT/runs/<arm>/tuning.json``. Arms ``tuned_with`` another take that arm's point.
     """
     tuned = [n for n in arm_names if not ARMS[n].tuned_with]
     axes = {n: grid_axes(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
-    points = {n: grid_points(ARMS[n], learning_rates_for(ARMS[n].setting, learning_rates), narrow) for n in tuned}
+    middle = {n: {k: v[len(v) // 2] for k, v in axes[n].items()} for n in tuned}
+    stage = {n: 0 for n in tuned}  # index into the arm's axes: lr first, then its parameter
     records: dict[str, list[dict]] = {n: [] for n in tuned}
     extensions = {n: 0 for n in tuned}
-    pending = {n: list(points[n]) for n in tuned}
+    pending = {n: _stage_points(ARMS[n], "lr", axes[n], middle[n]) for n in tuned}
     while any(pending.values()):
         jobs = [(n, 0, p, budget, out, data_root, subset, "tune") for n in tuned for p in pending[n]]
         for job, record in zip(jobs, _train_all(jobs, workers, echo)):
             records[job[0]].append(record)
-        pending = {n: [] for n in tuned}
         for n in tuned:
-            if not budget.extend or extensions[n] >= MAX_EXTENSIONS:
-                continue
+            pending[n] = []
+            names = list(axes[n])
             best = max(records[n], key=lambda r: r["tuning_score"])["point"]
-            for axis, values in axes[n].items():
+            while stage[n] < len(names) and not pending[n]:
+                axis = names[stage[n]]
                 limits = LR_LIMITS if axis == "lr" else ARMS[n].limits.get(axis, (1e-6, 1e6))
-                new = _next_value(values, best[axis], limits)
-                if new is not None and extensions[n] < MAX_EXTENSIONS:
-                    values.append(new)
-                    pending[n].append({**best, axis: new})
+                new = (_next_value(axes[n][axis], best[axis], limits)
+                       if budget.extend and extensions[n] < MAX_EXTENSIONS else None)
+                if new is not None:  # still at this stage's edge: one more value beyond it
+                    axes[n][axis].append(new)
                     extensions[n] += 1
+                    pending[n] = [{**best, axis: new}]
+                    continue
+                stage[n] += 1
+                if stage[n] < len(names):  # the next axis at the point chosen so far
+                    tried = [r["point"] for r in records[n]]
+                    pending[n] = [p for p in _stage_points(ARMS[n], names[stage[n]], axes[n], best) if p not in tried]
     tunings = {}
     for n in tuned:
         best = max(records[n], key=lambda r: r["tuning_score"])
         tunings[n] = {
-            "chosen": best["point"], "extensions": extensions[n],
+            "chosen": best["point"], "extensions": extensions[n], "axes": axes[n],
             "edges": _edge_notes(ARMS[n], axes[n], best["point"], extensions[n], budget),
             "grid": [{"point": r["point"], "score": r["tuning_score"], "selected_step": r["best_step"],
                       "steps": r["steps"], "start_val": r["start"]["val"]["map_at_r"]} for r in records[n]],
@@ -393,21 +435,24 @@ def run_arms(arm_names: list[str], seeds: list[int], budget: Budget, out: Path, 
                         subset=subset, workers=workers, echo=echo)
     chosen = {n: tunings[n]["chosen"] for n in arm_names}
     # seed-major: every arm has seed s before any has seed s + 1
-    jobs = [(n, seed, chosen[n], budget, out, data_root, subset, "result") for seed in seeds for n in arm_names]
-    for rate in ("own", "common"):
-        for seed in seeds:
-            for n in curve_arms:
-                point = chosen[n] if rate == "own" else {**chosen[n], "lr": COMMON_LEARNING_RATE}
-                jobs.append((n, seed, point, budget, out, data_root, subset, "curve"))
+    results = [(n, seed, chosen[n], budget, out, data_root, subset, "result") for seed in seeds for n in arm_names]
+    curve_jobs = {rate: [(n, seed, chosen[n] if rate == "own" else {**chosen[n], "lr": COMMON_LEARNING_RATE}, budget,
+                          out, data_root, subset, "curve") for seed in seeds for n in curve_arms]
+                  for rate in ("own", "common")}
+    # an arm whose own rate is the common one has one curve a seed, read by both comparisons (trained once)
+    unique = list({(j[0], j[1], point_tag(j[2]), j[7]): j for j in results + curve_jobs["own"] + curve_jobs["common"]}.values())
+    trained = {(j[0], j[1], point_tag(j[2]), j[7]): r for j, r in zip(unique, _train_all(unique, workers, echo))}
+
+    def record_of(job: tuple) -> dict:
+        return trained[(job[0], job[1], point_tag(job[2]), job[7])]
+
     records: dict[str, list[dict]] = {name: [] for name in arm_names}
-    curves: dict[str, dict[str, list[dict]]] = {"own": {n: [] for n in curve_arms}, "common": {n: [] for n in curve_arms}}
-    n_results = len(seeds) * len(arm_names)
-    for i, (job, record) in enumerate(zip(jobs, _train_all(jobs, workers, echo))):
-        if i < n_results:
-            records[job[0]].append(record)
-        else:
-            rate = "own" if i - n_results < len(seeds) * len(curve_arms) else "common"
-            curves[rate][job[0]].append(record)
+    for job in results:
+        records[job[0]].append(record_of(job))
+    curves: dict[str, dict[str, list[dict]]] = {rate: {n: [] for n in curve_arms} for rate in ("own", "common")}
+    for rate, jobs in curve_jobs.items():
+        for job in jobs:
+            curves[rate][job[0]].append(record_of(job))
     return records, curves, tunings
 
 

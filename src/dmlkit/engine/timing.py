@@ -173,6 +173,17 @@ def work_since(started: float) -> float:
     return max(0.0, min(time.perf_counter() - started, time.process_time()))
 
 
+def cpu_seconds_with_children() -> float:
+    """CPU seconds of this process and of its child processes that have ended (worker pools): the work of a command
+    that trains on several processes, whatever else held the cores meanwhile."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: this process only
+        return time.process_time()
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
     """The reading of ``clock`` at which this process started (Linux: ``/proc/self/stat``), so a time budget
     counts the interpreter's start and the imports too; elsewhere, the reading now."""

@@ -7,7 +7,7 @@ from scipy import stats
 from dmlkit.claims import ARMS, CLAIMS, Claim, Comparison
 from dmlkit.claims.analysis import claim_markdown, compare, run_value, summarise_claim, time_to_threshold
 from dmlkit.claims.glyphs import GlyphPool, build_splits, split_characters
-from dmlkit.claims.runner import grid_points, point_tag
+from dmlkit.claims.runner import Budget, grid_axes, point_tag, tune_arms
 
 
 def _pool(alphabets=3, chars_per_alphabet=10, drawings=4) -> GlyphPool:
@@ -99,12 +99,50 @@ def test_every_arm_tunes_the_learning_rate_and_one_parameter_on_grids_of_equal_s
             assert not arm.tuned, arm.name
             continue
         assert len(arm.tuned) == 1 and all(len(v) == 3 for v in arm.tuned.values()), arm.name
-        assert len(grid_points(arm, (3e-4, 1e-3, 3e-3))) == 9
-    points = grid_points(ARMS["proxy-nca"], (1e-3, 3e-3))
-    assert len(points) == 6 and {"lr": 1e-3, "softmax_scale": 8.0} in points
-    assert grid_points(ARMS["proxy-nca"], (1e-3,), narrow=True) == [{"lr": 1e-3, "softmax_scale": 8.0}]
+        assert [len(v) for v in grid_axes(arm, (3e-4, 1e-3, 3e-3)).values()] == [3, 3]
+    assert grid_axes(ARMS["proxy-nca"], (1e-3,), narrow=True) == {"lr": [1e-3], "softmax_scale": [8.0]}
     assert point_tag({"lr": 0.001, "softmax_scale": 8.0}) == "lr0.001-softmax_scale8"
     assert ARMS["proxy-nca@paper"].loss["args"]["softmax_scale"] == 1.0  # the paper's unscaled Proxy-NCA
+
+
+def _fake_tuning(monkeypatch, score):
+    """``tune_arms`` with every run replaced by a record scored by ``score(point)``; returns the points trained."""
+    import dmlkit.claims.runner as runner
+
+    trained = []
+
+    def fake_train_all(jobs, workers, echo):
+        out = []
+        for name, _, point, *_ in jobs:
+            trained.append((name, dict(point)))
+            out.append({"point": dict(point), "tuning_score": score(point), "best_step": 25, "steps": 50,
+                        "start": {"val": {"map_at_r": 0.1}}})
+        return out
+
+    monkeypatch.setattr(runner, "_train_all", fake_train_all)
+    return trained
+
+
+def test_tuning_runs_the_rate_then_the_parameter_five_runs_an_arm_when_the_best_is_interior(monkeypatch, tmp_path):
+    trained = _fake_tuning(monkeypatch, lambda p: -abs(p["lr"] - 1e-3) - abs(p.get("softmax_scale", 8.0) - 8.0))
+    tunings = tune_arms(["proxy-nca", "proxy-nca@paper"], Budget(), tmp_path, "unused", echo=lambda s: None)
+    runs = [p for n, p in trained if n == "proxy-nca"]
+    assert len(runs) == 5 and [p["softmax_scale"] for p in runs[:3]] == [8.0] * 3  # the rates at the middle value
+    assert {p["lr"] for p in runs[3:]} == {1e-3} and {p["softmax_scale"] for p in runs[3:]} == {4.0, 16.0}
+    assert tunings["proxy-nca"]["chosen"] == {"lr": 1e-3, "softmax_scale": 8.0} and tunings["proxy-nca"]["edges"] == {}
+    assert len([n for n, _ in trained if n == "proxy-nca@paper"]) == 3  # the rate alone
+    assert (tmp_path / "runs" / "proxy-nca" / "tuning.json").exists()
+
+
+def test_a_choice_at_an_edge_extends_its_axis_before_the_next_stage(monkeypatch, tmp_path):
+    # the score rises with the rate up to 9e-3 and with the scale without bound
+    trained = _fake_tuning(monkeypatch, lambda p: -abs(p["lr"] - 9e-3) + p.get("softmax_scale", 8.0) / 1000)
+    tunings = tune_arms(["proxy-nca"], Budget(), tmp_path, "unused", echo=lambda s: None)
+    lrs = [p["lr"] for _, p in trained]
+    assert lrs[:4] == [3e-4, 1e-3, 3e-3, pytest.approx(9e-3)]  # 3e-3 at the edge: 9e-3 added (then 2.7e-2)
+    chosen = tunings["proxy-nca"]["chosen"]
+    assert chosen["lr"] == pytest.approx(9e-3) and chosen["softmax_scale"] > 16.0  # the scale extended past 16
+    assert tunings["proxy-nca"]["extensions"] <= 4 and len(trained) == 3 + 2 + tunings["proxy-nca"]["extensions"]
 
 
 def test_a_point_sets_its_parameter_in_the_loss_the_miner_and_nested_losses():

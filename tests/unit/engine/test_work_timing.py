@@ -62,3 +62,14 @@ def test_load_share_needs_something_timed():
     assert timing.load_share(0.0, 0.0) is None
     assert timing.load_share(3.0, 2.0) == 1.0  # helper threads beyond torch's: capped
     assert timing.load_share(1.0, 2.0) == pytest.approx(0.5)
+
+
+def test_cpu_seconds_with_children_counts_a_finished_child_process():
+    import subprocess
+    import sys
+
+    from dmlkit.engine.timing import cpu_seconds_with_children
+
+    before, own = cpu_seconds_with_children(), time.process_time()
+    subprocess.run([sys.executable, "-c", "sum(range(20_000_000))"], check=True)  # work in a child only
+    assert cpu_seconds_with_children() - before > 0.1 + (time.process_time() - own)
