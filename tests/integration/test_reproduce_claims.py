@@ -101,6 +101,13 @@ def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_o
     assert other["start"]["test"]["map_at_r"] == pytest.approx(record["start"]["test"]["fine_map_at_r"])
     assert train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None) == \
         json.loads(json.dumps(record))
+    # a run stopped before its record was written resumes from its checkpoint (nothing trained again)
+    from dmlkit.claims.runner import record_path
+
+    record_path(tmp_path, arm.name, 0, {"lr": 1e-4, "margin": 0.2}, "result").unlink()
+    resumed = train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None)
+    assert resumed["steps"] == 2 and resumed["val_curve"] == json.loads(json.dumps(record["val_curve"]))
+    assert resumed["test"] == pytest.approx(record["test"])
 
 
 def test_claims_refuse_an_out_that_is_a_file_and_the_cli_exits_2(tmp_path, capsys, script_loader):
