@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from dmlkit.engine.checkpoint_files import atomic_write_json
+from dmlkit.engine.frozen_stage_store import StageOutputs, StageStore, StoredStages
 from dmlkit.engine.run_layout import LAST_CHECKPOINT
 from dmlkit.exceptions import DataError
 
@@ -114,12 +115,12 @@ def create_photo_model(seed: int, normalization: str = "l2"):
                             pooling="avg", freeze_bn=True, frozen_stages=FROZEN_STAGES)
 
 
-def photo_store(data_root: Path, out: Path, budget, echo=None):
-    """The frozen stages' outputs of every photo at ``budget.photo_size`` (computed once, under ``out/data``)."""
-    from dmlkit.engine.frozen_stage_store import StageStore
-
+def photo_store(data_root: Path, out: Path, budget, model=None, echo=None) -> StoredStages:
+    """The frozen stages' outputs of every photo at ``budget.photo_size`` (computed once, under ``out/data``);
+    ``model``: a :func:`create_photo_model` at hand (its frozen stages are every seed's)."""
     paths, names = photo_images(data_root, budget.photo_cap)
-    return StageStore(Path(out) / "data").outputs(create_photo_model(0), BACKBONE, paths, names,
+    model = create_photo_model(0) if model is None else model
+    return StageStore(Path(out) / "data").outputs(model, BACKBONE, paths, names,
                                                   image_size=budget.photo_size, views=STORE_VIEWS, seed=STORE_SEED,
                                                   echo=echo)
 
@@ -128,15 +129,15 @@ def photo_store(data_root: Path, out: Path, budget, echo=None):
 class PhotoSplits:
     """A seed's stored splits: training crops, validation and test evaluation views, and the classes of each."""
 
-    train: object
-    val: object
-    test: object
+    train: StageOutputs
+    val: StageOutputs
+    test: StageOutputs
     train_classes: list[str]
     val_classes: list[str]
     test_classes: list[str]
 
 
-def photo_splits(stored, setting: str, seed: int, data_root: Path, tuning: bool = False) -> PhotoSplits:
+def photo_splits(stored: StoredStages, setting: str, seed: int, data_root: Path, tuning: bool = False) -> PhotoSplits:
     """The seed's training, validation and test data on ``stored`` (a :class:`~dmlkit.engine.frozen_stage_store.
     StoredStages`): :func:`split_classes`, then a seeded fifth of the training labels (products; coarse kinds in
     ``grocery-coarse``) validate. ``grocery-coarse`` labels training and validation by coarse kind, test by product."""
@@ -146,10 +147,10 @@ def photo_splits(stored, setting: str, seed: int, data_root: Path, tuning: bool 
     label = {p: coarse.get(p, p) for p in train}
     labels = sorted(set(label.values()))
     held = set(_permuted(labels, seed + 1)[: max(1, round(len(labels) * PHOTO_VAL_FRACTION))])
-    rows = lambda keep: [i for i, n in enumerate(stored.names) if n in keep]  # noqa: E731
     fit_products = [p for p in train if label[p] not in held]
     val_products = [p for p in train if label[p] in held]
-    fit_rows, val_rows, test_rows = rows(set(fit_products)), rows(set(val_products)), rows(set(test))
+    fit_rows, val_rows, test_rows = ([i for i, n in enumerate(stored.names) if n in keep]
+                                     for keep in (set(fit_products), set(val_products), set(test)))
     return PhotoSplits(
         train=stored.training(fit_rows, [label[stored.names[i]] for i in fit_rows]),
         val=stored.evaluation(val_rows, [label[stored.names[i]] for i in val_rows]),
@@ -208,9 +209,10 @@ def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path,
     import dmlkit
     from dmlkit.models import TrainedStages
 
-    stored = photo_store(data_root, out, budget)
+    embedder = create_photo_model(seed, arm.normalization)
+    stored = photo_store(data_root, out, budget, embedder)
     splits = photo_splits(stored, arm.setting, seed, data_root, tuning)
-    model = TrainedStages(create_photo_model(seed, arm.normalization))
+    model = TrainedStages(embedder)
     split_tag = "tune" if tuning else f"seed{seed}"
     start_path = Path(out) / "data" / "photo-start" / f"{arm.setting}-{split_tag}-{arm.normalization}-{stored.path.stem}.json"
     start = starting_point(model, splits, start_path, seed)
