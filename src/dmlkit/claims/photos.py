@@ -29,6 +29,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -161,20 +162,16 @@ def _numbers(metrics: dict, prefix: str) -> dict:
     return {f"{prefix}{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _scores(model, data, seed: int, clustering: bool) -> dict:
-    from dmlkit.claims.runner import embeddings_metrics
+def starting_point(model, splits: PhotoSplits, path: Path, seed: int, metrics: Callable[..., dict]) -> dict:
+    """``{"val", "test"}`` scores of the untrained ``model`` (the backbone alone under its new head), read from
+    ``path`` when another run of the same setting, split, seed and normalisation scored it already;
+    ``metrics(embeddings, labels, clustering=, seed=)`` scores (the runner's, as for the glyph runs)."""
     from dmlkit.evaluation.embed import embed_dataset
 
-    return embeddings_metrics(*embed_dataset(model, data), clustering=clustering, seed=seed)
-
-
-def starting_point(model, splits: PhotoSplits, path: Path, seed: int) -> dict:
-    """``{"val", "test"}`` metrics of the untrained ``model`` (the backbone alone under its new head), read from
-    ``path`` when another run of the same setting, split, seed and normalisation scored it already."""
     if path.exists():
         return json.loads(path.read_text())
-    start = {"val": _scores(model, splits.val, seed, clustering=False),
-             "test": _scores(model, splits.test, seed, clustering=True)}
+    start = {"val": metrics(*embed_dataset(model, splits.val), clustering=False, seed=seed),
+             "test": metrics(*embed_dataset(model, splits.test), clustering=True, seed=seed)}
     atomic_write_json(path, start)
     return start
 
@@ -200,11 +197,11 @@ def photo_config(arm, point: dict, seed: int, budget) -> dict:
 
 
 def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path, out: Path, budget,
-                    tuning: bool = False) -> dict:
+                    metrics: Callable[..., dict], tuning: bool = False) -> dict:
     """Train one photo run (or resume it) on the stored frozen-stage outputs; returns the pieces of its record.
 
     ``{"result", "start", "test", "test_classes"}``; test metrics of ``grocery-coarse`` are on fine products,
-    named ``fine_*``.
+    named ``fine_*``; ``metrics`` scores the start (:func:`starting_point`).
     """
     import dmlkit
     from dmlkit.models import TrainedStages
@@ -215,7 +212,7 @@ def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path,
     model = TrainedStages(embedder)
     split_tag = "tune" if tuning else f"seed{seed}"
     start_path = Path(out) / "data" / "photo-start" / f"{arm.setting}-{split_tag}-{arm.normalization}-{stored.path.stem}.json"
-    start = starting_point(model, splits, start_path, seed)
+    start = starting_point(model, splits, start_path, seed, metrics)
     result = dmlkit.fit(model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir,
                         resume=(run_dir / LAST_CHECKPOINT).exists(), report=False, echo=lambda s: None,
                         config=photo_config(arm, point, seed, budget))

@@ -263,7 +263,7 @@ def _photo_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data
     """A photo arm's run (:mod:`dmlkit.claims.photos`: fine-tuned on the stored frozen stages) and its record's pieces."""
     from dmlkit.claims.photos import train_photo_run
 
-    done = train_photo_run(arm, point, seed, run_dir, data_root, out, budget, tuning=purpose == "tune")
+    done = train_photo_run(arm, point, seed, run_dir, data_root, out, budget, embeddings_metrics, tuning=purpose == "tune")
     result = done["result"]
     logs = _log_records(run_dir)
     val_curve = _val_curve(logs)
