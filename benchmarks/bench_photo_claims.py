@@ -1,6 +1,6 @@
 """What a photo run of the claims costs and whether every photo arm learns, at the default budget.
 
-Run: .venv/bin/python benchmarks/bench_photo_claims.py --out runs/bench-photo-claims [--seeds 0 1] [--size 128]
+Run: .venv/bin/python benchmarks/bench_photo_claims.py [--out runs/bench-photo-claims] [--seeds 0 1] [--size 128]
 
 Builds (or reads) the frozen-stage store of the grocery photos under ``OUT/data`` and prints its CPU
 seconds, then trains every photo arm of ``dmlkit.claims`` at its middle grid point on each seed (the
@@ -28,7 +28,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="runs/bench-photo-claims", help="store and records (a second call reads them)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--size", type=int, default=FULL.photo_size)
     parser.add_argument("--data-root", default=str(DATA))
