@@ -9,8 +9,8 @@ tuning pool. The ``grocery-coarse`` setting (EPS's class-collapse claim) trains 
 labels (its validation kinds held out whole) and is scored on fine products (``fine_*`` metrics).
 
 The model is EfficientNet-Lite0 with its ImageNet weights (batch-norm statistics frozen), the stem and
-its first :data:`FROZEN_STAGES` stages frozen, the rest (the last stages, the 1x1 head convolution and a
-new :data:`PHOTO_EMBEDDING_SIZE`-D embedding) fine-tuned. The frozen stages are the same in every arm
+its blocks through :data:`FROZEN_THROUGH` frozen, the rest (the last stage, the 1x1 head convolution and
+a new :data:`PHOTO_EMBEDDING_SIZE`-D embedding) fine-tuned. The frozen stages are the same in every arm
 and seed, so they run once per experiment (:func:`photo_store`,
 :class:`~dmlkit.engine.frozen_stage_store.StageStore` under ``OUT/data/``): every photo at
 :attr:`~dmlkit.claims.runner.Budget.photo_size` pixels through :data:`STORE_VIEWS` random resized crops
@@ -42,11 +42,13 @@ from dmlkit.exceptions import DataError
 PHOTO_SETS: dict[str, str] = {"grocery": "grocery/images", "grocery-coarse": "grocery/images"}
 COARSE_FILE = "grocery/coarse_classes.csv"
 BACKBONE = "efficientnet_lite0"
-#: One choice for every photo arm: the embedding size, the frozen feature stages (timm's feature_info, highest
-#: resolution first: 4 freezes up to stride 16, so blocks.5, blocks.6 and the head convolution train), the
-#: training crops stored of every photo and the seed of their draws (docs/claims.md has the measurements).
+#: One choice for every photo arm: the embedding size, the frozen part (the stem and blocks.0-5, through the
+#: stride-32 stage's first container: the last stage blocks.6, the 1x1 head convolution and the embedding train,
+#: a third of the cost a step of also training blocks.5), the training crops stored of every photo and the seed
+#: of their draws (docs/claims.md has the measurements).
 PHOTO_EMBEDDING_SIZE = 128
 FROZEN_STAGES = 4
+FROZEN_THROUGH = "blocks.5"
 STORE_VIEWS = 4
 STORE_SEED = 0
 #: Fraction of a seed's training labels held out (seeded) to validate on.
@@ -112,8 +114,10 @@ def create_photo_model(seed: int, normalization: str = "l2"):
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return create_model(BACKBONE, embedding_size=PHOTO_EMBEDDING_SIZE, pretrained=True, normalization=normalization,
+        model = create_model(BACKBONE, embedding_size=PHOTO_EMBEDDING_SIZE, pretrained=True, normalization=normalization,
                             pooling="avg", freeze_bn=True, frozen_stages=FROZEN_STAGES)
+        model.trunk.freeze_through(FROZEN_THROUGH)
+        return model
 
 
 def photo_store(data_root: Path, out: Path, budget, model=None, echo=None) -> StoredStages:
@@ -176,17 +180,21 @@ def starting_point(model, splits: PhotoSplits, path: Path, seed: int, metrics: C
     return start
 
 
-def photo_config(arm, point: dict, seed: int, budget) -> dict:
+def photo_config(arm, point: dict, seed: int, budget, classes: int) -> dict:
     """``dmlkit.fit``'s settings of one photo run: the arm's loss at ``point``, the budget's schedule, the photo
-    recipe's optimiser (the head at 10x the backbone's rate, proxies 100x; cosine decay over the cap)."""
+    recipe's optimiser (the head at 10x the backbone's rate, proxies 100x; cosine decay over the cap). A batch
+    holds ``budget.m`` photos a class, more where the ``classes`` training labels are too few to fill it (the
+    coarse kinds: the next count that divides the batch)."""
     from dmlkit.claims.catalogue import apply_point
     from dmlkit.recipe.rules import PRETRAINED_HEAD_LR_MULTIPLIER
 
+    batch = budget.photo_batch_size
     return {
         "seed": seed, "loss": apply_point(arm.loss, point), "asap": arm.asap,
         "optimizer": {"name": "adamw", "lr": point["lr"], "head_lr_multiplier": PRETRAINED_HEAD_LR_MULTIPLIER,
                       "loss_lr_multiplier": 100.0, "scheduler": "cosine"},
-        "sampler": {"batch_size": budget.photo_batch_size, "m": budget.m},
+        "sampler": {"batch_size": batch, "m": min(m for m in range(max(budget.m, -(-batch // classes)), batch + 1)
+                                                  if batch % m == 0)},
         "data": {"augment": "none"},  # the stored crops are the augmentation
         "protocol": {"selection": "best"},
         "train": {"max_steps": budget.photo_steps, "eval_every": budget.photo_eval_every,
@@ -215,7 +223,7 @@ def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path,
     start = starting_point(model, splits, start_path, seed, metrics)
     result = dmlkit.fit(model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir,
                         resume=(run_dir / LAST_CHECKPOINT).exists(), report=False, echo=lambda s: None,
-                        config=photo_config(arm, point, seed, budget))
+                        config=photo_config(arm, point, seed, budget, len(splits.train.class_names)))
     prefix = "fine_" if arm.setting == "grocery-coarse" else ""
     return {"result": result, "start": {"val": {"map_at_r": start["val"]["map_at_r"]}, "test": _numbers(start["test"], prefix)},
             "test": _numbers(result.test_metrics, prefix), "test_classes": splits.test_classes}

@@ -78,10 +78,10 @@ class Budget:
     #: Torch threads a run (runs go side by side on ``workers`` processes instead: small convolutions scale poorly).
     threads: int = 1
     #: Photo runs: cap, validations, patience, photos a class (None: all), the resolution and the batch size
-    #: (measured in docs/claims.md: about 0.5 CPU-s a step at 128 px with validations, a run at most ~50 CPU-s).
-    photo_steps: int = 80
+    #: (measured in docs/claims.md: about 0.15 CPU-s a step at 128 px training the last stage and the head).
+    photo_steps: int = 400
     photo_eval_every: int = 20
-    photo_patience: int | None = 2
+    photo_patience: int | None = 3
     photo_cap: int | None = None
     photo_size: int = 128
     photo_batch_size: int = 64

@@ -52,7 +52,7 @@ class StageKey:
 
     backbone: str
     weights: str
-    frozen_stages: int
+    frozen_through: str  # the last frozen step of the backbone's forward chain (``blocks.5``)
     image_size: int
     views: int
     seed: int
@@ -60,7 +60,7 @@ class StageKey:
     images: str
 
     def filename(self) -> str:
-        return (f"{self.backbone}-frozen{self.frozen_stages}-{self.image_size}px-v{self.views}-seed{self.seed}-"
+        return (f"{self.backbone}-to-{self.frozen_through}-{self.image_size}px-v{self.views}-seed{self.seed}-"
                 f"{key_digest(self)}.pt")
 
 
@@ -192,7 +192,7 @@ class StageStore:
         from dmlkit.data.transforms import RandomResizedCropFlip
 
         prefix = nn.ModuleList(model.trunk.split_modules()[0])
-        return StageKey(backbone, weights_fingerprint(prefix), int(model.trunk.frozen_stages), int(image_size),
+        return StageKey(backbone, weights_fingerprint(prefix), model.trunk.split_names()[0][-1], int(image_size),
                         int(views), int(seed), repr(RandomResizedCropFlip(image_size, scale=CROP_SCALE)),
                         images_fingerprint(list(paths), list(names)))
 

@@ -113,6 +113,26 @@ class TimmTrunk(nn.Module):
             for param in module.parameters(recurse=False):
                 param.requires_grad_(False)
         self.frozen_stages = count
+        self.frozen_through = last
+
+    def freeze_through(self, step: str) -> None:
+        """Stop training every parameter up to the end of ``step``, a step of :meth:`feature_chain` (``blocks.5``):
+        a finer split than :meth:`freeze_stages` (a feature stage ends only where the resolution changes; a
+        stage container between two of them can be frozen too). ``frozen_stages`` becomes the feature stages
+        wholly frozen."""
+        chain = self.feature_chain()
+        names = [name for name, _ in chain or []]
+        if step not in names:
+            raise InvalidParameterError(
+                f"freeze_through({step!r}): {self.name!r} has no such step in its forward chain"
+                + (f" ({', '.join(names)})." if names else " (it is not a plain chain of stages)."))
+        end = names.index(step)
+        for _, module in chain[:end + 1]:
+            for param in module.parameters():
+                param.requires_grad_(False)
+        stages = [info["module"] for info in self.model.feature_info]
+        self.frozen_stages = sum(1 for s in stages if s in names[:end + 1])
+        self.frozen_through = step
 
     def feature_chain(self) -> list[tuple[str, nn.Module]] | None:
         """``forward_features`` as a chain of named modules applied in turn, or None when it is not one.
@@ -140,10 +160,20 @@ class TimmTrunk(nn.Module):
         chain = self.feature_chain()
         if chain is None:
             return f"{self.name!r} is not a plain chain of stages dmlkit can split (EfficientNet and ResNet families are)"
-        last = self.model.feature_info[count - 1]["module"]
+        last = self._last_frozen()
         if last not in [name for name, _ in chain]:
             return f"the last frozen stage {last!r} of {self.name!r} is not a step of its forward chain"
         return None
+
+    def _last_frozen(self) -> str:
+        """The chain step the frozen prefix ends with (:meth:`freeze_through`, else the last frozen feature stage)."""
+        return getattr(self, "frozen_through", None) or self.model.feature_info[self.frozen_stages - 1]["module"]
+
+    def split_names(self) -> tuple[list[str], list[str]]:
+        """The chain steps' names of :meth:`forward_prefix` and of :meth:`forward_suffix`."""
+        names = [name for name, _ in self.feature_chain() or []]
+        end = names.index(self._last_frozen()) + 1
+        return names[:end], names[end:]
 
     def split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
         """The modules of :meth:`forward_prefix` and of :meth:`forward_suffix`, in forward order."""
@@ -151,8 +181,7 @@ class TimmTrunk(nn.Module):
         if problem is not None:
             raise InvalidParameterError(f"The trunk cannot be split into a frozen prefix and the rest: {problem}.")
         chain = self.feature_chain() or []
-        last = self.model.feature_info[self.frozen_stages - 1]["module"]
-        end = [name for name, _ in chain].index(last) + 1
+        end = [name for name, _ in chain].index(self._last_frozen()) + 1
         return [m for _, m in chain[:end]], [m for _, m in chain[end:]]
 
     def forward_prefix(self, x: torch.Tensor) -> torch.Tensor:

@@ -105,3 +105,20 @@ def test_the_stored_evaluation_view_embeds_as_the_whole_network_embeds_the_photo
 def test_trained_stages_need_an_embedder_with_a_fixed_prefix():
     with pytest.raises(InvalidParameterError, match="freeze_bn=False"):
         TrainedStages(create_model("efficientnet_lite0", pretrained=True, frozen_stages=4, embedding_size=8))
+
+
+def test_a_trunk_frozen_through_a_chain_step_splits_there_and_keys_its_store_by_it(photos):
+    model = create_model("efficientnet_lite0", pretrained=True, frozen_stages=4, freeze_bn=True, embedding_size=16)
+    model.trunk.freeze_through("blocks.5")
+    prefix, suffix = model.trunk.split_names()
+    assert prefix[-1] == "blocks.5" and suffix[0] == "blocks.6" and model.trunk.frozen_stages == 4
+    assert not any(p.requires_grad for p in model.trunk.model.blocks[5].parameters())
+    assert all(p.requires_grad for p in model.trunk.model.blocks[6].parameters())
+    model.eval()
+    images = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():  # the split is exact: prefix then the rest is the whole network
+        assert torch.allclose(model.forward_from_prefix(model.prefix(images)), model(images), atol=1e-5)
+    key = StageStore("unused").key(model, "efficientnet_lite0", *photos, image_size=64, views=1, seed=0)
+    assert key.frozen_through == "blocks.5" and "to-blocks.5" in key.filename()
+    with pytest.raises(InvalidParameterError, match="no such step"):
+        model.trunk.freeze_through("blocks.9")
