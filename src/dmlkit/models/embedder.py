@@ -237,6 +237,13 @@ class Embedder(EmbedsImages, nn.Module):
         """The trunk's trained stages, pooling, head and normalisation on :meth:`prefix`'s output: ``[B, E]``."""
         return self._head_and_normalisation(self.trunk.forward_suffix(features))
 
+    def features_from_prefix(self, features: torch.Tensor) -> torch.Tensor:
+        """Pooled trunk features ``[B, F]`` (fp32, before the head) from :meth:`prefix`'s output: :meth:`features`
+        of the images it came from."""
+        trunk_output = _at_least_fp32(self.trunk.forward_suffix(features))
+        with torch.autocast(features.device.type, enabled=False):
+            return self.pool(trunk_output)
+
     def _shift_averaged(self, x: torch.Tensor, r: int) -> torch.Tensor:
         """Normalised mean embedding of ``x`` shifted by every offset in ``[-r, r]^2`` (a batched pass per offset)."""
         h, w = x.shape[-2:]

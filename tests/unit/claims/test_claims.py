@@ -357,6 +357,7 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_hold_out_validation_labels(
     for seed in range(5):
         train, test = split_classes(classes, seed)
         assert not set(train) & set(test) and not pool & (set(train) | set(test)) and len(train) + len(test) == 16
+        assert len(test) == round(16 * 0.4)
     assert split_classes(classes, 0)[1] != split_classes(classes, 1)[1]
     tune_train, tune_test = split_classes(classes, 3, tuning=True)
     assert set(tune_test) == pool and split_classes(classes, 0, tuning=True) == (tune_train, tune_test)
@@ -369,7 +370,7 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_hold_out_validation_labels(
     train, test = split_classes(classes, 2)
     fine = photo_splits(stored, "grocery", 2, tmp_path)
     assert set(fine.train_classes) | set(fine.val_classes) == set(train) and fine.test_classes == test
-    assert not set(fine.train_classes) & set(fine.val_classes) and len(fine.val_classes) == round(len(train) * 0.2)
+    assert not set(fine.train_classes) & set(fine.val_classes) and len(fine.val_classes) == round(len(train) * 0.3)
     assert len(fine.train) == 2 * 3 * len(fine.train_classes) and len(fine.test) == 3 * len(test)
     assert set(fine.train.names) == set(fine.train_classes) and fine.test.class_names == test
     first = next(i for i, n in enumerate(names) if n in test)  # test items: evaluation views, in stored order
@@ -379,6 +380,11 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_hold_out_validation_labels(
     coarse = photo_splits(stored, "grocery-coarse", 2, tmp_path)  # coarse kinds train and validate, products test
     assert set(coarse.train.names) | set(coarse.val.names) == {c.split("-")[0] for c in train}
     assert not set(coarse.train.names) & set(coarse.val.names) and coarse.test.class_names == test
+    for seed in range(4):  # disjoint kinds: no test product shares a kind with a training or validation product
+        disjoint = photo_splits(stored, "grocery-coarse-disjoint", seed, tmp_path)
+        kinds = {c.split("-")[0] for c in disjoint.test_classes}
+        assert kinds and not kinds & (set(disjoint.train.names) | set(disjoint.val.names))
+        assert not pool & set(disjoint.test_classes) and len(disjoint.test_classes) >= round(16 * 0.4)
 
 
 def test_a_mid_curve_threshold_is_each_seeds_step_zero_plus_a_gain_fixed_by_the_tuning_runs():
