@@ -19,7 +19,7 @@ reported as the fold-model average and the concatenated-embedding ensemble.
 These MNIST / digits claims are toy scale. The five papers' claims with networks that learn, seeded
 class-disjoint splits and paired statistics are ``reproduce.py claims``::
 
-    .venv/bin/python scripts/reproduce.py claims [CLAIM...] [--quick] [--seeds 0 1 2 3 4 5 6 7] [--out runs/claims]
+    .venv/bin/python scripts/reproduce.py claims [CLAIM...] [--quick] [--seeds 0 1 2 3 4 5 6 7] [--out results/claims]
     .venv/bin/python scripts/reproduce.py claims --list
 """
 
@@ -836,7 +836,8 @@ def claims_main(argv: list[str]) -> int:
                              "seeds 0 1: every arm end to end, not a result")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="glyph seeds (default 0-7; photos take the first 5; quick: 0 1)")
-    parser.add_argument("--out", default=None, help="output folder (default runs/claims or runs/claims-quick)")
+    parser.add_argument("--out", default=None, help="output folder (default results/claims, which holds the committed "
+                                                    "run records, or runs/claims-quick)")
     parser.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"),
                         help="folder holding omniglot/ (images_background*.zip or its folders) and "
                              "grocery/images/<class>/*.jpg with grocery/coarse_classes.csv")
@@ -861,7 +862,7 @@ def claims_main(argv: list[str]) -> int:
         for k, v in UNTESTED.items():
             print(f"  {k}: {v}")
         return 0
-    out = Path(args.out or ("runs/claims-quick" if args.quick else "runs/claims"))
+    out = Path(args.out or ("runs/claims-quick" if args.quick else REPO / "results" / "claims"))
     try:
         import dataclasses
 

@@ -125,6 +125,10 @@ def run_costs(out: Path) -> dict[str, dict]:
     return costs
 
 
+def _stopping(patience: int | None) -> str:
+    return "train to the cap" if patience is None else f"stop after {patience} validations without a gain"
+
+
 def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
     """Every claim's tables, under the protocol and cost of the run, then the claims this data cannot test."""
     b = meta["budget"]
@@ -135,11 +139,12 @@ def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
         "",
         f"Glyph seeds {meta['seeds']}, photo seeds {meta['photo_seeds']} (each re-draws the test classes). Every arm "
         f"tunes the learning rate (from {meta['learning_rates']}) and one method parameter on the tuning classes; "
-        f"glyph runs validate every {b['eval_every']} steps and stop after {b['patience']} validations without a gain "
-        f"(cap {b['steps']} steps, 4x for the ASAP claims' arms); convergence curves validate every {b['curve_every']} "
-        f"steps for {b['curve_steps']} steps; photo runs at {b['photo_size']} px validate every {b['photo_eval_every']} "
-        f"steps, patience {b['photo_patience']}, cap {b['photo_steps']}. A run learned when its selected checkpoint "
-        f"beats step 0 on validation MAP@R by {100 * meta['learn_margin']:g} point or more. Training cost: {cost}.",
+        f"glyph runs validate every {b['eval_every']} steps and {_stopping(b['patience'])} (cap {b['steps']} steps, "
+        f"4x for the ASAP claims' arms); convergence curves validate every {b['curve_every']} steps for "
+        f"{b['curve_steps']} steps; photo runs at {b['photo_size']} px validate every {b['photo_eval_every']} steps and "
+        f"{_stopping(b['photo_patience'])} (cap {b['photo_steps']}). A run learned when its selected checkpoint beats its "
+        f"start (glyphs: step 0; photos: the backbone alone) on validation MAP@R by {100 * meta['learn_margin']:g} point "
+        f"or more. Training cost: {cost}.",
         "",
     ]
     body = [claim_markdown(s) for s in summaries.values()]

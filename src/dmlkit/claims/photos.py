@@ -5,8 +5,9 @@ ImageNet-1k classes, so the pretrained backbone has to learn; ``coarse_classes.c
 of 43 coarse kinds). A fifth of the products is set aside once as the tuning pool (:func:`photo_tuning_pool`);
 each seed re-draws which :data:`PHOTO_TEST_FRACTION` of the others test (:func:`split_classes`), and
 :data:`PHOTO_VAL_FRACTION` of its training labels (seeded) validate (:func:`photo_splits`). A tuning run
-trains on a fixed draw and is scored on the tuning pool. The ``grocery-coarse`` setting (EPS's class-collapse claim) trains and validates on coarse
-labels (its validation kinds held out whole) and is scored on fine products (``fine_*`` metrics);
+trains on a fixed draw and is scored on the tuning pool. The ``grocery-coarse`` setting (EPS's
+class-collapse claim) trains and validates on coarse labels (its validation kinds held out whole) and is
+scored on fine products (``fine_*`` metrics);
 ``grocery-coarse-disjoint`` does the same with test products whose kinds no training product has
 (:func:`split_kinds`).
 
