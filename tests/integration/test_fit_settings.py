@@ -84,3 +84,11 @@ def test_describe_object_keeps_constructor_arguments_and_shapes():
     described = describe_object(ProxyAnchorLoss(num_classes=3, embedding_size=4, margin=0.2))
     assert described["args.margin"] == "0.2" and "(3, 4)" in described["shapes"]
     assert describe_object(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.5))["args.lr"] == "0.5"
+
+
+def test_patience_stops_on_the_validation_split_given_to_fit_and_needs_one_otherwise(tmp_path):
+    result = fit(tmp_path / "given", train={"max_steps": 40, "eval_every": 2, "patience": 1, "progress": False})
+    assert 0 < result.steps < 40  # stopped by the given validation split, not the cap
+    with pytest.raises(ConfigError, match="train.patience needs a validation split"):
+        dmlkit.fit(small_net(), ProxyAnchorLoss(num_classes=6, embedding_size=8), Blobs(range(6)), out=tmp_path / "none",
+                   protocol={"val_class_fraction": 0}, **{**SMALL, "train": {"max_steps": 4, "patience": 1}})
