@@ -73,7 +73,7 @@ def test_claims_command_lists_and_refuses_unknown_claims(capsys, script_loader):
 
 @pytest.mark.slow
 def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_on_fine_products(tmp_path, monkeypatch):
-    from dmlkit.claims.photos import coarse_classes, photo_tuning_pool
+    from dmlkit.claims.photos import PHOTO_TEST_FRACTION, coarse_classes, photo_tuning_pool
     from dmlkit.models import Embedder
 
     tiny = Budget(photo_steps=2, photo_eval_every=1, photo_cap=3, photo_size=64, photo_patience=None, threads=1)
@@ -90,7 +90,7 @@ def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_o
     assert 81 * 3 * 5 <= stored < 81 * 3 * 5 + 10
     mapping = coarse_classes(DATA)
     fine = set(record["test_classes"])
-    assert not photo_tuning_pool(list(mapping)) & fine and len(fine) == (81 - 16) // 2
+    assert not photo_tuning_pool(list(mapping)) & fine and len(fine) == round((81 - 16) * PHOTO_TEST_FRACTION)
     # another arm and setting reads the same store: no prefix pass; a record is never trained again
     other = train_run(ARMS["grocery/proxy-anchor"], 0, {"lr": 1e-4, "alpha": 32.0}, tiny, tmp_path, str(DATA), None,
                       lambda s: None)
