@@ -133,7 +133,7 @@ def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
     """Every claim's tables, under the protocol and cost of the run, then the claims this data cannot test."""
     b = meta["budget"]
     cost = ", ".join(f"{k}: {v['runs']} runs, {v['seconds']:.0f} s ({v['cpu_seconds']:.0f} CPU-s)"
-                     for k, v in meta["costs"].items())
+                     for k, v in sorted(meta["costs"].items()))
     head = [
         "## Claims tested on Omniglot glyphs and grocery photos" + (" (quick check: not a result)" if meta["quick"] else ""),
         "",
