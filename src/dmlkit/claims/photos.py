@@ -68,6 +68,12 @@ PHOTO_TUNING_FRACTION = 0.2
 PHOTO_TUNING_SEED = 1_000_003
 
 
+def photo_protocol() -> dict:
+    """The fixed choices of every photo run that a record must share to be read back (beside the budget's)."""
+    return {"backbone": BACKBONE, "frozen_through": FROZEN_THROUGH, "views": STORE_VIEWS,
+            "test_fraction": PHOTO_TEST_FRACTION, "val_fraction": PHOTO_VAL_FRACTION}
+
+
 def _images(folder: Path) -> list[str]:
     from dmlkit.data.folder import IMAGE_EXTENSIONS
 

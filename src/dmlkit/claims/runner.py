@@ -50,6 +50,7 @@ from dmlkit.claims.catalogue import (
     learning_rates_for,
 )
 from dmlkit.claims.glyphs import GLYPH_WIDTH, TUNING_SEED, GlyphSplits, build_splits, create_glyph_model, load_pool
+from dmlkit.claims.photos import photo_protocol
 from dmlkit.claims.records import read_record
 from dmlkit.engine.checkpoint_files import atomic_write_json
 from dmlkit.engine.run_layout import LAST_CHECKPOINT, LOG_FILE, TEST_EMBEDDINGS_FILE
@@ -93,7 +94,8 @@ class Budget:
         """What a run of ``arm`` for ``purpose`` trains: its record must agree to be read back."""
         if arm.setting in PHOTO_SETTINGS:
             return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
-                    "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size}
+                    "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size,
+                    **photo_protocol()}
         network = {"width": GLYPH_WIDTH}  # a record of another network is refused, never mixed in
         if purpose == "curve":
             return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None, **network}
