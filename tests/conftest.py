@@ -60,9 +60,9 @@ def pytest_configure(config):
 #: loaded 2-core machine (2026-11-27): 103, 78, then 298, 227, 193, 142, 90, 85, 84, 57, 54, 54, 47, 41, 34.
 LONG_FIRST = (
     "tests/integration/test_doc_examples.py",
+    "tests/integration/test_reproduce_claims.py",
     "tests/integration/test_export.py",
     "tests/integration/test_photo_train.py",
-    "tests/integration/test_reproduce_claims.py",
     "tests/integration/test_cluster_embed.py",
     "tests/integration/test_report_layout_browser.py",
     "tests/integration/test_index_cli.py",

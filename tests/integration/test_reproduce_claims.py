@@ -24,7 +24,8 @@ def test_quick_runs_every_claim_end_to_end_within_ten_minutes_writes_tables_that
         tmp_path, monkeypatch, script_loader, capsys):
     reproduce = script_loader("reproduce")
     out = tmp_path / "claims"
-    assert reproduce.main(["claims", "--quick", "--out", str(out)]) == 0
+    # one worker: the suite's own processes hold the cores already
+    assert reproduce.main(["claims", "--quick", "--workers", "1", "--out", str(out)]) == 0
     assert "quick check: not a result" in capsys.readouterr().out
     data = json.loads((out / "claims.json").read_text())
     meta = data["meta"]
@@ -58,7 +59,7 @@ def test_quick_runs_every_claim_end_to_end_within_ten_minutes_writes_tables_that
         shutil.rmtree(folder)
     shutil.rmtree(out / "data", ignore_errors=True)
     monkeypatch.setattr(runner, "train_run", lambda *a, **k: pytest.fail("a recorded run was trained again"))
-    assert reproduce.main(["claims", "--quick", "--out", str(out)]) == 0
+    assert reproduce.main(["claims", "--quick", "--workers", "1", "--out", str(out)]) == 0
     assert verify(json.loads((out / "claims.json").read_text())) == []
 
 
