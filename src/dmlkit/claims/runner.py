@@ -199,13 +199,17 @@ def train_run(arm: Arm, seed: int, point: dict, budget: Budget, out: Path, data_
     resume = (run_dir / LAST_CHECKPOINT).exists()
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
+    caller_threads = torch.get_num_threads()  # given back after the run (a run in the caller's own process)
     torch.set_num_threads(budget.threads)
     echo(f"[{time.strftime('%H:%M:%S')}] {arm.name} {purpose} seed {seed} {point_tag(point)}{' (resume)' if resume else ''}")
     t0, cpu0 = time.perf_counter(), time.process_time()
-    if arm.setting in PHOTO_SETTINGS:
-        record = _photo_run(arm, seed, point, budget, out, Path(data_root), run_dir, purpose)
-    else:
-        record = _glyph_run(arm, seed, point, budget, plan, run_dir, data_root, subset, purpose)
+    try:
+        if arm.setting in PHOTO_SETTINGS:
+            record = _photo_run(arm, seed, point, budget, out, Path(data_root), run_dir, purpose)
+        else:
+            record = _glyph_run(arm, seed, point, budget, plan, run_dir, data_root, subset, purpose)
+    finally:
+        torch.set_num_threads(caller_threads)
     record.update(arm=arm.name, seed=seed, point=point, purpose=purpose, budget=plan, budget_steps=plan["steps"],
                   wall_seconds=round(time.perf_counter() - t0, 2),
                   # the work itself (this process's CPU time): the wall time of a shared machine is not
