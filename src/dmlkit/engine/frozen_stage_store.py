@@ -34,7 +34,14 @@ from torch import nn
 
 from dmlkit.core.messages import messages
 from dmlkit.engine.frozen_stage_cache import FrozenFeatureCache, format_size
-from dmlkit.engine.pooled_feature_store import images_fingerprint, key_digest, load_keyed, save_keyed, weights_fingerprint
+from dmlkit.engine.pooled_feature_store import (
+    images_fingerprint,
+    key_digest,
+    label_ids,
+    load_keyed,
+    save_keyed,
+    weights_fingerprint,
+)
 from dmlkit.exceptions import DataError
 
 log = logging.getLogger(__name__)
@@ -94,9 +101,7 @@ class StageOutputs(torch.utils.data.Dataset):
         if not (len(images) == len(views) == len(names)):
             raise DataError(f"images has {len(images)} rows, views {len(views)} and names {len(names)}; expected equal.")
         self.storage, self.images, self.views, self.names = storage, images, views, list(names)
-        self.class_names = sorted(set(self.names))
-        index = {name: i for i, name in enumerate(self.class_names)}
-        self.labels = torch.tensor([index[n] for n in self.names], dtype=torch.int64)
+        self.class_names, self.labels = label_ids(self.names)
 
     def __len__(self) -> int:
         return len(self.images)

@@ -198,6 +198,13 @@ def pooled_features(model: nn.Module, images: Sequence[str] | torch.Tensor, *, i
     return features
 
 
+def label_ids(names: Sequence[str]) -> tuple[list[str], torch.Tensor]:
+    """``(class_names, labels)``: the sorted distinct ``names`` and each name's int64 id among them."""
+    classes = sorted(set(names))
+    index = {name: i for i, name in enumerate(classes)}
+    return classes, torch.tensor([index[n] for n in names], dtype=torch.int64)
+
+
 class FeatureDataset(Dataset):
     """Stored features as a map-style dataset: item ``i`` is ``(features[i] as [F, 1, 1], label name's id)``.
 
@@ -212,9 +219,7 @@ class FeatureDataset(Dataset):
             raise DataError(f"features has {len(features)} rows but names has {len(names)}.")
         self.features = features
         self.names = list(names)
-        self.class_names = sorted(set(self.names))
-        index = {name: i for i, name in enumerate(self.class_names)}
-        self.labels = torch.tensor([index[n] for n in self.names], dtype=torch.int64)
+        self.class_names, self.labels = label_ids(self.names)
 
     def __len__(self) -> int:
         return len(self.features)
