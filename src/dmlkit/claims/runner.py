@@ -335,14 +335,15 @@ def _train_all(jobs: list[tuple], workers: int, echo: Callable[[str], None]) -> 
 
 
 def _next_value(values: list, chosen: float, limits: tuple[float, float]) -> float | None:
-    """The value beyond ``chosen`` at an edge of ``values`` (the grid's own ratio), or None inside the limits' reach."""
+    """The value beyond ``chosen`` at an edge of ``values`` (the grid's own ratio, stopped at the hard limit when
+    a full step would pass it), or None when ``chosen`` is interior or is the hard limit itself."""
     ordered = sorted(set(values))
     if len(ordered) < 2 or ordered[0] < chosen < ordered[-1]:
         return None
     ratio = ordered[1] / ordered[0] if chosen == ordered[0] else ordered[-1] / ordered[-2]
-    new = chosen / ratio if chosen == ordered[0] else chosen * ratio
+    new = min(max(chosen / ratio if chosen == ordered[0] else chosen * ratio, limits[0]), limits[1])
     new = int(round(new)) if all(isinstance(v, int) for v in ordered) else float(f"{new:.6g}")
-    return new if limits[0] <= new <= limits[1] and new not in ordered else None
+    return None if new == chosen or new in ordered else new
 
 
 def _edge_notes(arm: Arm, axes: dict[str, list], chosen: dict, extensions: int, budget: Budget) -> dict[str, str]:

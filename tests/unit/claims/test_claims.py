@@ -163,7 +163,11 @@ def test_a_grid_edge_extends_the_grid_until_interior_or_a_hard_limit():
     assert _next_value([3e-4, 1e-3, 3e-3], 3e-3, (1e-5, 3e-2)) == pytest.approx(9e-3)
     assert _next_value([3e-4, 1e-3, 3e-3], 3e-4, (1e-5, 3e-2)) == pytest.approx(9e-5, rel=1e-5)
     assert _next_value([3e-4, 1e-3, 3e-3], 1e-3, (1e-5, 3e-2)) is None  # interior
-    assert _next_value([0.1, 0.2, 0.4], 0.4, (0.0125, 0.5)) is None  # 0.8 is past the hard limit
+    assert _next_value([0.1, 0.2, 0.4], 0.4, (0.0125, 0.5)) == 0.5  # 0.8 is past the hard limit: the limit itself
+    assert _next_value([0.1, 0.2, 0.4, 0.5], 0.5, (0.0125, 0.5)) is None  # at the hard limit: nothing beyond
+    # the photo rates: 3e-5 / 3.33 is below the 1e-5 limit, so the limit is tried (not "hard limit" at 3e-5)
+    assert _next_value([3e-5, 1e-4, 3e-4], 3e-5, (1e-5, 3e-2)) == pytest.approx(1e-5)
+    assert _next_value([1e-5, 3e-5, 1e-4, 3e-4], 1e-5, (1e-5, 3e-2)) is None
     assert _next_value([32, 64, 128], 32, (4, 4096)) == 16 and isinstance(_next_value([32, 64, 128], 32, (4, 4096)), int)
 
 
