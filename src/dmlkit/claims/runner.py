@@ -357,11 +357,10 @@ def _edge_notes(arm: Arm, axes: dict[str, list], chosen: dict, extensions: int, 
             notes[axis] = "one value (--quick)"
         elif not budget.extend:
             notes[axis] = "grid edge, not extended"
-        elif extensions >= MAX_EXTENSIONS:
-            notes[axis] = f"grid edge after {MAX_EXTENSIONS} extensions"
-        else:
-            low, high = LR_LIMITS if axis == "lr" else arm.limits.get(axis, (1e-6, 1e6))
-            notes[axis] = f"hard limit [{low:g}, {high:g}]"
+        elif chosen[axis] in (limits := LR_LIMITS if axis == "lr" else arm.limits.get(axis, (1e-6, 1e6))):
+            notes[axis] = f"hard limit [{limits[0]:g}, {limits[1]:g}]"
+        else:  # the arm's extensions ran out (MAX_EXTENSIONS) before the edge became interior
+            notes[axis] = f"grid edge after {extensions} extensions"
     return notes
 
 

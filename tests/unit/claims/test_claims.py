@@ -171,6 +171,18 @@ def test_a_grid_edge_extends_the_grid_until_interior_or_a_hard_limit():
     assert _next_value([32, 64, 128], 32, (4, 4096)) == 16 and isinstance(_next_value([32, 64, 128], 32, (4, 4096)), int)
 
 
+def test_an_edge_note_names_the_hard_limit_only_at_the_limit():
+    from dmlkit.claims import ARMS
+    from dmlkit.claims.runner import FULL, MAX_EXTENSIONS, _edge_notes
+
+    arm = ARMS["grocery/lifted"]
+    at_limit = _edge_notes(arm, {"lr": [1e-5, 3e-5, 1e-4]}, {"lr": 1e-5}, MAX_EXTENSIONS, FULL)
+    assert at_limit == {"lr": "hard limit [1e-05, 0.03]"}  # the limit, even with every extension spent
+    short = _edge_notes(arm, {"lr": [3e-5, 1e-4, 3e-4]}, {"lr": 3e-5}, MAX_EXTENSIONS, FULL)
+    assert short == {"lr": f"grid edge after {MAX_EXTENSIONS} extensions"}
+    assert _edge_notes(arm, {"lr": [3e-5, 1e-4, 3e-4]}, {"lr": 1e-4}, 0, FULL) == {}  # interior
+
+
 def test_time_to_threshold_interpolates_from_step_zero_and_censors():
     curve = [{"step": 25, "time": 2.0, "map_at_r": 0.4}, {"step": 50, "time": 4.0, "map_at_r": 0.7}]
     assert time_to_threshold(curve, 0.2, 0.6, "step", 75) == (pytest.approx(25 + 0.2 / 0.3 * 25), True)
