@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dmlkit.claims.analysis import LEARN_MARGIN, LOWER_IS_BETTER, add_global_holm, claim_markdown, summarise_claim
-from dmlkit.claims.catalogue import ARMS, CLAIMS, COMMON_LEARNING_RATE, LEARNING_RATES, PHOTO_SETTINGS, UNTESTED
+from dmlkit.claims.catalogue import (
+    ARMS,
+    CLAIMS,
+    COMMON_LEARNING_RATE,
+    LEARNING_RATES,
+    PHOTO_LEARNING_RATES,
+    PHOTO_SETTINGS,
+    UNTESTED,
+)
 from dmlkit.claims.figures import convergence_figure
 from dmlkit.claims.records import check_out_folder, read_record
 from dmlkit.claims.runner import FULL, QUICK, QUICK_DRAWINGS, Budget, budget_dict, close_workers, run_arms
@@ -96,6 +104,8 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
     add_global_holm(summaries)
     meta = {
         "seeds": seeds, "photo_seeds": photo_seeds, "budget": budget_dict(budget), "learning_rates": list(learning_rates),
+        # --quick's one-point grids take each axis's middle value
+        "photo_learning_rates": [PHOTO_LEARNING_RATES[len(PHOTO_LEARNING_RATES) // 2]] if quick else list(PHOTO_LEARNING_RATES),
         "common_learning_rate": COMMON_LEARNING_RATE, "learn_margin": LEARN_MARGIN, "quick": quick, "subset": subset,
         "wall_seconds_this_call": round(time.perf_counter() - t0, 1),
         # every process's CPU time (this one and its finished workers): the work, whatever else ran beside it
@@ -138,7 +148,8 @@ def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
         "## Claims tested on Omniglot glyphs and grocery photos" + (" (quick check: not a result)" if meta["quick"] else ""),
         "",
         f"Glyph seeds {meta['seeds']}, photo seeds {meta['photo_seeds']} (each re-draws the test classes). Every arm "
-        f"tunes the learning rate (from {meta['learning_rates']}) and one method parameter on the tuning classes; "
+        f"tunes the learning rate (glyphs from {meta['learning_rates']}, photos from {meta['photo_learning_rates']}) and "
+        f"one method parameter on the tuning classes; "
         f"glyph runs validate every {b['eval_every']} steps and {_stopping(b['patience'])} (cap {b['steps']} steps, "
         f"4x for the ASAP claims' arms); convergence curves validate every {b['curve_every']} steps for "
         f"{b['curve_steps']} steps; photo runs at {b['photo_size']} px validate every {b['photo_eval_every']} steps and "
