@@ -42,6 +42,9 @@ def test_quick_runs_every_claim_end_to_end_within_ten_minutes_writes_tables_that
         assert len(rows) == len(claim.comparisons) and all(r["verdict"] and "p_holm_global" in r for r in rows)
         assert all(a["seeds"] == 2 and a["tuning"]["grid"] for a in data["claims"][claim.name]["arms"])
     assert (out / "figures" / "proxy-nca-convergence.png").stat().st_size > 0
+    # figures are named relative to the output folder: claims.json reads the same on every clone
+    assert meta["figures"] and all(not Path(f).is_absolute() and (out / f).stat().st_size > 0
+                                   for f in meta["figures"].values())
     # tuning runs are never results, and no seed tests a tuning class
     assert json.loads((out / "runs" / "proxy-nca" / "tuning.json").read_text())["chosen"] == {
         "lr": 1e-3, "softmax_scale": 8.0}

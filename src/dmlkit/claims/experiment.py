@@ -100,7 +100,8 @@ def run_claims(claim_names: Sequence[str], out: Path, data_root: str, *, quick: 
         for rate, variant in (("own", ""), ("common", f"every arm at lr {COMMON_LEARNING_RATE:g}")):
             s = summarise_claim(claim, curves[rate], threshold=threshold, tuning=tunings, variant=variant)
             summaries[s["claim"]] = s
-            figures[s["claim"]] = str(convergence_figure(s, curves[rate], out / "figures" / f"{s['claim']}.png"))
+            figure = convergence_figure(s, curves[rate], out / "figures" / f"{s['claim']}.png")
+            figures[s["claim"]] = figure.relative_to(out).as_posix()  # relative to OUT: the same on every clone
     add_global_holm(summaries)
     meta = {
         "seeds": seeds, "photo_seeds": photo_seeds, "budget": budget_dict(budget), "learning_rates": list(learning_rates),
