@@ -169,14 +169,15 @@ def split_kinds(products: list[str], coarse: dict[str, str], seed: int) -> tuple
         if sum(coarse.get(p, p) in test_kinds for p in kept) >= round(len(kept) * PHOTO_TEST_FRACTION):
             break
         test_kinds.add(kind)
-    test = [p for p in kept if coarse.get(p, p) in test_kinds]
-    return [p for p in kept if p not in set(test)], test
+    return ([p for p in kept if coarse.get(p, p) not in test_kinds],
+            [p for p in kept if coarse.get(p, p) in test_kinds])
 
 
 def photo_splits(stored: StoredStages, setting: str, seed: int, data_root: Path, tuning: bool = False) -> PhotoSplits:
     """The seed's training, validation and test data on ``stored`` (a :class:`~dmlkit.engine.frozen_stage_store.
-    StoredStages`): :func:`split_classes`, then a seeded fifth of the training labels (products; coarse kinds in
-    ``grocery-coarse``) validate. ``grocery-coarse`` labels training and validation by coarse kind, test by product."""
+    StoredStages`): :func:`split_classes` (:func:`split_kinds` in ``grocery-coarse-disjoint``), then a seeded
+    :data:`PHOTO_VAL_FRACTION` of the training labels (products; coarse kinds in the coarse settings) validate. The
+    coarse settings label training and validation by coarse kind, test by product."""
     products = sorted(set(stored.names))
     coarse = coarse_classes(data_root) if setting in COARSE_SETTINGS else {}
     if setting == "grocery-coarse-disjoint" and not tuning:

@@ -165,14 +165,18 @@ class TimmTrunk(nn.Module):
             return f"the last frozen stage {last!r} of {self.name!r} is not a step of its forward chain"
         return None
 
-    def _last_frozen(self) -> str:
-        """The chain step the frozen prefix ends with (:meth:`freeze_through`, else the last frozen feature stage)."""
-        return getattr(self, "frozen_through", None) or self.model.feature_info[self.frozen_stages - 1]["module"]
+    def _last_frozen(self) -> str | None:
+        """The chain step the frozen prefix ends with (set by :meth:`freeze_stages` and :meth:`freeze_through`)."""
+        return getattr(self, "frozen_through", None)
+
+    def _prefix_length(self, chain: list[tuple[str, nn.Module]]) -> int:
+        """How many steps of ``chain`` (:meth:`feature_chain`) the frozen prefix runs."""
+        return [name for name, _ in chain].index(self._last_frozen()) + 1
 
     def split_names(self) -> tuple[list[str], list[str]]:
         """The chain steps' names of :meth:`forward_prefix` and of :meth:`forward_suffix`."""
-        names = [name for name, _ in self.feature_chain() or []]
-        end = names.index(self._last_frozen()) + 1
+        chain = self.feature_chain() or []
+        names, end = [name for name, _ in chain], self._prefix_length(chain)
         return names[:end], names[end:]
 
     def split_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
@@ -181,7 +185,7 @@ class TimmTrunk(nn.Module):
         if problem is not None:
             raise InvalidParameterError(f"The trunk cannot be split into a frozen prefix and the rest: {problem}.")
         chain = self.feature_chain() or []
-        end = [name for name, _ in chain].index(self._last_frozen()) + 1
+        end = self._prefix_length(chain)
         return [m for _, m in chain[:end]], [m for _, m in chain[end:]]
 
     def forward_prefix(self, x: torch.Tensor) -> torch.Tensor:
