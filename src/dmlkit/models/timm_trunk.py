@@ -102,6 +102,9 @@ class TimmTrunk(nn.Module):
         and hold the most generic features.
         """
         stages = [info["module"] for info in (getattr(self.model, "feature_info", None) or [])]
+        if count <= 0:  # nothing frozen (stages[count - 1] would name the last stage and freeze all of them)
+            self.frozen_stages, self.frozen_through = 0, None
+            return
         if count > len(stages):
             raise InvalidParameterError(
                 f"frozen_stages={count}, but {self.name!r} has {len(stages)} feature stages"

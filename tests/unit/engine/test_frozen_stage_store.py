@@ -122,3 +122,12 @@ def test_a_trunk_frozen_through_a_chain_step_splits_there_and_keys_its_store_by_
     assert key.frozen_through == "blocks.5" and "to-blocks.5" in key.filename()
     with pytest.raises(InvalidParameterError, match="no such step"):
         model.trunk.freeze_through("blocks.9")
+
+
+def test_freezing_zero_stages_freezes_nothing():
+    model = create_model("efficientnet_lite0", pretrained=False, frozen_stages=2, embedding_size=8)
+    model.trunk.freeze_stages(0)  # after a count: the flags stay as the caller left them, no prefix is named
+    assert model.trunk.frozen_stages == 0 and model.trunk.split_problem().startswith("model.frozen_stages=0")
+    fresh = create_model("efficientnet_lite0", pretrained=False, embedding_size=8)
+    fresh.trunk.freeze_stages(0)
+    assert all(p.requires_grad for p in fresh.trunk.parameters())
