@@ -49,6 +49,15 @@ def learned(record: dict, margin: float = LEARN_MARGIN) -> bool:
     return bool(record["best_step"] > 0 and gain >= margin - 1e-12)
 
 
+def at_cap(record: dict) -> bool:
+    """Whether a run selected its last step at the cap (still improving when the budget ended: not converged)."""
+    return record["best_step"] >= record["budget_steps"]
+
+
+#: Seeds of an arm that may select their last step at the cap before its comparisons get no verdict.
+MOST_SEEDS_AT_CAP = 1
+
+
 def time_to_threshold(curve: Sequence[dict], start: float, threshold: float, key: str, budget_end: float) -> tuple[float, bool]:
     """When the validation curve first reaches ``threshold``, linearly interpolated between evaluations.
 
@@ -130,7 +139,7 @@ def arm_summary(name: str, records: Sequence[dict], claim: Claim, threshold: flo
         "start_val": statistics.fmean(r["start"]["val"]["map_at_r"] for r in records),
         "selected_val": statistics.fmean(r["selected_val_map_at_r"] for r in records),
         "selected_steps": [r["best_step"] for r in records],
-        "at_cap": sum(r["best_step"] >= r["budget_steps"] for r in records),
+        "at_cap": sum(at_cap(r) for r in records),
         "mean": mean, "ci_low": low, "ci_high": high,
         "start_mean": None if starts[0] is None else statistics.fmean(starts),
         "censored": sum(not ok for _, ok in values),
@@ -172,6 +181,9 @@ def compare(claim: Claim, records: dict[str, list[dict]], threshold: float | Non
                      "observed_a": [ok for _, ok in ra], "observed_b": [ok for _, ok in rb]}
         not_learned = {n: [s for s in seeds if not learned(r[s])] for n, r in ((comp.a, a), (comp.b, b))}
         row["not_learned"] = {n: s for n, s in not_learned.items() if s}
+        if claim.metric not in LOWER_IS_BETTER:  # curves train a fixed length: their steps to a level are the test
+            capped = {n: [s for s in seeds if at_cap(r[s])] for n, r in ((comp.a, a), (comp.b, b))}
+            row["not_converged"] = {n: s for n, s in capped.items() if len(s) > MOST_SEEDS_AT_CAP}
         if len(seeds) < 2:
             row.update(p=float("nan"), note="fewer than 2 seeds")
         elif claim.metric in LOWER_IS_BETTER:
@@ -184,7 +196,7 @@ def compare(claim: Claim, records: dict[str, list[dict]], threshold: float | Non
             test = paired_t_test(row["values_a"], row["values_b"])
             row.update(test.as_dict(), test="paired t", mdd=minimal_detectable_difference(test.std_diff, len(seeds)))
         # a comparison without a verdict stays in the family with p = 1 (dropping it would shrink the family)
-        untestable = math.isnan(row["p"]) or bool(row["not_learned"])
+        untestable = math.isnan(row["p"]) or bool(row["not_learned"]) or bool(row.get("not_converged"))
         row["p_family"] = 1.0 if untestable else row["p"]
         rows.append(row)
     for r, p_adj in zip(rows, holm([r["p_family"] for r in rows])):
@@ -211,6 +223,9 @@ def _verdict(row: dict, p_adjusted: float) -> str:
         return f"no verdict: {row['note']}"
     if row.get("not_learned"):
         return "no verdict: " + "; ".join(f"{n} did not learn (seeds {s})" for n, s in row["not_learned"].items())
+    if row.get("not_converged"):
+        return "no verdict: " + "; ".join(f"{n} selected its last step at the cap (seeds {s}): not converged"
+                                          for n, s in row["not_converged"].items())
     prefix = f"(only {len(row['seeds'])} seeds, not a result) " if len(row["seeds"]) < 5 else ""
     if row["kind"] == "equivalent":  # margins of metrics in [0, 1] are said in percentage points, as the tables are
         return prefix + equivalence_verdict(p_adjusted, round(100 * row["margin"], 6), unit=" points")

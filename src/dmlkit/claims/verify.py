@@ -99,7 +99,7 @@ def _row_problems(row: dict, where: str) -> list[str]:
 
 
 def _verdict_ok(row: dict, p_adj: float, verdict: str) -> bool:
-    if row.get("note") or row.get("not_learned"):
+    if row.get("note") or row.get("not_learned") or row.get("not_converged"):
         return verdict.startswith("no verdict")
     separated = p_adj < ALPHA
     if row["kind"] == "equivalent":
@@ -116,7 +116,8 @@ def verify(data: dict) -> list[str]:
         family = []
         for row in rows:
             where = f"{name}: {row['a']} vs {row['b']}"
-            untestable = bool(row.get("note")) or bool(row.get("not_learned")) or math.isnan(row.get("p", math.nan))
+            untestable = (bool(row.get("note")) or bool(row.get("not_learned")) or bool(row.get("not_converged"))
+                          or math.isnan(row.get("p", math.nan)))
             family.append(1.0 if untestable else row["p"])
             if row.get("p_family") != family[-1]:
                 problems.append(f"{where}: the Holm family holds p {row.get('p_family')}, expected {family[-1]}")

@@ -219,6 +219,19 @@ def test_verdicts_from_seed_paired_records():
     assert rows[0]["p_family"] == 1.0 and rows[1]["p_holm"] == pytest.approx(min(1.0, 2 * rows[1]["p"]))
 
 
+def test_an_arm_selected_at_the_cap_in_more_than_one_seed_gets_no_verdict_and_stays_in_the_family():
+    gains = [0.03, 0.05, 0.04, 0.06, 0.05]
+    records = {"proxy-anchor": [_record("proxy-anchor", s, 0.5 + g) for s, g in enumerate(gains)],
+               "ms": [_record("ms", s, 0.5) for s in range(5)],
+               "triplet-semihard": [_record("triplet-semihard", s, 0.5 + g + (-1) ** s * 0.01) for s, g in enumerate(gains)]}
+    records["ms"][1]["best_step"] = 75  # one seed at the cap: still a verdict
+    assert compare(_claim(), records)[0]["verdict"] == "holds"
+    records["ms"][3]["best_step"] = 75
+    rows = compare(_claim(), records)
+    assert rows[0]["verdict"] == "no verdict: ms selected its last step at the cap (seeds [1, 3]): not converged"
+    assert rows[0]["p_family"] == 1.0 and rows[1]["p_holm"] == pytest.approx(min(1.0, 2 * rows[1]["p"]))
+
+
 def test_learned_means_a_validation_gain_of_the_stated_margin_after_step_zero():
     from dmlkit.claims.analysis import LEARN_MARGIN, learned
 

@@ -60,6 +60,9 @@ def test_every_statistic_of_a_run_recomputes_and_a_tampered_one_is_found():
     tampered = json.loads(json.dumps(data))
     tampered["claims"]["acc"]["comparisons"][1]["p_family"] = tampered["claims"]["acc"]["comparisons"][1]["p"]
     assert any("Holm family" in p for p in verify(tampered))
+    tampered = json.loads(json.dumps(data))  # a not-converged arm's row is outside the test: p = 1 in the family
+    tampered["claims"]["acc"]["comparisons"][0]["not_converged"] = {"ms": [0, 1]}
+    assert any("Holm family" in p for p in verify(tampered))
 
 
 def test_the_published_claims_json_recomputes_when_there_is_one():
