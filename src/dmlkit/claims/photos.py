@@ -6,10 +6,10 @@ of 43 coarse kinds). A fifth of the products is set aside once as the tuning poo
 each seed re-draws which :data:`PHOTO_TEST_FRACTION` of the others test (:func:`split_classes`), and
 :data:`PHOTO_VAL_FRACTION` of its training labels (seeded) validate (:func:`photo_splits`). A tuning run
 trains on a fixed draw and is scored on the tuning pool. The ``grocery-coarse`` setting (EPS's
-class-collapse claim) trains and validates on coarse labels (its validation kinds held out whole) and is
-scored on fine products (``fine_*`` metrics);
+class-collapse claim) trains on coarse labels and is scored on fine products (``fine_*`` metrics);
 ``grocery-coarse-disjoint`` does the same with test products whose kinds no training product has
-(:func:`split_kinds`).
+(:func:`split_kinds`). In both, validation is drawn as the test is (held-out products; whole kinds in the
+disjoint setting) and scored as the test is (by product): :data:`COARSE_VALIDATION`.
 
 The model is EfficientNet-Lite0 with its ImageNet weights (batch-norm statistics frozen), the stem and
 its blocks through :data:`FROZEN_THROUGH` frozen, the rest (the last stage, the 1x1 head convolution and
@@ -48,6 +48,10 @@ PHOTO_SETS: dict[str, str] = {"grocery": "grocery/images", "grocery-coarse": "gr
 #: The settings trained on coarse kinds and scored on fine products.
 COARSE_SETTINGS = ("grocery-coarse", "grocery-coarse-disjoint")
 COARSE_FILE = "grocery/coarse_classes.csv"
+#: How the coarse settings validate: on held-out products labelled by product, as their test is. Held-out kinds
+#: scored by kind measured whether kind membership transfers to unseen kinds (most kinds are one product), not
+#: the fine retrieval the claim is about, and a selection by it disagreed with the tuning score (products).
+COARSE_VALIDATION = "products"
 BACKBONE = "efficientnet_lite0"
 #: One choice for every photo arm: the embedding size, the frozen part (the stem and blocks.0-5, through the
 #: stride-32 stage's first container: the last stage blocks.6, the 1x1 head convolution and the embedding train,
@@ -68,10 +72,11 @@ PHOTO_TUNING_FRACTION = 0.2
 PHOTO_TUNING_SEED = 1_000_003
 
 
-def photo_protocol() -> dict:
-    """The fixed choices of every photo run that a record must share to be read back (beside the budget's)."""
+def photo_protocol(setting: str = "grocery") -> dict:
+    """The fixed choices of a photo run in ``setting`` that a record must share to be read back (beside the budget's)."""
+    coarse = {"validation": COARSE_VALIDATION} if setting in COARSE_SETTINGS else {}
     return {"backbone": BACKBONE, "frozen_through": FROZEN_THROUGH, "views": STORE_VIEWS,
-            "test_fraction": PHOTO_TEST_FRACTION, "val_fraction": PHOTO_VAL_FRACTION}
+            "test_fraction": PHOTO_TEST_FRACTION, "val_fraction": PHOTO_VAL_FRACTION, **coarse}
 
 
 def _images(folder: Path) -> list[str]:
@@ -176,8 +181,9 @@ def split_kinds(products: list[str], coarse: dict[str, str], seed: int) -> tuple
 def photo_splits(stored: StoredStages, setting: str, seed: int, data_root: Path, tuning: bool = False) -> PhotoSplits:
     """The seed's training, validation and test data on ``stored`` (a :class:`~dmlkit.engine.frozen_stage_store.
     StoredStages`): :func:`split_classes` (:func:`split_kinds` in ``grocery-coarse-disjoint``), then a seeded
-    :data:`PHOTO_VAL_FRACTION` of the training labels (products; coarse kinds in the coarse settings) validate. The
-    coarse settings label training and validation by coarse kind, test by product."""
+    :data:`PHOTO_VAL_FRACTION` of the training products validate (of its kinds, whole, in
+    ``grocery-coarse-disjoint``). The coarse settings label training by coarse kind, validation and test by
+    product (:data:`COARSE_VALIDATION`)."""
     products = sorted(set(stored.names))
     coarse = coarse_classes(data_root) if setting in COARSE_SETTINGS else {}
     if setting == "grocery-coarse-disjoint" and not tuning:
@@ -185,15 +191,17 @@ def photo_splits(stored: StoredStages, setting: str, seed: int, data_root: Path,
     else:
         train, test = split_classes(products, seed, tuning)
     label = {p: coarse.get(p, p) for p in train}
-    labels = sorted(set(label.values()))
-    held = set(_permuted(labels, seed + 1)[: max(1, round(len(labels) * PHOTO_VAL_FRACTION))])
-    fit_products = [p for p in train if label[p] not in held]
-    val_products = [p for p in train if label[p] in held]
+    # the held-out labels: products, or kinds whole where the test holds kinds out (the disjoint setting)
+    unit = label if setting == "grocery-coarse-disjoint" and not tuning else {p: p for p in train}
+    units = sorted(set(unit.values()))
+    held = set(_permuted(units, seed + 1)[: max(1, round(len(units) * PHOTO_VAL_FRACTION))])
+    fit_products = [p for p in train if unit[p] not in held]
+    val_products = [p for p in train if unit[p] in held]
     fit_rows, val_rows, test_rows = ([i for i, n in enumerate(stored.names) if n in keep]
                                      for keep in (set(fit_products), set(val_products), set(test)))
     return PhotoSplits(
         train=stored.training(fit_rows, [label[stored.names[i]] for i in fit_rows]),
-        val=stored.evaluation(val_rows, [label[stored.names[i]] for i in val_rows]),
+        val=stored.evaluation(val_rows),  # by product in every setting, as the test (COARSE_VALIDATION)
         test=stored.evaluation(test_rows), train_classes=fit_products, val_classes=val_products, test_classes=test)
 
 
@@ -268,7 +276,8 @@ def train_photo_run(arm, point: dict, seed: int, run_dir: Path, data_root: Path,
     splits = photo_splits(stored, arm.setting, seed, data_root, tuning)
     model = TrainedStages(embedder)
     split_tag = "tune" if tuning else f"seed{seed}"
-    start_path = Path(out) / "data" / "photo-start" / f"backbone-{arm.setting}-{split_tag}-{stored.path.stem}.json"
+    scheme = f"-val{COARSE_VALIDATION}" if arm.setting in COARSE_SETTINGS else ""
+    start_path = Path(out) / "data" / "photo-start" / f"backbone-{arm.setting}{scheme}-{split_tag}-{stored.path.stem}.json"
     start = starting_point(embedder, splits, start_path, seed, metrics)
     result = dmlkit.fit(model, None, splits.train, val_data=splits.val, test_data=splits.test, out=run_dir,
                         resume=(run_dir / LAST_CHECKPOINT).exists(), report=False, echo=lambda s: None,

@@ -95,7 +95,7 @@ class Budget:
         if arm.setting in PHOTO_SETTINGS:
             return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
                     "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size,
-                    **photo_protocol()}
+                    **photo_protocol(arm.setting)}
         network = {"width": GLYPH_WIDTH}  # a record of another network is refused, never mixed in
         if purpose == "curve":
             return {"steps": self.curve_steps, "eval_every": self.curve_every, "patience": None, **network}

@@ -406,13 +406,17 @@ def test_photo_splits_keep_the_tuning_pool_apart_and_hold_out_validation_labels(
     assert torch.equal(fine.test.get_batch([0])[0][0], stored.storage[first, 2].permute(2, 0, 1))
     assert photo_splits(stored, "grocery", 3, tmp_path).val_classes != fine.val_classes or \
         photo_splits(stored, "grocery", 3, tmp_path).test_classes != fine.test_classes
-    coarse = photo_splits(stored, "grocery-coarse", 2, tmp_path)  # coarse kinds train and validate, products test
-    assert set(coarse.train.names) | set(coarse.val.names) == {c.split("-")[0] for c in train}
-    assert not set(coarse.train.names) & set(coarse.val.names) and coarse.test.class_names == test
+    coarse = photo_splits(stored, "grocery-coarse", 2, tmp_path)  # coarse kinds train; products validate and test
+    assert set(coarse.train.names) == {c.split("-")[0] for c in coarse.train_classes}
+    assert coarse.val_classes == fine.val_classes and coarse.val.class_names == fine.val_classes  # held out as products
+    assert not set(coarse.train_classes) & set(coarse.val_classes) and coarse.test.class_names == test
     for seed in range(4):  # disjoint kinds: no test product shares a kind with a training or validation product
         disjoint = photo_splits(stored, "grocery-coarse-disjoint", seed, tmp_path)
         kinds = {c.split("-")[0] for c in disjoint.test_classes}
-        assert kinds and not kinds & (set(disjoint.train.names) | set(disjoint.val.names))
+        val_kinds = {c.split("-")[0] for c in disjoint.val_classes}
+        assert kinds and not kinds & (set(disjoint.train.names) | val_kinds)
+        assert val_kinds and not val_kinds & set(disjoint.train.names)  # validation holds kinds out whole, as the test
+        assert disjoint.val.class_names == disjoint.val_classes  # and is scored by product, as the test
         assert not pool & set(disjoint.test_classes) and len(disjoint.test_classes) >= round(16 * 0.4)
 
 
