@@ -154,7 +154,8 @@ def render_markdown(summaries: dict[str, dict], meta: dict) -> str:
         f"glyph runs validate every {b['eval_every']} steps and {_stopping(b['patience'])} (cap {b['steps']} steps, "
         f"4x for the ASAP claims' arms); convergence curves validate every {b['curve_every']} steps for "
         f"{b['curve_steps']} steps; photo runs at {b['photo_size']} px validate every {b['photo_eval_every']} steps and "
-        f"{_stopping(b['photo_patience'])} (cap {b['photo_steps']}). A run learned when its selected checkpoint beats its "
+        f"{_stopping(b['photo_patience'])} (cap {b['photo_steps']}, 2x for the EPS arms). A run learned when its "
+        f"selected checkpoint beats its "
         f"start (glyphs: step 0; photos: the backbone alone) on validation MAP@R by {100 * meta['learn_margin']:g} point "
         f"or more. Training cost: {cost}.",
         "",

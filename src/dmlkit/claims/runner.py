@@ -93,8 +93,9 @@ class Budget:
     def plan(self, arm: Arm, purpose: str) -> dict:
         """What a run of ``arm`` for ``purpose`` trains: its record must agree to be read back."""
         if arm.setting in PHOTO_SETTINGS:
-            return {"steps": self.photo_steps, "eval_every": self.photo_eval_every, "patience": self.photo_patience,
-                    "photo_cap": self.photo_cap, "photo_size": self.photo_size, "photo_batch_size": self.photo_batch_size,
+            return {"steps": self.photo_steps * arm.photo_steps_scale, "eval_every": self.photo_eval_every,
+                    "patience": self.photo_patience, "photo_cap": self.photo_cap, "photo_size": self.photo_size,
+                    "photo_batch_size": self.photo_batch_size,
                     **photo_protocol(arm.setting)}
         network = {"width": GLYPH_WIDTH}  # a record of another network is refused, never mixed in
         if purpose == "curve":
