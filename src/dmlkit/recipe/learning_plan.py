@@ -46,6 +46,10 @@ TARGET_STEPS = 300
 #: Images per timed pass (the speed per image at the run's batches of ~64 is a little better: the plan errs low).
 TIMED_BATCH = 8
 
+#: Timed passes of each cost (the fastest kept): a pass of 8 images takes 0.1-0.5 s, and the fastest of two
+#: varied by a tenth between dry runs on an idle machine (cache and sibling-hyperthread noise only slows a pass).
+TIMED_PASSES = 5
+
 #: Images per timed pass under a small budget (:data:`~dmlkit.recipe.backbone_choice.SMALL_BUDGET`): the probes
 #: stay a small share of it (the cost per image of a CPU pass hardly depends on the batch).
 SMALL_TIMED_BATCH = 4
@@ -167,7 +171,7 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
                         dtype: torch.dtype | None, passes: list[list[float]] | None = None,
                         batch: int = TIMED_BATCH, enough: Callable[[], bool] | None = None) -> list[StageCost]:
     """A :class:`StageCost` for each frozen-stage count in ``counts`` (at least the model's own), timed on
-    ``batch`` random crops of ``crop`` px under the run's autocast (the fastest of two passes each; every pass's
+    ``batch`` random crops of ``crop`` px under the run's autocast (the fastest of :data:`TIMED_PASSES` passes each; every pass's
     seconds appended to ``passes``), in the order given; ``enough()`` (the plan's measuring allowance spent) is
     asked after each count beyond the first two, and ends the measurement early. Sorted by frozen stages; the
     model is left as it was."""
@@ -196,9 +200,9 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
                         model.zero_grad(set_to_none=True)
 
                     step()  # warm-up: allocations, kernels
-                    prefix = timings(through_prefix, device)
+                    prefix = timings(through_prefix, device, TIMED_PASSES)
                     features = kept[0]
-                    seconds = timings(step, device)
+                    seconds = timings(step, device, TIMED_PASSES)
                 passes += [prefix, seconds]
                 out.append(StageCost(count, prefix[0] / len(x), seconds[0] / len(x), features[:1].numel() * 2))
     finally:
@@ -211,14 +215,14 @@ def measure_stage_costs(model: nn.Module, counts: Sequence[int], crop: int, *, d
 def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: torch.dtype | None,
                   passes: list[list[float]] | None = None, batch: int = TIMED_BATCH) -> float:
     """Seconds per embedded image at ``size`` px (eval mode, the model's mirror average), timed on a batch (the
-    fastest of two passes; their seconds appended to ``passes``)."""
+    fastest of :data:`TIMED_PASSES` passes; their seconds appended to ``passes``)."""
     was_training = model.training
     x = torch.randn(batch, 3, size, size, device=device)
     model.eval()
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), one_thread(device):
             model(x[:1])
-            timed = timings(lambda: model(x), device)
+            timed = timings(lambda: model(x), device, TIMED_PASSES)
             if passes is not None:
                 passes.append(timed)
             return timed[0] / len(x)

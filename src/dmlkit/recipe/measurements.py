@@ -266,6 +266,17 @@ class Measurements:
         self.tape.append({"name": name, "value": kept if replayed else encode(value)})
         return value
 
+    def counted(self, measure: Callable[[], T], device: Any = "cpu") -> T:
+        """``measure()`` (a measurement kept elsewhere than the tape, e.g. the view size's embeddings) with its cost
+        added to :attr:`measuring` as the tape's are: work on the CPU (CPU seconds per thread), so other processes
+        do not spend the allowance sooner; wall time on a card."""
+        on_cpu = str(device).split(":")[0] == "cpu"
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = measure()
+        self.measuring += (timing.work_seconds(time.process_time() - cpu) if on_cpu
+                           else time.perf_counter() - wall)
+        return value
+
     def allowance_spent(self) -> bool:
         """Whether the live measurements have taken the whole :attr:`allowance`."""
         return self.allowance is not None and self.measuring >= self.allowance

@@ -283,10 +283,9 @@ def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.d
         cfg, survey, model_choices, device, measurements=measurements,
         spent=lambda: measurements.seconds("seconds spent before the backbone choice", work_since(started)))
     probe, build = (model, None) if model is not None else _build_probe(cfg, seeded)
-    measuring = time.perf_counter()
-    model_choices.update(measure_view_size(cfg, survey, probe, model_choices, device=device,  # photos
-                                           progress=measurements.progress, afford=measurements.affords))
-    measurements.measuring += time.perf_counter() - measuring  # its embedding is measuring too (not on the tape)
+    model_choices.update(measurements.counted(  # its embedding is measuring too (photos; kept outside the tape)
+        lambda: measure_view_size(cfg, survey, probe, model_choices, device=device, progress=measurements.progress,
+                                  afford=measurements.affords), device))
     model_choices.update(plan_learning_for_run(cfg, survey, probe, model_choices, device=device,  # frozen stages
                                                spent=work_since(started), measurements=measurements,
                                                planned=learning, embed_cost=embed_cost))

@@ -95,6 +95,30 @@ def test_measured_costs_fall_with_more_frozen_stages_and_the_model_is_left_as_it
     assert embed_seconds(model, 64, device=torch.device("cpu"), dtype=None) > 0 and model.training
 
 
+def test_each_cost_is_the_fastest_of_its_timed_passes(monkeypatch):
+    """A pass slowed by noise (a cache miss, a busy sibling hyperthread) only adds time: the fastest of
+    TIMED_PASSES passes is kept, for the frozen-stage costs and the embedding alike."""
+    from dmlkit.recipe import learning_plan
+
+    calls: list[int] = []
+
+    def fake_timings(fn, device, repeats=2, clock=None):
+        calls.append(repeats)
+        fn()
+        return sorted([0.8, 0.4, 0.6, 1.6, 0.5][:repeats])
+
+    monkeypatch.setattr(learning_plan, "timings", fake_timings)
+    model = create_model("efficientnet_lite0", pretrained=False, embedding_size=None, pooling="gem",
+                         head_init="identity", freeze_bn=True, frozen_stages=2)
+    passes: list[list[float]] = []
+    costs = measure_stage_costs(model, [4], 32, device=torch.device("cpu"), dtype=None, passes=passes, batch=2)
+    assert calls == [learning_plan.TIMED_PASSES] * 2 and learning_plan.TIMED_PASSES >= 5
+    assert costs[0].prefix == pytest.approx(0.4 / 2) and costs[0].step == pytest.approx(0.4 / 2)
+    assert all(len(p) == learning_plan.TIMED_PASSES for p in passes)
+    assert embed_seconds(model, 32, device=torch.device("cpu"), dtype=None, batch=2) == pytest.approx(0.2)
+    assert calls[-1] == learning_plan.TIMED_PASSES
+
+
 def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_step(tmp_path, monkeypatch):
     """The trainer's one call (``plan_frozen_stages``) on a folder of photos whose costs are the slow machine's: the
     recipe's 2 frozen stages would buy under 100 steps; the run freezes more, caches, and prints what it measured."""

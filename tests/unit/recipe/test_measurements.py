@@ -170,3 +170,22 @@ def test_an_idle_share_keeps_the_tape(tmp_path, idle, monkeypatch):
     tape = m.Measurements(store=m.PlanStore(tmp_path), machine={"cpu": "x"}, request={"seed": 0})
     tape.measure("cost", lambda: timing.LOAD.add(1.9, 1.0, 2) or 0.25)
     assert tape.shared() is None and "kept in" in tape.keep()
+
+
+def test_a_measurement_kept_off_the_tape_counts_work_not_the_wall_time_other_processes_took(monkeypatch):
+    """The view size's embeddings beside a competing process: 10 wall seconds of which 3 were this process's
+    CPU time on 1 thread count 3 s of the allowance on the CPU (the idle machine's cost), 10 s on a card."""
+    clocks = {"wall": 100.0, "cpu": 50.0}
+    monkeypatch.setattr(m.time, "perf_counter", lambda: clocks["wall"])
+    monkeypatch.setattr(m.time, "process_time", lambda: clocks["cpu"])
+    monkeypatch.setattr(m.timing, "threads_used", lambda: 1)
+
+    def embed() -> str:
+        clocks["wall"] += 10.0
+        clocks["cpu"] += 3.0
+        return "224 px"
+
+    tape = m.Measurements()
+    assert tape.counted(embed, "cpu") == "224 px" and tape.measuring == pytest.approx(3.0)
+    assert tape.tape == []  # kept elsewhere: nothing added to the tape
+    assert tape.counted(embed, "cuda:0") == "224 px" and tape.measuring == pytest.approx(13.0)
