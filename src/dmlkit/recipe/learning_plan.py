@@ -46,9 +46,10 @@ TARGET_STEPS = 300
 #: Images per timed pass (the speed per image at the run's batches of ~64 is a little better: the plan errs low).
 TIMED_BATCH = 8
 
-#: Timed passes of each cost (the fastest kept): a pass of 8 images takes 0.1-0.5 s, and the fastest of two
-#: varied by a tenth between dry runs on an idle machine (cache and sibling-hyperthread noise only slows a pass).
-TIMED_PASSES = 5
+#: Timed passes of each cost (the fastest kept). Five did not steady the plan more than two: what moves a cost
+#: between dry runs lasts longer than a probe (beside a competing process every pass of a one-thread probe ran
+#: 10-50 % slower in CPU time), and each pass costs planning time.
+TIMED_PASSES = 2
 
 #: Images per timed pass under a small budget (:data:`~dmlkit.recipe.backbone_choice.SMALL_BUDGET`): the probes
 #: stay a small share of it (the cost per image of a CPU pass hardly depends on the batch).

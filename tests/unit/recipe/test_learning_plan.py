@@ -112,10 +112,11 @@ def test_each_cost_is_the_fastest_of_its_timed_passes(monkeypatch):
                          head_init="identity", freeze_bn=True, frozen_stages=2)
     passes: list[list[float]] = []
     costs = measure_stage_costs(model, [4], 32, device=torch.device("cpu"), dtype=None, passes=passes, batch=2)
-    assert calls == [learning_plan.TIMED_PASSES] * 2 and learning_plan.TIMED_PASSES >= 5
-    assert costs[0].prefix == pytest.approx(0.4 / 2) and costs[0].step == pytest.approx(0.4 / 2)
+    fastest = min([0.8, 0.4, 0.6, 1.6, 0.5][:learning_plan.TIMED_PASSES])
+    assert calls == [learning_plan.TIMED_PASSES] * 2 and learning_plan.TIMED_PASSES >= 2
+    assert costs[0].prefix == pytest.approx(fastest / 2) and costs[0].step == pytest.approx(fastest / 2)
     assert all(len(p) == learning_plan.TIMED_PASSES for p in passes)
-    assert embed_seconds(model, 32, device=torch.device("cpu"), dtype=None, batch=2) == pytest.approx(0.2)
+    assert embed_seconds(model, 32, device=torch.device("cpu"), dtype=None, batch=2) == pytest.approx(fastest / 2)
     assert calls[-1] == learning_plan.TIMED_PASSES
 
 
