@@ -86,7 +86,9 @@ def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_o
     monkeypatch.setattr(Embedder, "prefix", lambda self, x: (prefix_images.append(len(x)), prefix(self, x))[1])
     arm = ARMS["grocery-coarse/eps-triplet"]
     record = train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None)
-    assert record["steps"] == 2 and [v["step"] for v in record["val_curve"]] == [1, 2] and record["best_step"] in (1, 2)
+    steps = tiny.photo_steps * arm.photo_steps_scale  # the EPS photo arms train to twice the photo cap
+    assert steps == 4 and record["steps"] == steps and record["budget_steps"] == steps
+    assert [v["step"] for v in record["val_curve"]] == [1, 2, 3, 4] and record["best_step"] in (1, 2, 3, 4)
     assert 0 < record["start"]["test"]["fine_map_at_r"] <= 1 and 0 < record["test"]["fine_map_at_r"] <= 1
     assert record["tuning_score"] == record["test"]["fine_map_at_r"] and 0 < record["selected_val_map_at_r"] <= 1
     stored = sum(prefix_images)
@@ -108,7 +110,7 @@ def test_photo_arms_fine_tune_on_one_shared_store_and_coarse_labels_are_scored_o
 
     record_path(tmp_path, arm.name, 0, {"lr": 1e-4, "margin": 0.2}, "result").unlink()
     resumed = train_run(arm, 0, {"lr": 1e-4, "margin": 0.2}, tiny, tmp_path, str(DATA), None, lambda s: None)
-    assert resumed["steps"] == 2 and resumed["val_curve"] == json.loads(json.dumps(record["val_curve"]))
+    assert resumed["steps"] == steps and resumed["val_curve"] == json.loads(json.dumps(record["val_curve"]))
     assert resumed["test"] == pytest.approx(record["test"])
 
 
