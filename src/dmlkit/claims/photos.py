@@ -254,7 +254,7 @@ def photo_config(arm, point: dict, seed: int, budget, classes: int) -> dict:
                                                   if batch % m == 0)},
         "data": {"augment": "none"},  # the stored crops are the augmentation
         "protocol": {"selection": "best"},
-        "train": {"max_steps": budget.photo_steps * arm.photo_steps_scale, "eval_every": budget.photo_eval_every,
+        "train": {"max_steps": budget.photo_steps_of(arm), "eval_every": budget.photo_eval_every,
                   "checkpoint_every": budget.photo_eval_every, "progress": False, "num_threads": budget.threads,
                   "patience": budget.photo_patience, "time_budget": None, "mixed_precision": "none",
                   "device": budget.device},

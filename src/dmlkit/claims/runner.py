@@ -90,10 +90,14 @@ class Budget:
     extend: bool = True
     device: str = "cpu"
 
+    def photo_steps_of(self, arm: Arm) -> int:
+        """A photo arm's cap: the photo cap times the arm's :attr:`~dmlkit.claims.catalogue.Arm.photo_steps_scale`."""
+        return self.photo_steps * arm.photo_steps_scale
+
     def plan(self, arm: Arm, purpose: str) -> dict:
         """What a run of ``arm`` for ``purpose`` trains: its record must agree to be read back."""
         if arm.setting in PHOTO_SETTINGS:
-            return {"steps": self.photo_steps * arm.photo_steps_scale, "eval_every": self.photo_eval_every,
+            return {"steps": self.photo_steps_of(arm), "eval_every": self.photo_eval_every,
                     "patience": self.photo_patience, "photo_cap": self.photo_cap, "photo_size": self.photo_size,
                     "photo_batch_size": self.photo_batch_size,
                     **photo_protocol(arm.setting)}

@@ -253,9 +253,7 @@ class Measurements:
             if self.progress is not None and announce:  # a timing or an embedding: seconds to wait, said first
                 self.progress(f"plan: measuring {name} ...")
             cpu, thread_wall = timing.LOAD.snapshot()
-            work = time.process_time()
-            value = measure()
-            self.measuring += timing.work_seconds(time.process_time() - work)
+            value = self.counted(measure)
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
         if not replayed and timings is not None:
