@@ -5,6 +5,9 @@ network, or the pretrained backbone alone on photos) on *validation* MAP@R by at
 :data:`LEARN_MARGIN` (1 point) at a step after 0. A comparison gets a verdict only when both arms
 learned in every seed; otherwise the table says which arm did not learn, in which seeds, and the
 comparison stays in its Holm families with ``p = 1`` (dropping it would shrink the families).
+"Converged": a run converged unless it selected its last step at the cap *and* that step beats every
+validation before its last patience window by :data:`IMPROVING_GAIN` (0.1 point) or more; an accuracy
+comparison gets no verdict when more than one seed of an arm was still improving at the cap.
 
 Tests: accuracy claims use Student's paired t over seeds (95 % CI); equivalence claims two one-sided
 tests (TOST) with the 90 % CI that goes with them; convergence claims the exact Wilcoxon
@@ -50,11 +53,31 @@ def learned(record: dict, margin: float = LEARN_MARGIN) -> bool:
 
 
 def at_cap(record: dict) -> bool:
-    """Whether a run selected its last step at the cap (still improving when the budget ended: not converged)."""
+    """Whether a run selected its last step at the cap."""
     return record["best_step"] >= record["budget_steps"]
 
 
-#: Seeds of an arm that may select their last step at the cap before its comparisons get no verdict.
+#: The validation MAP@R gain over a run's last patience window that counts as still improving (0.1 point):
+#: schedules that decay to zero at the cap let a converged run creep up by hundredths of a point to its end.
+IMPROVING_GAIN = 0.001
+
+
+def last_window_gain(record: dict) -> float:
+    """Selected validation MAP@R minus the best before the run's last patience window (``patience`` validations;
+    one validation for a fixed-length run, which has no patience)."""
+    budget = record["budget"]
+    window_start = record["budget_steps"] - (budget["patience"] or 1) * budget["eval_every"]
+    before = [float(p["map_at_r"]) for p in record["val_curve"] if p["step"] <= window_start]
+    return float(record["selected_val_map_at_r"]) - max(before + [float(record["start"]["val"]["map_at_r"])])
+
+
+def still_improving(record: dict, gain: float = IMPROVING_GAIN) -> bool:
+    """Whether a run was still improving when the budget ended (not converged): it selected its last step at the
+    cap, and that step beats everything before its last patience window by ``gain`` or more."""
+    return at_cap(record) and last_window_gain(record) >= gain - 1e-12
+
+
+#: Seeds of an arm that may end still improving at the cap before its comparisons get no verdict.
 MOST_SEEDS_AT_CAP = 1
 
 
@@ -140,6 +163,7 @@ def arm_summary(name: str, records: Sequence[dict], claim: Claim, threshold: flo
         "selected_val": statistics.fmean(r["selected_val_map_at_r"] for r in records),
         "selected_steps": [r["best_step"] for r in records],
         "at_cap": sum(at_cap(r) for r in records),
+        "still_improving": sum(still_improving(r) for r in records),
         "mean": mean, "ci_low": low, "ci_high": high,
         "start_mean": None if starts[0] is None else statistics.fmean(starts),
         "censored": sum(not ok for _, ok in values),
@@ -147,7 +171,8 @@ def arm_summary(name: str, records: Sequence[dict], claim: Claim, threshold: flo
         "clustering": clustering,
         "per_seed": [{"seed": r["seed"], "value": v, "observed": ok, "start_val": r["start"]["val"]["map_at_r"],
                       "selected_val": r["selected_val_map_at_r"], "selected_step": r["best_step"],
-                      "steps": r["steps"], "learned": learned(r)} for r, (v, ok) in zip(records, values)],
+                      "steps": r["steps"], "learned": learned(r), "last_window_gain": last_window_gain(r),
+                      "still_improving": still_improving(r)} for r, (v, ok) in zip(records, values)],
         "tuning": tuning,
         "projections": [sum(p["complete"] for p in r["projections"]) for r in records] if records[0]["projections"] else None,
         "selected_projection": [selected_projection(r) for r in records] if records[0]["projections"] else None,
@@ -182,7 +207,7 @@ def compare(claim: Claim, records: dict[str, list[dict]], threshold: float | Non
         not_learned = {n: [s for s in seeds if not learned(r[s])] for n, r in ((comp.a, a), (comp.b, b))}
         row["not_learned"] = {n: s for n, s in not_learned.items() if s}
         if claim.metric not in LOWER_IS_BETTER:  # curves train a fixed length: their steps to a level are the test
-            capped = {n: [s for s in seeds if at_cap(r[s])] for n, r in ((comp.a, a), (comp.b, b))}
+            capped = {n: [s for s in seeds if still_improving(r[s])] for n, r in ((comp.a, a), (comp.b, b))}
             row["not_converged"] = {n: s for n, s in capped.items() if len(s) > MOST_SEEDS_AT_CAP}
         if len(seeds) < 2:
             row.update(p=float("nan"), note="fewer than 2 seeds")
@@ -224,7 +249,7 @@ def _verdict(row: dict, p_adjusted: float) -> str:
     if row.get("not_learned"):
         return "no verdict: " + "; ".join(f"{n} did not learn (seeds {s})" for n, s in row["not_learned"].items())
     if row.get("not_converged"):
-        return "no verdict: " + "; ".join(f"{n} selected its last step at the cap (seeds {s}): not converged"
+        return "no verdict: " + "; ".join(f"{n} still improving at the cap (seeds {s}): not converged"
                                           for n, s in row["not_converged"].items())
     prefix = f"(only {len(row['seeds'])} seeds, not a result) " if len(row["seeds"]) < 5 else ""
     if row["kind"] == "equivalent":  # margins of metrics in [0, 1] are said in percentage points, as the tables are
@@ -268,20 +293,20 @@ def claim_markdown(summary: dict) -> str:
     nmi_head = "".join(f" {k} (%) |" for k in nmi)
     lines = [f"### {summary['paper']}, {summary['source']}: {summary['statement']}", "",
              f"Paper: {summary['paper_numbers']}.", "",
-             f"| arm | chosen | start val MAP@R | selected val MAP@R | selected steps (at cap) | {what}: mean [95% CI] | "
-             f"start |{nmi_head}",
+             "| arm | chosen | start val MAP@R | selected val MAP@R | selected steps (at cap; still improving) | "
+             f"{what}: mean [95% CI] | start |{nmi_head}",
              "|---|---|---|---|---|---|---|" + "---|" * len(nmi)]
     for a in summary["arms"]:
         extra = f" ({a['censored']} never reached)" if a["censored"] else ""
         not_learned = "" if not a["not_learned_seeds"] else f" — did not learn in seeds {a['not_learned_seeds']}"
-        if not times and a["at_cap"] > 1:  # converged runs stop by patience: more than one seed at the cap is not
-            not_learned += f" — selected at the cap in {a['at_cap']} seeds: not converged, raise the cap"
+        if not times and a["still_improving"] > MOST_SEEDS_AT_CAP:
+            not_learned += f" — still improving at the cap in {a['still_improving']} seeds: not converged, raise the cap"
         proj = ("" if not a["projections"] else
                 f"; projections completed {a['projections']}, selected in projection {a['selected_projection']}")
         nmi_cells = "".join(f" {_fmt(a['clustering'].get(k))} |" for k in nmi)
         lines.append(
             f"| {a['arm']} | {_point(a)} | {_fmt(a['start_val'])} | {_fmt(a['selected_val'])} | "
-            f"{a['selected_steps']} ({a['at_cap']}){proj} | {_fmt(a['mean'], scale, digits)} "
+            f"{a['selected_steps']} ({a['at_cap']}; {a['still_improving']}){proj} | {_fmt(a['mean'], scale, digits)} "
             f"[{_fmt(a['ci_low'], scale, digits)}, "
             f"{_fmt(a['ci_high'], scale, digits)}]{extra}{not_learned} | {_fmt(a['start_mean'], scale, digits)} |{nmi_cells}")
     lines += ["", "| comparison | seeds | test | difference [CI] | MDD (80% power) | p | Holm p (claim) | Holm p (all claims) "

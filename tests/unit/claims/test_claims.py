@@ -196,7 +196,14 @@ def _record(arm, seed, test_map, learned=True, curve=None):
             "start": {"val": {"map_at_r": 0.2}, "test": {"map_at_r": 0.1}},
             "val_curve": curve or [{"step": 25, "time": 1.0, "map_at_r": 0.5}, {"step": 50, "time": 2.0, "map_at_r": 0.7}],
             "selected_val_map_at_r": 0.7 if learned else 0.1, "learned": learned, "test": {"map_at_r": test_map},
-            "projections": []}
+            "projections": [], "budget": {"patience": 1, "eval_every": 25}}
+
+
+def _end_at_cap(record: dict, gain: float) -> None:
+    """Let ``record`` select its last step, the cap (75), ``gain`` above its validation at step 50."""
+    record["best_step"] = record["budget_steps"]
+    record["selected_val_map_at_r"] = record["val_curve"][-1]["map_at_r"] + gain
+    record["val_curve"] = [*record["val_curve"], {"step": 75, "time": 3.0, "map_at_r": record["selected_val_map_at_r"]}]
 
 
 def _claim(metric="map_at_r", kind="superior", margin=None, threshold=None):
@@ -219,16 +226,18 @@ def test_verdicts_from_seed_paired_records():
     assert rows[0]["p_family"] == 1.0 and rows[1]["p_holm"] == pytest.approx(min(1.0, 2 * rows[1]["p"]))
 
 
-def test_an_arm_selected_at_the_cap_in_more_than_one_seed_gets_no_verdict_and_stays_in_the_family():
+def test_an_arm_still_improving_at_the_cap_in_more_than_one_seed_gets_no_verdict_and_stays_in_the_family():
     gains = [0.03, 0.05, 0.04, 0.06, 0.05]
     records = {"proxy-anchor": [_record("proxy-anchor", s, 0.5 + g) for s, g in enumerate(gains)],
                "ms": [_record("ms", s, 0.5) for s in range(5)],
                "triplet-semihard": [_record("triplet-semihard", s, 0.5 + g + (-1) ** s * 0.01) for s, g in enumerate(gains)]}
-    records["ms"][1]["best_step"] = 75  # one seed at the cap: still a verdict
+    _end_at_cap(records["ms"][1], 0.02)  # one seed still improving at the cap: still a verdict
     assert compare(_claim(), records)[0]["verdict"] == "holds"
-    records["ms"][3]["best_step"] = 75
+    _end_at_cap(records["ms"][3], 0.0005)  # at the cap, but its last window gained less than IMPROVING_GAIN: converged
+    assert compare(_claim(), records)[0]["verdict"] == "holds"
+    _end_at_cap(records["ms"][4], 0.001)
     rows = compare(_claim(), records)
-    assert rows[0]["verdict"] == "no verdict: ms selected its last step at the cap (seeds [1, 3]): not converged"
+    assert rows[0]["verdict"] == "no verdict: ms still improving at the cap (seeds [1, 4]): not converged"
     assert rows[0]["p_family"] == 1.0 and rows[1]["p_holm"] == pytest.approx(min(1.0, 2 * rows[1]["p"]))
 
 
@@ -239,6 +248,19 @@ def test_learned_means_a_validation_gain_of_the_stated_margin_after_step_zero():
     assert learned({**base, "selected_val_map_at_r": 0.2 + LEARN_MARGIN})
     assert not learned({**base, "selected_val_map_at_r": 0.2 + LEARN_MARGIN / 2})  # beats step 0, but not by the margin
     assert not learned({**base, "best_step": 0})
+
+
+def test_last_window_gain_reads_the_curve_before_the_last_patience_window():
+    from dmlkit.claims.analysis import last_window_gain, still_improving
+
+    record = _record("ms", 0, 0.5)
+    record["budget"] = {"patience": 2, "eval_every": 25}  # window: steps 26-75; before it: step 25 (0.5)
+    _end_at_cap(record, 0.0)
+    assert last_window_gain(record) == pytest.approx(0.2) and still_improving(record)
+    record["budget"] = {"patience": 1, "eval_every": 25}  # before the window: steps 25 and 50 (best 0.7)
+    assert last_window_gain(record) == pytest.approx(0.0) and not still_improving(record)
+    record["best_step"] = 50  # selected before the cap: converged whatever the gain
+    assert not still_improving(record)
 
 
 def test_equivalence_rows_give_tost_with_its_90_percent_interval_and_rows_give_the_mdd():
@@ -270,8 +292,12 @@ def test_holm_p_is_printed_below_0001_never_as_zero_and_nmi_is_reported():
     assert " nmi (%) |" in table and "| 80.0 |" in table
     assert "not converged, raise the cap" not in table  # best step 50 of a 75-step cap
     for r in records["ms"][:2]:
-        r["best_step"] = r["budget_steps"]
-    assert "selected at the cap in 2 seeds: not converged, raise the cap" in claim_markdown(summarise_claim(_claim(), records))
+        _end_at_cap(r, 0.0)
+    assert "not converged, raise the cap" not in claim_markdown(summarise_claim(_claim(), records))  # flat to the cap
+    for r in records["ms"][2:4]:
+        _end_at_cap(r, 0.01)
+    table = claim_markdown(summarise_claim(_claim(), records))
+    assert "still improving at the cap in 2 seeds: not converged, raise the cap" in table and "(4; 2)" in table
 
 
 def test_global_holm_runs_over_every_claim_with_untestable_rows_at_one():

@@ -17,7 +17,8 @@ def _record(arm, seed, test_map, curve=None, selected=0.7):
     return {"arm": arm, "seed": seed, "point": {"lr": 1e-3}, "steps": 60, "best_step": 50, "budget_steps": 60,
             "start": {"val": {"map_at_r": 0.2}, "test": {"map_at_r": 0.1}},
             "val_curve": curve or [{"step": 25, "time": 1.0, "map_at_r": 0.5}, {"step": 50, "time": 2.0, "map_at_r": 0.7}],
-            "selected_val_map_at_r": selected, "test": {"map_at_r": test_map, "nmi": 0.5}, "projections": []}
+            "selected_val_map_at_r": selected, "test": {"map_at_r": test_map, "nmi": 0.5}, "projections": [],
+            "budget": {"patience": 1, "eval_every": 25}}
 
 
 def _summaries() -> dict:
