@@ -9,8 +9,9 @@ CPU-bound Python process spinning beside it at normal priority; ``nice19``, the 
 ``dmlkit train --dry-run`` in a fresh process with ``DMLKIT_PLAN_STORE=off`` (nothing kept or replayed: every dry run
 measures). The table has one row per data set and a column group per load: the backbone, the frozen stages, the
 cached views, the steps (the plan's own, or the ceiling where the plan bought all of it), the ensemble members
-(Omniglot), the CPU share the plan saw while measuring (CPU time over wall time x threads) and the dry run's
-wall time. The plan is made from CPU time, so the choices should not move with the load; the wall time does.
+(Omniglot), the CPU share the plan saw while measuring (CPU time over wall time x threads), the cores other processes
+held meanwhile (the machine's busy CPU time less the dry run's own, niced work left out) and the dry run's wall
+time. The plan is made from CPU time, so the choices should not move with the load; the wall time does.
 
 The wall times are of one run on whatever machine runs it: on a shared machine (other users' work beside the
 script as well as the competitor it starts) "idle" is only "no competitor started here"; the share column says how
@@ -76,10 +77,11 @@ def summary(text: str, wall: float) -> dict[str, str]:
     planned = "-" if steps is None else (steps.group(1) or ("0" if steps.group(0).find("no training") >= 0
                                                              else steps.group(2)))
     share = re.search(r"CPU share while measuring: ([\d.]+)", text) or re.search(r"CPU share ([\d.]+)", text)
+    others = re.search(r"other processes' cores: ([\d.]+)", text) or re.search(r"other processes held ([\d.]+)", text)
     backbone = choice(text, "model.name").replace("efficientnet_", "")
     return {"backbone": backbone, "frozen": choice(text, "model.frozen_stages"), "views": choice(text, "train.cache_views"),
             "steps": planned, "members": choice(text, "model.ensemble"), "share": share.group(1) if share else "-",
-            "wall": f"{wall:.0f}"}
+            "others": others.group(1) if others else "-", "wall": f"{wall:.0f}"}
 
 
 def main() -> None:
@@ -105,7 +107,7 @@ def main() -> None:
                 with args.log.open("a", encoding="utf-8") as f:
                     f.write(f"===== {name} {load} ({wall:.0f} s)\n{text}\n")
             print(f"{name} {load}: {rows[name][load]}", file=sys.stderr, flush=True)
-    columns = ("backbone", "frozen", "views", "steps", "members", "share", "wall")
+    columns = ("backbone", "frozen", "views", "steps", "members", "share", "others", "wall")
     header = "| set | " + " | ".join(f"{c} ({load})" for load in args.loads for c in columns) + " |"
     print(header)
     print("|" + "---|" * (1 + len(columns) * len(args.loads)))

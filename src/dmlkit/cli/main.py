@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     # a command from the shell (argv None) counts its time budget from the process's start; one called in a
     # running Python process (main([...])) from this call
     started = None if argv is None else time.perf_counter()
+    from dmlkit.engine.openmp import wait_passively  # before anything imports torch: OpenMP reads it then
+
+    wait_passively()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)  # --help prints and exits here, before torch is imported
     if started is None:

@@ -184,6 +184,58 @@ def cpu_seconds_with_children() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+#: ``/proc/stat``'s aggregate CPU line: its columns (Linux, in clock ticks of every core together).
+_STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def busy_cpu_seconds(stat: str = "/proc/stat") -> float | None:
+    """CPU seconds every process of the machine has run at normal priority or above since boot, the hypervisor's
+    steal included (Linux ``/proc/stat``; None elsewhere). Niced work (``nice``) is left out: it yields to this
+    process, unless this process is niced itself, whose own seconds then count there."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        ticks = dict(zip(_STAT_COLUMNS, (int(v) for v in fields[1:1 + len(_STAT_COLUMNS)])))
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if fields[:1] != ["cpu"] or len(ticks) < len(_STAT_COLUMNS):
+        return None
+    busy = ("user", "system", "irq", "softirq", "steal") + (("nice",) if _niced() else ())
+    return sum(ticks[k] for k in busy) / hz
+
+
+def _niced() -> bool:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0) > 0
+    except (AttributeError, OSError):
+        return False
+
+
+@dataclass
+class OtherWork:
+    """Cores that other processes kept busy between :meth:`start` and :meth:`cores` (the machine's busy CPU time
+    less this process's own, over the wall time): a load the plan sees even when its probes run on one thread
+    and so get a free core to themselves."""
+
+    busy: float | None = None
+    own: float = 0.0
+    wall: float = 0.0
+
+    def start(self) -> OtherWork:
+        self.busy, self.own, self.wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        return self
+
+    def cores(self) -> float | None:
+        """Cores held by other processes since :meth:`start` (None: not started, not Linux, or under a second)."""
+        now = busy_cpu_seconds()
+        wall = time.perf_counter() - self.wall
+        if self.busy is None or now is None or wall < 1.0:
+            return None
+        own = time.process_time() - self.own
+        return max(0.0, (now - self.busy) - own) / wall
+
+
 def process_started(clock: Callable[[], float] = time.perf_counter) -> float:
     """The reading of ``clock`` at which this process started (Linux: ``/proc/self/stat``), so a time budget
     counts the interpreter's start and the imports too; elsewhere, the reading now."""

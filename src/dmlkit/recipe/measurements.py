@@ -9,7 +9,8 @@ object, in the order the run reads them (a tape):
 * the first run of a request (its config as asked, before the recipe) on a machine measures, and keeps
   what it measured in ``<cache>/plans/<machine>/<request>.json`` (:class:`PlanStore`) unless the machine
   looked shared while it measured (:data:`SHARED_BELOW`: the process got less than that share of its threads'
-  time; repeated timings that disagree; or a load average above its cores). The costs are work, not wall time
+  time, or other processes held more than the rest of the cores; repeated timings that disagree; or a load
+  average above its cores). The costs are work, not wall time
   (:func:`dmlkit.engine.timing.timings`: CPU time per thread, or CUDA event time), so a shared machine plans as an
   idle one would; it only keeps no tape;
 * a later run of the same request on the same machine (same CPU or GPU, threads, torch and dmlkit
@@ -192,6 +193,8 @@ class Measurements:
         self.notes: list[str] = []
         self._load_checked = False
         self._load = [0.0, 0.0]  # CPU seconds, wall seconds x threads of the timed passes measured through this tape
+        self._others = timing.OtherWork()  # cores other processes held while this run planned (from start())
+        self._others_cores: float | None = None  # read once, when the plan is made
         self.progress: Callable[[str], None] | None = None  # told before each measurement taken live
         # Bounded in work (CPU seconds per thread of the run), not wall seconds: which measurements fit must not
         # follow the load, or the plan would (a loaded machine spends more wall time on the same measurements).
@@ -346,14 +349,29 @@ class Measurements:
         """The share of its threads' time this process got while it measured (None: nothing timed live)."""
         return timing.load_share(*self._load)
 
+    @property
+    def other_cores(self) -> float | None:
+        """Cores other processes (at normal priority or above) kept busy from :meth:`start` to the first reading
+        (the plan's end); None when nothing was measured live or the machine does not say."""
+        if self._others_cores is None and self._others.busy is not None:
+            self._others_cores = self._others.cores()
+        return self._others_cores
+
     def shared(self) -> str | None:
-        """One line when the machine was shared while measuring (:data:`SHARED_BELOW`), else None; the first call
-        marks the measurements busy (not kept)."""
-        share = self.load_share
-        if share is None or share >= SHARED_BELOW:
+        """One line when the machine was shared while measuring, else None; the first call marks the measurements
+        busy (not kept). Shared: this process got less than :data:`SHARED_BELOW` of its timed threads' time, or
+        other processes held more than ``1 - SHARED_BELOW`` of the usable cores (a one-thread probe beside one
+        competitor on two cores gets a whole core: only the second reading sees that competitor)."""
+        share, others, cores = self.load_share, self.other_cores, usable_cpus()
+        starved = share is not None and share < SHARED_BELOW
+        crowded = others is not None and others > (1.0 - SHARED_BELOW) * cores
+        if not (starved or crowded):
             return None
-        why = (f"machine is shared: this process got {share:.0%} of its {timing.threads_used()} thread(s)' time while "
-               f"measuring (CPU share {share:.2f} < {SHARED_BELOW})")
+        said = [f"other processes held {others:.1f} of the {cores} core(s)"] if crowded else []
+        if share is not None:
+            said.append(f"this process got {share:.0%} of its {timing.threads_used()} thread(s)' time (CPU share "
+                        f"{share:.2f}{f' < {SHARED_BELOW}' if starved else ''})")
+        why = "machine is shared while measuring: " + "; ".join(said)
         if why not in self.busy:
             self.busy.append(why)
         return (f"plan: {why}; the plan reads CPU-time costs, as on an idle machine; its measurements are not kept")
@@ -368,6 +386,7 @@ class Measurements:
     def start(self) -> None:
         """Before the first measurement: a machine already loaded by other work is said busy."""
         if not self.replaying:
+            self._others.start()
             self._load_checked = True
             problem = load_problem()
             if problem:
@@ -378,8 +397,10 @@ class Measurements:
         a line saying what happened (with the load share while measuring, when something was timed)."""
         self.shared()  # a shared machine keeps nothing
         share = self.load_share
-        line = self._kept()
-        return line if share is None else f"{line} (CPU share while measuring: {share:.2f})"
+        line, others = self._kept(), self.other_cores
+        seen = ([f"CPU share while measuring: {share:.2f}"] if share is not None else []) + (
+            [f"other processes' cores: {others:.1f}"] if others is not None else [])
+        return f"{line} ({'; '.join(seen)})" if seen else line
 
     def _kept(self) -> str:
         if self.replaying and not self.busy:

@@ -2,6 +2,7 @@
 a busy machine (timings that disagree, a slower replay) keeps nothing."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,7 @@ def speeds_of(tape: m.Measurements, live: Speeds) -> Speeds:
 @pytest.fixture
 def idle(monkeypatch):
     monkeypatch.setattr(m, "load_problem", lambda: None)
+    monkeypatch.setattr(m.timing.OtherWork, "cores", lambda self: None)  # the suite's other worker is not a load here
 
 
 def test_spread_of_quartiles_and_small_samples():
@@ -161,6 +163,59 @@ def test_a_shared_machine_says_its_share_in_one_line_and_keeps_nothing(tmp_path,
     kept = tape.keep()
     assert kept.startswith("measurements: NOT kept") and "(CPU share while measuring: 0.45)" in kept
     assert store.load({"cpu": "x"}, {"seed": 0}) is None
+
+
+def test_busy_cpu_seconds_reads_the_machine_s_busy_ticks_without_niced_work(tmp_path, monkeypatch):
+    from dmlkit.engine import timing
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 50 30 1000 5 2 3 10 0 0\ncpu0 50 25 15 500 2 1 1 5 0 0\n")
+    hz = __import__("os").sysconf("SC_CLK_TCK")
+    monkeypatch.setattr(timing, "_niced", lambda: False)
+    assert timing.busy_cpu_seconds(str(stat)) == pytest.approx((100 + 30 + 2 + 3 + 10) / hz)  # nice (50) yields
+    monkeypatch.setattr(timing, "_niced", lambda: True)  # a niced run's own seconds are in the nice column
+    assert timing.busy_cpu_seconds(str(stat)) == pytest.approx((100 + 50 + 30 + 2 + 3 + 10) / hz)
+    stat.write_text("intr 1 2 3\n")
+    assert timing.busy_cpu_seconds(str(stat)) is None
+    assert timing.busy_cpu_seconds(str(tmp_path / "missing")) is None
+
+
+def test_other_work_is_the_machine_s_busy_time_less_this_process_s(monkeypatch):
+    from dmlkit.engine import timing
+
+    clock = {"busy": 10.0, "own": 1.0, "wall": 100.0}
+    monkeypatch.setattr(timing, "busy_cpu_seconds", lambda: clock["busy"])
+    monkeypatch.setattr(timing, "time", SimpleNamespace(process_time=lambda: clock["own"],
+                                                       perf_counter=lambda: clock["wall"]))
+    others = timing.OtherWork().start()
+    clock.update(busy=10.0 + 3.0, own=1.0 + 1.0, wall=100.0 + 2.0)  # 3 busy seconds in 2 s, 1 of them this process's
+    assert others.cores() == pytest.approx(1.0)
+    clock.update(wall=100.5)
+    assert others.cores() is None  # under a second: too short to say
+    assert timing.OtherWork().cores() is None  # never started
+
+
+def test_a_competitor_beside_one_thread_probes_is_seen_by_the_machine_s_busy_time(tmp_path, idle, monkeypatch):
+    from dmlkit.engine import timing
+
+    monkeypatch.setattr(timing, "LOAD", timing.LoadMeter())
+    monkeypatch.setattr(m, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(timing.OtherWork, "cores", lambda self: 1.0)
+    store = m.PlanStore(tmp_path)
+    tape = m.Measurements(store=store, machine={"cpu": "x"}, request={"seed": 0})
+    tape.start()
+    assert tape.measure("cost", lambda: timing.LOAD.add(1.0, 1.0, 1) or 0.25) == 0.25  # the probe got its core
+    line = tape.shared()
+    assert line.startswith("plan: machine is shared") and "other processes held 1.0 of the 2 core(s)" in line
+    assert "CPU share 1.00" in line and "\n" not in line
+    kept = tape.keep()
+    assert kept.startswith("measurements: NOT kept") and "other processes' cores: 1.0" in kept
+    assert store.load({"cpu": "x"}, {"seed": 0}) is None
+    quiet = m.Measurements(store=store, machine={"cpu": "x"}, request={"seed": 0})
+    monkeypatch.setattr(timing.OtherWork, "cores", lambda self: 0.3)  # under 1 - SHARED_BELOW of 2 cores
+    quiet.start()
+    quiet.measure("cost", lambda: timing.LOAD.add(1.0, 1.0, 1) or 0.25)
+    assert quiet.shared() is None and "kept in" in quiet.keep()
 
 
 def test_an_idle_share_keeps_the_tape(tmp_path, idle, monkeypatch):
