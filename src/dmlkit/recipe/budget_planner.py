@@ -54,8 +54,9 @@ EVALUATIONS = (3, 12)
 #: rarely (once at the end when it buys fewer than this), instead of after every step or two.
 MIN_STEPS_PER_EVALUATION = 25
 
-#: A plan that buys fewer steps than this says so, and why (what the rest of the budget goes to).
-FEW_STEPS = 300
+#: A plan that buys fewer steps than this says so, and why (what the rest of the budget goes to); the learning
+#: plan's target (:data:`dmlkit.recipe.learning_plan.TARGET_STEPS`).
+FEW_STEPS = 200
 
 
 @dataclass(frozen=True)
