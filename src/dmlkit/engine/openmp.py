@@ -1,9 +1,9 @@
 """OpenMP threads that sleep while they wait: a run beside other busy processes keeps its speed.
 
 PyTorch computes on the CPU with OpenMP threads, and by default a thread that finished its share of a
-parallel region spins waiting for the others. On an idle machine that costs nothing; beside another busy
-process one of the run's threads is often descheduled, and every region then waits for it while its sibling
-burns the core the descheduled one needs (docs/recipes.md, "The plan under load", has the figures).
+parallel region spins waiting for the others. Beside another busy process one of the run's threads is often
+descheduled, and every region then waits for it while its sibling burns the core the descheduled one needs
+(docs/recipes.md, "The plan under load", has the figures, idle ones too).
 ``OMP_WAIT_POLICY=PASSIVE`` makes waiting threads sleep instead. OpenMP reads it once, when torch loads, so it
 must be set before ``import torch``.
 

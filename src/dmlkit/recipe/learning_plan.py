@@ -40,9 +40,10 @@ from dmlkit.recipe import budget_planner as budget
 from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
 from dmlkit.recipe.measurements import Measurements
 
-#: Steps a plan should buy for fine-tuning to show on validation classes (the budget's :data:`FEW_STEPS`). On the
-#: mini-ImageNet and grocery folders 2 stages trained for 180-250 steps beat 1 stage trained for 700-1,000 on the
-#: validation classes, so a plan trains more stages once they buy this many steps.
+#: Steps a plan should buy for fine-tuning to show on validation classes (the budget's :data:`FEW_STEPS`): on the
+#: mini-ImageNet and grocery folders' validation classes, Lite2 with 4 frozen stages trained about this long did
+#: as well as 5 frozen stages trained 700-1,000 steps or better (docs/recipes.md), so a plan trains more stages
+#: once they buy this many.
 TARGET_STEPS = budget.FEW_STEPS
 
 #: Images per timed pass (the speed per image at the run's batches of ~64 is a little better: the plan errs low).
