@@ -1,17 +1,22 @@
 """The plan of `dmlkit train --dry-run` idle and beside a competing CPU-bound process: does it follow the load?
 
 Run:  .venv/bin/python benchmarks/plan_under_load.py [--sets pets mini grocery omniglot] [--loads idle normal nice19]
+      .venv/bin/python benchmarks/plan_under_load.py --fresh      (no kept costs: each plan from its own timings)
       .venv/bin/python benchmarks/plan_under_load.py --sets mini --loads idle normal --set train.time_budget=534
 
 For each data set (``--sets``: the Pets, mini-ImageNet 84-px and grocery photo folders with their classes sorted
 into halves, and Omniglot at 28 px) and each load (``--loads``: ``idle``, nothing started beside it; ``normal``, one
 CPU-bound Python process spinning beside it at normal priority; ``nice19``, the same at nice 19), one
 ``dmlkit train --dry-run`` in a fresh process with ``DMLKIT_PLAN_STORE=off`` (nothing kept or replayed: every dry run
-measures). The table has one row per data set and a column group per load: the backbone, the frozen stages, the
-cached views, the steps (the plan's own, or the ceiling where the plan bought all of it), the ensemble members
-(Omniglot), the CPU share the plan saw while measuring (CPU time over wall time x threads), the cores other processes
-held meanwhile (the machine's busy CPU time less the dry run's own, niced work left out) and the dry run's wall
-time. The plan is made from CPU time, so the choices should not move with the load; the wall time does.
+measures). The dry runs of one invocation share one new, empty folder of kept least costs (``DMLKIT_COST_STORE``,
+src/dmlkit/recipe/kept_costs.py): each set's first load times its work alone and the later loads read each cost
+no higher than the least timed before, as a user's runs on one machine do; ``--fresh`` switches that off (every
+dry run from its own timings only). The table has one row per data set and a column group per load: the
+backbone, the frozen stages, the cached views, the steps (the plan's own, or the ceiling where the plan bought all
+of it), the ensemble members (Omniglot), the CPU share the plan saw while measuring (CPU time over wall time x
+threads), the cores other processes held meanwhile (the machine's busy CPU time less the dry run's own, niced work
+left out), how many of its costs the kept ones lowered, and the dry run's wall time. The plan is made from CPU
+time and the machine's least costs, so the choices should not move with the load; the wall time does.
 
 The wall times are of one run on whatever machine runs it: on a shared machine (other users' work beside the
 script as well as the competitor it starts) "idle" is only "no competitor started here"; the share column says how
@@ -25,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,9 +58,9 @@ def competitor(load: str) -> subprocess.Popen | None:
     return subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
 
 
-def dry_run(overrides: list[str]) -> tuple[str, float]:
-    """The dry run's stdout and stderr, and its wall time (seconds)."""
-    env = {**os.environ, "DMLKIT_PLAN_STORE": "off"}
+def dry_run(overrides: list[str], costs: str) -> tuple[str, float]:
+    """The dry run's stdout and stderr, and its wall time (seconds); ``costs``: its ``DMLKIT_COST_STORE``."""
+    env = {**os.environ, "DMLKIT_PLAN_STORE": "off", "DMLKIT_COST_STORE": costs}
     args = [sys.executable, "-m", "dmlkit", "train", "--dry-run"]
     for override in overrides:
         args += ["--set", override]
@@ -78,10 +84,12 @@ def summary(text: str, wall: float) -> dict[str, str]:
                                                              else steps.group(2)))
     share = re.search(r"CPU share while measuring: ([\d.]+)", text) or re.search(r"CPU share ([\d.]+)", text)
     others = re.search(r"other processes' cores: ([\d.]+)", text) or re.search(r"other processes held ([\d.]+)", text)
+    lowered = re.search(r"(\d+) cost\(s\) read at this machine's least kept timing", text)
     backbone = choice(text, "model.name").replace("efficientnet_", "")
     return {"backbone": backbone, "frozen": choice(text, "model.frozen_stages"), "views": choice(text, "train.cache_views"),
             "steps": planned, "members": choice(text, "model.ensemble"), "share": share.group(1) if share else "-",
-            "others": others.group(1) if others else "-", "wall": f"{wall:.0f}"}
+            "others": others.group(1) if others else "-", "kept": lowered.group(1) if lowered else "0",
+            "wall": f"{wall:.0f}"}
 
 
 def main() -> None:
@@ -91,28 +99,37 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
                         help="an override added to every dry run")
     parser.add_argument("--log", type=Path, help="append every dry run's output to this file")
+    parser.add_argument("--fresh", action="store_true",
+                        help="DMLKIT_COST_STORE=off: every dry run plans from its own timings alone")
     args = parser.parse_args()
     rows: dict[str, dict[str, dict[str, str]]] = {}
-    for name in args.sets:
-        for load in args.loads:
-            spinning = competitor(load)
-            try:
-                text, wall = dry_run(SETS[name] + args.extra)
-            finally:
-                if spinning is not None:
-                    spinning.kill()
-                    spinning.wait()
-            rows.setdefault(name, {})[load] = summary(text, wall)
-            if args.log:
-                with args.log.open("a", encoding="utf-8") as f:
-                    f.write(f"===== {name} {load} ({wall:.0f} s)\n{text}\n")
-            print(f"{name} {load}: {rows[name][load]}", file=sys.stderr, flush=True)
-    columns = ("backbone", "frozen", "views", "steps", "members", "share", "others", "wall")
+    with tempfile.TemporaryDirectory(prefix="dmlkit-costs-") as kept:
+        for name in args.sets:
+            for load in args.loads:
+                rows.setdefault(name, {})[load] = one_plan(name, load, args, "off" if args.fresh else kept)
+    columns = ("backbone", "frozen", "views", "steps", "members", "share", "others", "kept", "wall")
     header = "| set | " + " | ".join(f"{c} ({load})" for load in args.loads for c in columns) + " |"
     print(header)
     print("|" + "---|" * (1 + len(columns) * len(args.loads)))
     for name, by_load in rows.items():
         print(f"| {name} | " + " | ".join(by_load[load][c] for load in args.loads for c in columns) + " |")
+
+
+def one_plan(name: str, load: str, args: argparse.Namespace, costs: str) -> dict[str, str]:
+    """The plan of data set ``name`` under ``load``, summarised (and logged when ``--log`` is given)."""
+    spinning = competitor(load)
+    try:
+        text, wall = dry_run(SETS[name] + args.extra, costs)
+    finally:
+        if spinning is not None:
+            spinning.kill()
+            spinning.wait()
+    row = summary(text, wall)
+    if args.log:
+        with args.log.open("a", encoding="utf-8") as f:
+            f.write(f"===== {name} {load} ({wall:.0f} s)\n{text}\n")
+    print(f"{name} {load}: {row}", file=sys.stderr, flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp when torch loads
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test reaches the internet for weights
 os.environ["DMLKIT_PLAN_STORE"] = "off"  # no test replays another's kept measurements (tests of keeping set their own)
+os.environ["DMLKIT_COST_STORE"] = "off"  # nor reads another run's kept least costs (tests of them set their own)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

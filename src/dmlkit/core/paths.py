@@ -69,4 +69,13 @@ def expand_home(text: str, source: str) -> Path:
     return path
 
 
-__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "PATH_ERRNOS", "expand_home", "path_error", "path_problem"]
+def dmlkit_cache() -> Path:
+    """dmlkit's cache folder: ``$DMLKIT_CACHE``, else ``$XDG_CACHE_HOME/dmlkit`` (``~/.cache/dmlkit``)."""
+    root = os.environ.get("DMLKIT_CACHE")
+    if root:
+        return expand_home(root, "DMLKIT_CACHE")
+    return expand_home(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "XDG_CACHE_HOME") / "dmlkit"
+
+
+__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "PATH_ERRNOS", "dmlkit_cache", "expand_home", "path_error",
+           "path_problem"]

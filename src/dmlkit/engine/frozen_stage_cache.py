@@ -50,6 +50,7 @@ class CachePlan:
     enabled: bool
     views: int
     reason: str
+    steps: int | None = None  # the training steps the views were planned for (the learning plan's), when it planned
 
 
 class _StoredLabels:

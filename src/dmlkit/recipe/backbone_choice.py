@@ -286,7 +286,8 @@ class MeasuredCosts(Mapping):
 
         return self._tape.measure(f"backbone cost {name} train {train_size} px, embed {eval_size} px, {frozen} frozen, "
                                   f"batch {batch}, {device}, {dtype}", measure, encode=dataclasses.asdict,
-                                  decode=lambda kept: BackboneCost(**kept), timings=lambda _cost: spreads)
+                                  decode=lambda kept: BackboneCost(**kept), timings=lambda _cost: spreads,
+                                  lower=BackboneCost.fastest)
 
     def measured(self, name: str) -> BackboneCost | None:
         """``name``'s fastest cost when it was measured (or replayed) already, else None (nothing measured now)."""

@@ -83,6 +83,13 @@ class GlyphCosts:
         a test image."""
         return self.embed if self.val_views is None else self.embed * self.val_views / self.views
 
+    def fastest(self, other: "GlyphCosts") -> "GlyphCosts":
+        """Each cost the smaller of the two timings of the same work (interruptions only add time)."""
+        if other.views != self.views or (other.shared > 0) != (self.shared > 0):
+            raise ValueError("the two glyph timings are of different work (views or augmentation)")
+        return dataclasses.replace(self, step=min(self.step, other.step), embed=min(self.embed, other.embed),
+                                   shared=min(self.shared, other.shared))
+
     def steps_seconds(self, steps: int, members: int) -> float:
         """Seconds of ``steps`` training steps of ``members`` members (``own_batches``: each member its own batch,
         augmented with the others' in one call: ``shared`` per member)."""
@@ -264,7 +271,7 @@ def plan_glyph_steps(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *
                                                      objective=timed_objective, labels=labels, augment=augment,
                                                      passes=passes),
                          encode=dataclasses.asdict, decode=lambda kept: GlyphCosts(**kept),
-                         timings=lambda _costs: passes)
+                         timings=lambda _costs: passes, lower=GlyphCosts.fastest)
     spent = tape.seconds("seconds spent before the glyph plan", spent)
     # a validation image at its own shifts; with member folds each member its own batch, augmented once per member
     costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True),

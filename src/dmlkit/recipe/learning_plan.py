@@ -38,6 +38,7 @@ from torch import nn
 from dmlkit.engine.timing import one_thread, timings
 from dmlkit.recipe import budget_planner as budget
 from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MAX_VIEWS, memory_cap
+from dmlkit.recipe.kept_costs import smaller_seconds
 from dmlkit.recipe.measurements import Measurements
 
 #: Steps a plan should buy for fine-tuning to show on validation classes (the budget's :data:`FEW_STEPS`): on the
@@ -68,6 +69,21 @@ class StageCost:
     prefix: float
     step: float
     view_bytes: int = 0
+
+
+def least_stage_costs(fresh: Sequence[StageCost], kept: Sequence[StageCost]) -> list[StageCost]:
+    """Each frozen-stage count's seconds the smaller of its fresh and kept timings (this machine's kept costs,
+    :mod:`dmlkit.recipe.kept_costs`), sorted by frozen stages: a count timed only now stays as timed, and one the
+    measuring allowance left out now (a loaded machine spends it sooner) is read as kept."""
+    earlier = {cost.frozen_stages: cost for cost in kept}
+    out = dict(earlier)
+    for cost in fresh:
+        before = earlier.get(cost.frozen_stages)
+        if before is not None and before.view_bytes != cost.view_bytes:
+            raise ValueError(f"kept {cost.frozen_stages}-frozen costs are of another view size")
+        out[cost.frozen_stages] = cost if before is None else dataclasses.replace(
+            cost, prefix=min(cost.prefix, before.prefix), step=min(cost.step, before.step))
+    return [out[count] for count in sorted(out)]
 
 
 @dataclass(frozen=True)
@@ -234,8 +250,8 @@ def embed_seconds(model: nn.Module, size: int, *, device: torch.device, dtype: t
         model.train(was_training)
 
 
-__all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "measure_stage_costs", "plan_learning",
-           "refit_to_recipe"]
+__all__ = ["LearningPlan", "StageCost", "TARGET_STEPS", "embed_seconds", "least_stage_costs", "measure_stage_costs",
+           "plan_learning", "refit_to_recipe"]
 
 
 def plans_learning(cfg: Any, model: nn.Module, model_choices: Mapping[str, tuple[Any, str]]) -> bool:
@@ -290,7 +306,8 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
                          lambda: measure_stage_costs(model, order, crop, device=device, dtype=dtype, passes=passes,
                                                      batch=batch, enough=tape.allowance_spent),
                          encode=lambda found: [dataclasses.asdict(cost) for cost in found],
-                         decode=lambda kept: [StageCost(**cost) for cost in kept], timings=lambda _found: passes)
+                         decode=lambda kept: [StageCost(**cost) for cost in kept], timings=lambda _found: passes,
+                         lower=least_stage_costs)
     views = 2.0 if getattr(model, "flip_average", False) else 1.0
     if embed_cost is not None:  # the backbone choice timed this backbone's embedding already (mirror included)
         per_image = embed_cost(size) * views / 2.0
@@ -301,7 +318,7 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
         per_image = tape.measure(f"embedding seconds per image of {name} at {size} px",
                                  lambda: embed_seconds(model, size, device=device, dtype=dtype, passes=passes,
                                                        batch=batch),
-                                 timings=lambda _seconds: passes[-1:])
+                                 timings=lambda _seconds: passes[-1:], lower=smaller_seconds)
     spent = tape.seconds("seconds spent before the learning plan", spent)
     train_images, to_embed = backbone_choice._images_to_embed(cfg, survey)
     test_images = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")

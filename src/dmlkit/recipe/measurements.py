@@ -40,9 +40,10 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from dmlkit.core.paths import expand_home
+from dmlkit.core.paths import dmlkit_cache, expand_home
 from dmlkit.engine import plan_records, timing
 from dmlkit.engine.timing import usable_cpus
+from dmlkit.recipe.kept_costs import KeptCosts
 
 _log = logging.getLogger(__name__)
 
@@ -120,13 +121,6 @@ def _key(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("DMLKIT_CACHE")
-    if root:
-        return expand_home(root, "DMLKIT_CACHE")
-    return expand_home(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "XDG_CACHE_HOME") / "dmlkit"
-
-
 class PlanStore:
     """Kept measurements, one JSON file per (machine, request) under ``root`` (writes are atomic)."""
 
@@ -139,7 +133,7 @@ class PlanStore:
         where = os.environ.get(STORE_VARIABLE, "")
         if where.strip().lower() in ("off", "0", "false", "no"):
             return None
-        return cls(expand_home(where, STORE_VARIABLE) if where else _cache_root() / "plans")
+        return cls(expand_home(where, STORE_VARIABLE) if where else dmlkit_cache() / "plans")
 
     def path(self, machine: dict, request: dict) -> Path:
         return self.root / _key(machine) / f"{_key(request)}.json"
@@ -179,7 +173,8 @@ class Measurements:
     """
 
     def __init__(self, kept: list[dict] | None = None, *, source: str = "", check_speed: bool = True,
-                 store: PlanStore | None = None, machine: dict | None = None, request: dict | None = None):
+                 store: PlanStore | None = None, machine: dict | None = None, request: dict | None = None,
+                 costs: KeptCosts | None = None):
         self._queue: dict[str, deque] = defaultdict(deque)
         for entry in kept or []:
             self._queue[str(entry["name"])].append(entry["value"])
@@ -188,6 +183,7 @@ class Measurements:
         self.source = source
         self.check_speed = check_speed
         self.store, self.machine, self.request = store, machine, request
+        self.costs = costs  # this machine's least costs of the work timed live (kept_costs.py), or None
         self.tape: list[dict] = []
         self.busy: list[str] = []
         self.notes: list[str] = []
@@ -214,15 +210,15 @@ class Measurements:
     def for_request(cls, request: dict, device: torch.device, *, replan: bool = False) -> Measurements:
         """Replay what this machine kept for ``request`` (the config as asked), else measure and keep it;
         ``replan``: measure again and replace what was kept."""
-        store = PlanStore.default()
+        store, machine = PlanStore.default(), machine_description(device)
+        costs = KeptCosts.default(machine, _key(machine))
         if store is None:
-            return cls().forgo(f"{STORE_VARIABLE}=off")
-        machine = machine_description(device)
+            return cls(costs=costs).forgo(f"{STORE_VARIABLE}=off")
         train = {k: v for k, v in request.get("train", {}).items() if k not in OUTPUT_ONLY}
         request = {**request, "train": train}
         kept = None if replan else store.load(machine, request)
         source = f"kept on this machine ({store.path(machine, request)})" if kept is not None else ""
-        return cls(kept, source=source, store=store, machine=machine, request=request)
+        return cls(kept, source=source, store=store, machine=machine, request=request, costs=costs)
 
     @classmethod
     def from_run(cls, path: str | Path) -> tuple[dict, Measurements]:
@@ -245,10 +241,12 @@ class Measurements:
 
     def measure(self, name: str, measure: Callable[[], T], *, encode: Callable[[T], Any] = lambda v: v,
                 decode: Callable[[Any], T] = lambda v: v, timings: Callable[[T], Sequence[Sequence[float]]] | None
-                = None, announce: bool = True) -> T:
+                = None, announce: bool = True, lower: Callable[[T, T], T] | None = None) -> T:
         """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
         into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine;
-        ``announce``: tell :attr:`progress` before measuring (a reading of the clock is not announced)."""
+        ``announce``: tell :attr:`progress` before measuring (a reading of the clock is not announced);
+        ``lower(fresh, kept)``: a cost measured live is read no higher than this machine's kept least cost of the
+        same work (:mod:`dmlkit.recipe.kept_costs`), each number the smaller of the two."""
         replayed, kept = self._next(name)
         if replayed:
             value = plan_records.decoded(decode, kept, name, self.source)
@@ -259,6 +257,8 @@ class Measurements:
             value = self.counted(measure)
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
+            if lower is not None and self.costs is not None:
+                value = self.costs.lower(name, value, lower, encode=encode, decode=decode)
         if not replayed and timings is not None:
             for repeated in timings(value):
                 spread = spread_of(repeated)
@@ -398,8 +398,9 @@ class Measurements:
         self.shared()  # a shared machine keeps nothing
         share = self.load_share
         line, others = self._kept(), self.other_cores
+        lowered = self.costs.said() if self.costs is not None else None
         seen = ([f"CPU share while measuring: {share:.2f}"] if share is not None else []) + (
-            [f"other processes' cores: {others:.1f}"] if others is not None else [])
+            [f"other processes' cores: {others:.1f}"] if others is not None else []) + ([lowered] if lowered else [])
         return f"{line} ({'; '.join(seen)})" if seen else line
 
     def _kept(self) -> str:

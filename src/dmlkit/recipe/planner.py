@@ -21,6 +21,7 @@ survey of the data -> model rules -> backbone by budget -> probe model -> view s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import logging
 import time
@@ -203,6 +204,8 @@ def plan(
         resolved.choices.update(unfolded)
         echo.detail(recipe.format_planned(unfolded))
     cache_plan, cache_deferred = _plan_cache(cfg, probe, splits, augment, resolved.choices, dist, echo)
+    if cache_plan.enabled and not cache_deferred and learning:  # the steps its views are for: a slower machine builds fewer
+        cache_plan = dataclasses.replace(cache_plan, steps=_planned_steps(cfg, learning))
     bounded = measurements.bounded()
     if bounded:  # what the measuring allowance left to the recipe's rules
         echo(bounded)

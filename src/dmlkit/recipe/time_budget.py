@@ -23,11 +23,12 @@ from dmlkit.engine.callbacks import Callback
 from dmlkit.engine.plan_records import SEAL_KEY, seal
 from dmlkit.engine.resolve import ResolvedRun
 from dmlkit.engine.run_layout import RESOLVED_FILE
+from dmlkit.engine.timing import OtherWork, usable_cpus
 from dmlkit.exceptions import RecordError
 from dmlkit.recipe import budget_planner as budget
 from dmlkit.recipe.budget_planner import Speeds
 from dmlkit.recipe.feature_cache_plan import EPOCHS_PER_VIEW, MIN_VIEWS, views_for_epochs
-from dmlkit.recipe.measurements import Measurements
+from dmlkit.recipe.measurements import SHARED_BELOW, Measurements
 
 #: A feature cache adds no view that would end after the run has spent this share of its time budget (a loaded
 #: machine builds slower than planned): the views built so far are kept, and the rest of the budget trains.
@@ -67,12 +68,26 @@ class TimeBudget(Callback):
             trainer.cache_frozen_features(out_of_time=self._cache_out_of_time())
 
     def _cache_out_of_time(self) -> Callable[[float], bool] | None:
-        """Whether a feature cache's next view (its expected seconds given) would end past :data:`CACHE_SHARE` of
-        the budget (a loaded machine builds slower than planned: the rest of the budget trains); None: no budget."""
+        """Whether a feature cache adds no further view (asked after each, the next one's expected seconds given):
+        one that would end past :data:`CACHE_SHARE` of the budget, or, beyond the first, one the plan's rule would
+        not take at the speed the machine gives now (:func:`views_at_live_speed`); None: no budget."""
         if self.seconds is None:
             return None
-        seconds = self.seconds
-        return lambda next_view: self.wall_clock() - self.started + next_view > CACHE_SHARE * seconds
+        seconds, planned = self.seconds, self.cache_plan.steps
+        others, built = OtherWork().start(), [0]
+
+        def out_of_time(next_view: float) -> bool:
+            built[0] += 1
+            if self.wall_clock() - self.started + next_view > CACHE_SHARE * seconds:
+                return True
+            if planned is None:
+                return False
+            tape = self.tape or Measurements.live()  # the load read is kept with the plan: a replay builds as many
+            slowdown = float(tape.measure(f"slowdown while building cached view {built[0]}",
+                                          lambda: live_slowdown(others.cores()), announce=False))
+            return not views_at_live_speed(built[0] + 1, planned, slowdown)
+
+        return out_of_time
 
     def on_steps_timed(self, trainer, step: int, step_seconds: float | None) -> None:
         """The first plan (and a feature cache that pays), once the steps of a schedule without one were timed."""
@@ -189,6 +204,28 @@ class TimeBudget(Callback):
         trainer.write_training_record()
 
 
+def live_slowdown(other_cores: float | None, cores: int | None = None) -> float:
+    """How many times longer than planned the run's work takes while other processes hold ``other_cores`` of the
+    ``cores`` (default: the usable ones; :class:`~dmlkit.engine.timing.OtherWork`): the cores over those left to the
+    run (2 beside one busy process on 2 cores). A plan is made from work, as on idle cores, so this is the factor its
+    steps shrink by while the load lasts; 1 where other work holds no more than a shared machine's share of the cores
+    (:data:`~dmlkit.recipe.measurements.SHARED_BELOW`) or the machine does not say."""
+    cores = usable_cpus() if cores is None else cores
+    if other_cores is None or other_cores <= (1.0 - SHARED_BELOW) * cores:
+        return 1.0
+    return cores / max(cores - other_cores, 0.5)
+
+
+def views_at_live_speed(views: int, planned_steps: int, slowdown: float) -> bool:
+    """Whether ``views`` cached views still follow the learning plan's rule when the machine runs ``slowdown`` times
+    slower than planned: beyond one view, the steps left must reach the plan's target
+    (:data:`~dmlkit.recipe.learning_plan.TARGET_STEPS`, or the planned steps where fewer; steps first, then the crops'
+    variety)."""
+    if views <= 1:
+        return True
+    return planned_steps / max(slowdown, 1.0) >= min(budget.FEW_STEPS, planned_steps)
+
+
 def plan_callbacks(resolved: ResolvedRun) -> tuple[Any, ...]:
     """The callbacks the recipe attaches to a resolved run: its time budget, then the step capture's decision."""
     from dmlkit.recipe.step_capture_plan import StepCaptureChoice
@@ -196,4 +233,4 @@ def plan_callbacks(resolved: ResolvedRun) -> tuple[Any, ...]:
     return TimeBudget(resolved), StepCaptureChoice()
 
 
-__all__ = ["TimeBudget", "plan_callbacks"]
+__all__ = ["TimeBudget", "live_slowdown", "plan_callbacks", "views_at_live_speed"]
