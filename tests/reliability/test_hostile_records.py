@@ -155,6 +155,30 @@ def test_a_kept_plan_that_fails_its_schema_is_ignored_with_a_warning(case, tmp_p
     assert re.search(said, caplog.text), caplog.text
 
 
+COST_CASES = {
+    "not JSON": ("{costs", r"do not read"),
+    "another format": (json.dumps({"format": "other", "costs": {}}), r"not a dmlkit-kept-costs-1 file"),
+    "a negative cost": (json.dumps({"format": "dmlkit-kept-costs-1", "costs": {"embed": -1.0}}),
+                        r"'embed': value is -1\.0; a measurement's numbers are finite"),
+    "a string": (json.dumps({"format": "dmlkit-kept-costs-1", "costs": {"embed": "fast"}}), r"\(str\)"),
+    "NaN": ('{"format": "dmlkit-kept-costs-1", "costs": {"embed": NaN}}', r"NaN is not a number"),
+}
+
+
+@pytest.mark.parametrize("case", list(COST_CASES))
+def test_kept_costs_that_fail_their_schema_are_said_and_replaced_by_the_fresh_timing(case, tmp_path, caplog):
+    from dmlkit.recipe.kept_costs import KeptCosts, smaller_seconds
+
+    content, said = COST_CASES[case]
+    path = tmp_path / "machine.json"
+    path.write_text(content)
+    costs = KeptCosts(path, MACHINE)
+    with caplog.at_level(logging.WARNING, logger="dmlkit"):
+        assert costs.lower("embed", 0.02, smaller_seconds, encode=float, decode=float) == 0.02  # never -1 or NaN
+    assert f"kept costs {path} do not read" in caplog.text and re.search(said, caplog.text), caplog.text
+    assert json.loads(path.read_text())["costs"] == {"embed": 0.02}
+
+
 def test_a_kept_plan_replays_silently_and_an_edited_one_with_a_notice(tmp_path, caplog):
     store = m.PlanStore(tmp_path)
     path = store.keep(MACHINE, REQUEST, GOOD_TAPE)
@@ -288,6 +312,14 @@ def test_a_home_of_an_unknown_user_is_said(variable, monkeypatch):
     with pytest.raises(ConfigError, match=rf"{variable}='~nosuchuser-of-dmlkit/plans': the home folder of "
                                           r"'nosuchuser-of-dmlkit' is not known on this machine"):
         m.PlanStore.default()
+
+
+def test_a_cost_store_under_an_unknown_home_is_said(monkeypatch):
+    from dmlkit.recipe.kept_costs import COST_STORE_VARIABLE, KeptCosts
+
+    monkeypatch.setenv(COST_STORE_VARIABLE, "~nosuchuser-of-dmlkit/costs")
+    with pytest.raises(ConfigError, match=rf"{COST_STORE_VARIABLE}='~nosuchuser-of-dmlkit/costs': the home folder"):
+        KeptCosts.default(MACHINE, "m")
 
 
 # ----------------------------------------------------------------------------- CSV data

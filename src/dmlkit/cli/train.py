@@ -55,7 +55,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="resolve the run (data read, model built, the recipe's "
                    "measurements made) and print every part and what the recipe chose and why, then exit without "
-                   "training or writing anything")
+                   "training or writing a run (the machine's measurements are kept, as a run keeps them)")
     p.add_argument("--list-backbones", action="store_true", help="list backbones whose pretrained weights are here "
                    "(installed package, Hugging Face or torch hub cache) and why the others are not, then exit")
 

@@ -57,7 +57,7 @@ def seal(request: Any, tape: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _value_problem(value: Any) -> str | None:
+def value_problem(value: Any) -> str | None:
     """Why ``value`` is not a measurement's encoding (module docstring), or None."""
     stack = [(value, "value")]
     while stack:
@@ -105,7 +105,7 @@ def check_tape(tape: Any, where: str) -> list[dict]:
         if not isinstance(name, str) or not name or len(name) > MAX_NAME:
             raise RecordError(f"{at}: its name is {short_repr(name)}; a text of 1 to {MAX_NAME} characters was "
                               "expected.")
-        problem = _value_problem(entry["value"])
+        problem = value_problem(entry["value"])
         if problem is not None:
             raise RecordError(f"{at} ({name!r}): its {problem}.")
     return tape
@@ -176,4 +176,4 @@ def decoded(decode: Callable[[Any], T], kept: Any, name: str, source: str) -> T:
 
 
 __all__ = ["ENTRY_KEYS", "KEPT_KEYS", "LARGEST", "SEAL_KEY", "SMALLEST", "check_tape", "decoded", "kept_tape",
-           "replay_record", "seal"]
+           "replay_record", "seal", "value_problem"]

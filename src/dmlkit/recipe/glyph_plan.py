@@ -272,7 +272,7 @@ def plan_glyph_steps(cfg: Any, splits: Any, model: nn.Module, recipe_run: Any, *
                                                      passes=passes),
                          encode=dataclasses.asdict, decode=lambda kept: GlyphCosts(**kept),
                          timings=lambda _costs: passes, lower=GlyphCosts.fastest)
-    spent = tape.seconds("seconds spent before the glyph plan", spent)
+    spent = tape.spent("seconds spent before the glyph plan", spent)
     # a validation image at its own shifts; with member folds each member its own batch, augmented once per member
     costs = dataclasses.replace(costs, val_views=budget.embedding_views(cfg, validation=True),
                                 own_batches=bool(cfg.protocol.member_folds))

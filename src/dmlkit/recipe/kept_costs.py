@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 from dmlkit.core.json_files import read_json
 from dmlkit.core.paths import dmlkit_cache, expand_home
+from dmlkit.core.validation import short_repr
+from dmlkit.engine.plan_records import value_problem
 from dmlkit.exceptions import RecordError
 
 _log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ class KeptCosts:
                     if not (isinstance(record, dict) and record.get("format") == COSTS_FORMAT
                             and isinstance(record.get("costs"), dict)):
                         raise RecordError(f"not a {COSTS_FORMAT} file")
+                    for name, value in record["costs"].items():  # numbers a plan could divide by, or none
+                        problem = value_problem(value)
+                        if problem is not None:
+                            raise RecordError(f"{short_repr(name)}: {problem}")
                     self._costs = dict(record["costs"])
                 except (OSError, RecordError, ValueError) as err:
                     _log.warning("kept costs %s do not read (%s); this run's costs replace them", self.path, err)

@@ -319,7 +319,7 @@ def plan_frozen_stages(cfg: Any, survey: Any, model: nn.Module, model_choices: M
                                  lambda: embed_seconds(model, size, device=device, dtype=dtype, passes=passes,
                                                        batch=batch),
                                  timings=lambda _seconds: passes[-1:], lower=smaller_seconds)
-    spent = tape.seconds("seconds spent before the learning plan", spent)
+    spent = tape.spent("seconds spent before the learning plan", spent)
     train_images, to_embed = backbone_choice._images_to_embed(cfg, survey)
     test_images = sum(len(getattr(survey, split)) for split in ("test", "query", "gallery")
                       if getattr(survey, split, None) is not None)

@@ -43,7 +43,7 @@ import torch
 from dmlkit.core.paths import dmlkit_cache, expand_home
 from dmlkit.engine import plan_records, timing
 from dmlkit.engine.timing import usable_cpus
-from dmlkit.recipe.kept_costs import KeptCosts
+from dmlkit.recipe.kept_costs import KeptCosts, smaller_seconds
 
 _log = logging.getLogger(__name__)
 
@@ -184,6 +184,7 @@ class Measurements:
         self.check_speed = check_speed
         self.store, self.machine, self.request = store, machine, request
         self.costs = costs  # this machine's least costs of the work timed live (kept_costs.py), or None
+        self.request_key = _key(request) if request is not None else None  # whose seconds spent the costs keep
         self.tape: list[dict] = []
         self.busy: list[str] = []
         self.notes: list[str] = []
@@ -212,10 +213,12 @@ class Measurements:
         ``replan``: measure again and replace what was kept."""
         store, machine = PlanStore.default(), machine_description(device)
         costs = KeptCosts.default(machine, _key(machine))
-        if store is None:
-            return cls(costs=costs).forgo(f"{STORE_VARIABLE}=off")
         train = {k: v for k, v in request.get("train", {}).items() if k not in OUTPUT_ONLY}
         request = {**request, "train": train}
+        if store is None:
+            tape = cls(costs=costs).forgo(f"{STORE_VARIABLE}=off")
+            tape.request_key = _key(request)
+            return tape
         kept = None if replan else store.load(machine, request)
         source = f"kept on this machine ({store.path(machine, request)})" if kept is not None else ""
         return cls(kept, source=source, store=store, machine=machine, request=request, costs=costs)
@@ -241,12 +244,14 @@ class Measurements:
 
     def measure(self, name: str, measure: Callable[[], T], *, encode: Callable[[T], Any] = lambda v: v,
                 decode: Callable[[Any], T] = lambda v: v, timings: Callable[[T], Sequence[Sequence[float]]] | None
-                = None, announce: bool = True, lower: Callable[[T, T], T] | None = None) -> T:
+                = None, announce: bool = True, lower: Callable[[T, T], T] | None = None,
+                kept_as: str | None = None) -> T:
         """``measure()`` the first time; the kept value when replaying. ``encode``/``decode`` turn the value
         into JSON and back; ``timings(value)``: its repeated timings, whose spread tells a busy machine;
         ``announce``: tell :attr:`progress` before measuring (a reading of the clock is not announced);
         ``lower(fresh, kept)``: a cost measured live is read no higher than this machine's kept least cost of the
-        same work (:mod:`dmlkit.recipe.kept_costs`), each number the smaller of the two."""
+        same work (:mod:`dmlkit.recipe.kept_costs`), each number the smaller of the two; ``kept_as``: its name
+        there, when the work is not the name alone (default ``name``)."""
         replayed, kept = self._next(name)
         if replayed:
             value = plan_records.decoded(decode, kept, name, self.source)
@@ -258,7 +263,7 @@ class Measurements:
             self._load[0] += timing.LOAD.cpu - cpu
             self._load[1] += timing.LOAD.thread_wall - thread_wall
             if lower is not None and self.costs is not None:
-                value = self.costs.lower(name, value, lower, encode=encode, decode=decode)
+                value = self.costs.lower(kept_as or name, value, lower, encode=encode, decode=decode)
         if not replayed and timings is not None:
             for repeated in timings(value):
                 spread = spread_of(repeated)
@@ -307,6 +312,16 @@ class Measurements:
     def seconds(self, name: str, live: float) -> float:
         """A number the run read itself (seconds spent so far): ``live`` when measuring, the kept one replayed."""
         return float(self.measure(name, lambda: float(live), announce=False))
+
+    def spent(self, name: str, live: float) -> float:
+        """Seconds of work this run spent before a plan (``live``: the wall time, or the process's CPU time when
+        less), read no higher than the least this machine spent there on the same request (kept with its costs,
+        :mod:`dmlkit.recipe.kept_costs`): beside other work the same reading and decoding cost more CPU time, and
+        a plan at a threshold would follow it. Replayed like :meth:`seconds`."""
+        if self.costs is None or self.request_key is None:
+            return self.seconds(name, live)
+        return float(self.measure(name, lambda: float(live), announce=False, lower=smaller_seconds,
+                                  kept_as=f"{name} (request {self.request_key})"))
 
     def speeds(self, name: str, live: T, step_seconds: Callable[[T], float], encode: Callable[[T], Any],
                decode: Callable[[Any], T]) -> T:

@@ -183,7 +183,7 @@ def plan(
                                               measurements=measurements, learning=learning, seeded=seeded)
     splits, resolved, read_as = _plan_on_splits(cfg, survey, data, probe, model_choices, device, echo)
     if learning:  # again from the same costs, with the batch and step ceiling the recipe chose: the steps run
-        learning[0], refit = refit_to_recipe(cfg, probe, learning[0], splits, spent=measurements.seconds(
+        learning[0], refit = refit_to_recipe(cfg, probe, learning[0], splits, spent=measurements.spent(
             "seconds spent before the learning plan's refit", work_since(started)))
         if "train.cache_views" not in refit:
             resolved.choices.pop("train.cache_views", None)
@@ -284,7 +284,7 @@ def _plan_model(cfg: RunConfig, survey, model: nn.Module | None, device: torch.d
         cfg, survey, echo, accelerator=device.type == "cuda")
     embed_cost = backbone_choice.choose_for_run(  # Lite0/1/2 by what is left of the budget
         cfg, survey, model_choices, device, measurements=measurements,
-        spent=lambda: measurements.seconds("seconds spent before the backbone choice", work_since(started)))
+        spent=lambda: measurements.spent("seconds spent before the backbone choice", work_since(started)))
     probe, build = (model, None) if model is not None else _build_probe(cfg, seeded)
     model_choices.update(measurements.counted(  # its embedding is measuring too (photos; kept outside the tape)
         lambda: measure_view_size(cfg, survey, probe, model_choices, device=device, progress=measurements.progress,

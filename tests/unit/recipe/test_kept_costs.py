@@ -109,3 +109,17 @@ def test_requests_share_their_machine_s_costs_even_with_no_plan_store(tmp_path, 
     other = m.Measurements.for_request({"seed": 1}, torch.device("cpu"))
     assert other.measure("step cost", lambda: 2.0, lower=k.smaller_seconds) == 1.0
     assert other.store is None and len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_seconds_spent_before_a_plan_read_the_least_of_the_same_request(tmp_path, monkeypatch, idle):
+    monkeypatch.setenv(m.STORE_VARIABLE, "off")
+    monkeypatch.setenv(k.COST_STORE_VARIABLE, str(tmp_path))
+    idle_run = m.Measurements.for_request({"seed": 0}, torch.device("cpu"))
+    assert idle_run.spent("seconds spent before the learning plan", 60.0) == 60.0
+    loaded = m.Measurements.for_request({"seed": 0}, torch.device("cpu"))
+    assert loaded.spent("seconds spent before the learning plan", 75.0) == 60.0  # decoding took more CPU time
+    assert loaded.tape == [{"name": "seconds spent before the learning plan", "value": 60.0}]  # --plan replays it
+    other = m.Measurements.for_request({"seed": 1}, torch.device("cpu"))
+    assert other.spent("seconds spent before the learning plan", 75.0) == 75.0  # another request: its own
+    assert m.Measurements(loaded.tape).spent("seconds spent before the learning plan", 99.0) == 60.0
+    assert m.Measurements().spent("seconds spent before the learning plan", 99.0) == 99.0  # nothing kept: as read
