@@ -77,5 +77,14 @@ def dmlkit_cache() -> Path:
     return expand_home(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "XDG_CACHE_HOME") / "dmlkit"
 
 
-__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "PATH_ERRNOS", "dmlkit_cache", "expand_home", "path_error",
-           "path_problem"]
+def cache_folder(variable: str, default: str) -> Path | None:
+    """The folder the environment variable ``variable`` names, ``dmlkit_cache() / default`` when it is unset or
+    empty, or None when it says ``off`` (or ``0``, ``false``, ``no``): where a kind of kept record lives."""
+    where = os.environ.get(variable, "")
+    if where.strip().lower() in ("off", "0", "false", "no"):
+        return None
+    return expand_home(where, variable) if where else dmlkit_cache() / default
+
+
+__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "PATH_ERRNOS", "cache_folder", "dmlkit_cache", "expand_home",
+           "path_error", "path_problem"]

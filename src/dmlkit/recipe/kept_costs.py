@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 from dmlkit.core.json_files import read_json
-from dmlkit.core.paths import dmlkit_cache, expand_home
+from dmlkit.core.paths import cache_folder
 from dmlkit.core.validation import short_repr
 from dmlkit.engine.plan_records import value_problem
 from dmlkit.exceptions import RecordError
@@ -59,11 +58,8 @@ class KeptCosts:
     def default(cls, machine: dict, key: str) -> KeptCosts | None:
         """The costs of ``machine`` (its file named ``key``) in the folder ``DMLKIT_COST_STORE`` names, else
         ``<cache>/costs``; None for ``off``."""
-        where = os.environ.get(COST_STORE_VARIABLE, "")
-        if where.strip().lower() in ("off", "0", "false", "no"):
-            return None
-        root = expand_home(where, COST_STORE_VARIABLE) if where else dmlkit_cache() / "costs"
-        return cls(root / f"{key}.json", machine)
+        root = cache_folder(COST_STORE_VARIABLE, "costs")
+        return None if root is None else cls(root / f"{key}.json", machine)
 
     def _read(self) -> dict[str, Any]:
         if self._costs is None:

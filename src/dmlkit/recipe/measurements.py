@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from dmlkit.core.paths import dmlkit_cache, expand_home
+from dmlkit.core.paths import cache_folder
 from dmlkit.engine import plan_records, timing
 from dmlkit.engine.timing import usable_cpus
 from dmlkit.recipe.kept_costs import KeptCosts, smaller_seconds
@@ -130,10 +130,8 @@ class PlanStore:
     @classmethod
     def default(cls) -> PlanStore | None:
         """The store ``DMLKIT_PLAN_STORE`` names (None for ``off``), else ``<cache>/plans``."""
-        where = os.environ.get(STORE_VARIABLE, "")
-        if where.strip().lower() in ("off", "0", "false", "no"):
-            return None
-        return cls(expand_home(where, STORE_VARIABLE) if where else dmlkit_cache() / "plans")
+        root = cache_folder(STORE_VARIABLE, "plans")
+        return None if root is None else cls(root)
 
     def path(self, machine: dict, request: dict) -> Path:
         return self.root / _key(machine) / f"{_key(request)}.json"
@@ -216,9 +214,7 @@ class Measurements:
         train = {k: v for k, v in request.get("train", {}).items() if k not in OUTPUT_ONLY}
         request = {**request, "train": train}
         if store is None:
-            tape = cls(costs=costs).forgo(f"{STORE_VARIABLE}=off")
-            tape.request_key = _key(request)
-            return tape
+            return cls(request=request, costs=costs).forgo(f"{STORE_VARIABLE}=off")
         kept = None if replan else store.load(machine, request)
         source = f"kept on this machine ({store.path(machine, request)})" if kept is not None else ""
         return cls(kept, source=source, store=store, machine=machine, request=request, costs=costs)

@@ -75,6 +75,7 @@ class TimeBudget(Callback):
             return None
         seconds, planned = self.seconds, self.cache_plan.steps
         others, built = OtherWork().start(), [0]
+        tape = self.tape or Measurements.live()  # the load read is kept with the plan: a replay builds as many
 
         def out_of_time(next_view: float) -> bool:
             built[0] += 1
@@ -82,7 +83,6 @@ class TimeBudget(Callback):
                 return True
             if planned is None:
                 return False
-            tape = self.tape or Measurements.live()  # the load read is kept with the plan: a replay builds as many
             slowdown = float(tape.measure(f"slowdown while building cached view {built[0]}",
                                           lambda: live_slowdown(others.cores()), announce=False))
             return not views_at_live_speed(built[0] + 1, planned, slowdown)
