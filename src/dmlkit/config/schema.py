@@ -178,6 +178,8 @@ class OptimizerConfig:
     ``lr`` is the backbone's learning rate; the head learns at ``lr * head_lr_multiplier`` and the
     loss's own parameters (proxies) at ``lr * head_lr_multiplier * loss_lr_multiplier``. ``None``
     lets the recipe choose (a small CNN from scratch and a pretrained backbone want very different rates).
+    ``scheduler`` is ``none``, ``step``, ``cosine`` or ``wsd`` (the rate holds, then decays over the
+    horizon's last ``decay_fraction``); ``None`` lets the recipe choose.
     """
 
     name: str = "adamw"
@@ -188,7 +190,8 @@ class OptimizerConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     loss_lr_multiplier: Optional[float] = None
-    scheduler: str = "none"
+    scheduler: Optional[str] = "none"
+    decay_fraction: float = 0.2
     step_size: int = 1000
     gamma: float = 0.5
     warmup_steps: int = 0
@@ -366,7 +369,8 @@ CONSTRAINTS: dict[str, list] = {
     "optimizer.weight_decay": [Interval(float, 0, None)],
     "optimizer.eps": [Interval(float, 0, None, closed="neither")],
     "optimizer.loss_lr_multiplier": [NONE, Interval(float, 0, None, closed="neither")],
-    "optimizer.scheduler": [OptionsFrom("dmlkit.engine.optim", "SCHEDULERS")],
+    "optimizer.scheduler": [NONE, OptionsFrom("dmlkit.engine.optim", "SCHEDULERS")],
+    "optimizer.decay_fraction": [Interval(float, 0, 1, closed="right")],
     "optimizer.step_size": [Capped(int, 0, MAX_STEPS, closed="right")],
     "optimizer.gamma": [Interval(float, 0, 1, closed="right")],
     "optimizer.warmup_steps": [Capped(int, 0, MAX_STEPS)],

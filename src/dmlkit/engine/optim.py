@@ -77,15 +77,33 @@ def build_optimizer(model: nn.Module, loss: nn.Module, cfg: OptimizerConfig) -> 
 
 #: Optimiser and schedule names (``optimizer.name``, ``optimizer.scheduler``).
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
-SCHEDULERS = ("none", "step", "cosine")
+SCHEDULERS = ("none", "step", "cosine", "wsd")
+
+
+def _cosine(done: float) -> float:
+    """Half a cosine from 1 at ``done`` = 0 to 0 at ``done`` = 1."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(done, 0.0), 1.0)))
 
 
 def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
-    """Multiplier of the base learning rate at ``step`` (step or cosine decay)."""
+    """Multiplier of the base learning rate at ``step`` of a ``max_steps`` horizon.
+
+    ``step``: ``gamma`` every ``step_size`` steps. ``cosine``: half a cosine over the horizon. ``wsd``
+    (warmup-stable-decay; Hu et al., "MiniCPM", 2024): the rate holds, then half a cosine over the
+    horizon's last ``decay_fraction``, so a horizon cut short (a time budget on a loaded machine) keeps
+    its full rate for most of its steps instead of a cosine compressed into fewer. ``none``: constant.
+    """
+    if cfg.scheduler is None:
+        raise ValueError("optimizer.scheduler is unset: one of " + ", ".join(SCHEDULERS)
+                         + " (dmlkit's recipe chooses it when it plans the run).")
+    horizon = max(max_steps, 1)
     if cfg.scheduler == "step":
         return cfg.gamma ** (step // cfg.step_size)
     if cfg.scheduler == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(step, max_steps) / max(max_steps, 1)))
+        return _cosine(step / horizon)
+    if cfg.scheduler == "wsd":
+        decay = cfg.decay_fraction * horizon
+        return _cosine((step - (horizon - decay)) / decay)
     return 1.0
 
 

@@ -273,6 +273,13 @@ SCRATCH_LR = 3e-3
 ENSEMBLE_MEMBER_LR = 5e-3
 PRETRAINED_LR = 1e-5
 PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
+#: A pretrained backbone whose untrained embedding separates the validation classes poorly (validation MAP@R below
+#: :data:`FAR_FROM_PRETRAINING`, measured with the pooling chosen) has further to move: it fine-tunes at
+#: :data:`FAR_PRETRAINED_LR`. Grocery's products (untrained 0.61, mostly not ImageNet classes) scored higher on
+#: their validation classes at 3e-5, mini-ImageNet's ImageNet classes (0.68) at 1e-5 (docs/recipes.md, *The plan
+#: under load*).
+FAR_FROM_PRETRAINING = 0.65
+FAR_PRETRAINED_LR = 3e-5
 
 #: Fine-tuning of a pretrained backbone: a ceiling of FINETUNE_EPOCHS epochs (about FINETUNE_IMAGES training
 #: images seen, within those bounds); the time budget (``train.time_budget``) cuts it to what fits, and the
@@ -576,8 +583,18 @@ def _validation_choices(cfg: Any, out: dict[str, tuple[Any, str]], *, warm: bool
     return chosen
 
 
+def pretrained_lr_choice(untrained_map_at_r: float, where: str) -> tuple[float, str]:
+    """``optimizer.lr`` of a pretrained backbone from its untrained validation MAP@R (measured on ``where``)."""
+    far = untrained_map_at_r < FAR_FROM_PRETRAINING
+    return ((FAR_PRETRAINED_LR if far else PRETRAINED_LR),
+            f"the untrained backbone's validation MAP@R on {where} is {untrained_map_at_r:.4f}, "
+            + ("below" if far else "at or above") + f" {FAR_FROM_PRETRAINING:g}: "
+            + ("its features have further to move, so it fine-tunes faster" if far
+               else "a pretrained backbone fine-tunes gently"))
+
+
 def _learning_rate_choices(cfg: Any, ensemble: tuple[int, str], *, warm: bool) -> dict[str, tuple[Any, str]]:
-    """``optimizer.lr`` and the head's and the proxies' multipliers of it."""
+    """``optimizer.lr``, the head's and the proxies' multipliers of it, and its schedule."""
     out: dict[str, tuple[Any, str]] = {}
     if cfg.optimizer.lr is None:
         if warm:
@@ -595,6 +612,12 @@ def _learning_rate_choices(cfg: Any, ensemble: tuple[int, str], *, warm: bool) -
             else (1.0, "head and backbone learn together"))
     if cfg.optimizer.loss_lr_multiplier is None:
         out["optimizer.loss_lr_multiplier"] = (100.0, "proxies learn 100x faster than the model")
+    if cfg.optimizer.scheduler is None:
+        out["optimizer.scheduler"] = (
+            ("wsd", f"fine-tuning: the rate holds, then decays over the last {cfg.optimizer.decay_fraction:.0%} of "
+                    "the steps the run ends with, so a run that a busy machine cuts short keeps its rate for most "
+                    "of its steps") if warm
+            else ("cosine", "from scratch: a cosine decay over the steps the run ends with"))
     return out
 
 

@@ -10,7 +10,9 @@ not worse than the best size's by more than :data:`TOLERATED_ERRORS` standard er
 per-query AP@R differences. Training crops are then taken at that size too (``data.crop_size``).
 Sizes are measured from the largest down, and the measurement stops at the first size worse than the
 best so far by more than that: the smaller ones would lose too (the untrained backbone's MAP@R grows
-with the view on the development sets), and their time is saved.
+with the view on the development sets), and their time is saved. The pooling's measurement also gives the
+untrained embedding's validation MAP@R, which sets a pretrained backbone's learning rate
+(:func:`dmlkit.recipe.rules.pretrained_lr_choice`).
 """
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ def measure_view_size(cfg: Any, survey: Any, model: nn.Module, model_choices: Ma
             choices["model.flip_average"] = (flip, f"{'kept' if flip else 'dropped'}: see model.pooling"
                                              if "model.pooling" in model_choices else reason)
         pooling_choice.apply_to_model(model, (pool, flip))
+        if cfg.optimizer.lr is None:  # how far the untrained features are from the classes sets the step
+            choices["optimizer.lr"] = recipe.pretrained_lr_choice(pooling_choice.mean_ap(per_config[(pool, flip)]),
+                                                                  where)
     recipe.apply(cfg, choices)
     return choices
 

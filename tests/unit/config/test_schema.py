@@ -54,6 +54,8 @@ def test_all_problems_collected():
         ("data.augment=rotate", "data.augment must be one of {'auto', 'none', 'translate', 'affine', 'crop'}"),
         ("sampler.name=balanced", "sampler.name must be one of {'m_per_class', 'one_per_class', 'random'}"),
         ("optimizer.lr=-1", "optimizer.lr must be None or a float > 0"),
+        ("optimizer.scheduler=linear", "optimizer.scheduler must be None or one of {'none', 'step', 'cosine', 'wsd'}"),
+        ("optimizer.decay_fraction=0", "optimizer.decay_fraction must be a float in the range (0, 1]. Got 0.0"),
         ("model.normalization=unit", "model.normalization must be one of"),
         ("sampler.batch_size=1", "sampler.batch_size must be None or an int >= 2"),
         ("protocol.fold=7", "protocol.fold must be None or an int in [0, 3]"),

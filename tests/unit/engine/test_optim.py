@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -54,6 +55,25 @@ def test_schedules():
     cos = OptimizerConfig(scheduler="cosine")
     assert math.isclose(schedule_factor(cos, 50, 100), 0.5)
     assert schedule_factor(cos, 100, 100) < 1e-12
+
+
+def test_warmup_stable_decay_holds_the_rate_then_decays_over_the_last_fraction():
+    wsd = OptimizerConfig(scheduler="wsd", decay_fraction=0.25)
+    assert [schedule_factor(wsd, s, 200) for s in (0, 100, 150)] == [1.0, 1.0, 1.0]
+    for step in (160, 175, 190, 200, 230):  # float64 reference: 0.5 (1 + cos(pi t)), t the decay's elapsed part
+        t = min((step - 150) / 50, 1.0)
+        assert math.isclose(schedule_factor(wsd, step, 200), 0.5 * (1 + math.cos(math.pi * t)), abs_tol=1e-15)
+    assert schedule_factor(wsd, 175, 200) == pytest.approx(0.5)
+    # a horizon cut to 60 % (a loaded machine) keeps the full rate over 80 % of its steps
+    assert schedule_factor(OptimizerConfig(scheduler="wsd"), 47, 60) == 1.0
+    one = OptimizerConfig(scheduler="wsd", decay_fraction=1.0)  # the whole horizon: the cosine itself
+    assert all(math.isclose(schedule_factor(one, s, 80), schedule_factor(OptimizerConfig(scheduler="cosine"), s, 80))
+               for s in range(81))
+
+
+def test_an_unset_schedule_names_the_field():
+    with pytest.raises(ValueError, match="optimizer.scheduler is unset"):
+        schedule_factor(OptimizerConfig(scheduler=None), 1, 10)
 
 
 def test_adam_takes_the_fused_kernels_where_every_parameter_is_on_the_cpu_or_a_gpu(monkeypatch):

@@ -55,6 +55,7 @@ def test_photos_get_a_pretrained_backbone_with_its_own_features(classes, per_cla
     assert "model.args" not in got  # a pretrained backbone keeps its 3 input channels and takes no small-CNN args
     assert got["optimizer.lr"] == recipe_module.PRETRAINED_LR
     assert got["optimizer.head_lr_multiplier"] == recipe_module.PRETRAINED_HEAD_LR_MULTIPLIER
+    assert got["optimizer.scheduler"] == "wsd"  # a budget cut short by load keeps its rate for most steps
     assert got["data.augment"] == "crop" and got["model.ensemble"] == 1 and got["model.shift_average"] == 0
     for key, value in expected.items():
         assert got[key] == value, key
@@ -69,14 +70,16 @@ def test_glyphs_keep_the_small_cnn_from_scratch_on_their_own_channels():
     assert got["model.head_init"] == "kaiming" and got["model.freeze_bn"] is False
     # narrow members take the larger step the validation characters chose; one model of width 32 keeps SCRATCH_LR
     assert got["optimizer.lr"] == recipe_module.ENSEMBLE_MEMBER_LR and got["optimizer.head_lr_multiplier"] == 1.0
+    assert got["optimizer.scheduler"] == "cosine"
     one = resolved(profile(54, 20, 28, kind="glyph", in_memory=True), "model.ensemble=1")
     assert one["model.args"]["width"] == 32 and one["optimizer.lr"] == recipe_module.SCRATCH_LR
     assert "data.image_size" not in got and "data.crop_size" not in got
 
 
 def test_a_users_model_and_values_are_kept():
-    got = resolved(profile(18, 10, 375), "model.name=small_cnn", "optimizer.lr=0.01", "data.image_size=160")
-    assert "model.name" not in got and got["model.pretrained"] is False  # no offline weights asked for
+    got = resolved(profile(18, 10, 375), "model.name=small_cnn", "optimizer.lr=0.01", "data.image_size=160",
+                   "optimizer.scheduler=step")
+    assert "model.name" not in got and "optimizer.scheduler" not in got and got["model.pretrained"] is False  # no offline weights asked for
     assert got["model.args"] == {"in_chans": 3}  # RGB kept for a small CNN on photos
     assert "optimizer.lr" not in got and "data.image_size" not in got
     assert "data.crop_size" not in got  # trained from scratch: the images as they are, no pretrained view
@@ -144,3 +147,12 @@ def test_a_cpu_fine_tunes_the_late_stages_only_and_a_gpu_every_layer():
     assert resolve_model(cfg, glyphs)["model.frozen_stages"][0] == 0  # trained from scratch: every layer learns
     user = load_config(preset="mnist-proxy-anchor", overrides=["model.frozen_stages=4"])
     assert "model.frozen_stages" not in resolve_model(user, p)  # the user's value is kept
+
+
+def test_a_backbone_far_from_the_validation_classes_fine_tunes_faster():
+    far, why_far = recipe_module.pretrained_lr_choice(0.61, "374 images of 8 validation classes")
+    near, why_near = recipe_module.pretrained_lr_choice(0.68, "498 images of 6 validation classes")
+    assert far == recipe_module.FAR_PRETRAINED_LR > near == recipe_module.PRETRAINED_LR
+    assert "0.6100, below 0.65" in why_far and "374 images of 8 validation classes" in why_far
+    assert "0.6800, at or above 0.65" in why_near
+    assert recipe_module.pretrained_lr_choice(recipe_module.FAR_FROM_PRETRAINING, "x")[0] == recipe_module.PRETRAINED_LR

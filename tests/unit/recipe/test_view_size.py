@@ -189,6 +189,12 @@ def test_photos_of_224_px_and_more_keep_the_recipes_rule_unmeasured(tmp_path):
     assert cfg.data.image_size == 256 and cfg.data.crop_size == 224  # photo_eval_size: 300 px holds a 256 view
     assert "view sizes measured" not in "\n".join(printed)
     assert "model.pooling = avg  (measured at 256 px" in "\n".join(printed)  # pooling is measured at the recipe's view
+    # the untrained embedding's validation MAP@R with that pooling sets the learning rate
+    untrained = float(re.search(r"optimizer.lr = \S+  \(the untrained backbone's validation MAP@R on \d+ images of "
+                                r"\d+ validation classes is (\d\.\d+)", "\n".join(printed)).group(1))
+    assert cfg.optimizer.lr == (3e-5 if untrained < 0.65 else 1e-5)
+    assert Trainer(photo_config(root, "optimizer.lr=2e-4"), tmp_path / "own", echo=printed.append).cfg.optimizer.lr \
+        == 2e-4  # a rate set by hand is kept
 
 
 def test_a_users_view_size_is_not_measured(small_photos, tmp_path):
