@@ -26,7 +26,11 @@ field                              rule
                                    scratch first by ``dmlkit.recipe.glyph_plan``, members included)
 ``train.patience``                 a pretrained backbone with validation classes: stop after 2
                                    validations without a significant gain (2 standard errors)
+``optimizer.lr``                   from scratch 3e-3 (5e-3 for narrow ensemble members); a pretrained
+                                   backbone 1e-5, 3e-5 when its untrained validation MAP@R is below 0.65
 ``optimizer.loss_lr_multiplier``   100 x the model's learning rate for the proxies
+``optimizer.scheduler``            a pretrained backbone: ``wsd`` (the rate holds, then decays over the
+                                   last fifth of the steps); from scratch: ``cosine``
 ``data.augment``                   glyphs/digits held in memory: ``affine`` (fill = the
                                    background) with fewer than 100 images per class, else
                                    ``translate``; photos on disk: none (their per-item
@@ -79,6 +83,7 @@ RECIPE_FIELDS = (
     "optimizer.lr",
     "optimizer.head_lr_multiplier",
     "optimizer.loss_lr_multiplier",
+    "optimizer.scheduler",
     "data.augment",
     "model.shift_average",
     "eval.val_shift_average",
