@@ -100,7 +100,7 @@ def schedule_factor(cfg: OptimizerConfig, step: int, max_steps: int) -> float:
     if cfg.scheduler == "step":
         return cfg.gamma ** (step // cfg.step_size)
     if cfg.scheduler == "cosine":
-        return _cosine(step / horizon)
+        return _cosine(min(step, max_steps) / horizon)  # a horizon of 0 steps: no decay, as before
     if cfg.scheduler == "wsd":
         decay = cfg.decay_fraction * horizon
         return _cosine((step - (horizon - decay)) / decay)

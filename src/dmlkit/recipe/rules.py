@@ -285,6 +285,7 @@ PRETRAINED_HEAD_LR_MULTIPLIER = 10.0
 #: under load*).
 FAR_FROM_PRETRAINING = 0.65
 FAR_PRETRAINED_LR = 3e-5
+GENTLE_FINE_TUNING = "a pretrained backbone fine-tunes gently"
 
 #: Fine-tuning of a pretrained backbone: a ceiling of FINETUNE_EPOCHS epochs (about FINETUNE_IMAGES training
 #: images seen, within those bounds); the time budget (``train.time_budget``) cuts it to what fits, and the
@@ -595,7 +596,7 @@ def pretrained_lr_choice(untrained_map_at_r: float, where: str) -> tuple[float, 
             f"the untrained backbone's validation MAP@R on {where} is {untrained_map_at_r:.4f}, "
             + ("below" if far else "at or above") + f" {FAR_FROM_PRETRAINING:g}: "
             + ("its features have further to move, so it fine-tunes faster" if far
-               else "a pretrained backbone fine-tunes gently"))
+               else GENTLE_FINE_TUNING))
 
 
 def _learning_rate_choices(cfg: Any, ensemble: tuple[int, str], *, warm: bool) -> dict[str, tuple[Any, str]]:
@@ -603,7 +604,7 @@ def _learning_rate_choices(cfg: Any, ensemble: tuple[int, str], *, warm: bool) -
     out: dict[str, tuple[Any, str]] = {}
     if cfg.optimizer.lr is None:
         if warm:
-            out["optimizer.lr"] = (PRETRAINED_LR, "a pretrained backbone fine-tunes gently")
+            out["optimizer.lr"] = (PRETRAINED_LR, GENTLE_FINE_TUNING)
         elif narrow_ensemble_members(cfg, cfg.model.ensemble if cfg.model.ensemble is not None else ensemble[0]):
             out["optimizer.lr"] = (ENSEMBLE_MEMBER_LR, f"ensemble members of width {ENSEMBLE_MEMBER_WIDTH} trained from "
                                                        "scratch (the validation characters preferred a larger step "
