@@ -142,7 +142,7 @@ def test_a_slow_machine_trainer_freezes_more_stages_and_caches_before_the_first_
     printed: list[str] = []
     cfg = load_config(preset="mnist-proxy-anchor", overrides=[
         "data.name=folder", f"data.root={root}", "train.progress=false", "eval.clustering=false",
-        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96", "train.time_budget=60"])
+        "eval.save_embeddings=false", "eval.batch_size=16", "data.image_size=96", "train.time_budget=50"])
     trainer = Trainer(cfg, tmp_path / "run", echo=printed.append)
     cfg = trainer.cfg  # the finished config (the one given is left as it was)
     assert measured == [[2, 3, 4, 5]]  # from the recipe's count to the backbone's last stage
