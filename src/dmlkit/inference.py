@@ -7,6 +7,10 @@ transform at ``data.image_size``. :func:`dmlkit.data.splits.build_splits` record
 prepares new images the same way, and :func:`dmlkit.evaluation.embed.embed_dataset` (the one
 embedding loop) runs the model under the run's autocast. Shift averaging and ensembles live in the
 model. So a gallery image embedded here equals its row of ``embeddings/test.npz``.
+
+Code written against pytorch-metric-learning's ``utils.inference`` imports its classes from here under
+the same names (``InferenceModel``, ``MatchFinder``, ``FaissKNN``, ``CustomKNN``, ``FaissKMeans``; they live in
+:mod:`dmlkit.index`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from torch import nn
 
 from dmlkit.engine.trained_model import read_eval_input
 from dmlkit.exceptions import ConfigError, DataError
+from dmlkit.index.inference_model import InferenceModel, MatchFinder
+from dmlkit.index.knn_funcs import CustomKNN, FaissKMeans, FaissKNN
 
 ImageLike = Any  # a path, a PIL image, a numpy array [H, W] / [H, W, C], or a tensor [C, H, W]
 
@@ -198,3 +204,7 @@ def run_fingerprint(run_dir: str | os.PathLike, checkpoint: str = "best") -> dic
     run_dir = Path(run_dir)
     digest = hashlib.sha256((run_dir / checkpoint_file(checkpoint)).read_bytes()).hexdigest()[:16]
     return {"config": config_fingerprint(config_to_dict(load_run_config(run_dir))), "weights": digest}
+
+
+__all__ = ["CustomKNN", "FaissKMeans", "FaissKNN", "ImageLike", "InferenceModel", "MatchFinder", "RunEmbedder",
+           "array_to_pil", "as_image_list", "run_fingerprint", "tensor_to_pil"]

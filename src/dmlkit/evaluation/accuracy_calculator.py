@@ -29,6 +29,22 @@ import torch
 from dmlkit.evaluation.clustering import kmeans_assignments
 from dmlkit.evaluation.information import adjusted_mutual_information, normalized_mutual_information
 from dmlkit.evaluation.knn import knn
+from dmlkit.evaluation.knn_label_metrics import (  # PML's module-level functions, importable from here as in PML
+    EQUALITY,
+    get_label_match_counts,
+    get_lone_query_labels,
+    get_relevance_mask,
+    get_unique_labels,
+    label_counts_of,
+    maybe_get_avg_of_avgs,
+    mean_average_precision,
+    mean_reciprocal_rank,
+    nan_accuracy,
+    per_query_knn_metrics,
+    precision_at_k,
+    r_precision,
+    try_getting_not_lone_labels,
+)
 from dmlkit.exceptions import DataError, InvalidParameterError
 
 #: PML's metric names, in PML's order.
@@ -164,13 +180,12 @@ class AccuracyCalculator:
                                 ref_includes_query=False, **kwargs):
         """A built-in k-NN metric from PML's kwargs: neighbour labels ``[Nq, k]`` and reference class sizes."""
         keep = torch.as_tensor(not_lone_query_mask, dtype=torch.bool, device=query_labels.device)
-        if not bool(keep.any()):
-            nan = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
-            return nan
-        labels, knn_labels = query_labels[keep], knn_labels[keep]
+        knn_labels, labels = try_getting_not_lone_labels(knn_labels, query_labels, keep)
+        if labels is None:
+            return nan_accuracy(label_counts[0], self.return_per_class)
         hits = self._same_label(labels[:, None], knn_labels)
-        relevant = _match_counts_of(labels, *label_counts) - int(ref_includes_query)
-        return self._average(_per_query_metrics([name], hits, relevant)[name], labels)
+        relevant = label_counts_of(labels, *label_counts) - int(ref_includes_query)
+        return self._average(per_query_knn_metrics([name], hits, relevant)[name], labels)
 
     def _same_label(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``[Nq, k]`` bool: ``label_comparison_fn(a, b)``, or equality over every label dimension."""
@@ -256,24 +271,12 @@ class AccuracyCalculator:
 
     def _label_match_counts(self, query_labels, reference_labels) -> tuple[torch.Tensor, torch.Tensor]:
         """PML's ``label_counts``: (unique query labels ``[C, ...]``, references matching each ``[C]``)."""
-        unique = torch.unique(query_labels, dim=0)
-        if self.label_comparison_fn is None:
-            return unique, _match_counts_of(unique, reference_labels, None)
-        counts = [int(self.label_comparison_fn(unique[i : i + 1], reference_labels).sum()) for i in range(len(unique))]
-        return unique, torch.tensor(counts, dtype=torch.long)
+        return get_label_match_counts(query_labels, reference_labels, self.label_comparison_fn or EQUALITY)
 
     def _not_lone_mask(self, query_labels, label_counts, ref_includes_query) -> torch.Tensor:
         """``[Nq]`` bool: the query's class has a reference other than the query itself."""
-        unique, counts = label_counts
-        if ref_includes_query:
-            itself = self._same_label(unique[:, None], unique[:, None])[:, 0].long()
-            lone = unique[counts - itself <= 0]
-        else:
-            lone = unique[counts == 0]
-        if len(lone) == 0:
-            return torch.ones(len(query_labels), dtype=torch.bool)
-        same = query_labels[:, None] == lone[None]
-        return ~same.reshape(*same.shape[:2], -1).all(-1).any(1)
+        return get_lone_query_labels(query_labels, label_counts, ref_includes_query,
+                                     self.label_comparison_fn or EQUALITY)[1]
 
     def _num_neighbours(self, counts, num_references, ref_includes_query, metrics) -> int:
         """PML's ``k``: all references (``None``), the largest class (``"max_bin_count"``) or ``k``."""
@@ -317,7 +320,7 @@ class AccuracyCalculator:
         idx = self._neighbours(query, reference, k, ref_includes_query, keep)
         labels = query_labels[keep]
         hits = reference_labels[idx] == labels[:, None]  # [Nq, k]
-        per_query = _per_query_metrics(metrics, hits, relevant[keep])
+        per_query = per_query_knn_metrics(metrics, hits, relevant[keep])
         return {m: self._average(per_query[m], labels) for m in metrics}
 
     @staticmethod
@@ -338,40 +341,7 @@ class AccuracyCalculator:
 
     def _average(self, per_query: torch.Tensor, labels: torch.Tensor) -> float | list[float]:
         """Mean over queries, or over classes (``avg_of_avgs``), or the per-class list (``return_per_class``)."""
-        if not (self.avg_of_avgs or self.return_per_class):
-            return float(per_query.mean())
-        classes, inverse = torch.unique(labels, dim=0, return_inverse=True)
-        sums = torch.zeros(len(classes), dtype=torch.float64, device=per_query.device).index_add_(
-            0, inverse, per_query.double())
-        per_class = sums / torch.bincount(inverse, minlength=len(classes)).double()
-        return per_class.tolist() if self.return_per_class else float(per_class.mean())
-
-
-def _per_query_metrics(metrics, hits: torch.Tensor, relevant: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-query k-NN metrics ``[Nq]`` float64 from ``hits [Nq, k]`` (neighbour shares the class) and the
-    class sizes ``relevant [Nq]`` (``R``, the query itself not counted).
-
-    precision@1; R-precision = hits among the first ``min(R, k)`` over ``min(R, k)``; MAP@R and MAP =
-    sum of precision@i at each hit (within ``R`` / within ``k``) over ``R`` (Musgrave et al. 2020, Sec. 3.2);
-    MRR = 1 / rank of the first hit (0 without one).
-    """
-    k = hits.shape[1]
-    ranks = torch.arange(1, k + 1, dtype=torch.float64, device=hits.device)
-    within_r = ranks[None, :] <= relevant[:, None]
-    out = {}
-    if "precision_at_1" in metrics:
-        out["precision_at_1"] = hits[:, 0].double()
-    if "r_precision" in metrics:
-        out["r_precision"] = (hits & within_r).sum(1).double() / within_r.sum(1).double()
-    for name, mask in (("mean_average_precision_at_r", within_r), ("mean_average_precision", None)):
-        if name in metrics:
-            correct = hits if mask is None else hits & mask
-            precision = correct.cumsum(1).double() * correct / ranks
-            out[name] = precision.sum(1) / relevant.double()
-    if "mean_reciprocal_rank" in metrics:
-        first = hits.double().argmax(1)
-        out["mean_reciprocal_rank"] = torch.where(hits.any(1), 1.0 / (first + 1).double(), 0.0)
-    return out
+        return maybe_get_avg_of_avgs(per_query.double(), labels, self.avg_of_avgs, self.return_per_class)
 
 
 def _warn_if_k_cuts_r(k: int, largest_class: int, metrics) -> None:
@@ -381,26 +351,6 @@ def _warn_if_k_cuts_r(k: int, largest_class: int, metrics) -> None:
         _LOG.warning("AccuracyCalculator computes %s with k=%d, below the largest class (%d references): "
                      "those values are wrong. Use k='max_bin_count' (or mean_average_precision for MAP@k).",
                      cut, k, largest_class)
-
-
-def _match_counts_of(labels: torch.Tensor, classes, counts) -> torch.Tensor:
-    """``[N]`` reference count of each label: ``counts`` at its row of ``classes`` (0 if absent); with
-    ``counts=None``, ``classes`` are the reference labels themselves and equal rows are counted."""
-    classes = torch.as_tensor(classes, device=labels.device)
-    if labels.dim() == 1 and classes.dim() == 1:
-        if counts is None:
-            uniq, per = torch.unique(classes, return_counts=True)
-        else:
-            order = torch.argsort(classes)
-            uniq, per = classes[order], torch.as_tensor(counts, device=labels.device)[order]
-        if len(uniq) == 0:
-            return torch.zeros(len(labels), dtype=torch.long, device=labels.device)
-        pos = torch.searchsorted(uniq, labels).clamp_max(len(uniq) - 1)
-        return torch.where(uniq[pos] == labels, per[pos].long(), 0)
-    same = (labels.reshape(len(labels), -1)[:, None, :] == classes.reshape(len(classes), -1)[None, :, :]).all(-1)
-    if counts is None:
-        return same.sum(1)
-    return (same.long() * torch.as_tensor(counts, device=labels.device)[None, :]).sum(1)
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -441,3 +391,21 @@ def _as_labels(x: object, name: str, any_shape: bool = False) -> torch.Tensor:
             raise DataError(f"{name} must hold integer class ids. Got non-integer values.")
         t = t.long()
     return t.cpu().long()
+
+
+__all__ = [
+    "EQUALITY",
+    "METRICS",
+    "AccuracyCalculator",
+    "get_label_match_counts",
+    "get_lone_query_labels",
+    "get_relevance_mask",
+    "get_unique_labels",
+    "maybe_get_avg_of_avgs",
+    "mean_average_precision",
+    "mean_reciprocal_rank",
+    "nan_accuracy",
+    "precision_at_k",
+    "r_precision",
+    "try_getting_not_lone_labels",
+]
