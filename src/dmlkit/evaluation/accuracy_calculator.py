@@ -28,7 +28,7 @@ import torch
 
 from dmlkit.evaluation.clustering import kmeans_assignments
 from dmlkit.evaluation.information import adjusted_mutual_information, normalized_mutual_information
-from dmlkit.evaluation.knn import knn
+from dmlkit.evaluation.knn import drop_own_neighbours, knn
 from dmlkit.evaluation.knn_label_metrics import (  # PML's module-level functions, importable from here as in PML
     EQUALITY,
     get_label_match_counts,
@@ -43,6 +43,7 @@ from dmlkit.evaluation.knn_label_metrics import (  # PML's module-level function
     per_query_knn_metrics,
     precision_at_k,
     r_precision,
+    same_label,
     try_getting_not_lone_labels,
 )
 from dmlkit.exceptions import DataError, InvalidParameterError
@@ -189,10 +190,7 @@ class AccuracyCalculator:
 
     def _same_label(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``[Nq, k]`` bool: ``label_comparison_fn(a, b)``, or equality over every label dimension."""
-        if self.label_comparison_fn is not None:
-            return self.label_comparison_fn(a, b).bool()
-        same = a == b
-        return same.reshape(*same.shape[:2], -1).all(-1)
+        return same_label(a, b, self.label_comparison_fn or EQUALITY)
 
     def _uses_fast_path(self) -> bool:
         """True when only built-in metrics, exact k-NN, dmlkit's k-means and label equality are in play."""
@@ -333,11 +331,8 @@ class AccuracyCalculator:
             # leave-one-out on one tensor (the symmetric search: half the products); lone queries dropped after
             return knn(reference, reference, k, exclude_self=True)[1][keep]
         # the queries are the first rows of reference: find k + 1 and drop each query's own row
-        own = keep.nonzero()[:, 0]
-        idx = knn(query[keep], reference, min(k + 1, len(reference)))[1]
-        is_self = idx == own[:, None]
-        order = torch.sort(is_self.to(torch.int8), dim=1, stable=True).indices  # own row moves to the end
-        return idx.gather(1, order)[:, :k]
+        idx = knn(query[keep], reference, k + 1)[1]  # k <= len(reference) - 1 (the caller caps it)
+        return drop_own_neighbours(idx, keep.nonzero()[:, 0])[0]
 
     def _average(self, per_query: torch.Tensor, labels: torch.Tensor) -> float | list[float]:
         """Mean over queries, or over classes (``avg_of_avgs``), or the per-class list (``return_per_class``)."""

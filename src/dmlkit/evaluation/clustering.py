@@ -21,16 +21,22 @@ def kmeans_assignments(
     defaults (seed 1234, 20 iterations, 1 run) are exactly PML's AccuracyCalculator k-means.
     Reproducible for a given seed and thread count.
     """
+    x = np.ascontiguousarray(embeddings.detach().cpu().float().numpy())
+    if n_clusters == 1 and len(x):
+        return torch.zeros(len(x), dtype=torch.int64)
+    return faiss_kmeans(x, n_clusters, niter=n_iter, nredo=n_redo, seed=seed, verbose=False,
+                        min_points_per_centroid=1, max_points_per_centroid=10**9)
+
+
+def faiss_kmeans(x: np.ndarray, n_clusters: int, *, name: str = "n_clusters", **kwargs) -> torch.Tensor:
+    """Cluster ids ``[N]`` int64 (CPU) of the rows of ``x [N, D]`` (float32) after ``faiss.Kmeans(**kwargs)``;
+    ``name``: the caller's word for ``n_clusters`` in the error when there are fewer samples than clusters."""
     import faiss
 
-    x = np.ascontiguousarray(embeddings.detach().cpu().float().numpy())
-    n, d = x.shape
-    if n_clusters > n:
-        raise DataError(f"k-means needs at least as many samples as clusters: {n} samples but n_clusters={n_clusters}.")
-    if n_clusters == 1:
-        return torch.zeros(n, dtype=torch.int64)
-    km = faiss.Kmeans(d, n_clusters, niter=n_iter, nredo=n_redo, seed=seed, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=10**9)
+    if n_clusters > len(x):
+        raise DataError(f"k-means needs at least as many samples as clusters: {len(x)} samples but "
+                        f"{name}={n_clusters}.")
+    km = faiss.Kmeans(x.shape[1], n_clusters, **kwargs)
     km.train(x)
     _, assign = km.index.search(x, 1)
     return torch.from_numpy(assign[:, 0].astype(np.int64))

@@ -699,6 +699,19 @@ def _iter_device_blocks(
         yield start, end, keys[start:end], idx[start:end]
 
 
+def drop_own_neighbours(indices: torch.Tensor, own: torch.Tensor,
+                        *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``k + 1`` neighbours per row to ``k``: row ``i`` loses reference ``own[i]`` (the query itself), or its last
+    neighbour when the query is not among them (PML's rule); each of ``values`` (``[N, k + 1]``, e.g. the
+    distances) loses the same entries. Returns ``(indices, *values)``."""
+    dropped = indices == own[:, None]
+    dropped &= dropped.cumsum(1) == 1  # a row holding its own index twice drops it once
+    dropped[~dropped.any(1), -1] = True
+    keep = ~dropped
+    width = indices.shape[1] - 1
+    return tuple(t[keep].reshape(len(t), width) for t in (indices, *values))
+
+
 def keys_to_values(keys: torch.Tensor, metric: str) -> torch.Tensor:
     """Convert float64 ranking keys to distances (Euclidean) or similarities (cosine, dot)."""
     if metric == "euclidean":

@@ -99,12 +99,12 @@ def _relevant_counts(gt_labels: torch.Tensor, ref_includes_query: bool, label_co
 def get_relevance_mask(shape: tuple[int, int], gt_labels: torch.Tensor, ref_includes_query: bool,
                        label_counts) -> tuple[torch.Tensor, torch.Tensor]:
     """``([Nq, k] bool, [Nq] long)``: which of the first ``k`` ranks lie within each query's R, and R itself."""
-    relevant = _relevant_counts(gt_labels, ref_includes_query, label_counts).to(gt_labels.device)
+    relevant = _relevant_counts(gt_labels, ref_includes_query, label_counts)
     ranks = torch.arange(shape[1], device=gt_labels.device)
     return ranks[None, :] < relevant[:, None], relevant.long()
 
 
-def _hits(gt_labels: torch.Tensor, knn_labels: torch.Tensor, label_comparison_fn: Callable) -> torch.Tensor:
+def same_label(gt_labels: torch.Tensor, knn_labels: torch.Tensor, label_comparison_fn: Callable) -> torch.Tensor:
     """``[Nq, k]`` bool: the neighbour shares the query's label (every component, for labels of several)."""
     same = label_comparison_fn(gt_labels, knn_labels)
     return same.reshape(*same.shape[:2], -1).all(-1) if same.dim() > 2 else same.bool()
@@ -118,7 +118,7 @@ def r_precision(knn_labels: torch.Tensor, gt_labels: torch.Tensor, ref_includes_
                 avg_of_avgs: bool, return_per_class: bool, label_comparison_fn: Callable) -> float | list[float]:
     """R-precision: hits among the first ``min(R, k)`` neighbours over ``min(R, k)``."""
     _, relevant = get_relevance_mask(knn_labels.shape[:2], gt_labels, ref_includes_query, label_counts)
-    per_query = _per_query("r_precision", _hits(gt_labels, knn_labels, label_comparison_fn), relevant)
+    per_query = _per_query("r_precision", same_label(gt_labels, knn_labels, label_comparison_fn), relevant)
     return maybe_get_avg_of_avgs(per_query, gt_labels, avg_of_avgs, return_per_class)
 
 
@@ -128,14 +128,14 @@ def mean_average_precision(knn_labels: torch.Tensor, gt_labels: torch.Tensor, re
     """MAP over the ``k`` neighbours (``at_r``: MAP@R, over the first ``R``), each query's sum divided by ``R``."""
     _, relevant = get_relevance_mask(knn_labels.shape[:2], gt_labels, ref_includes_query, label_counts)
     name = "mean_average_precision_at_r" if at_r else "mean_average_precision"
-    per_query = _per_query(name, _hits(gt_labels, knn_labels, label_comparison_fn), relevant)
+    per_query = _per_query(name, same_label(gt_labels, knn_labels, label_comparison_fn), relevant)
     return maybe_get_avg_of_avgs(per_query, gt_labels, avg_of_avgs, return_per_class)
 
 
 def mean_reciprocal_rank(knn_labels: torch.Tensor, gt_labels: torch.Tensor, avg_of_avgs: bool, return_per_class: bool,
                          label_comparison_fn: Callable) -> float | list[float]:
     """One over the rank of the first neighbour sharing the query's label (0 when none of the ``k`` does)."""
-    hits = _hits(gt_labels, knn_labels, label_comparison_fn)
+    hits = same_label(gt_labels, knn_labels, label_comparison_fn)
     per_query = _per_query("mean_reciprocal_rank", hits, torch.zeros(len(hits), device=hits.device))
     return maybe_get_avg_of_avgs(per_query, gt_labels, avg_of_avgs, return_per_class)
 
@@ -143,7 +143,7 @@ def mean_reciprocal_rank(knn_labels: torch.Tensor, gt_labels: torch.Tensor, avg_
 def precision_at_k(knn_labels: torch.Tensor, gt_labels: torch.Tensor, k: int, avg_of_avgs: bool,
                    return_per_class: bool, label_comparison_fn: Callable) -> float | list[float]:
     """The share of the first ``k`` neighbours that share the query's label."""
-    hits = _hits(gt_labels, knn_labels[:, :k], label_comparison_fn)
+    hits = same_label(gt_labels, knn_labels[:, :k], label_comparison_fn)
     return maybe_get_avg_of_avgs(hits.sum(1).double() / k, gt_labels, avg_of_avgs, return_per_class)
 
 
@@ -203,5 +203,6 @@ __all__ = [
     "per_query_knn_metrics",
     "precision_at_k",
     "r_precision",
+    "same_label",
     "try_getting_not_lone_labels",
 ]

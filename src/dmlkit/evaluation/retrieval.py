@@ -27,7 +27,7 @@ import torch
 
 from dmlkit.core.validation import Options, validate_params
 from dmlkit.evaluation._checks import BACKENDS, METRICS, check_evaluation_inputs, check_ks
-from dmlkit.evaluation.knn import iter_knn_blocks, searches_on_device
+from dmlkit.evaluation.knn import drop_own_neighbours, iter_knn_blocks, searches_on_device
 from dmlkit.exceptions import DataError
 
 #: Seed of the permutation that orders tied references (fixed: the metrics stay deterministic).
@@ -190,14 +190,6 @@ def query_gallery_union(
             torch.cat([query_labels, gallery_labels.index_select(0, rows.to(gallery_labels.device))]))
 
 
-def _drop_own(keys: torch.Tensor, idx: torch.Tensor, own: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """From ``k + 1`` neighbours ``[b, k + 1]`` keep ``k``: drop each query's own reference row, else the last."""
-    drop = idx == own.unsqueeze(1)
-    drop[:, -1] |= ~drop.any(1)
-    keep = ~drop
-    return keys[keep].view(-1, k), idx[keep].view(-1, k)
-
-
 def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metric, backend, own_reference):
     """Yield ``(query rows [b], hits [b, k], R [b])`` (hits with ties shuffled) for blocks of queries."""
     validate_params(
@@ -241,7 +233,7 @@ def _retrieval_blocks(embeddings, labels, reference, reference_labels, ks, metri
     ):
         keys, idx = keys.to(device), idx.to(device)
         if own is not None:
-            keys, idx = _drop_own(keys, idx, own[start:end], k)
+            idx, keys = drop_own_neighbours(idx, own[start:end], keys)
         hits = reference_labels[idx] == labels[start:end].unsqueeze(1)
         order = _shuffle_ties(keys, start)
         yield query_rows[start:end], hits if order is None else hits.gather(1, order), r[start:end]

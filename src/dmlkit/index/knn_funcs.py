@@ -20,23 +20,19 @@ import numpy as np
 import torch
 
 from dmlkit.core.validation import NONE, Interval, validate_params
+from dmlkit.evaluation.knn import drop_own_neighbours
 from dmlkit.exceptions import DataError, InvalidParameterError
 
 _LOG = logging.getLogger(__name__)
 
 
-def drop_own_rows(distances: torch.Tensor, indices: torch.Tensor,
-                  ref_includes_query: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k + 1`` neighbours to ``k``: each query row ``i`` loses reference ``i`` (itself), or its last
-    neighbour when ``i`` is not among them."""
+def _without_own_rows(distances: torch.Tensor, indices: torch.Tensor,
+                      ref_includes_query: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k + 1`` neighbours to ``k`` when the queries are the first rows of the reference (PML's rule)."""
     if not ref_includes_query:
         return distances, indices
-    own = indices == torch.arange(len(indices), device=indices.device)[:, None]
-    own &= own.cumsum(1) == 1  # a row with its own index twice drops it once
-    own[~own.any(1), -1] = True
-    keep = ~own
-    width = indices.shape[1] - 1
-    return distances[keep].reshape(-1, width), indices[keep].reshape(-1, width)
+    indices, distances = drop_own_neighbours(indices, torch.arange(len(indices), device=indices.device), distances)
+    return distances, indices
 
 
 def _float32_rows(x: object, name: str) -> np.ndarray:
@@ -96,7 +92,7 @@ class FaissKNN:
         if self.reset_after:
             self.reset()
         device = query_t.device
-        return drop_own_rows(torch.from_numpy(distances).to(device), torch.from_numpy(indices).to(device),
+        return _without_own_rows(torch.from_numpy(distances).to(device), torch.from_numpy(indices).to(device),
                              ref_includes_query)
 
     def _search(self, q: np.ndarray, k: int, is_cuda: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -180,8 +176,8 @@ class CustomKNN:
         parts = [torch.topk(self.distance(query[s : s + step], reference), k, dim=1, largest=largest)
                  for s in range(0, len(query), step)]  # blocks of query rows, not single queries
         distances = torch.cat([p.values for p in parts]) if parts else query.new_zeros(0, k)
-        indices = torch.cat([p.indices for p in parts]) if parts else torch.zeros(0, k, dtype=torch.long)
-        return drop_own_rows(distances, indices, ref_includes_query)
+        indices = torch.cat([p.indices for p in parts]) if parts else torch.zeros(0, k, dtype=torch.long, device=query.device)
+        return _without_own_rows(distances, indices, ref_includes_query)
 
 
 class FaissKMeans:
@@ -192,18 +188,10 @@ class FaissKMeans:
         self.kwargs = kwargs
 
     def __call__(self, x: torch.Tensor, nmb_clusters: int) -> torch.Tensor:
-        import faiss
+        from dmlkit.evaluation.clustering import faiss_kmeans
 
         validate_params("FaissKMeans", {"nmb_clusters": nmb_clusters}, {"nmb_clusters": [Interval(int, 1, None)]})
         x_t = torch.as_tensor(x)
-        data = _float32_rows(x_t, "x")
-        if nmb_clusters > len(data):
-            raise DataError(f"FaissKMeans needs at least as many samples as clusters: {len(data)} samples, "
-                            f"nmb_clusters={nmb_clusters}.")
-        kmeans = faiss.Kmeans(data.shape[1], nmb_clusters, **self.kwargs)
-        kmeans.train(data)
-        _, assignment = kmeans.index.search(data, 1)
-        return torch.from_numpy(assignment[:, 0].astype(np.int64)).to(x_t.device)
+        return faiss_kmeans(_float32_rows(x_t, "x"), nmb_clusters, name="nmb_clusters", **self.kwargs).to(x_t.device)
 
-
-__all__ = ["CustomKNN", "FaissKMeans", "FaissKNN", "drop_own_rows"]
+__all__ = ["CustomKNN", "FaissKMeans", "FaissKNN"]
